@@ -1,0 +1,40 @@
+# The two set-up commands. Both create .venv if needed and install what they need.
+#   make demo   train the built-in digits recipe
+#   make test   run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+# On a machine whose pip finds these on local disk they install offline; elsewhere pip fetches them.
+TORCH ?= torch==2.14.1 torchvision==0.29.1
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Torch first and pinned, so that resolving the package's ranges never pulls another build.
+$(VENV)/.torch: | $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install --quiet -e . $(TORCH)
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/bigbatch train digits
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -n 2 -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check bigbatch tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,95 @@
+"""The batch plan: how one global batch is cut across devices and micro-batches.
+
+Darknet's meaning (seed ``darknet-batch-subdivisions``): ``batch`` images make one weight
+update; each device runs them as ``subdivisions`` micro-batches of forward and backward:
+
+    micro_batch = batch / (world * subdivisions)
+
+Memory is that of the micro-batch; the gradient is that of the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bigbatch.config import RunConfig
+from bigbatch.errors import UserError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batch: int
+    """Global images per optimizer step."""
+    world: int
+    """Devices (processes) sharing each step."""
+    subdivisions: int
+    """Micro-batches per device per step."""
+    steps: int
+    """Optimizer steps of the whole run."""
+    train_images: int
+    """Images in the training set (one epoch)."""
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch // (self.world * self.subdivisions)
+
+    @property
+    def images(self) -> int:
+        """Images seen over the whole run: steps * batch."""
+        return self.steps * self.batch
+
+    @property
+    def epochs(self) -> float:
+        return self.images / self.train_images
+
+    @property
+    def steps_per_epoch(self) -> float:
+        return self.train_images / self.batch
+
+    def epoch_at(self, step: int) -> float:
+        """Epochs completed after ``step`` optimizer steps (fractional: batches straddle epochs)."""
+        return step * self.batch / self.train_images
+
+    def describe(self) -> str:
+        return "\n".join(
+            [
+                f"global batch    {self.batch} images per optimizer step",
+                f"world size      {self.world}",
+                f"subdivisions    {self.subdivisions} micro-batches per device per step",
+                f"micro-batch     {self.micro_batch} images "
+                f"(= {self.batch} / ({self.world} x {self.subdivisions}))",
+                f"steps           {self.steps}",
+                f"images seen     {self.images}",
+                f"epochs          {self.epochs:.2f} (of {self.train_images} training images)",
+            ]
+        )
+
+
+def check_batch(cfg: RunConfig, world: int) -> None:
+    """The global batch must cut into ``world * subdivisions`` equal micro-batches."""
+    devices = world * cfg.subdivisions
+    if cfg.batch % devices:
+        raise UserError(
+            f"batch: {cfg.batch} is not divisible by world size {world} x subdivisions "
+            f"{cfg.subdivisions} = {devices}; expected a multiple of {devices}"
+        )
+
+
+def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
+    """Check that the batch divides evenly and turn ``epochs`` into steps."""
+    check_batch(cfg, world)
+    if train_images <= 0:
+        raise UserError(f"data.name: the {cfg.data.name!r} training set is empty")
+    if cfg.steps is not None:
+        steps = cfg.steps
+    else:
+        assert cfg.epochs is not None  # the config guarantees one of them
+        steps = math.ceil(cfg.epochs * train_images / cfg.batch)
+    return BatchPlan(
+        batch=cfg.batch,
+        world=world,
+        subdivisions=cfg.subdivisions,
+        steps=steps,
+        train_images=train_images,
+    )

@@ -1,0 +1,134 @@
+"""The command line: ``bigbatch train | eval | show``. Thin: parse, load the config, call in.
+
+User mistakes print one ``error: ...`` line on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from bigbatch import __version__
+from bigbatch.errors import UserError
+
+
+def _add_config_args(parser: argparse.ArgumentParser, config_default: str | None = "digits") -> None:
+    parser.add_argument("config", nargs="?", default=config_default,
+                        help="a YAML file or a built-in recipe name (default: %(default)s)")
+    _add_set_arg(parser)
+
+
+def _add_set_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="override a config value by its dotted key, e.g. --set optim.lr=0.05 subdivisions=4")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bigbatch", description="Train vision models with very large batches.")
+    parser.add_argument("--version", action="version", version=f"bigbatch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a model")
+    _add_config_args(train, config_default=None)
+    train.add_argument("--out", type=Path, help="run directory (default: runs/<recipe>-<timestamp>)")
+    train.add_argument("--resume", type=Path, metavar="DIR",
+                       help="continue the run in DIR from DIR/checkpoints/last.pt up to the configured steps")
+
+    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the validation set")
+    evaluate.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_OR_RUN_DIR")
+    _add_set_arg(evaluate)
+
+    show = sub.add_parser("show", help="print the resolved config and the batch plan")
+    _add_config_args(show)
+    return parser
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from bigbatch.batching import check_batch
+    from bigbatch.config import load_config
+    from bigbatch.engine import distributed
+
+    if args.resume is not None:
+        if args.out is not None and args.out != args.resume:
+            raise UserError("--out: with --resume the run continues in the --resume directory; drop --out")
+        out_dir = args.resume
+        if not (out_dir / "checkpoints" / "last.pt").is_file():
+            raise UserError(f"--resume: {out_dir} holds no checkpoints/last.pt")
+        source = args.config or str(out_dir / "config.yaml")
+    else:
+        source = args.config or "digits"
+    cfg = load_config(source, args.overrides)
+    check_batch(cfg, distributed.world_size_from_env())
+    if args.resume is None:
+        out_dir = args.out or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if (out_dir / "checkpoints" / "last.pt").exists():
+            raise UserError(f"--out: {out_dir} already holds a run; continue it with --resume {out_dir}")
+
+    from bigbatch.engine.trainer import train
+
+    started = time.perf_counter()
+    result = train(cfg, out_dir, resume=args.resume is not None)
+    minutes = (time.perf_counter() - started) / 60
+    shown = "  ".join(f"{k} {v:.2f}" for k, v in result.metrics.items() if k != "images")
+    print(f"done: {result.steps} steps in {minutes:.1f} min; final {shown}")
+    if result.best.value is not None:
+        print(f"best {result.best.metric} {result.best.value:.2f} at step {result.best.step}")
+    print(f"run written to {out_dir}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from bigbatch.config import apply_overrides, validate_config
+    from bigbatch.engine import checkpoint
+    from bigbatch.tasks import build_task
+
+    path: Path = args.checkpoint
+    if path.is_dir():
+        path = path / "checkpoints" / "last.pt"
+    state = checkpoint.load(path)
+    cfg = validate_config(apply_overrides(state["config"], args.overrides))
+    task = build_task(cfg)
+    model = task.build_model(cfg)
+    model.load_state_dict(state["model"])
+    metrics = task.evaluate(model, cfg.eval.batch)
+    record = {"checkpoint": str(path), "step": state["step"], "split": "val", **metrics}
+    for key, value in metrics.items():
+        print(f"{key:8s} {value:.4f}" if isinstance(value, float) else f"{key:8s} {value}")
+    in_run = path.parent.name == "checkpoints"
+    out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written to {out}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from bigbatch.batching import make_plan
+    from bigbatch.config import config_to_yaml, load_config
+    from bigbatch.engine import distributed
+    from bigbatch.tasks import train_set_size
+
+    cfg = load_config(args.config, args.overrides)
+    world = distributed.world_size_from_env()
+    plan = make_plan(cfg, world, train_set_size(cfg))
+    print(config_to_yaml(cfg).rstrip())
+    print()
+    print(plan.describe())
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

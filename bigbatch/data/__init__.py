@@ -1,0 +1,1 @@
+"""Datasets, the data order and the loaders."""

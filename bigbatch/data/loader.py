@@ -1,0 +1,94 @@
+"""Loaders: the training stream as one list of micro-batches per optimizer step, and the
+validation set in a fixed order, every image exactly once.
+
+Datasets may define ``__getitems__(indices)`` returning an already-collated batch (in-memory
+tensors do: one indexing operation instead of one per image) and a ``collate`` function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data._utils.collate import default_collate
+
+from bigbatch.data.order import GlobalBatchOrder
+
+
+class MicroBatchSampler(Sampler[list[int]]):
+    """Yields this rank's micro-batches (lists of dataset indices) for steps ``start``..``stop - 1``."""
+
+    def __init__(self, order: GlobalBatchOrder, start: int, stop: int, rank: int, world: int, subdivisions: int):
+        self.order, self.start, self.stop = order, start, stop
+        self.rank, self.world, self.subdivisions = rank, world, subdivisions
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.start, self.stop):
+            for micro in self.order.micro_batches(step, self.rank, self.world, self.subdivisions):
+                yield micro.tolist()
+
+    def __len__(self) -> int:
+        return (self.stop - self.start) * self.subdivisions
+
+
+def _collate_of(dataset: Dataset) -> Any:
+    return getattr(dataset, "collate", default_collate)
+
+
+def train_steps(
+    dataset: Dataset,
+    order: GlobalBatchOrder,
+    start: int,
+    stop: int,
+    rank: int,
+    world: int,
+    subdivisions: int,
+    workers: int = 0,
+) -> Iterator[list[Any]]:
+    """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches."""
+    sampler = MicroBatchSampler(order, start, stop, rank, world, subdivisions)
+    loader = DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        collate_fn=_collate_of(dataset),
+        persistent_workers=False,
+    )
+    step_batches: list[Any] = []
+    for micro in loader:
+        step_batches.append(micro)
+        if len(step_batches) == subdivisions:
+            yield step_batches
+            step_batches = []
+
+
+def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, workers: int = 0) -> DataLoader:
+    """The validation set in index order; rank ``r`` of ``world`` takes indices ``r, r + world, ...``."""
+    indices = list(range(rank, len(dataset), world))  # type: ignore[arg-type]
+    chunks = [indices[i : i + batch] for i in range(0, len(indices), batch)]
+    return DataLoader(dataset, batch_sampler=chunks, num_workers=workers, collate_fn=_collate_of(dataset))
+
+
+class TensorImages(Dataset):
+    """An in-memory dataset of images ``(N, C, H, W)`` and integer labels ``(N,)``."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        if len(images) != len(labels):
+            raise ValueError("images and labels differ in length")
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return self.images[index], self.labels[index]
+
+    @staticmethod
+    def collate(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch  # __getitems__ already returned the batch

@@ -1,0 +1,54 @@
+"""The data order: which images make up each global batch and each micro-batch.
+
+The training stream is the concatenation of one random permutation of the training set per
+epoch, each drawn from ``(seed, epoch)`` alone. Global batch ``k`` is images
+``[k * batch, (k + 1) * batch)`` of that stream, so batches straddle epoch boundaries and no
+image is dropped (as in TF's input pipelines, an epoch is ``images / batch`` steps, fractional).
+
+Because the order depends only on the seed, the dataset size and the global batch, it is the
+same whatever the layout of devices and subdivisions, and resuming at step ``k`` needs nothing
+but ``k``.
+
+Each global batch is cut into ``world * subdivisions`` equal chunks in order; chunk
+``j * world + rank`` is micro-batch ``j`` of ``rank``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class GlobalBatchOrder:
+    def __init__(self, num_images: int, batch: int, seed: int):
+        if num_images <= 0:
+            raise ValueError("the training set is empty")
+        self.num_images = num_images
+        self.batch = batch
+        self.seed = seed
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The order of epoch ``epoch``: a permutation drawn from ``(seed, epoch)`` alone."""
+        if epoch not in self._cache:
+            if len(self._cache) >= 2:  # a batch spans at most a few epochs; keep the recent ones
+                self._cache.pop(min(self._cache))
+            rng = np.random.default_rng([self.seed, epoch])
+            self._cache[epoch] = torch.from_numpy(rng.permutation(self.num_images))
+        return self._cache[epoch]
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        """Dataset indices of the global batch of optimizer step ``step`` (0-based)."""
+        start = step * self.batch
+        parts = []
+        while start < (step + 1) * self.batch:
+            epoch, offset = divmod(start, self.num_images)
+            take = min(self.num_images - offset, (step + 1) * self.batch - start)
+            parts.append(self.permutation(epoch)[offset : offset + take])
+            start += take
+        return torch.cat(parts)
+
+    def micro_batches(self, step: int, rank: int, world: int, subdivisions: int) -> list[torch.Tensor]:
+        """The ``subdivisions`` micro-batches of ``rank`` at ``step``: chunks ``j * world + rank``."""
+        chunks = self.global_batch(step).chunk(world * subdivisions)
+        return [chunks[j * world + rank] for j in range(subdivisions)]

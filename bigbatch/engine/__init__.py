@@ -1,0 +1,1 @@
+"""The training engine: the loop, checkpoints, process groups and run outputs."""

@@ -1,0 +1,92 @@
+"""Checkpoints: the full training state, written atomically, loaded without running code.
+
+A checkpoint is a plain dict that ``torch.load(path, weights_only=True)`` reads:
+
+    model       the model's state dict
+    optimizer   the optimizer's state dict
+    step        optimizer steps completed
+    rng         every random generator: torch (CPU and CUDA), Python, NumPy
+    data        the position in the data order (the step; the order is a function of it)
+    best        the best evaluation so far: metric, value, step
+    config      the resolved run config (JSON-able)
+
+Writing: a temporary file in the same folder, flushed and fsync'ed, then renamed over the
+target and the folder fsync'ed. A crash at any point leaves either the old or the new file,
+never a partial one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigbatch.errors import UserError
+
+FORMAT = 1
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to ``path`` so that readers see the old file or the complete new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": {
+            "kind": np_state[0],
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint with ``weights_only=True``: an untrusted file cannot run code."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint: {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated, foreign or tampered file
+        raise UserError(f"checkpoint: {path} is not a readable bigbatch checkpoint ({e.__class__.__name__})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"checkpoint: {path} has no 'model' state dict")
+    return state

@@ -1,0 +1,207 @@
+"""The training loop, top to bottom.
+
+One optimizer step, as in Darknet (seed ``darknet-batch-subdivisions``): each device runs its
+``subdivisions`` micro-batches of ``batch / (world * subdivisions)`` images through forward and
+backward, each loss scaled by ``1 / subdivisions`` so that the accumulated gradient is the mean
+gradient over the whole global batch (DDP averages across devices); then one update.
+
+    for step in steps:
+        for micro_batch in this step's micro-batches:   # gradients accumulate
+            (loss(micro_batch) / subdivisions).backward()
+        optimizer.step(); optimizer.zero_grad()
+        evaluate / checkpoint when due
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bigbatch.batching import BatchPlan, make_plan
+from bigbatch.config import RunConfig, config_to_yaml
+from bigbatch.data.loader import train_steps
+from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.engine import checkpoint, distributed
+from bigbatch.engine.run_log import RunLog
+from bigbatch.errors import UserError
+from bigbatch.recipe.optim import build_optimizer, set_lr
+from bigbatch.tasks import build_task
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Any],
+    loss_fn: LossFn,
+) -> torch.Tensor:
+    """One optimizer step over this device's micro-batches; returns the mean micro-batch loss.
+
+    The gradient is sum_i grad(loss_i) / S = the gradient of the mean loss over the S equal
+    micro-batches, i.e. of the whole batch. Under DDP, gradients are all-reduced only during the
+    last micro-batch's backward (``no_sync`` before it): one synchronisation per step.
+    """
+    subdivisions = len(micro_batches)
+    losses = []
+    for i, micro_batch in enumerate(micro_batches):
+        last = i == subdivisions - 1
+        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+        with sync:
+            loss = loss_fn(model, micro_batch)
+            (loss / subdivisions).backward()
+        losses.append(loss.detach())
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return torch.stack(losses).float().mean()
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move a (nested) batch to ``device``; on the CPU nothing is copied."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def is_due(step: int, every: int, total: int) -> bool:
+    return step % every == 0 or step == total
+
+
+@dataclass
+class Best:
+    """The best evaluation so far, by one metric."""
+
+    metric: str
+    mode: str
+    value: float | None = None
+    step: int | None = None
+
+    def improves(self, value: float) -> bool:
+        if self.value is None:
+            return True
+        return value > self.value if self.mode == "max" else value < self.value
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    steps: int
+    metrics: dict[str, float]
+    best: Best
+
+
+def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
+    # --- where we run, what we train on, how each batch is cut ---------------------------
+    proc = distributed.setup()
+    seed_everything(cfg.seed)
+    task = build_task(cfg)
+    plan: BatchPlan = make_plan(cfg, proc.world, len(task.train_set))
+    if cfg.eval.metric not in ("top1", "top5", "loss"):
+        raise UserError(f"eval.metric: {cfg.eval.metric!r} is not a metric of this task; expected top1, top5 or loss")
+
+    # --- model and optimizer --------------------------------------------------------------
+    model = task.build_model(cfg).to(proc.device)
+    optimizer = build_optimizer(cfg.optim, model)
+    best = Best(cfg.eval.metric, cfg.eval.mode)
+    start_step = 0
+
+    # --- resume: weights, optimizer, RNGs and the position in the data order -------------
+    ckpt_dir = out_dir / "checkpoints"
+    if resume:
+        state = checkpoint.load(ckpt_dir / "last.pt")
+        check_resumable(cfg, state["config"])
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        checkpoint.restore_rng_state(state["rng"])
+        start_step = state["data"]["step"]
+        best = Best(**state["best"])
+
+    if proc.world > 1:
+        model = DistributedDataParallel(model, device_ids=[proc.device] if proc.device.type == "cuda" else None)
+
+    def save(path: Path, step: int) -> None:
+        checkpoint.atomic_save(
+            {
+                "format": checkpoint.FORMAT,
+                "step": step,
+                "model": unwrap(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "rng": checkpoint.rng_state(),
+                "data": {"step": step, "seed": cfg.seed, "batch": cfg.batch},
+                "best": vars(best).copy(),
+                "config": cfg.model_dump(mode="json"),
+            },
+            path,
+        )
+
+    log = None
+    if proc.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        print(plan.describe(), flush=True)
+        log = RunLog(out_dir, plan.steps, start_step, plan.batch, cfg.log.tensorboard)
+
+    # --- the loop -------------------------------------------------------------------------
+    order = GlobalBatchOrder(len(task.train_set), plan.batch, cfg.seed)
+    steps = train_steps(task.train_set, order, start_step, plan.steps, proc.rank, proc.world,
+                        plan.subdivisions, cfg.data.workers)
+    lr = cfg.optim.lr
+    metrics: dict[str, float] = {}
+    model.train()
+    for step, micro_batches in enumerate(steps, start=start_step):
+        set_lr(optimizer, lr)
+        loss = train_step(model, optimizer, to_device(micro_batches, proc.device), task.loss)
+        done = step + 1  # optimizer steps completed; every record and checkpoint counts these
+
+        if log is not None and (is_due(done, cfg.log.every, plan.steps) or done == start_step + 1):
+            log.train(done, plan.epoch_at(done), lr, loss.item())
+
+        if is_due(done, cfg.eval.every, plan.steps):
+            metrics = task.evaluate(model, cfg.eval.batch, proc.rank, proc.world)
+            if log is not None:
+                log.evaluation(done, "val", metrics)
+            if best.improves(metrics[best.metric]):
+                best.value, best.step = metrics[best.metric], done
+                if proc.is_main:
+                    save(ckpt_dir / "best.pt", done)
+
+        if proc.is_main and is_due(done, cfg.checkpoint.every, plan.steps):
+            save(ckpt_dir / "last.pt", done)
+
+    if log is not None:
+        log.close()
+    distributed.teardown()
+    return TrainResult(out_dir, plan.steps, metrics, best)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def check_resumable(cfg: RunConfig, saved: dict[str, Any]) -> None:
+    """The data order depends on the seed and the global batch: resuming must keep both."""
+    for key in ("batch", "seed"):
+        if saved[key] != getattr(cfg, key):
+            raise UserError(f"{key}: the checkpoint was trained with {key} {saved[key]}, not {getattr(cfg, key)}; "
+                            f"resuming needs the same {key}")

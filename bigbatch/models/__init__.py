@@ -1,0 +1,41 @@
+"""Models by name: the built-in ``small_cnn`` and torchvision's classification models.
+
+Every model is built from scratch (random weights): nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch.nn as nn
+
+from bigbatch.config import ModelConfig
+from bigbatch.errors import UserError
+from bigbatch.models.small_cnn import SmallCNN, norm_layer
+
+
+@functools.cache
+def torchvision_classifiers() -> tuple[str, ...]:
+    import torchvision.models
+
+    return tuple(torchvision.models.list_models(module=torchvision.models))
+
+
+def known_models() -> list[str]:
+    return ["small_cnn", *torchvision_classifiers()]
+
+
+def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+    if cfg.name == "small_cnn":
+        return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm)
+    import torchvision.models
+
+    kwargs = {"weights": None, "num_classes": num_classes}
+    if cfg.norm != "batch":  # the torchvision default; other norms need a norm_layer argument
+        kwargs["norm_layer"] = functools.partial(norm_layer, cfg.norm)
+    try:
+        return torchvision.models.get_model(cfg.name, **kwargs)
+    except TypeError as e:
+        if "norm_layer" in kwargs and "norm_layer" in str(e):
+            raise UserError(f"model.norm: {cfg.name} takes no norm_layer; expected 'batch'") from None
+        raise

@@ -1,0 +1,68 @@
+"""Image classification: cross-entropy loss, top-1 / top-5 accuracy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from bigbatch.config import RunConfig
+from bigbatch.data.loader import eval_batches
+
+
+@dataclass
+class ClassificationTask:
+    train_set: Dataset
+    val_set: Dataset
+    num_classes: int
+    in_channels: int = 3
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> ClassificationTask:
+        if cfg.data.name == "digits":
+            from bigbatch.data.digits import NUM_CLASSES, load_digits_split
+
+            train, val = load_digits_split(cfg.data.size)
+            return cls(train, val, NUM_CLASSES)
+        raise AssertionError(f"unhandled dataset {cfg.data.name!r}")  # the config only admits known sets
+
+    def build_model(self, cfg: RunConfig) -> nn.Module:
+        from bigbatch.models import build_classifier
+
+        return build_classifier(cfg.model, self.num_classes, self.in_channels)
+
+    @staticmethod
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Mean cross-entropy over the micro-batch."""
+        images, labels = batch
+        return F.cross_entropy(model(images), labels)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1) -> dict[str, float]:
+        """Top-1, top-5 and mean loss over the validation set, each image counted once."""
+        was_training = model.training
+        model.eval()
+        k = min(5, self.num_classes)
+        totals = torch.zeros(4, dtype=torch.float64)  # images, top1 hits, top5 hits, loss sum
+        for images, labels in eval_batches(self.val_set, batch_size, rank, world):
+            logits = model(images)
+            topk = logits.topk(k, dim=1).indices
+            hits = topk == labels[:, None]
+            totals += torch.tensor(
+                [
+                    len(labels),
+                    hits[:, 0].sum().item(),
+                    hits.any(dim=1).sum().item(),
+                    F.cross_entropy(logits.float(), labels, reduction="sum").item(),
+                ],
+                dtype=torch.float64,
+            )
+        model.train(was_training)
+        if world > 1:
+            torch.distributed.all_reduce(totals)
+        images, top1, top5, loss = totals.tolist()
+        return {"top1": 100.0 * top1 / images, "top5": 100.0 * top5 / images, "loss": loss / images,
+                "images": int(images)}
