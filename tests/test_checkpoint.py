@@ -1,0 +1,101 @@
+"""Checkpoints are written atomically and read back without running code."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from bigbatch.engine import checkpoint
+from bigbatch.errors import UserError
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.atomic_save({"model": {"w": torch.ones(3)}, "step": 1}, path)
+
+    real_save = torch.save
+
+    def dies_halfway(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 partial bytes of a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.atomic_save({"model": {"w": torch.zeros(3)}, "step": 2}, path)
+    monkeypatch.setattr(torch, "save", real_save)
+
+    state = checkpoint.load(path)
+    assert state["step"] == 1 and torch.equal(state["model"]["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"], "the temporary file must be cleaned up"
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, torch
+    from bigbatch.engine.checkpoint import atomic_save
+    path = sys.argv[1]
+    step = 0
+    while True:
+        step += 1
+        atomic_save({"model": {"w": torch.full((2_000_000,), float(step))}, "step": step}, path)
+        print(step, flush=True)
+    """
+)
+
+
+def test_sigkill_during_writes_never_leaves_a_partial_checkpoint(tmp_path):
+    """Kill a real process at random moments while it rewrites a 8 MB checkpoint in a loop."""
+    path = tmp_path / "last.pt"
+    rng = random.Random(0)
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # at least one checkpoint is complete
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state = checkpoint.load(path)
+        w = state["model"]["w"]
+        assert torch.all(w == state["step"]), "weights and step from different writes"
+
+
+def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
+    torch.manual_seed(1)
+    random.seed(2)
+    np.random.seed(3)
+    checkpoint.atomic_save({"model": {}, "rng": checkpoint.rng_state()}, tmp_path / "c.pt")
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(9)
+    random.seed(9)
+    np.random.seed(9)
+    checkpoint.restore_rng_state(checkpoint.load(tmp_path / "c.pt")["rng"])
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1]
+    assert np.random.rand() == expected[2]
+
+
+def test_loading_refuses_pickled_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("this must not run",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": Evil()}, path)
+    with pytest.raises(UserError, match="not a readable bigbatch checkpoint"):
+        checkpoint.load(path)
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "cut.pt"
+    checkpoint.atomic_save({"model": {"w": torch.ones(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(UserError, match=f"checkpoint: {path}"):
+        checkpoint.load(path)

@@ -1,0 +1,75 @@
+"""User mistakes in configs stop before any work: exit code 2, one ``error:`` line naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from bigbatch.config import load_config
+from bigbatch.errors import UserError
+from tests.conftest import run_cli
+
+BAD = [
+    (["--set", "optim.lrr=0.1"], "optim.lrr", "unknown key"),
+    (["--set", "batch=abc"], "batch", "integer"),
+    (["--set", "batch=100", "subdivisions=3"], "batch", "multiple of 3"),
+    (["--set", "steps=-5"], "steps", "greater than 0"),
+    (["--set", "model.norm=layer"], "model.norm", "'batch', 'group' or 'none'"),
+    (["--set", "model.name=resnet1000"], "model.name", "unknown model"),
+    (["--set", "subdivisions=0"], "subdivisions", "greater than 0"),
+]
+
+
+CASES = [("show", *case) for case in BAD] + [("train", *case) for case in BAD[:4]]
+
+
+@pytest.mark.parametrize(("command", "overrides", "key", "expected"), CASES)
+def test_bad_config_fails_with_one_error_line(tmp_path, command, overrides, key, expected):
+    out = tmp_path / "run"
+    extra = ["--out", str(out)] if command == "train" else []
+    result = run_cli(command, "digits", *overrides, *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {key}:"), lines[0]
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not out.exists(), "a bad config must stop before any work"
+
+
+def test_unknown_key_lists_the_accepted_keys():
+    with pytest.raises(UserError, match=r"^batchsize: unknown key \(expected one of: .*\bbatch\b.*\bsubdivisions\b"):
+        load_config("digits", ["batchsize=64"])
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("batch: 64\nsubdivisions: [1, 2\nseed: 0\n")
+    result = run_cli("show", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: config: {path}:")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_recipe_names_the_builtins():
+    with pytest.raises(UserError, match="neither a YAML file nor a built-in recipe.*digits"):
+        load_config("no-such-recipe")
+
+
+def test_overrides_are_typed_and_steps_replaces_epochs():
+    cfg = load_config("digits", ["steps=7", "optim.lr=0.05", "optim.nesterov=true", "model.norm=group"])
+    assert cfg.steps == 7 and cfg.epochs is None
+    assert cfg.optim.lr == 0.05 and cfg.optim.nesterov is True
+    assert cfg.model.norm == "group"
+    assert load_config("digits", ["steps=7", "epochs=2"]).steps is None
+
+
+def test_steps_and_epochs_together_in_a_file_is_an_error(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text("batch: 64\nsteps: 10\nepochs: 2\n")
+    with pytest.raises(UserError, match="^steps: give either steps or epochs"):
+        load_config(str(path))
+
+
+def test_float_for_an_integer_is_rejected():
+    with pytest.raises(UserError, match="^batch: "):
+        load_config("digits", ["batch=64.5"])

@@ -1,0 +1,99 @@
+"""End to end through the real CLI: a run directory, its metrics, checkpoints, eval and show."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """The digits recipe (batch 256, subdivisions 8), shortened to 60 steps."""
+    out = tmp_path_factory.mktemp("runs") / "digits"
+    result = run_cli("train", "digits", "--out", str(out), "--set", "steps=60", "eval.every=25",
+                     "checkpoint.every=20")
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_digits_learns_to_95_percent(digits_run):
+    out, result = digits_run
+    final = [r for r in records(out) if r.get("split") == "val"][-1]
+    assert final["step"] == 60
+    assert final["top1"] >= 95.0
+    assert final["images"] == 360, "every validation image is counted once"
+    assert f"run written to {out}" in result.stdout
+    assert "micro-batch     32 images" in result.stdout
+
+
+def test_run_directory_layout(digits_run):
+    out, _ = digits_run
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["batch"] == 256 and config["subdivisions"] == 8 and config["steps"] == 60
+    train = [r for r in records(out) if "split" not in r]
+    assert [r["step"] for r in train] == [1, 10, 20, 30, 40, 50, 60]
+    for r in train:
+        assert r["images"] == 256 * r["step"]
+        assert {"lr", "loss", "epoch"} <= r.keys()
+    assert [r["step"] for r in records(out) if r.get("split") == "val"] == [25, 50, 60]
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    last = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    best = torch.load(out / "checkpoints" / "best.pt", weights_only=True)
+    assert last["step"] == 60
+    assert {"model", "optimizer", "rng", "data", "config", "best"} <= last.keys()
+    assert best["step"] == last["best"]["step"]
+    assert best["best"]["value"] == max(r["top1"] for r in records(out) if r.get("split") == "val")
+
+
+def test_eval_reproduces_the_final_metrics(digits_run):
+    out, _ = digits_run
+    result = run_cli("eval", str(out), "--set", "eval.batch=7")
+    assert result.returncode == 0, result.stderr
+    written = json.loads((out / "eval-last.json").read_text())
+    final = [r for r in records(out) if r.get("split") == "val"][-1]
+    assert written["images"] == 360
+    assert written["top1"] == pytest.approx(final["top1"])
+    assert written["loss"] == pytest.approx(final["loss"], rel=1e-4)
+    assert "top1" in result.stdout
+
+
+def test_out_dir_with_a_run_refuses_to_overwrite(digits_run):
+    out, _ = digits_run
+    result = run_cli("train", "digits", "--out", str(out), "--set", "steps=1")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: --out: {out} already holds a run")
+
+
+def test_resume_with_another_batch_is_refused(digits_run):
+    out, _ = digits_run
+    result = run_cli("train", "--resume", str(out), "--set", "batch=128")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: batch: the checkpoint was trained with batch 256")
+
+
+def test_show_prints_config_and_plan():
+    result = run_cli("show", "digits", "--set", "subdivisions=4", "epochs=10")
+    assert result.returncode == 0, result.stderr
+    assert "subdivisions: 4" in result.stdout
+    assert "micro-batch     64 images (= 256 / (1 x 4))" in result.stdout
+    assert "steps           57" in result.stdout  # ceil(10 * 1437 / 256)
+    assert "images seen     14592" in result.stdout
+
+
+def test_torchvision_model_trains_from_scratch(tmp_path):
+    out = tmp_path / "resnet"
+    result = run_cli("train", "digits", "--out", str(out), "--set", "model.name=resnet18", "steps=2", "batch=16",
+                     "subdivisions=2", "eval.batch=120", "log.tensorboard=false")
+    assert result.returncode == 0, result.stderr
+    state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert "layer4.1.bn2.running_mean" in state["model"]
+    assert state["model"]["fc.weight"].shape == (10, 512)
