@@ -44,8 +44,8 @@ def test_loader_started_mid_run_continues_the_same_stream():
     whole = [step for step in train_steps(data, order, 0, 12, rank=0, world=1, subdivisions=2)]
     tail = [step for step in train_steps(data, order, 7, 12, rank=0, world=1, subdivisions=2)]
     assert len(whole) == 12 and len(tail) == 5
-    for a, b in zip(whole[7:], tail):
-        for (xa, ya), (xb, yb) in zip(a, b):
+    for a, b in zip(whole[7:], tail, strict=True):
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
             assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
