@@ -44,6 +44,11 @@ class RunLog:
         self._last_time = time.perf_counter()
         self._last_step = start_step
 
+    def progress(self, step: int) -> None:
+        """Advance the progress bar (on a terminal) to ``step`` steps done."""
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+
     def _write(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()

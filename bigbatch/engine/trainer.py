@@ -174,8 +174,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         loss = train_step(model, optimizer, to_device(micro_batches, proc.device), task.loss)
         done = step + 1  # optimizer steps completed; every record and checkpoint counts these
 
-        if log is not None and (is_due(done, cfg.log.every, plan.steps) or done == start_step + 1):
-            log.train(done, plan.epoch_at(done), lr, loss.item())
+        if log is not None:
+            log.progress(done)
+            if is_due(done, cfg.log.every, plan.steps) or done == start_step + 1:
+                log.train(done, plan.epoch_at(done), lr, loss.item())
 
         if is_due(done, cfg.eval.every, plan.steps):
             metrics = task.evaluate(model, cfg.eval.batch, proc.rank, proc.world)
