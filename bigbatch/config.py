@@ -8,11 +8,20 @@ the dotted key and says what is expected, before any work starts.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bigbatch.errors import UserError
 
@@ -55,12 +64,221 @@ class DataConfig(Section):
 
 
 class OptimConfig(Section):
-    name: Literal["sgd"] = "sgd"
+    """The optimizer. ``lr`` is stated for ``ref_batch`` images per step and scaled to the global batch."""
+
+    name: Literal["sgd", "momentum", "rmsprop_tf", "adamw", "lars", "lamb"] = "sgd"
+    """``sgd``: torch.optim.SGD (LR outside the momentum buffer); ``momentum``: TF/Caffe2 momentum
+    (v = m v + lr g; w -= v: LR inside the buffer); ``rmsprop_tf``: TF RMSProp; ``adamw``; ``lars``; ``lamb``."""
     lr: float = Field(0.1, gt=0)
-    """Learning rate for the global batch."""
+    """Learning rate for ``ref_batch`` images per step (for the global batch itself when ``ref_batch`` is unset)."""
+    ref_batch: int | None = Field(None, gt=0)
+    """The batch ``lr`` is stated for; unset: ``lr`` is used as it is, whatever the batch."""
+    scaling: Literal["linear", "sqrt", "none"] = "linear"
+    """How ``lr`` follows the batch: lr * (batch / ref_batch) (Goyal et al. 2017), its square root, or not at all."""
     momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = False
     weight_decay: float = Field(0.0, ge=0)
+    no_decay_norm_bias: bool = False
+    """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
+    eps: float | None = Field(None, gt=0)
+    """Epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in the Inception seed, adamw/lamb 1e-8)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam-style moment decays (adamw, lamb)."""
+    rmsprop_decay: float = Field(0.9, gt=0, lt=1)
+    """RMSProp's mean-square decay (TF's ``decay``; the Inception seed uses 0.9)."""
+    trust_coefficient: float = Field(0.001, gt=0)
+    """LARS trust coefficient."""
+    momentum_correction: bool = False
+    """For optimizers with the LR inside the momentum buffer (momentum, rmsprop_tf): when the LR changes from
+    lr_old to lr_new, scale the buffer by lr_new / lr_old (Goyal et al. 2017, remark 2)."""
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_from_list(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
+
+
+class ClipConfig(Section):
+    """Gradient clipping, at most one kind; applied to unscaled gradients, once per optimizer step."""
+
+    max_norm: float | None = Field(None, gt=0)
+    """Clip the global 2-norm of all gradients to this (MegDet: 3.0 from step 300)."""
+    max_value: float | None = Field(None, gt=0)
+    """Clip every gradient element to [-max_value, max_value]."""
+    agc: float | None = Field(None, gt=0)
+    """Adaptive gradient clipping factor (Brock et al. 2021): unit-wise ||g|| <= agc * max(||w||, eps)."""
+    agc_eps: float = Field(1e-3, gt=0)
+    start_step: int = Field(0, ge=0)
+    """Clip from this optimizer step on (0-based)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ClipConfig:
+        kinds = [k for k in ("max_norm", "max_value", "agc") if getattr(self, k) is not None]
+        if len(kinds) > 1:
+            raise ValueError(f"clip.{kinds[1]}: give one of clip.max_norm, clip.max_value, clip.agc, not several")
+        return self
+
+
+class EMAConfig(Section):
+    """Exponential moving average of the weights, updated once per applied optimizer step."""
+
+    decay: float | None = Field(None, gt=0, lt=1)
+    """EMA decay per optimizer step (Inception seed: 0.995); unset: no EMA."""
+    warmup: bool = False
+    """Use min(decay, (1 + n) / (10 + n)) at the n-th update (TensorFlow's num_updates rule)."""
+    evaluate: bool = True
+    """Evaluate the EMA weights (and pick ``best.pt`` by them); the raw weights are evaluated too."""
+
+
+class NormConfig(Section):
+    """BatchNorm running statistics."""
+
+    running_stats: Literal["per_microbatch", "per_step"] = "per_microbatch"
+    """``per_microbatch``: PyTorch's update after every forward; ``per_step``: the step's micro-batch sums and
+    counts are pooled and the running mean and variance updated once per optimizer step."""
+    momentum: float | None = Field(None, gt=0, lt=1)
+    """BN momentum per optimizer step (PyTorch convention: running = (1 - m) running + m batch_stat);
+    converted to each update with beta = alpha ** (1 / updates per step). Unset: the model's own."""
+    half_life_images: float | None = Field(None, gt=0)
+    """Alternatively, the number of training images after which an observation's weight halves."""
+
+    @model_validator(mode="after")
+    def _one_momentum(self) -> NormConfig:
+        if self.momentum is not None and self.half_life_images is not None:
+            raise ValueError("norm.momentum: give norm.momentum or norm.half_life_images, not both")
+        return self
+
+
+_LENGTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(steps?|epochs?|images?)?\s*$")
+
+
+def parse_length(value: int | float | str) -> tuple[float, str]:
+    """A length: a number of optimizer steps, or ``"<number> steps|epochs|images"``; -> (number, unit)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a length such as 500, '500 steps', '5 epochs' or '1.2e6 images'")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), "steps"
+    else:
+        match = _LENGTH.match(value)
+        if match is None:
+            raise ValueError(f"expected a length such as 500, '500 steps', '5 epochs' or '1.2e6 images', got {value!r}")
+        number, unit = float(match.group(1)), (match.group(2) or "steps")
+    if number < 0:
+        raise ValueError(f"expected a length >= 0, got {value!r}")
+    return number, unit.rstrip("s") + "s"
+
+
+def _check_length(value: int | float | str) -> int | float | str:
+    parse_length(value)
+    return value
+
+
+Length = Annotated[int | float | str, AfterValidator(_check_length)]
+"""A length in optimizer steps (a bare number) or ``"<number> steps|epochs|images"``."""
+
+
+class WarmupPhase(Section):
+    """One warmup phase; phases run in sequence from step 0, each a factor on the scheduled LR."""
+
+    kind: Literal["linear", "constant", "power"]
+    length: Length
+    start_factor: float | None = Field(None, ge=0)
+    """linear: the factor at the phase's first step (default: where the previous phase ended, 0 for the first)."""
+    start_lr: float | None = Field(None, ge=0)
+    """linear: an absolute LR to start from instead of ``start_factor``."""
+    factor: float = Field(0.1, gt=0)
+    """constant: the factor held for the whole phase (the Inception guide's cold epochs at ~10 %)."""
+    power: float = Field(4.0, gt=0)
+    """power: factor (t / length) ** power, Darknet's burn_in (t counted from 1, as Darknet does)."""
+
+
+class DecayConfig(Section):
+    """The decay after (and under) the warmup, a factor of the scaled LR at absolute step t."""
+
+    kind: Literal["constant", "step", "multistep", "exponential", "cosine", "poly", "sigmoid"] = "constant"
+    every: Length | None = None
+    """step: gamma ** floor(t / every); exponential: gamma ** (t / every), floored when ``staircase``."""
+    milestones: list[Length] = []
+    """multistep: the steps at which the LR is multiplied by the next of ``scales`` (default ``gamma``)."""
+    scales: list[float] | None = None
+    gamma: float = Field(0.1, gt=0)
+    staircase: bool = True
+    power: float = Field(1.0, gt=0)
+    """poly: (1 - progress) ** power."""
+    center: Length | None = None
+    """sigmoid: 1 / (1 + exp(gamma * (t - center))), Darknet's ``sig`` policy."""
+    start: Length | None = None
+    """cosine, poly: where the decay starts (default: the end of the warmup)."""
+    end: Length | None = None
+    """cosine, poly: where it reaches the floor (default: the end of the run)."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> DecayConfig:
+        if self.kind in ("step", "exponential") and self.every is None:
+            raise ValueError(f"schedule.decay.every: required for decay kind {self.kind!r}")
+        if self.kind == "multistep":
+            if not self.milestones:
+                raise ValueError("schedule.decay.milestones: required for decay kind 'multistep'")
+            if self.scales is not None and len(self.scales) != len(self.milestones):
+                raise ValueError("schedule.decay.scales: expected one scale per milestone")
+        if self.kind == "sigmoid" and self.center is None:
+            raise ValueError("schedule.decay.center: required for decay kind 'sigmoid'")
+        return self
+
+
+class InceptionTPUConfig(Section):
+    """The learning-rate code of the Inception v3 TPU guide (its flag names and values)."""
+
+    decay_rate: float = Field(0.94, gt=0)
+    decay_epochs: float = Field(3.0, gt=0)
+    warmup: bool = True
+    cold_epochs: float = Field(2.0, ge=0)
+    warmup_epochs: float = Field(7.0, ge=0)
+    num_train_images: int = Field(1_281_167, gt=0)
+    """Epochs of that code are ImageNet's, whatever the data here."""
+    final_ratio: float = Field(1e-4, ge=0)
+
+
+class DarknetScheduleConfig(Section):
+    """Darknet's ``get_current_rate`` (its ``[net]`` keys)."""
+
+    policy: Literal["constant", "step", "steps", "exp", "poly", "sig"] = "constant"
+    burn_in: int = Field(0, ge=0)
+    power: float = Field(4.0, gt=0)
+    """Burn-in exponent, and the ``poly`` exponent (one key in Darknet)."""
+    steps: list[int] = []
+    scales: list[float] = []
+    step: int = Field(1, gt=0)
+    scale: float = Field(1.0, gt=0)
+    gamma: float = 1.0
+    max_batches: int | None = Field(None, gt=0)
+    """poly: the horizon (default: the run's steps)."""
+
+    @model_validator(mode="after")
+    def _paired(self) -> DarknetScheduleConfig:
+        if len(self.steps) != len(self.scales):
+            raise ValueError("schedule.darknet.scales: expected one scale per entry of schedule.darknet.steps")
+        return self
+
+
+class ScheduleConfig(Section):
+    """lr(step) = scaled lr x warmup factor x max(decay factor, floor); or a seed's preset."""
+
+    preset: Literal["none", "inception_tpu", "darknet"] = "none"
+    warmup: list[WarmupPhase] = []
+    decay: DecayConfig = DecayConfig()
+    min_lr: float | None = Field(None, ge=0)
+    """Floor of the decayed LR, absolute."""
+    min_lr_ratio: float | None = Field(None, ge=0)
+    """Floor of the decayed LR, as a fraction of the scaled LR."""
+    inception_tpu: InceptionTPUConfig = InceptionTPUConfig()
+    darknet: DarknetScheduleConfig = DarknetScheduleConfig()
+
+    @model_validator(mode="after")
+    def _one_floor(self) -> ScheduleConfig:
+        if self.min_lr is not None and self.min_lr_ratio is not None:
+            raise ValueError("schedule.min_lr: give schedule.min_lr or schedule.min_lr_ratio, not both")
+        return self
 
 
 class EvalConfig(Section):
@@ -100,6 +318,10 @@ class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    clip: ClipConfig = ClipConfig()
+    ema: EMAConfig = EMAConfig()
+    norm: NormConfig = NormConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
