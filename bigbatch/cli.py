@@ -43,6 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="print the resolved config and the batch plan")
     _add_config_args(show)
+
+    schedule = sub.add_parser("schedule", help="print, write and plot the learning rate per step")
+    _add_config_args(schedule)
+    schedule.add_argument("--csv", type=Path, help="write every step as CSV (step,lr)")
+    schedule.add_argument("--png", type=Path, help="plot the schedule to this PNG file")
+    schedule.add_argument("--lines", type=int, default=40, help="about how many steps to print (default: %(default)s)")
+
+    scale = sub.add_parser("scale", help="rescale a recipe to a new global batch")
+    _add_config_args(scale)
+    scale.add_argument("--batch", type=int, required=True, help="the new global batch")
+    scale.add_argument("--out", type=Path, help="write the new recipe here (YAML); default: print it")
     return parser
 
 
@@ -119,7 +130,70 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show}
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from bigbatch.batching import make_plan
+    from bigbatch.config import load_config
+    from bigbatch.engine import distributed
+    from bigbatch.recipe.schedule import build_schedule
+    from bigbatch.tasks import train_set_size
+
+    cfg = load_config(args.config, args.overrides)
+    plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size(cfg))
+    lr_at = build_schedule(cfg, plan)
+    lrs = [lr_at(step) for step in range(plan.steps)]
+    every = max(1, plan.steps // max(args.lines, 1))
+    print(f"{plan.steps} steps, global batch {plan.batch}; step counted from 0; every {every} shown")
+    print(f"{'step':>10s}  {'epoch':>9s}  lr")
+    for step in sorted({*range(0, plan.steps, every), plan.steps - 1}):
+        print(f"{step:10d}  {plan.epoch_at(step):9.3f}  {lrs[step]:.6g}")
+    if args.csv is not None:
+        with open(args.csv, "w", encoding="utf-8") as f:
+            f.write("step,lr\n")
+            f.writelines(f"{step},{lr!r}\n" for step, lr in enumerate(lrs))
+        print(f"written to {args.csv}")
+    if args.png is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.plot(range(plan.steps), lrs)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("learning rate")
+        ax.set_title(f"{cfg.name}: batch {plan.batch}, {plan.steps} steps")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=100)
+        plt.close(fig)
+        print(f"plotted to {args.png}")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from bigbatch.batching import check_batch
+    from bigbatch.config import config_to_yaml, load_config
+    from bigbatch.engine import distributed
+    from bigbatch.recipe.rescale import changes_table, rescale
+
+    if args.batch <= 0:
+        raise UserError(f"--batch: expected a positive number of images, got {args.batch}")
+    cfg = load_config(args.config, args.overrides)
+    world = distributed.world_size_from_env()
+    new, changes = rescale(cfg, args.batch, world)
+    check_batch(new, world)
+    print(changes_table(changes))
+    if args.out is not None:
+        args.out.write_text(f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} by bigbatch scale\n"
+                            + config_to_yaml(new))
+        print(f"written to {args.out}")
+    else:
+        print()
+        print(config_to_yaml(new).rstrip())
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale}
 
 
 def main(argv: list[str] | None = None) -> int:

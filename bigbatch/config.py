@@ -282,8 +282,8 @@ class ScheduleConfig(Section):
 
 
 class EvalConfig(Section):
-    every: int = Field(50, gt=0)
-    """Evaluate every this many optimizer steps, and always at the end."""
+    every: Length = 50
+    """Evaluate every this many optimizer steps (or epochs, images), and always at the end."""
     batch: int = Field(256, gt=0)
     """Images per evaluation forward pass (any size: every validation image is seen once)."""
     metric: str = "top1"
@@ -292,8 +292,8 @@ class EvalConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every: int = Field(50, gt=0)
-    """Write ``checkpoints/last.pt`` every this many optimizer steps, and always at the end."""
+    every: Length = 50
+    """Write ``checkpoints/last.pt`` every this many optimizer steps (or epochs, images), and always at the end."""
 
 
 class LogConfig(Section):
@@ -361,7 +361,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def resolve_config_source(source: str) -> tuple[Path, str]:
-    """A config argument is a YAML file or a built-in recipe name; returns (path, recipe name)."""
+    """A config argument is a YAML file, a Darknet ``.cfg`` or a built-in recipe name; -> (path, recipe name)."""
     path = Path(source)
     if path.is_file():
         return path, path.stem
@@ -444,9 +444,14 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
 
 
 def load_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Load a YAML file or built-in recipe, apply ``--set`` overrides, validate."""
+    """Load a YAML file, Darknet ``.cfg`` or built-in recipe, apply ``--set`` overrides, validate."""
     path, recipe = resolve_config_source(source)
-    data = read_yaml(path)
+    if path.suffix == ".cfg":
+        from bigbatch.recipe.darknet_cfg import net_recipe
+
+        data = net_recipe(path)
+    else:
+        data = read_yaml(path)
     data.setdefault("name", recipe)
     return validate_config(apply_overrides(data, list(overrides)))
 

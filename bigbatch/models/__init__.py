@@ -30,7 +30,9 @@ def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -
         return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm)
     import torchvision.models
 
-    kwargs = {"weights": None, "num_classes": num_classes}
+    kwargs: dict = {"weights": None, "num_classes": num_classes}
+    if cfg.name in ("inception_v3", "googlenet"):  # the auxiliary heads return tuples in training
+        kwargs.update(aux_logits=False, init_weights=True)
     if cfg.norm != "batch":  # the torchvision default; other norms need a norm_layer argument
         kwargs["norm_layer"] = functools.partial(norm_layer, cfg.norm)
     try:

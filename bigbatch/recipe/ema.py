@@ -1,0 +1,55 @@
+"""Exponential moving average of the weights (Polyak averaging), evaluated in place of the raw weights.
+
+Updated once per applied optimizer step (never per micro-batch):
+
+    ema = d * ema + (1 - d) * w,    d = decay, or min(decay, (1 + n) / (10 + n)) with warm-up
+
+where n counts the optimizer steps applied so far, this one included: TensorFlow's
+``ExponentialMovingAverage(decay, num_updates=global_step)`` applied after the train op, as in
+the Inception v3 TPU guide (decay 0.995). Floating-point buffers (BatchNorm running mean and
+variance) are averaged the same way, as TF averages ``tf.moving_average_variables()``; integer
+buffers (``num_batches_tracked``) are copied.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+
+class WeightEMA:
+    def __init__(self, model: nn.Module, decay: float, warmup: bool = False):
+        self.decay = decay
+        self.warmup = warmup
+        self.updates = 0
+        self.module = copy.deepcopy(model).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+
+    def current_decay(self) -> float:
+        """The decay used by the update that makes ``self.updates`` applied steps."""
+        n = self.updates
+        return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """Fold in the weights after one applied optimizer step."""
+        self.updates += 1
+        d = self.current_decay()
+        source = model.state_dict()
+        for name, averaged in self.module.state_dict().items():
+            value = source[name].detach()
+            if averaged.is_floating_point():
+                averaged.lerp_(value.to(averaged.dtype), 1.0 - d)  # d * ema + (1 - d) * w
+            else:
+                averaged.copy_(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"module": self.module.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["module"])
+        self.updates = state["updates"]

@@ -1,0 +1,229 @@
+"""The learning rate as a pure function of the optimizer step: ``lr(step)``, step counted from 0.
+
+Scaling (Goyal et al. 2017, "Accurate, Large Minibatch SGD"): ``optim.lr`` is stated for
+``optim.ref_batch`` images per step; for the global batch B:
+
+    linear: lr_B = lr * B / ref_batch        sqrt: lr_B = lr * sqrt(B / ref_batch)
+
+The composed schedule (``schedule.preset: none``):
+
+    lr(t) = lr_B * warmup(t) * decay(t)      decay(t) floored at min_lr / lr_B (or min_lr_ratio)
+
+- warmup(t): phases in sequence from step 0 (``linear``: f0 + (1 - f0) * (t - s) / L;
+  ``constant``: a fixed factor, the Inception guide's cold epochs; ``power``: Darknet's burn_in,
+  ((t - s + 1) / L) ** p), then 1;
+- decay(t) at absolute step t: ``constant`` 1; ``step`` gamma ** floor(t / every); ``multistep``
+  the product of the scales of the milestones passed; ``exponential`` gamma ** (t / every)
+  (floored exponent when staircase); ``cosine`` and ``poly`` anneal from 1 at ``start`` (default:
+  the end of the warmup) to the floor at ``end`` (default: the end of the run), as
+  torch's CosineAnnealingLR with eta_min; ``sigmoid`` 1 / (1 + exp(gamma * (t - center))).
+
+Presets reproduce the seeds' own code, quirks included: ``inception_tpu`` and ``darknet``.
+Every length may be given in steps, epochs or images and is converted through the batch plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from bigbatch.batching import BatchPlan
+from bigbatch.config import (
+    DarknetScheduleConfig,
+    DecayConfig,
+    InceptionTPUConfig,
+    OptimConfig,
+    RunConfig,
+    WarmupPhase,
+    parse_length,
+)
+
+Schedule = Callable[[int], float]
+
+
+def scaled_lr(optim: OptimConfig, batch: int) -> float:
+    """The LR for a global batch of ``batch`` images from ``optim.lr`` stated at ``optim.ref_batch``."""
+    if optim.ref_batch is None or optim.scaling == "none":
+        return optim.lr
+    ratio = batch / optim.ref_batch
+    return optim.lr * (ratio if optim.scaling == "linear" else math.sqrt(ratio))
+
+
+def length_in_steps(length: int | float | str, plan: BatchPlan) -> float:
+    """Steps from a length in steps, epochs (x train images / batch) or images (/ batch)."""
+    number, unit = parse_length(length)
+    if unit == "steps":
+        return number
+    if unit == "epochs":
+        return number * plan.train_images / plan.batch
+    return number / plan.batch
+
+
+def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
+    base = scaled_lr(cfg.optim, plan.batch)
+    sched = cfg.schedule
+    if sched.preset == "inception_tpu":
+        return inception_tpu(base, plan.batch, sched.inception_tpu)
+    if sched.preset == "darknet":
+        return darknet(base, sched.darknet, plan.steps)
+    warmup, warmup_end = _warmup(sched.warmup, base, plan)
+    if sched.min_lr is not None:
+        floor = sched.min_lr / base
+    else:
+        floor = sched.min_lr_ratio or 0.0
+    decay = _decay(sched.decay, plan, warmup_end, floor)
+
+    def lr(step: int) -> float:
+        return base * warmup(step) * max(decay(step), floor)
+
+    return lr
+
+
+# ----------------------------------------------------------------------------- warmup
+
+
+def _warmup(phases: list[WarmupPhase], base: float, plan: BatchPlan) -> tuple[Callable[[float], float], float]:
+    """The warmup factor as a function of the step, and the step where warmup ends."""
+    pieces: list[tuple[float, float, Callable[[float], float]]] = []  # (start, length, factor of t - start)
+    start, previous_end_factor = 0.0, 0.0
+    for phase in phases:
+        length = length_in_steps(phase.length, plan)
+        if length <= 0:
+            continue
+        if phase.kind == "linear":
+            if phase.start_lr is not None:
+                f0 = phase.start_lr / base
+            elif phase.start_factor is not None:
+                f0 = phase.start_factor
+            else:
+                f0 = previous_end_factor
+            pieces.append((start, length, lambda u, f0=f0, n=length: f0 + (1.0 - f0) * u / n))
+            previous_end_factor = 1.0
+        elif phase.kind == "constant":
+            pieces.append((start, length, lambda u, f=phase.factor: f))
+            previous_end_factor = phase.factor
+        else:  # power: Darknet's burn_in counts the update being made from 1
+            pieces.append((start, length, lambda u, n=length, p=phase.power: ((u + 1) / n) ** p))
+            previous_end_factor = 1.0
+        start += length
+
+    def factor(step: float) -> float:
+        for phase_start, length, fn in pieces:
+            if step < phase_start + length:
+                return fn(step - phase_start)
+        return 1.0
+
+    return factor, start
+
+
+# ----------------------------------------------------------------------------- decay
+
+
+def _decay(cfg: DecayConfig, plan: BatchPlan, warmup_end: float, floor: float) -> Callable[[int], float]:
+    steps = lambda length: length_in_steps(length, plan)  # noqa: E731
+    kind = cfg.kind
+    if kind == "constant":
+        return lambda t: 1.0
+    if kind == "step":
+        every = steps(cfg.every)
+        return lambda t: cfg.gamma ** math.floor(t / every)
+    if kind == "multistep":
+        milestones = [steps(m) for m in cfg.milestones]
+        scales = cfg.scales if cfg.scales is not None else [cfg.gamma] * len(milestones)
+        return lambda t: math.prod(s for m, s in zip(milestones, scales, strict=True) if t >= m)
+    if kind == "exponential":
+        every = steps(cfg.every)
+        if cfg.staircase:
+            return lambda t: cfg.gamma ** math.floor(t / every)
+        return lambda t: cfg.gamma ** (t / every)
+    if kind == "sigmoid":
+        center = steps(cfg.center)
+        return lambda t: 1.0 / (1.0 + math.exp(cfg.gamma * (t - center)))
+    # cosine / poly: anneal from 1 at start to the floor at end
+    start = steps(cfg.start) if cfg.start is not None else warmup_end
+    end = steps(cfg.end) if cfg.end is not None else float(plan.steps)
+    span = max(end - start, 1e-12)
+
+    def progress(t: int) -> float:
+        return min(max((t - start) / span, 0.0), 1.0)
+
+    if kind == "cosine":
+        return lambda t: floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress(t)))
+    return lambda t: floor + (1.0 - floor) * (1.0 - progress(t)) ** cfg.power
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def inception_tpu(initial: float, batch: int, p: InceptionTPUConfig) -> Schedule:
+    """The learning-rate code of the Inception v3 TPU guide ("Adaptation du taux d'apprentissage").
+
+    ``initial`` is lr * batch / 256 (the caller's linear scaling from ref_batch 256). As that code:
+      batches_per_epoch = N / batch; epoch = int(float32(step) / float32(batches_per_epoch));
+      lr = initial * decay_rate ** floor(step / int(decay_epochs * batches_per_epoch))  (staircase);
+      with warmup: adj = initial * decay_rate ** ((warmup_epochs + cold_epochs) / decay_epochs),
+        epochs < cold: 0.1 * adj;
+        cold <= epoch < warmup + cold + decay_epochs:
+          0.1 * adj + (epoch - int(cold - 1)) * 0.9 * adj / (warmup_epochs + decay_epochs - 1);
+      finally max(lr, final_ratio * initial).
+    Quirks kept: the ramp runs decay_epochs past the warmup and slightly overshoots adj; the
+    decay is of ``initial``, not of ``adj``; the epoch is truncated in float32.
+    """
+    batches_per_epoch = p.num_train_images / batch
+    decay_steps = int(p.decay_epochs * batches_per_epoch)
+    final = p.final_ratio * initial
+    adj = initial * p.decay_rate ** ((p.warmup_epochs + p.cold_epochs) / p.decay_epochs)
+    wlr = 0.1 * adj
+    wlr_height = np.float32(0.9 * adj / (p.warmup_epochs + p.decay_epochs - 1))
+    epoch_offset = int(p.cold_epochs - 1)
+    exp_decay_start = p.warmup_epochs + p.cold_epochs + p.decay_epochs
+
+    def lr(step: int) -> float:
+        epoch = int(np.float32(step) / np.float32(batches_per_epoch))
+        rate = initial * p.decay_rate ** (step // decay_steps)
+        if p.warmup:
+            if epoch < p.cold_epochs:
+                rate = wlr
+            elif epoch < exp_decay_start:
+                rate = wlr + float(np.float32(epoch - epoch_offset) * wlr_height)
+        return max(rate, final)
+
+    return lr
+
+
+def darknet(learning_rate: float, p: DarknetScheduleConfig, total_steps: int) -> Schedule:
+    """Darknet's ``get_current_rate`` (src/network.c), burn_in then the policy.
+
+    Darknet updates after ``seen`` has counted the step's images, so the k-th update (k from 1)
+    uses batch_num = k: for our 0-based step, batch_num = step + 1.
+      batch_num < burn_in: lr * (batch_num / burn_in) ** power
+      constant: lr;  step: lr * scale ** (batch_num // step);  exp: lr * gamma ** batch_num
+      steps: lr times every scales[i] with steps[i] <= batch_num
+      poly: lr * (1 - batch_num / max_batches) ** power;  sig: lr / (1 + exp(gamma * (batch_num - step)))
+    """
+    max_batches = p.max_batches or total_steps
+
+    def lr(step: int) -> float:
+        batch_num = step + 1
+        if batch_num < p.burn_in:
+            return learning_rate * (batch_num / p.burn_in) ** p.power
+        if p.policy == "constant":
+            return learning_rate
+        if p.policy == "step":
+            return learning_rate * p.scale ** (batch_num // p.step)
+        if p.policy == "steps":
+            rate = learning_rate
+            for boundary, scale in zip(p.steps, p.scales, strict=True):
+                if boundary > batch_num:
+                    break
+                rate *= scale
+            return rate
+        if p.policy == "exp":
+            return learning_rate * p.gamma**batch_num
+        if p.policy == "poly":
+            return learning_rate * max(1.0 - batch_num / max_batches, 0.0) ** p.power
+        return learning_rate / (1.0 + math.exp(p.gamma * (batch_num - p.step)))  # sig
+
+    return lr
