@@ -8,6 +8,8 @@ From batch B to batch B' (ratio r = B' / B):
   ``steps``, ``eval.every``, ``checkpoint.every``, ``clip.start_step``, Darknet's burn_in, steps,
   step and max_batches) is multiplied by 1 / r; a length that is no longer a whole number of
   steps is written in images (``"12800 images"``), an integer-only field is rounded;
+- per-step rates keep their effect per image: Darknet's ``exp`` gamma' = gamma ** r, the sigmoid
+  slopes gamma' = gamma * r;
 - the EMA keeps its half-life in images: decay' = decay ** r;
 - the BatchNorm momentum per step likewise: (1 - m') = (1 - m) ** r;
 - the micro-batch stays the same where it can (subdivisions' = B' / (world x micro-batch)),
@@ -89,11 +91,18 @@ def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, 
         length(f"schedule.decay.{key}", getattr(sched.decay, key))
     for i, milestone in enumerate(sched.decay.milestones):
         length(f"schedule.decay.milestones.{i}", milestone)
-    count("schedule.darknet.burn_in", sched.darknet.burn_in)
-    count("schedule.darknet.step", sched.darknet.step, minimum=1)
-    count("schedule.darknet.max_batches", sched.darknet.max_batches, minimum=1)
-    for i, boundary in enumerate(sched.darknet.steps):
-        count(f"schedule.darknet.steps.{i}", boundary)
+    if sched.preset == "darknet":
+        count("schedule.darknet.burn_in", sched.darknet.burn_in)
+        count("schedule.darknet.step", sched.darknet.step, minimum=1)
+        count("schedule.darknet.max_batches", sched.darknet.max_batches, minimum=1)
+        for i, boundary in enumerate(sched.darknet.steps):
+            count(f"schedule.darknet.steps.{i}", boundary)
+        if sched.darknet.policy == "exp":  # gamma ** batch_num: the same decay per image
+            put("schedule.darknet.gamma", sched.darknet.gamma**ratio)
+        if sched.darknet.policy == "sig":  # exp(gamma * (batch_num - step)): the same slope per image
+            put("schedule.darknet.gamma", sched.darknet.gamma * ratio)
+    if sched.decay.kind == "sigmoid":
+        put("schedule.decay.gamma", sched.decay.gamma * ratio)
     if cfg.ema.decay is not None:
         put("ema.decay", cfg.ema.decay**ratio)
     if cfg.norm.momentum is not None:

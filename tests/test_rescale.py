@@ -1,0 +1,100 @@
+"""``bigbatch scale``: a recipe moved to a new global batch keeps its images, half-lives and LR rule."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from bigbatch.batching import make_plan
+from bigbatch.config import load_config, parse_length
+from bigbatch.recipe.rescale import rescale
+from bigbatch.recipe.schedule import build_schedule, scaled_lr
+from tests.conftest import run_cli
+
+RECIPE = [
+    "steps=200", "optim.ref_batch=null",
+    "schedule.warmup=[{kind: linear, length: 40}, {kind: constant, length: 2 epochs}]",
+    "schedule.decay.kind=multistep", "schedule.decay.milestones=[120, '40960 images']", "eval.every=50",
+    "checkpoint.every=100", "clip.max_norm=3.0", "clip.start_step=30", "ema.decay=0.999", "norm.momentum=0.1",
+]
+
+
+def images(length, batch: int) -> float:
+    number, unit = parse_length(length)
+    return number * batch if unit == "steps" else number if unit == "images" else ("epochs", number)
+
+
+def test_each_scaled_value_256_to_1024():
+    cfg = load_config("digits", RECIPE)
+    new, changes = rescale(cfg, 1024)
+    assert new.batch == 1024
+    assert new.subdivisions == 32  # micro-batch 32 kept
+    assert scaled_lr(new.optim, 1024) == pytest.approx(4 * scaled_lr(cfg.optim, 256))  # linear rule from 256
+    assert new.optim.ref_batch == 256
+    assert new.steps == 50
+    assert new.schedule.warmup[0].length == 10
+    assert new.schedule.warmup[1].length == "2 epochs"
+    assert new.schedule.decay.milestones == [30, "40960 images"]
+    assert new.eval.every == "12800 images"  # 12.5 steps is no whole number of steps
+    assert new.checkpoint.every == 25
+    assert new.clip.start_step == 8  # 7.5 rounded: an integer field
+    assert new.ema.decay == pytest.approx(0.999**4)
+    assert 1 - new.norm.momentum == pytest.approx(0.9**4)
+    changed = {key for key, _, _ in changes}
+    assert {"batch", "subdivisions", "steps", "ema.decay", "norm.momentum", "eval.every"} <= changed
+    assert "schedule.warmup.1.length" not in changed
+
+
+def test_round_trip_256_to_1024_and_back_reproduces_the_recipe():
+    cfg = load_config("digits", RECIPE)
+    there, _ = rescale(cfg, 1024)
+    back, _ = rescale(there, 256)
+    original, returned = cfg.model_dump(mode="json"), back.model_dump(mode="json")
+    # Lengths may come back in images rather than steps: compare what they mean.
+    for section, key in [("eval", "every"), ("checkpoint", "every")]:
+        assert images(returned[section].pop(key), 256) == images(original[section].pop(key), 256)
+    assert returned.pop("optim")["ref_batch"] == 256 and original.pop("optim")["ref_batch"] is None
+    assert returned.pop("ema")["decay"] == pytest.approx(original.pop("ema")["decay"], rel=1e-12)
+    assert returned.pop("norm")["momentum"] == pytest.approx(original.pop("norm")["momentum"], rel=1e-12)
+    returned["clip"].pop("start_step"), original["clip"].pop("start_step")  # rounded on the way
+    assert returned == original
+
+
+def test_darknet_cfg_rescaled(shared_data):
+    cfg = load_config(str(shared_data / "darknet" / "yolov3.cfg"))
+    new, _ = rescale(cfg, 256)
+    d = new.schedule.darknet
+    assert (new.steps, d.burn_in, d.steps, d.max_batches) == (125_050, 250, [100_000, 112_500], 125_050)
+    assert scaled_lr(new.optim, 256) == pytest.approx(0.004)
+
+
+def test_scale_cli_writes_a_recipe_that_loads(tmp_path):
+    out = tmp_path / "digits-1024.yaml"
+    result = run_cli("scale", "digits", "--batch", "1024", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "LR for the global batch" in result.stdout and "0.4" in result.stdout
+    written = yaml.safe_load(out.read_text())
+    assert written["batch"] == 1024 and written["subdivisions"] == 32
+    shown = run_cli("show", str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert "micro-batch     32 images (= 1024 / (1 x 32))" in shown.stdout
+
+
+def test_scale_to_an_indivisible_batch_is_an_error():
+    result = run_cli("scale", "digits", "--set", "subdivisions=8", "--batch", "100")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: batch: 100 is not divisible")
+
+
+@pytest.mark.parametrize(("policy", "gamma"), [("exp", 0.999**4), ("sig", 0.1 * 4)])
+def test_per_step_rates_keep_their_effect_per_image(policy, gamma):
+    base = 0.999 if policy == "exp" else 0.1
+    cfg = load_config("digits", ["schedule.preset=darknet", f"schedule.darknet.policy={policy}",
+                                 f"schedule.darknet.gamma={base}", "schedule.darknet.step=400", "steps=800"])
+    new, _ = rescale(cfg, 1024)
+    assert new.schedule.darknet.gamma == pytest.approx(gamma)
+    old_lr = build_schedule(cfg, make_plan(cfg, 1, 1437))
+    new_lr = build_schedule(new, make_plan(new, 1, 1437))
+    for new_step in (0, 50, 99, 150):  # the same images seen -> the same fraction of the peak LR
+        old_step = 4 * (new_step + 1) - 1
+        assert new_lr(new_step) / scaled_lr(new.optim, 1024) == pytest.approx(old_lr(old_step) / 0.1, rel=1e-9)
