@@ -103,9 +103,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = validate_config(apply_overrides(state["config"], args.overrides))
     task = build_task(cfg)
     model = task.build_model(cfg)
-    model.load_state_dict(state["model"])
+    use_ema = state.get("ema") is not None and cfg.ema.evaluate
+    model.load_state_dict(state["ema"]["module"] if use_ema else state["model"])
     metrics = task.evaluate(model, cfg.eval.batch)
-    record = {"checkpoint": str(path), "step": state["step"], "split": "val", **metrics}
+    print(f"weights  {'EMA' if use_ema else 'raw'} from {path}")
+    record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
+              **metrics}
     for key, value in metrics.items():
         print(f"{key:8s} {value:.4f}" if isinstance(value, float) else f"{key:8s} {value}")
     in_run = path.parent.name == "checkpoints"

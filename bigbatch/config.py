@@ -67,8 +67,10 @@ class OptimConfig(Section):
     """The optimizer. ``lr`` is stated for ``ref_batch`` images per step and scaled to the global batch."""
 
     name: Literal["sgd", "momentum", "rmsprop_tf", "adamw", "lars", "lamb"] = "sgd"
-    """``sgd``: torch.optim.SGD (LR outside the momentum buffer); ``momentum``: TF/Caffe2 momentum
-    (v = m v + lr g; w -= v: LR inside the buffer); ``rmsprop_tf``: TF RMSProp; ``adamw``; ``lars``; ``lamb``."""
+    """``sgd``: torch.optim.SGD (LR outside the momentum buffer); ``momentum``: Caffe2's momentum SGD, Goyal et al.
+    eq. 10 (v = m v + lr g; w -= v: LR inside the buffer); ``rmsprop_tf``: TF RMSProp; ``adamw``; ``lars``;
+    ``lamb`` (as timm's: it also clips the global gradient norm at 1.0, and like ``lars`` applies its trust ratio
+    only to parameters with weight decay)."""
     lr: float = Field(0.1, gt=0)
     """Learning rate for ``ref_batch`` images per step (for the global batch itself when ``ref_batch`` is unset)."""
     ref_batch: int | None = Field(None, gt=0)
@@ -81,7 +83,8 @@ class OptimConfig(Section):
     no_decay_norm_bias: bool = False
     """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
     eps: float | None = Field(None, gt=0)
-    """Epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in the Inception seed, adamw/lamb 1e-8)."""
+    """Epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in the Inception seed, adamw and lars 1e-8,
+    lamb 1e-6 as timm)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """Adam-style moment decays (adamw, lamb)."""
     rmsprop_decay: float = Field(0.9, gt=0, lt=1)

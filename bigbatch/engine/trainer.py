@@ -6,9 +6,11 @@ backward, each loss scaled by ``1 / subdivisions`` so that the accumulated gradi
 gradient over the whole global batch (DDP averages across devices); then one update.
 
     for step in steps:
+        set the LR to lr(step)                            # recipe/schedule.py
         for micro_batch in this step's micro-batches:   # gradients accumulate
             (loss(micro_batch) / subdivisions).backward()
-        optimizer.step(); optimizer.zero_grad()
+        clip the gradients; optimizer.step(); optimizer.zero_grad()
+        BatchNorm per-step statistics; weight EMA        # recipe/norm.py, recipe/ema.py
         evaluate / checkpoint when due
 """
 
@@ -33,7 +35,11 @@ from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine import checkpoint, distributed
 from bigbatch.engine.run_log import RunLog
 from bigbatch.errors import UserError
+from bigbatch.recipe.clip import clip_gradients
+from bigbatch.recipe.ema import WeightEMA
+from bigbatch.recipe.norm import configure_batchnorm
 from bigbatch.recipe.optim import build_optimizer, set_lr
+from bigbatch.recipe.schedule import build_schedule, length_in_steps
 from bigbatch.tasks import build_task
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -44,12 +50,14 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     micro_batches: list[Any],
     loss_fn: LossFn,
-) -> torch.Tensor:
-    """One optimizer step over this device's micro-batches; returns the mean micro-batch loss.
+    clip: Callable[[], float | None] | None = None,
+) -> tuple[torch.Tensor, float | None]:
+    """One optimizer step over this device's micro-batches; returns (mean micro-batch loss, grad norm).
 
     The gradient is sum_i grad(loss_i) / S = the gradient of the mean loss over the S equal
     micro-batches, i.e. of the whole batch. Under DDP, gradients are all-reduced only during the
-    last micro-batch's backward (``no_sync`` before it): one synchronisation per step.
+    last micro-batch's backward (``no_sync`` before it): one synchronisation per step. ``clip``
+    runs on the accumulated gradient, before the update, and may return the gradient norm.
     """
     subdivisions = len(micro_batches)
     losses = []
@@ -60,9 +68,10 @@ def train_step(
             loss = loss_fn(model, micro_batch)
             (loss / subdivisions).backward()
         losses.append(loss.detach())
+    grad_norm = clip() if clip is not None else None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return torch.stack(losses).float().mean()
+    return torch.stack(losses).float().mean(), grad_norm
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -86,6 +95,11 @@ def seed_everything(seed: int) -> None:
 
 def is_due(step: int, every: int, total: int) -> bool:
     return step % every == 0 or step == total
+
+
+def every_steps(length: int | float | str, plan: BatchPlan) -> int:
+    """An interval given in steps, epochs or images, as a whole number of steps (at least 1)."""
+    return max(1, round(length_in_steps(length, plan)))
 
 
 @dataclass
@@ -120,9 +134,13 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     if cfg.eval.metric not in ("top1", "top5", "loss"):
         raise UserError(f"eval.metric: {cfg.eval.metric!r} is not a metric of this task; expected top1, top5 or loss")
 
-    # --- model and optimizer --------------------------------------------------------------
+    # --- model and the large-batch recipe -------------------------------------------------
     model = task.build_model(cfg).to(proc.device)
-    optimizer = build_optimizer(cfg.optim, model)
+    lr_at = build_schedule(cfg, plan)
+    running_stats = configure_batchnorm(model, cfg.norm, plan)
+    optimizer = build_optimizer(cfg.optim, model, lr_at(0))
+    ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None
+    parameters = [p for p in model.parameters() if p.requires_grad]
     best = Best(cfg.eval.metric, cfg.eval.mode)
     start_step = 0
 
@@ -134,6 +152,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         checkpoint.restore_rng_state(state["rng"])
+        if ema is not None:
+            if state.get("ema") is None:
+                raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")
+            ema.load_state_dict(state["ema"])
         start_step = state["data"]["step"]
         best = Best(**state["best"])
 
@@ -146,6 +168,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
                 "format": checkpoint.FORMAT,
                 "step": step,
                 "model": unwrap(model).state_dict(),
+                "ema": ema.state_dict() if ema is not None else None,
                 "optimizer": optimizer.state_dict(),
                 "rng": checkpoint.rng_state(),
                 "data": {"step": step, "seed": cfg.seed, "batch": cfg.batch},
@@ -166,30 +189,53 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     order = GlobalBatchOrder(len(task.train_set), plan.batch, cfg.seed)
     steps = train_steps(task.train_set, order, start_step, plan.steps, proc.rank, proc.world,
                         plan.subdivisions, cfg.data.workers)
-    lr = cfg.optim.lr
+    eval_every, checkpoint_every = every_steps(cfg.eval.every, plan), every_steps(cfg.checkpoint.every, plan)
+
+    def evaluate(done: int) -> dict[str, float]:
+        """Metrics of the weights that count (the EMA when enabled), the raw ones logged as well."""
+        raw = task.evaluate(model, cfg.eval.batch, proc.rank, proc.world)
+        if ema is None or not cfg.ema.evaluate:
+            if log is not None:
+                log.evaluation(done, "val", raw)
+            return raw
+        averaged = task.evaluate(ema.module, cfg.eval.batch, proc.rank, proc.world)
+        if log is not None:
+            log.evaluation(done, "val", averaged)
+            log.evaluation(done, "val_raw", raw)
+        return averaged
+
     metrics: dict[str, float] = {}
     model.train()
     for step, micro_batches in enumerate(steps, start=start_step):
+        lr = lr_at(step)
         set_lr(optimizer, lr)
-        loss = train_step(model, optimizer, to_device(micro_batches, proc.device), task.loss)
+        clip = lambda step=step: clip_gradients(cfg.clip, parameters, step)  # noqa: E731
+        loss, grad_norm = train_step(model, optimizer, to_device(micro_batches, proc.device), task.loss, clip)
+        if running_stats is not None:
+            running_stats.end_step()
+        if ema is not None:
+            ema.update(unwrap(model))
         done = step + 1  # optimizer steps completed; every record and checkpoint counts these
 
         if log is not None:
             log.progress(done)
             if is_due(done, cfg.log.every, plan.steps) or done == start_step + 1:
-                log.train(done, plan.epoch_at(done), lr, loss.item())
+                extra = {"grad_norm": grad_norm} if grad_norm is not None else {}
+                log.train(done, plan.epoch_at(done), lr, loss.item(), **extra)
 
-        if is_due(done, cfg.eval.every, plan.steps):
-            metrics = task.evaluate(model, cfg.eval.batch, proc.rank, proc.world)
-            if log is not None:
-                log.evaluation(done, "val", metrics)
+        if is_due(done, eval_every, plan.steps):
+            metrics = evaluate(done)
             if best.improves(metrics[best.metric]):
                 best.value, best.step = metrics[best.metric], done
                 if proc.is_main:
                     save(ckpt_dir / "best.pt", done)
 
-        if proc.is_main and is_due(done, cfg.checkpoint.every, plan.steps):
+        if proc.is_main and is_due(done, checkpoint_every, plan.steps):
             save(ckpt_dir / "last.pt", done)
+
+    if not metrics:  # resumed a run that had already finished: report, log nothing new
+        weights = ema.module if ema is not None and cfg.ema.evaluate else model
+        metrics = task.evaluate(weights, cfg.eval.batch, proc.rank, proc.world)
 
     if log is not None:
         log.close()
