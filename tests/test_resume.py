@@ -17,6 +17,10 @@ STEPS = 60
 ARGS = [
     "digits", "--set", f"steps={STEPS}", "batch=64", "subdivisions=4", "data.size=16", "model.width=8",
     "checkpoint.every=5", "eval.every=10", "log.every=1", "log.tensorboard=false",
+    # the recipe's stateful pieces must resume exactly too
+    "optim.name=momentum", "optim.momentum_correction=true", "schedule.warmup=[{kind: linear, length: 8}]",
+    "schedule.decay.kind=cosine", "clip.max_norm=1.0", "ema.decay=0.9", "ema.warmup=true",
+    "norm.running_stats=per_step",
 ]
 
 
@@ -54,6 +58,8 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     assert expected["model"].keys() == actual["model"].keys()
     for key, value in expected["model"].items():
         assert torch.equal(value, actual["model"][key]), key
+    for key, value in expected["ema"]["module"].items():
+        assert torch.equal(value, actual["ema"]["module"][key]), key
     # The metrics log reads as one run: each step once, in order.
     steps = [s for s in metrics_steps(run_dir / "metrics.jsonl")]
     train_steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
