@@ -6,7 +6,8 @@ alternate which side goes first; each round times ``--steps`` optimizer steps of
 the ratio bigbatch / hand-written is taken per round. The median ratio is reported.
 
 Two comparisons:
-  step         bigbatch's per-step work in the loop (set the LR, place the batch, ``train_step``)
+  step         bigbatch's per-step work in the loop (the LR from the schedule, place the batch,
+               ``train_step`` with its clipping hook)
                against the plain accumulation loop, on pre-built micro-batches;
   step + data  the same, each side also producing its micro-batches: bigbatch through its
                loader (``train_steps``), the hand loop by indexing the tensors directly.
@@ -28,11 +29,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from bigbatch.batching import make_plan
 from bigbatch.config import load_config
 from bigbatch.data.loader import train_steps
 from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine.trainer import to_device, train_step
+from bigbatch.recipe.clip import clip_gradients
 from bigbatch.recipe.optim import build_optimizer, set_lr
+from bigbatch.recipe.schedule import build_schedule
 from bigbatch.tasks import build_task
 
 
@@ -70,13 +74,19 @@ def main() -> None:
     ours_model, hand_model = copy.deepcopy(model), copy.deepcopy(model)
     ours_opt, hand_opt = build_optimizer(cfg.optim, ours_model), build_optimizer(cfg.optim, hand_model)
 
+    plan = make_plan(cfg, 1, len(task.train_set))
+    lr_at = build_schedule(cfg, plan)
+    parameters = list(ours_model.parameters())
+
     def ours(micro_batches: list) -> None:
-        set_lr(ours_opt, cfg.optim.lr)
-        train_step(ours_model, ours_opt, to_device(micro_batches, device), task.loss)
+        # What the loop does per step with the digits recipe: schedule, LR, (no-op) clipping hook, step.
+        set_lr(ours_opt, lr_at(10))
+        clip = lambda: clip_gradients(cfg.clip, parameters, 10)  # noqa: E731
+        train_step(ours_model, ours_opt, to_device(micro_batches, device), task.loss, clip)
 
     def hand(micro_batches: list) -> None:
         for group in hand_opt.param_groups:
-            group["lr"] = cfg.optim.lr
+            group["lr"] = 0.1
         hand_written_step(hand_model, hand_opt, micro_batches)
 
     # Endless streams for "step + data": bigbatch's loader, and direct indexing.

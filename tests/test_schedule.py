@@ -17,6 +17,8 @@ TRAIN_IMAGES = 1437  # the digits training split
 
 
 def schedule_of(source: str, *overrides: str, train_images: int = TRAIN_IMAGES):
+    if source == "digits":  # the components alone, without the recipe's own warmup and decay
+        overrides = ("schedule.warmup=[]", "schedule.decay.kind=constant", *overrides)
     cfg = load_config(source, list(overrides))
     plan = make_plan(cfg, 1, train_images)
     return cfg, plan, build_schedule(cfg, plan)
