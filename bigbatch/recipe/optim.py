@@ -39,6 +39,24 @@ class _LRInMomentum(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.momentum_correction = momentum_correction
 
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            wd = group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    g = p.grad if wd == 0 else p.grad.add(p, alpha=wd)  # weight decay as an L2 term
+                    self._update(p, g, group, self.state[p])
+        return loss
+
+    _update: Callable[[torch.Tensor, torch.Tensor, dict[str, Any], dict[str, Any]], None]
+    """``_update(p, g, group, state)``: one update of ``p`` from its gradient ``g`` (weight decay included);
+    each subclass defines its rule."""
+
 
 class MomentumSGD(_LRInMomentum):
     """SGD with the learning rate inside the momentum buffer (Caffe2's ``MomentumSGDUpdate``).
@@ -61,28 +79,16 @@ class MomentumSGD(_LRInMomentum):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         super().__init__(params, defaults, momentum_correction)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad if wd == 0 else p.grad.add(p, alpha=wd)
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                buf.mul_(m).add_(g, alpha=lr)
-                if group["nesterov"]:
-                    p.sub_(buf, alpha=m).sub_(g, alpha=lr)
-                else:
-                    p.sub_(buf)
-        return loss
+    def _update(self, p: torch.Tensor, g: torch.Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        lr, m = group["lr"], group["momentum"]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        buf = state["momentum_buffer"]
+        buf.mul_(m).add_(g, alpha=lr)
+        if group["nesterov"]:
+            p.sub_(buf, alpha=m).sub_(g, alpha=lr)
+        else:
+            p.sub_(buf)
 
 
 class RMSpropTF(_LRInMomentum):
@@ -107,33 +113,21 @@ class RMSpropTF(_LRInMomentum):
         defaults = dict(lr=lr, decay=decay, momentum=momentum, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults, momentum_correction)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad if wd == 0 else p.grad.add(p, alpha=wd)
-                state = self.state[p]
-                if "square_avg" not in state:
-                    state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
-                    if m > 0:
-                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                ms = state["square_avg"]
-                ms.add_(g.square() - ms, alpha=1 - group["decay"])
-                rms = ms.add(group["eps"]).sqrt_()
-                if m > 0:
-                    buf = state["momentum_buffer"]
-                    buf.mul_(m).addcdiv_(g, rms, value=lr)
-                    p.sub_(buf)
-                else:
-                    p.addcdiv_(g, rms, value=-lr)
-        return loss
+    def _update(self, p: torch.Tensor, g: torch.Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        lr, m = group["lr"], group["momentum"]
+        if "square_avg" not in state:
+            state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
+            if m > 0:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        ms = state["square_avg"]
+        ms.add_(g.square() - ms, alpha=1 - group["decay"])
+        rms = ms.add(group["eps"]).sqrt_()
+        if m > 0:
+            buf = state["momentum_buffer"]
+            buf.mul_(m).addcdiv_(g, rms, value=lr)
+            p.sub_(buf)
+        else:
+            p.addcdiv_(g, rms, value=-lr)
 
 
 class Lars(torch.optim.Optimizer):
