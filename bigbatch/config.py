@@ -284,6 +284,50 @@ class ScheduleConfig(Section):
         return self
 
 
+class PrecisionConfig(Section):
+    """Mixed precision (autocast, fp32 master weights) and loss scaling; see ``recipe/precision.py``."""
+
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    loss_scale: Literal["auto", "none", "dynamic", "update_ratio"] | float = "auto"
+    """``auto`` (dynamic for fp16, none otherwise), ``none``, a number (static), ``dynamic``
+    (torch.amp.GradScaler's rule) or ``update_ratio`` (the Darknet/Jetson seed's rule)."""
+    init_scale: float = Field(2.0**16, gt=0)
+    """The first scale (``update_ratio``: its base scale, 1.0 unless given)."""
+    growth_factor: float = Field(2.0, gt=1)
+    backoff_factor: float = Field(0.5, gt=0, lt=1)
+    growth_interval: int = Field(2000, gt=0)
+    """Clean steps in a row before the scale grows (dynamic)."""
+    hysteresis: int = Field(1, gt=0)
+    """Overflows tolerated before backing off (dynamic; 1 is GradScaler's rule)."""
+    min_scale: float = Field(0.0, ge=0)
+    max_scale: float = Field(2.0**24, gt=0)
+    burn_in: int | None = Field(None, ge=0)
+    """update_ratio: steps ruled by the update ratio (default: the Darknet schedule's burn_in, else 1000)."""
+    double_every: int = Field(1000, gt=0)
+    """update_ratio: after burn_in, double the scale after this many clean steps in a row."""
+    max_skipped: int = Field(20, gt=0)
+    """Stop the run (exit code 1) after this many non-finite steps in a row."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_dtype(cls, value: Any) -> Any:
+        return {"dtype": value} if isinstance(value, str) else value  # ``precision: bf16`` shorthand
+
+    @field_validator("loss_scale")
+    @classmethod
+    def _positive_scale(cls, value: Any) -> Any:
+        if isinstance(value, float) and value <= 0:
+            raise ValueError(f"precision.loss_scale: expected a positive number, got {value}")
+        return value
+
+
+class DebugConfig(Section):
+    """Fault injection for tests."""
+
+    nonfinite_at_step: int | None = Field(None, ge=0)
+    """Make the gradients of this optimizer step (0-based) NaN, once."""
+
+
 class EvalConfig(Section):
     every: Length = 50
     """Evaluate every this many optimizer steps (or epochs, images), and always at the end."""
@@ -325,6 +369,8 @@ class RunConfig(Section):
     clip: ClipConfig = ClipConfig()
     ema: EMAConfig = EMAConfig()
     norm: NormConfig = NormConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    debug: DebugConfig = DebugConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
@@ -410,20 +456,29 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> str:
-    loc = ".".join(str(p) for p in error["loc"])
+_UNION_MEMBERS = {"float", "int", "str", "bool", "list", "dict", "tuple", "none"}
+
+
+def _key(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The config key of an error location, without pydantic's union-member tags (``literal[...]``, ``float``)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in _UNION_MEMBERS)))
+
+
+def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> tuple[str, str]:
+    """(the dotted key, what is wrong with it) for one pydantic error."""
+    loc = ".".join(str(p) for p in _key(error["loc"]))
     kind = error["type"]
     if kind == "extra_forbidden":
         expected = ", ".join(section.model_fields) if section is not None else "a known key"
-        return f"{loc}: unknown key (expected one of: {expected})"
+        return loc, f"unknown key (expected one of: {expected})"
     if kind == "missing":
-        return f"{loc}: missing (required)"
+        return loc, "missing (required)"
     message = error["msg"]
-    if kind == "value_error":  # our own validators already say which key
+    if kind == "value_error":  # our own validators start with the key they are about
         message = message.removeprefix("Value error, ")
-        return message if ":" in message.split(" ")[0] else f"{loc}: {message}"
-    message = message[0].lower() + message[1:]
-    return f"{loc}: {message}, got {error['input']!r}"
+        key, sep, rest = message.partition(": ")
+        return (key, rest) if sep and " " not in key else (loc, message)
+    return loc, f"{message[0].lower() + message[1:]}, got {error['input']!r}"
 
 
 def _section_of(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -442,7 +497,11 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        lines = [_describe(err, _section_of(err["loc"])) for err in e.errors()]
+        by_key: dict[str, list[str]] = {}
+        for err in e.errors():
+            key, message = _describe(err, _section_of(_key(err["loc"])))
+            by_key.setdefault(key, []).append(message)
+        lines = [f"{key}: {' or '.join(messages)}" for key, messages in by_key.items()]
         raise UserError("; ".join(lines)) from None
 
 

@@ -1,0 +1,194 @@
+"""Mixed precision: autocast to bf16 or fp16 with fp32 master weights, and loss scalers.
+
+The weights, gradients and optimizer state stay fp32; only the forward (and so the backward)
+runs in the lower precision under ``torch.autocast``. fp16's small range needs the loss scaled
+up before the backward and the gradients scaled back down before clipping and the update:
+
+- ``static``: a fixed scale;
+- ``dynamic``: torch.amp.GradScaler's rule. Start at ``init_scale`` (2**16); a step with an inf/NaN
+  gradient is skipped and the scale multiplied by ``backoff_factor`` (0.5); after
+  ``growth_interval`` (2000) clean steps in a row it is multiplied by ``growth_factor`` (2).
+  ``hysteresis`` H: back off only at the H-th overflow since the last growth or backoff (H = 1
+  is GradScaler's rule; Megatron-LM calls the same idea hysteresis). ``min_scale`` / ``max_scale``
+  bound it;
+- ``update_ratio``: the Darknet/Jetson seed's rule (seed ``darknet-yolov3-jetson-memory``), read
+  as follows where the seed is ambiguous:
+    * "halve on NaN or Inf in dW": a step whose gradients are not finite is skipped and the base
+      scale s0 halved;
+    * "until burn_in, set from max magnitude of the current iteration / max magnitude of all
+      iterations so far": with u_t the largest |gradient| (unscaled) of any convolution's weight
+      this step (of any parameter if the model has no convolution) and U_t = max(u_1..u_t), the
+      scale for the next step is s0 * U_t / u_t rounded down to a power of two (a power of two
+      keeps the scaling exact in binary): when the updates shrink by 2**10 from their peak, the
+      scale grows by 2**10, quickly, as the seed wants;
+    * "after burn_in, doubled every 1000 iterations": from then on the scale is multiplied by 2
+      after every ``double_every`` clean steps in a row (and halved on an overflow), as ``dynamic``;
+    * burn_in is ``precision.burn_in`` (default: the Darknet schedule's burn_in, else 1000).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from bigbatch.config import PrecisionConfig
+from bigbatch.errors import UserError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(cfg: PrecisionConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward's autocast context (a no-op in fp32)."""
+    if cfg.dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[cfg.dtype])
+
+
+def check_precision(cfg: PrecisionConfig, device: torch.device) -> None:
+    """fp16 needs a device with fp16 arithmetic: refuse it on the CPU with a clear message."""
+    if cfg.dtype == "fp16" and device.type == "cpu":
+        raise UserError("precision.dtype: fp16 needs a CUDA device (this run is on the CPU); use bf16 on the CPU")
+    if cfg.dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("precision.dtype: this CUDA device has no bf16 support; use fp16")
+
+
+def grads_are_finite(parameters: Iterable[torch.Tensor]) -> bool:
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return True
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
+def first_nonfinite(model: nn.Module) -> str | None:
+    """The name of the first parameter (in module order) whose gradient holds an inf or NaN."""
+    for name, p in model.named_parameters():
+        if p.grad is not None and not torch.isfinite(p.grad).all():
+            return name
+    return None
+
+
+class LossScaler:
+    """Scales the loss before backward; unscales gradients and decides whether the step is applied."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = float(scale)
+
+    def unscale_(self, parameters: Iterable[torch.Tensor]) -> bool:
+        """Divide the gradients by the scale; True when they are all finite (the step may be applied)."""
+        parameters = list(parameters)
+        if self.scale != 1.0:
+            for p in parameters:
+                if p.grad is not None:
+                    p.grad.div_(self.scale)
+        return grads_are_finite(parameters)
+
+    def update(self, finite: bool, model: nn.Module | None = None) -> None:
+        """After a step: adjust the scale (a static scaler keeps it)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = state["scale"]
+
+
+class DynamicLossScaler(LossScaler):
+    """torch.amp.GradScaler's rule, with hysteresis and bounds (see the module docstring)."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, hysteresis: int = 1, min_scale: float = 0.0,
+                 max_scale: float = math.inf):
+        super().__init__(init_scale)
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval, self.hysteresis = growth_interval, hysteresis
+        self.min_scale, self.max_scale = min_scale, max_scale
+        self.clean_steps = 0
+        self.overflows = 0
+
+    def update(self, finite: bool, model: nn.Module | None = None) -> None:
+        if finite:
+            self.clean_steps += 1
+            if self.clean_steps == self.growth_interval:
+                self.scale = min(self.scale * self.growth_factor, self.max_scale)
+                self.clean_steps, self.overflows = 0, 0
+            return
+        self.clean_steps = 0
+        self.overflows += 1
+        if self.overflows >= self.hysteresis:
+            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
+            self.overflows = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "clean_steps": self.clean_steps, "overflows": self.overflows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale, self.clean_steps, self.overflows = state["scale"], state["clean_steps"], state["overflows"]
+
+
+def max_update_magnitude(model: nn.Module) -> float:
+    """Largest |gradient| over the convolutions' weights (over all parameters without convolutions)."""
+    convs = [m.weight for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)]
+    params = [p for p in (convs or list(model.parameters())) if p.grad is not None]
+    if not params:
+        return 0.0
+    return float(torch.stack([p.grad.detach().abs().max() for p in params]).max())
+
+
+class UpdateRatioLossScaler(DynamicLossScaler):
+    """The Darknet/Jetson seed's rule (see the module docstring): ratio-driven until burn_in, then doubling."""
+
+    def __init__(self, init_scale: float = 1.0, burn_in: int = 1000, double_every: int = 1000,
+                 min_scale: float = 0.0, max_scale: float = 2.0**24):
+        super().__init__(init_scale, growth_interval=double_every, min_scale=min_scale, max_scale=max_scale)
+        self.base = float(init_scale)
+        self.burn_in = burn_in
+        self.applied = 0
+        self.peak = 0.0
+
+    def update(self, finite: bool, model: nn.Module | None = None) -> None:
+        if self.applied >= self.burn_in:
+            if finite:
+                self.applied += 1
+            super().update(finite)
+            return
+        if not finite:
+            self.base = max(self.base * 0.5, self.min_scale)
+            self.scale = max(self.scale * 0.5, self.min_scale)
+            return
+        self.applied += 1
+        assert model is not None, "update_ratio needs the model to read its gradient magnitudes"
+        current = max_update_magnitude(model)
+        self.peak = max(self.peak, current)
+        if current > 0:
+            ratio = self.peak / current  # >= 1: how far the updates have shrunk from their peak
+            self.scale = min(2.0 ** math.floor(math.log2(self.base * ratio)), self.max_scale)
+            self.scale = max(self.scale, self.min_scale)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "base": self.base, "applied": self.applied, "peak": self.peak}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.base, self.applied, self.peak = state["base"], state["applied"], state["peak"]
+
+
+def build_scaler(cfg: PrecisionConfig, darknet_burn_in: int = 0) -> LossScaler:
+    """The scaler ``precision.loss_scale`` asks for; ``auto``: dynamic for fp16, none otherwise."""
+    kind = cfg.loss_scale
+    if kind == "auto":
+        kind = "dynamic" if cfg.dtype == "fp16" else "none"
+    if kind == "none":
+        return LossScaler(1.0)
+    if kind == "dynamic":
+        return DynamicLossScaler(cfg.init_scale, cfg.growth_factor, cfg.backoff_factor, cfg.growth_interval,
+                                 cfg.hysteresis, cfg.min_scale, cfg.max_scale)
+    if kind == "update_ratio":
+        burn_in = cfg.burn_in if cfg.burn_in is not None else (darknet_burn_in or 1000)
+        init = cfg.init_scale if "init_scale" in cfg.model_fields_set else 1.0
+        return UpdateRatioLossScaler(init, burn_in, cfg.double_every, cfg.min_scale, cfg.max_scale)
+    return LossScaler(float(kind))  # a number: static
