@@ -200,12 +200,17 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bigbatch.engine.trainer import NonFiniteTraining
+
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteTraining as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

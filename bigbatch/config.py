@@ -325,7 +325,9 @@ class DebugConfig(Section):
     """Fault injection for tests."""
 
     nonfinite_at_step: int | None = Field(None, ge=0)
-    """Make the gradients of this optimizer step (0-based) NaN, once."""
+    """Make the gradients of this optimizer step (0-based) NaN."""
+    nonfinite_repeats: int = Field(1, gt=0)
+    """How many attempts at that step get NaN gradients (each retry of a skipped step is an attempt)."""
 
 
 class EvalConfig(Section):

@@ -71,6 +71,16 @@ class RunLog:
             print(f"step {step}/{self.total_steps}  epoch {epoch:.2f}  loss {loss:.4f}  lr {lr:.4g}  "
                   f"{rate:.0f} img/s", flush=True)
 
+    def skipped(self, step: int, skipped: int, loss_scale: float, layer: str | None) -> None:
+        """A step not applied: its gradients were not finite (``step`` steps had been applied)."""
+        self._write({"step": step, "event": "skipped", "skipped": skipped, "loss_scale": loss_scale,
+                     "nonfinite": layer})
+        message = f"step {step + 1}: non-finite gradient (first in {layer}); not applied, loss scale now {loss_scale:g}"
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
     def evaluation(self, step: int, split: str, metrics: dict[str, float]) -> None:
         self._write({"step": step, "split": split, **metrics})
         if self._writer is not None:

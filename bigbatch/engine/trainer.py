@@ -37,12 +37,26 @@ from bigbatch.engine.run_log import RunLog
 from bigbatch.errors import UserError
 from bigbatch.recipe.clip import clip_gradients
 from bigbatch.recipe.ema import WeightEMA
-from bigbatch.recipe.norm import configure_batchnorm
+from bigbatch.recipe.norm import RunningStatsSnapshot, configure_batchnorm, running_buffers
 from bigbatch.recipe.optim import build_optimizer, set_lr
+from bigbatch.recipe.precision import LossScaler, build_scaler, check_precision, first_nonfinite
+from bigbatch.recipe.precision import autocast as precision_autocast
 from bigbatch.recipe.schedule import build_schedule, length_in_steps
 from bigbatch.tasks import build_task
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    """Mean micro-batch loss (unscaled)."""
+    grad_norm: float | None
+    """Global gradient norm before clipping, when clipping by norm."""
+    applied: bool
+    """False when a gradient was not finite: no update was made."""
+    nonfinite_layer: str | None = None
+    """The first parameter whose gradient was not finite, when not applied."""
 
 
 def train_step(
@@ -51,27 +65,48 @@ def train_step(
     micro_batches: list[Any],
     loss_fn: LossFn,
     clip: Callable[[], float | None] | None = None,
-) -> tuple[torch.Tensor, float | None]:
-    """One optimizer step over this device's micro-batches; returns (mean micro-batch loss, grad norm).
+    scaler: LossScaler | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> StepResult:
+    """One optimizer step over this device's micro-batches.
 
     The gradient is sum_i grad(loss_i) / S = the gradient of the mean loss over the S equal
     micro-batches, i.e. of the whole batch. Under DDP, gradients are all-reduced only during the
-    last micro-batch's backward (``no_sync`` before it): one synchronisation per step. ``clip``
-    runs on the accumulated gradient, before the update, and may return the gradient norm.
+    last micro-batch's backward (``no_sync`` before it): one synchronisation per step. The forward
+    runs under ``autocast``; the loss is multiplied by the scaler's scale before the backward and
+    the gradients divided by it after; a step with a non-finite gradient is not applied. ``clip``
+    runs on the unscaled, accumulated gradient, before the update, and may return the norm.
     """
+    scaler = scaler or LossScaler(1.0)
     subdivisions = len(micro_batches)
     losses = []
     for i, micro_batch in enumerate(micro_batches):
         last = i == subdivisions - 1
         sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
         with sync:
-            loss = loss_fn(model, micro_batch)
-            (loss / subdivisions).backward()
+            with autocast():
+                loss = loss_fn(model, micro_batch)
+            (loss * (scaler.scale / subdivisions)).backward()
         losses.append(loss.detach())
-    grad_norm = clip() if clip is not None else None
-    optimizer.step()
+    finite = scaler.unscale_(model.parameters())
+    grad_norm, nonfinite_layer = None, None
+    if finite:
+        grad_norm = clip() if clip is not None else None
+        optimizer.step()
+    else:
+        nonfinite_layer = first_nonfinite(model)
+    scaler.update(finite, unwrap(model))
     optimizer.zero_grad(set_to_none=True)
-    return torch.stack(losses).float().mean(), grad_norm
+    return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer)
+
+
+class NonFiniteTraining(Exception):
+    """Too many optimizer steps in a row had non-finite gradients."""
+
+
+def poisoned(loss_fn: LossFn) -> LossFn:
+    """``debug.nonfinite_at_step``: the same loss times NaN, so that every gradient is NaN."""
+    return lambda model, batch: loss_fn(model, batch) * float("nan")
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -135,12 +170,17 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         raise UserError(f"eval.metric: {cfg.eval.metric!r} is not a metric of this task; expected top1, top5 or loss")
 
     # --- model and the large-batch recipe -------------------------------------------------
+    check_precision(cfg.precision, proc.device)
     model = task.build_model(cfg).to(proc.device)
     lr_at = build_schedule(cfg, plan)
     running_stats = configure_batchnorm(model, cfg.norm, plan)
     optimizer = build_optimizer(cfg.optim, model, lr_at(0))
     ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None
+    scaler = build_scaler(cfg.precision, cfg.schedule.darknet.burn_in if cfg.schedule.preset == "darknet" else 0)
+    autocast = lambda: precision_autocast(cfg.precision, proc.device)  # noqa: E731
     parameters = [p for p in model.parameters() if p.requires_grad]
+    skipped = 0  # optimizer steps not applied (non-finite gradients), over the whole run
+    has_batchnorm = bool(running_buffers(model))
     best = Best(cfg.eval.metric, cfg.eval.mode)
     start_step = 0
 
@@ -152,6 +192,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         checkpoint.restore_rng_state(state["rng"])
+        scaler.load_state_dict(state["scaler"])
+        skipped = state["skipped"]
         if ema is not None:
             if state.get("ema") is None:
                 raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")
@@ -170,6 +212,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
                 "model": unwrap(model).state_dict(),
                 "ema": ema.state_dict() if ema is not None else None,
                 "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(),
+                "skipped": skipped,
                 "rng": checkpoint.rng_state(),
                 "data": {"step": step, "seed": cfg.seed, "batch": cfg.batch},
                 "best": vars(best).copy(),
@@ -209,8 +253,29 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     for step, micro_batches in enumerate(steps, start=start_step):
         lr = lr_at(step)
         set_lr(optimizer, lr)
+        micro_batches = to_device(micro_batches, proc.device)
         clip = lambda step=step: clip_gradients(cfg.clip, parameters, step)  # noqa: E731
-        loss, grad_norm = train_step(model, optimizer, to_device(micro_batches, proc.device), task.loss, clip)
+        in_a_row = 0
+        while True:  # a step with non-finite gradients is re-run on the same images (new loss scale)
+            inject = step == cfg.debug.nonfinite_at_step and in_a_row < cfg.debug.nonfinite_repeats
+            loss_fn = poisoned(task.loss) if inject else task.loss
+            bn_before = RunningStatsSnapshot(model) if has_batchnorm else None
+            result = train_step(model, optimizer, micro_batches, loss_fn, clip, scaler, autocast)
+            if result.applied:
+                break
+            skipped, in_a_row = skipped + 1, in_a_row + 1
+            if bn_before is not None:  # the failed forwards must not count in the running statistics
+                bn_before.restore()
+            if running_stats is not None:
+                running_stats.discard_step()
+            if log is not None:
+                log.skipped(step, skipped, scaler.scale, result.nonfinite_layer)
+            if in_a_row >= cfg.precision.max_skipped:
+                raise NonFiniteTraining(
+                    f"{in_a_row} optimizer steps in a row had non-finite gradients at step {step}; the first "
+                    f"parameter with one: {result.nonfinite_layer}. The last checkpoint holds finite weights."
+                )
+        loss, grad_norm = result.loss, result.grad_norm
         if running_stats is not None:
             running_stats.end_step()
         if ema is not None:
@@ -221,7 +286,9 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             log.progress(done)
             if is_due(done, cfg.log.every, plan.steps) or done == start_step + 1:
                 extra = {"grad_norm": grad_norm} if grad_norm is not None else {}
-                log.train(done, plan.epoch_at(done), lr, loss.item(), **extra)
+                if type(scaler) is not LossScaler or scaler.scale != 1.0:
+                    extra["loss_scale"] = scaler.scale
+                log.train(done, plan.epoch_at(done), lr, loss.item(), skipped=skipped, **extra)
 
         if is_due(done, eval_every, plan.steps):
             metrics = evaluate(done)

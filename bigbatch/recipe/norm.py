@@ -100,6 +100,24 @@ def batchnorm_layers(model: nn.Module) -> Iterator[_BatchNorm]:
     return (m for m in model.modules() if isinstance(m, _BatchNorm))
 
 
+def running_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """Every BN layer's running mean, running variance and batch counter."""
+    return [b for layer in batchnorm_layers(model) for b in layer.buffers(recurse=False)]
+
+
+class RunningStatsSnapshot:
+    """The BN running statistics before a step, to put back if the step is not applied (non-finite)."""
+
+    def __init__(self, model: nn.Module):
+        self.buffers = running_buffers(model)
+        self.saved = [b.clone() for b in self.buffers]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for buffer, saved in zip(self.buffers, self.saved, strict=True):
+            buffer.copy_(saved)
+
+
 def configure_batchnorm(
     model: nn.Module, cfg: NormConfig, plan: BatchPlan, *, reduce: Reduce | None = None
 ) -> PerStepRunningStats | None:
@@ -197,6 +215,12 @@ class PerStepRunningStats:
                 sums, squares = chunk[1:].chunk(2)
                 p.update(count, sums, squares)
             p.reset()
+
+    def discard_step(self) -> None:
+        """Forget what this step's forwards pooled (a step that was not applied)."""
+        for p in self._pooled:
+            p.reset()
+            p.sums = p.squares = None
 
     def remove(self) -> None:
         """Detach the hooks and give the layers back PyTorch's per-forward updates (pending sums are dropped)."""

@@ -40,6 +40,7 @@ from bigbatch.config import PrecisionConfig
 from bigbatch.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FP32_MAX = torch.finfo(torch.float32).max
 
 
 def autocast(cfg: PrecisionConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -114,7 +115,9 @@ class DynamicLossScaler(LossScaler):
         if finite:
             self.clean_steps += 1
             if self.clean_steps == self.growth_interval:
-                self.scale = min(self.scale * self.growth_factor, self.max_scale)
+                grown = self.scale * self.growth_factor
+                if grown <= FP32_MAX:  # GradScaler keeps its scale in fp32 and never lets it become inf
+                    self.scale = min(grown, self.max_scale)
                 self.clean_steps, self.overflows = 0, 0
             return
         self.clean_steps = 0
