@@ -85,7 +85,7 @@ def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
         steps = cfg.steps
     else:
         assert cfg.epochs is not None  # the config guarantees one of them
-        steps = math.ceil(cfg.epochs * train_images / cfg.batch)
+        steps = math.ceil(cfg.epochs * train_images / cfg.batch - 1e-9)  # 1.1 epochs of 1000 at 100: 11, not 12
     return BatchPlan(
         batch=cfg.batch,
         world=world,

@@ -94,6 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.engine import checkpoint
+    from bigbatch.engine.trainer import load_weights
     from bigbatch.tasks import build_task
 
     path: Path = args.checkpoint
@@ -104,7 +105,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     task = build_task(cfg)
     model = task.build_model(cfg)
     use_ema = state.get("ema") is not None and cfg.ema.evaluate
-    model.load_state_dict(state["ema"]["module"] if use_ema else state["model"])
+    load_weights(model, state["ema"]["module"] if use_ema else state["model"], "model")
     metrics = task.evaluate(model, cfg.eval.batch)
     print(f"weights  {'EMA' if use_ema else 'raw'} from {path}")
     record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",

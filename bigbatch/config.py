@@ -8,6 +8,7 @@ the dotted key and says what is expected, before any work starts.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,6 +28,9 @@ from bigbatch.errors import UserError
 
 RECIPES_DIR = Path(__file__).parent / "configs"
 
+MIN_INPUT_SIZE = {"small_cnn": 8, "inception_v3": 75}
+"""Smallest square input (px) a model accepts, where it has one (three 2x poolings; Inception's stem)."""
+
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, types are not coerced."""
@@ -41,6 +45,8 @@ class ModelConfig(Section):
     """Normalisation layers of ``small_cnn``; torchvision models with a ``norm_layer`` argument take it too."""
     width: int = Field(32, gt=0)
     """Channels of the first ``small_cnn`` stage (doubled at each of the next two)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout before the classifier (``small_cnn``; torchvision models that take a ``dropout`` argument)."""
 
     @field_validator("name")
     @classmethod
@@ -166,8 +172,8 @@ def parse_length(value: int | float | str) -> tuple[float, str]:
         if match is None:
             raise ValueError(f"expected a length such as 500, '500 steps', '5 epochs' or '1.2e6 images', got {value!r}")
         number, unit = float(match.group(1)), (match.group(2) or "steps")
-    if number < 0:
-        raise ValueError(f"expected a length >= 0, got {value!r}")
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"expected a finite length >= 0, got {value!r}")
     return number, unit.rstrip("s") + "s"
 
 
@@ -176,8 +182,16 @@ def _check_length(value: int | float | str) -> int | float | str:
     return value
 
 
+def _check_interval(value: int | float | str) -> int | float | str:
+    if parse_length(value)[0] <= 0:
+        raise ValueError(f"expected a length > 0, got {value!r}")
+    return value
+
+
 Length = Annotated[int | float | str, AfterValidator(_check_length)]
 """A length in optimizer steps (a bare number) or ``"<number> steps|epochs|images"``."""
+Interval = Annotated[int | float | str, AfterValidator(_check_interval)]
+"""A length that must be more than zero (how often something happens, a decay period)."""
 
 
 class WarmupPhase(Section):
@@ -199,7 +213,7 @@ class DecayConfig(Section):
     """The decay after (and under) the warmup, a factor of the scaled LR at absolute step t."""
 
     kind: Literal["constant", "step", "multistep", "exponential", "cosine", "poly", "sigmoid"] = "constant"
-    every: Length | None = None
+    every: Interval | None = None
     """step: gamma ** floor(t / every); exponential: gamma ** (t / every), floored when ``staircase``."""
     milestones: list[Length] = []
     """multistep: the steps at which the LR is multiplied by the next of ``scales`` (default ``gamma``)."""
@@ -272,7 +286,7 @@ class ScheduleConfig(Section):
     decay: DecayConfig = DecayConfig()
     min_lr: float | None = Field(None, ge=0)
     """Floor of the decayed LR, absolute."""
-    min_lr_ratio: float | None = Field(None, ge=0)
+    min_lr_ratio: float | None = Field(None, ge=0, le=1)
     """Floor of the decayed LR, as a fraction of the scaled LR."""
     inception_tpu: InceptionTPUConfig = InceptionTPUConfig()
     darknet: DarknetScheduleConfig = DarknetScheduleConfig()
@@ -331,17 +345,22 @@ class DebugConfig(Section):
 
 
 class EvalConfig(Section):
-    every: Length = 50
+    every: Interval = 50
     """Evaluate every this many optimizer steps (or epochs, images), and always at the end."""
     batch: int = Field(256, gt=0)
     """Images per evaluation forward pass (any size: every validation image is seen once)."""
     metric: str = "top1"
     """Metric that selects ``best.pt``."""
-    mode: Literal["max", "min"] = "max"
+    mode: Literal["max", "min"] | None = None
+    """Whether a higher or a lower ``metric`` is better; unset: ``min`` for ``loss``, else ``max``."""
+
+    @property
+    def better(self) -> str:
+        return self.mode or ("min" if self.metric == "loss" else "max")
 
 
 class CheckpointConfig(Section):
-    every: Length = 50
+    every: Interval = 50
     """Write ``checkpoints/last.pt`` every this many optimizer steps (or epochs, images), and always at the end."""
 
 
@@ -363,7 +382,7 @@ class RunConfig(Section):
     """Optimizer steps. Give either ``steps`` or ``epochs``."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training set, turned into steps = ceil(epochs * images / batch)."""
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
@@ -376,6 +395,14 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _input_large_enough(self) -> RunConfig:
+        smallest = MIN_INPUT_SIZE.get(self.model.name)
+        if smallest is not None and self.data.size < smallest:
+            raise ValueError(f"data.size: {self.model.name} needs images of at least {smallest} px, "
+                             f"got {self.data.size}")
+        return self
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> RunConfig:

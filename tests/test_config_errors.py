@@ -16,6 +16,12 @@ BAD = [
     (["--set", "model.norm=layer"], "model.norm", "'batch', 'group' or 'none'"),
     (["--set", "model.name=resnet1000"], "model.name", "unknown model"),
     (["--set", "subdivisions=0"], "subdivisions", "greater than 0"),
+    (["--set", "seed=-1"], "seed", "greater than or equal to 0"),
+    (["--set", "schedule.decay.kind=step", "schedule.decay.every=0"], "schedule.decay.every", "length > 0"),
+    (["--set", "eval.every=.inf"], "eval.every", "finite length"),
+    (["--set", "data.size=4"], "data.size", "at least 8 px"),
+    (["--set", "precision.loss_scale=foo"], "precision.loss_scale", "'dynamic'"),
+    (["--set", "clip.max_norm=1", "clip.agc=0.1"], "clip.agc", "not several"),
 ]
 
 
@@ -73,3 +79,15 @@ def test_steps_and_epochs_together_in_a_file_is_an_error(tmp_path):
 def test_float_for_an_integer_is_rejected():
     with pytest.raises(UserError, match="^batch: "):
         load_config("digits", ["batch=64.5"])
+
+
+def test_a_floor_above_the_peak_lr_is_an_error():
+    result = run_cli("schedule", "digits", "--set", "schedule.min_lr=1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: schedule.min_lr: 1.0 is above the LR for the global batch (0.1)")
+
+
+def test_best_checkpoint_by_loss_keeps_the_lowest():
+    cfg = load_config("digits", ["eval.metric=loss"])
+    assert cfg.eval.better == "min"
+    assert load_config("digits", ["eval.metric=loss", "eval.mode=max"]).eval.better == "max"

@@ -20,7 +20,7 @@ ARGS = [
     # the recipe's stateful pieces must resume exactly too
     "optim.name=momentum", "optim.momentum_correction=true", "schedule.warmup=[{kind: linear, length: 8}]",
     "schedule.decay.kind=cosine", "clip.max_norm=1.0", "ema.decay=0.9", "ema.warmup=true",
-    "norm.running_stats=per_step",
+    "norm.running_stats=per_step", "model.dropout=0.3",  # dropout draws from the global torch RNG
 ]
 
 

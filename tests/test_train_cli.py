@@ -80,6 +80,16 @@ def test_resume_with_another_batch_is_refused(digits_run):
     assert result.stderr.startswith("error: batch: the checkpoint was trained with batch 256")
 
 
+def test_resume_or_eval_with_another_model_is_refused(digits_run):
+    out, _ = digits_run
+    for command in (["train", "--resume", str(out), "--set", "model.width=16", "steps=61"],
+                    ["eval", str(out), "--set", "model.width=16"]):
+        result = run_cli(*command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: model: the checkpoint does not fit this model"), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_show_prints_config_and_plan():
     result = run_cli("show", "digits", "--set", "subdivisions=4", "epochs=10")
     assert result.returncode == 0, result.stderr

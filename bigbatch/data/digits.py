@@ -19,7 +19,7 @@ SPLIT_SEED = 0
 
 
 def _to_images(pixels: torch.Tensor, size: int) -> torch.Tensor:
-    """(N, 64) values 0..16 -> (N, 3, size, size), zero mean and unit variance over the set."""
+    """(N, 64) values 0..16 -> (N, 3, size, size) in [0, 1] (standardised by the caller)."""
     grey = (pixels.view(-1, 1, 8, 8) / 16.0).float()
     grey = F.interpolate(grey, size=(size, size), mode="bilinear", align_corners=False)
     return grey.expand(-1, 3, -1, -1).contiguous()

@@ -55,6 +55,7 @@ def train_steps(
         num_workers=workers,
         collate_fn=_collate_of(dataset),
         persistent_workers=False,
+        generator=own_generator(order.seed, start),
     )
     step_batches: list[Any] = []
     for micro in loader:
@@ -68,7 +69,14 @@ def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, wo
     """The validation set in index order; rank ``r`` of ``world`` takes indices ``r, r + world, ...``."""
     indices = list(range(rank, len(dataset), world))  # type: ignore[arg-type]
     chunks = [indices[i : i + batch] for i in range(0, len(indices), batch)]
-    return DataLoader(dataset, batch_sampler=chunks, num_workers=workers, collate_fn=_collate_of(dataset))
+    return DataLoader(dataset, batch_sampler=chunks, num_workers=workers, collate_fn=_collate_of(dataset),
+                      generator=own_generator(0, 0))
+
+
+def own_generator(seed: int, start: int) -> torch.Generator:
+    """A loader's own generator: creating a DataLoader iterator draws a seed from it, and drawing from
+    the global torch RNG instead would shift the training's random stream when a run is resumed."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + start)
 
 
 class TensorImages(Dataset):

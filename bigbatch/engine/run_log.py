@@ -35,7 +35,9 @@ class RunLog:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=start_step or None)
+            # Events after the checkpoint's step were written by a run that died: hide them on resume.
+            purge = start_step + 1 if start_step else None
+            self._writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=purge)
         self._bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm

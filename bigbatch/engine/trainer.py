@@ -181,7 +181,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     parameters = [p for p in model.parameters() if p.requires_grad]
     skipped = 0  # optimizer steps not applied (non-finite gradients), over the whole run
     has_batchnorm = bool(running_buffers(model))
-    best = Best(cfg.eval.metric, cfg.eval.mode)
+    best = Best(cfg.eval.metric, cfg.eval.better)
     start_step = 0
 
     # --- resume: weights, optimizer, RNGs and the position in the data order -------------
@@ -189,8 +189,11 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     if resume:
         state = checkpoint.load(ckpt_dir / "last.pt")
         check_resumable(cfg, state["config"])
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        load_weights(model, state["model"], "model")
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
         checkpoint.restore_rng_state(state["rng"])
         scaler.load_state_dict(state["scaler"])
         skipped = state["skipped"]
@@ -308,6 +311,15 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         log.close()
     distributed.teardown()
     return TrainResult(out_dir, plan.steps, metrics, best)
+
+
+def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:
+    """Load a state dict; a checkpoint of another architecture is a user mistake naming ``key``."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise UserError(f"{key}: the checkpoint does not fit this model ({first})") from None
 
 
 def unwrap(model: nn.Module) -> nn.Module:

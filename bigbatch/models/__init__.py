@@ -27,7 +27,7 @@ def known_models() -> list[str]:
 
 def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     if cfg.name == "small_cnn":
-        return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm)
+        return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm, dropout=cfg.dropout)
     import torchvision.models
 
     kwargs: dict = {"weights": None, "num_classes": num_classes}
@@ -35,9 +35,12 @@ def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -
         kwargs.update(aux_logits=False, init_weights=True)
     if cfg.norm != "batch":  # the torchvision default; other norms need a norm_layer argument
         kwargs["norm_layer"] = functools.partial(norm_layer, cfg.norm)
+    if cfg.dropout:
+        kwargs["dropout"] = cfg.dropout
     try:
         return torchvision.models.get_model(cfg.name, **kwargs)
     except TypeError as e:
-        if "norm_layer" in kwargs and "norm_layer" in str(e):
-            raise UserError(f"model.norm: {cfg.name} takes no norm_layer; expected 'batch'") from None
+        for argument, key, expected in (("norm_layer", "norm", "'batch'"), ("dropout", "dropout", "0")):
+            if argument in kwargs and argument in str(e):
+                raise UserError(f"model.{key}: {cfg.name} takes no {argument} argument; expected {expected}") from None
         raise

@@ -19,7 +19,8 @@ def norm_layer(kind: str, channels: int) -> nn.Module:
 
 
 class SmallCNN(nn.Module):
-    def __init__(self, num_classes: int, in_channels: int = 3, width: int = 32, norm: str = "batch"):
+    def __init__(self, num_classes: int, in_channels: int = 3, width: int = 32, norm: str = "batch",
+                 dropout: float = 0.0):
         super().__init__()
         bias = norm == "none"  # a norm layer's shift makes a conv bias redundant
 
@@ -34,7 +35,8 @@ class SmallCNN(nn.Module):
         self.features = nn.Sequential(
             stage(in_channels, width), stage(width, 2 * width), stage(2 * width, 4 * width)
         )
+        self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(4 * width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x).mean(dim=(2, 3)))
+        return self.head(self.dropout(self.features(x).mean(dim=(2, 3))))

@@ -39,6 +39,7 @@ from bigbatch.config import (
     WarmupPhase,
     parse_length,
 )
+from bigbatch.errors import UserError
 
 Schedule = Callable[[int], float]
 
@@ -70,6 +71,9 @@ def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
         return darknet(base, sched.darknet, plan.steps)
     warmup, warmup_end = _warmup(sched.warmup, base, plan)
     if sched.min_lr is not None:
+        if sched.min_lr > base:
+            raise UserError(f"schedule.min_lr: {sched.min_lr} is above the LR for the global batch ({base:g}); "
+                            "expected a floor below it")
         floor = sched.min_lr / base
     else:
         floor = sched.min_lr_ratio or 0.0
@@ -172,7 +176,7 @@ def inception_tpu(initial: float, batch: int, p: InceptionTPUConfig) -> Schedule
     decay is of ``initial``, not of ``adj``; the epoch is truncated in float32.
     """
     batches_per_epoch = p.num_train_images / batch
-    decay_steps = int(p.decay_epochs * batches_per_epoch)
+    decay_steps = max(1, int(p.decay_epochs * batches_per_epoch))
     final = p.final_ratio * initial
     adj = initial * p.decay_rate ** ((p.warmup_epochs + p.cold_epochs) / p.decay_epochs)
     wlr = 0.1 * adj
