@@ -370,6 +370,11 @@ class LogConfig(Section):
     tensorboard: bool = True
 
 
+class MemoryConfig(Section):
+    interval: float = Field(5.0, gt=0)
+    """Seconds between two samples of ``memory.csv`` (the seed's tegrastats interval)."""
+
+
 class RunConfig(Section):
     name: str = "run"
     """Recipe name; the default run directory is ``runs/<name>-<timestamp>``."""
@@ -391,6 +396,7 @@ class RunConfig(Section):
     ema: EMAConfig = EMAConfig()
     norm: NormConfig = NormConfig()
     precision: PrecisionConfig = PrecisionConfig()
+    memory: MemoryConfig = MemoryConfig()
     debug: DebugConfig = DebugConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -16,7 +17,7 @@ def digits_run(tmp_path_factory):
     """The digits recipe (batch 256, subdivisions 8), shortened to 60 steps."""
     out = tmp_path_factory.mktemp("runs") / "digits"
     result = run_cli("train", "digits", "--out", str(out), "--set", "steps=60", "eval.every=25",
-                     "checkpoint.every=20")
+                     "checkpoint.every=20", "memory.interval=0.5")
     assert result.returncode == 0, result.stderr
     return out, result
 
@@ -39,13 +40,23 @@ def test_run_directory_layout(digits_run):
     out, _ = digits_run
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["batch"] == 256 and config["subdivisions"] == 8 and config["steps"] == 60
-    train = [r for r in records(out) if "split" not in r]
+    train = [r for r in records(out) if "lr" in r]
     assert [r["step"] for r in train] == [1, 10, 20, 30, 40, 50, 60]
     for r in train:
         assert r["images"] == 256 * r["step"]
         assert {"lr", "loss", "epoch"} <= r.keys()
     assert [r["step"] for r in records(out) if r.get("split") == "val"] == [25, 50, 60]
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    memory = list(csv.DictReader((out / "memory.csv").open()))
+    assert len(memory) >= 2
+    times = [float(row["time"]) for row in memory]
+    assert times == sorted(times) and len(set(times)) == len(times), "timestamps increase"
+    steps = [int(row["step"]) for row in memory]
+    assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 60
+    assert all(float(row["rss_mib"]) > 10 for row in memory)
+    peaks = [r for r in records(out) if r.get("event") == "memory"]
+    assert len(peaks) == 1
+    assert peaks[0]["peak_rss_mib"] == pytest.approx(max(float(row["rss_mib"]) for row in memory), abs=0.11)
     last = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     best = torch.load(out / "checkpoints" / "best.pt", weights_only=True)
     assert last["step"] == 60

@@ -73,6 +73,16 @@ class RunLog:
             print(f"step {step}/{self.total_steps}  epoch {epoch:.2f}  loss {loss:.4f}  lr {lr:.4g}  "
                   f"{rate:.0f} img/s", flush=True)
 
+    def event(self, step: int, name: str, values: dict[str, float]) -> None:
+        """A record of something else that happened (``event: name``), e.g. the memory peaks at the end."""
+        self._write({"step": step, "event": name, **values})
+        shown = "  ".join(f"{k} {v:g}" for k, v in values.items())
+        message = f"{name}: {shown}"
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
     def skipped(self, step: int, skipped: int, loss_scale: float, layer: str | None) -> None:
         """A step not applied: its gradients were not finite (``step`` steps had been applied)."""
         self._write({"step": step, "event": "skipped", "skipped": skipped, "loss_scale": loss_scale,

@@ -43,6 +43,7 @@ from bigbatch.recipe.precision import LossScaler, build_scaler, check_precision,
 from bigbatch.recipe.precision import autocast as precision_autocast
 from bigbatch.recipe.schedule import build_schedule, length_in_steps
 from bigbatch.tasks import build_task
+from bigbatch.telemetry.memory import MemorySampler
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -158,6 +159,8 @@ class TrainResult:
     steps: int
     metrics: dict[str, float]
     best: Best
+    memory: dict[str, float]
+    """Peak memory (MiB) seen by the sampler: RSS, system, swap, CUDA."""
 
 
 def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
@@ -225,12 +228,15 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             path,
         )
 
-    log = None
+    log, memory = None, None
     if proc.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
         print(plan.describe(), flush=True)
         log = RunLog(out_dir, plan.steps, start_step, plan.batch, cfg.log.tensorboard)
+        memory = MemorySampler(out_dir / "memory.csv", cfg.memory.interval, proc.device)
+        memory.step = start_step
+        memory.start()
 
     # --- the loop -------------------------------------------------------------------------
     order = GlobalBatchOrder(len(task.train_set), plan.batch, cfg.seed)
@@ -251,21 +257,18 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             log.evaluation(done, "val_raw", raw)
         return averaged
 
-    metrics: dict[str, float] = {}
-    model.train()
-    for step, micro_batches in enumerate(steps, start=start_step):
-        lr = lr_at(step)
-        set_lr(optimizer, lr)
-        micro_batches = to_device(micro_batches, proc.device)
-        clip = lambda step=step: clip_gradients(cfg.clip, parameters, step)  # noqa: E731
+    def apply_step(step: int, micro_batches: list[Any], clip: Callable[[], float | None]) -> StepResult:
+        """``train_step`` until it is applied: a step with non-finite gradients changes nothing (weights,
+        BN statistics, LR, EMA, step) and is re-run on the same images at the scaler's new scale."""
+        nonlocal skipped
         in_a_row = 0
-        while True:  # a step with non-finite gradients is re-run on the same images (new loss scale)
+        while True:
             inject = step == cfg.debug.nonfinite_at_step and in_a_row < cfg.debug.nonfinite_repeats
             loss_fn = poisoned(task.loss) if inject else task.loss
             bn_before = RunningStatsSnapshot(model) if has_batchnorm else None
             result = train_step(model, optimizer, micro_batches, loss_fn, clip, scaler, autocast)
             if result.applied:
-                break
+                return result
             skipped, in_a_row = skipped + 1, in_a_row + 1
             if bn_before is not None:  # the failed forwards must not count in the running statistics
                 bn_before.restore()
@@ -278,39 +281,55 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
                     f"{in_a_row} optimizer steps in a row had non-finite gradients at step {step}; the first "
                     f"parameter with one: {result.nonfinite_layer}. The last checkpoint holds finite weights."
                 )
-        loss, grad_norm = result.loss, result.grad_norm
-        if running_stats is not None:
-            running_stats.end_step()
-        if ema is not None:
-            ema.update(unwrap(model))
-        done = step + 1  # optimizer steps completed; every record and checkpoint counts these
 
+    metrics: dict[str, float] = {}
+    model.train()
+    try:
+        for step, micro_batches in enumerate(steps, start=start_step):
+            lr = lr_at(step)
+            set_lr(optimizer, lr)
+            micro_batches = to_device(micro_batches, proc.device)
+            clip = lambda step=step: clip_gradients(cfg.clip, parameters, step)  # noqa: E731
+            result = apply_step(step, micro_batches, clip)
+            loss, grad_norm = result.loss, result.grad_norm
+            if running_stats is not None:
+                running_stats.end_step()
+            if ema is not None:
+                ema.update(unwrap(model))
+            done = step + 1  # optimizer steps completed; every record and checkpoint counts these
+            if memory is not None:
+                memory.step = done
+
+            if log is not None:
+                log.progress(done)
+                if is_due(done, cfg.log.every, plan.steps) or done == start_step + 1:
+                    extra = {"grad_norm": grad_norm} if grad_norm is not None else {}
+                    if type(scaler) is not LossScaler or scaler.scale != 1.0:
+                        extra["loss_scale"] = scaler.scale
+                    log.train(done, plan.epoch_at(done), lr, loss.item(), skipped=skipped, **extra)
+
+            if is_due(done, eval_every, plan.steps):
+                metrics = evaluate(done)
+                if best.improves(metrics[best.metric]):
+                    best.value, best.step = metrics[best.metric], done
+                    if proc.is_main:
+                        save(ckpt_dir / "best.pt", done)
+
+            if proc.is_main and is_due(done, checkpoint_every, plan.steps):
+                save(ckpt_dir / "last.pt", done)
+
+        if not metrics:  # resumed a run that had already finished: report, log nothing new
+            weights = ema.module if ema is not None and cfg.ema.evaluate else model
+            metrics = task.evaluate(weights, cfg.eval.batch, proc.rank, proc.world)
+
+    finally:
+        peaks = memory.stop() if memory is not None else {}
         if log is not None:
-            log.progress(done)
-            if is_due(done, cfg.log.every, plan.steps) or done == start_step + 1:
-                extra = {"grad_norm": grad_norm} if grad_norm is not None else {}
-                if type(scaler) is not LossScaler or scaler.scale != 1.0:
-                    extra["loss_scale"] = scaler.scale
-                log.train(done, plan.epoch_at(done), lr, loss.item(), skipped=skipped, **extra)
-
-        if is_due(done, eval_every, plan.steps):
-            metrics = evaluate(done)
-            if best.improves(metrics[best.metric]):
-                best.value, best.step = metrics[best.metric], done
-                if proc.is_main:
-                    save(ckpt_dir / "best.pt", done)
-
-        if proc.is_main and is_due(done, checkpoint_every, plan.steps):
-            save(ckpt_dir / "last.pt", done)
-
-    if not metrics:  # resumed a run that had already finished: report, log nothing new
-        weights = ema.module if ema is not None and cfg.ema.evaluate else model
-        metrics = task.evaluate(weights, cfg.eval.batch, proc.rank, proc.world)
-
-    if log is not None:
-        log.close()
+            if peaks:
+                log.event(memory.step, "memory", peaks)
+            log.close()
     distributed.teardown()
-    return TrainResult(out_dir, plan.steps, metrics, best)
+    return TrainResult(out_dir, plan.steps, metrics, best, peaks)
 
 
 def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:

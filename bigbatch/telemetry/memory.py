@@ -1,0 +1,84 @@
+"""A background sampler of memory use, written to ``memory.csv`` in the run directory.
+
+Like the Darknet/Jetson seed's ``tegrastats`` log: every ``memory.interval`` seconds (default 5),
+and once at the start and at the end, one row with the wall time, the seconds since the start,
+the optimizer step, the process's resident memory (RSS), the system's used memory and swap, and on
+CUDA the device memory allocated, reserved, and the peak allocated so far. All sizes in MiB.
+The peaks go into the final summary and into ``metrics.jsonl`` (an ``event: memory`` record).
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+MiB = 2**20
+COLUMNS = ["time", "elapsed_s", "step", "rss_mib", "system_used_mib", "swap_used_mib",
+           "cuda_allocated_mib", "cuda_reserved_mib", "cuda_peak_mib"]
+
+
+class MemorySampler:
+    def __init__(self, path: Path, interval: float, device: torch.device):
+        self.path, self.interval, self.device = path, interval, device
+        self.step = 0
+        """The optimizer steps done; the training loop keeps it current."""
+        self.peaks: dict[str, float] = {}
+        self._process = psutil.Process()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        new = not path.exists()
+        self._file = open(path, "a", newline="", encoding="utf-8")
+        self._csv = csv.writer(self._file)
+        if new:
+            self._csv.writerow(COLUMNS)
+        self._thread = threading.Thread(target=self._run, name="bigbatch-memory", daemon=True)
+
+    def start(self) -> MemorySampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> dict[str, float]:
+        vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+        row = {
+            "time": round(time.time(), 3),
+            "elapsed_s": round(time.monotonic() - self._start, 3),
+            "step": self.step,
+            "rss_mib": self._process.memory_info().rss / MiB,
+            "system_used_mib": (vm.total - vm.available) / MiB,
+            "swap_used_mib": swap.used / MiB,
+            "cuda_allocated_mib": 0.0,
+            "cuda_reserved_mib": 0.0,
+            "cuda_peak_mib": 0.0,
+        }
+        if self.device.type == "cuda":
+            row["cuda_allocated_mib"] = torch.cuda.memory_allocated(self.device) / MiB
+            row["cuda_reserved_mib"] = torch.cuda.memory_reserved(self.device) / MiB
+            row["cuda_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / MiB
+        with self._lock:
+            self._csv.writerow([f"{row[c]:.1f}" if isinstance(row[c], float) and c != "time" else row[c]
+                                for c in COLUMNS])
+            self._file.flush()
+            for key, value in row.items():
+                if key.endswith("_mib"):
+                    self.peaks[f"peak_{key}"] = max(self.peaks.get(f"peak_{key}", 0.0), value)
+        return row
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling, take a last sample, close the file; returns the peaks (MiB)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.sample()
+        self._file.close()
+        return {k: round(v, 1) for k, v in self.peaks.items() if v > 0}
