@@ -201,7 +201,7 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bigbatch.engine.trainer import NonFiniteTraining
+    from bigbatch.engine.trainer import TrainingStopped
 
     args = build_parser().parse_args(argv)
     try:
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except NonFiniteTraining as e:
+    except TrainingStopped as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -338,6 +338,8 @@ class PrecisionConfig(Section):
 class DebugConfig(Section):
     """Fault injection for tests."""
 
+    oom_at_step: int | None = Field(None, ge=0)
+    """Raise an out-of-memory error at the second micro-batch of this optimizer step (0-based), once."""
     nonfinite_at_step: int | None = Field(None, ge=0)
     """Make the gradients of this optimizer step (0-based) NaN."""
     nonfinite_repeats: int = Field(1, gt=0)
@@ -370,9 +372,40 @@ class LogConfig(Section):
     tensorboard: bool = True
 
 
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from a number of bytes or a size such as ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = float(value), "b"
+    else:
+        match = _SIZE.match(str(value))
+        if match is None:
+            raise ValueError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {value!r}")
+        number, unit = float(match.group(1)), (match.group(2) or "b").lower()
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"expected a size > 0, got {value!r}")
+    return size
+
+
+def _check_size(value: int | str) -> int | str:
+    parse_size(value)
+    return value
+
+
+Size = Annotated[int | str, AfterValidator(_check_size)]
+
+
 class MemoryConfig(Section):
     interval: float = Field(5.0, gt=0)
     """Seconds between two samples of ``memory.csv`` (the seed's tegrastats interval)."""
+    limit: Size | None = None
+    """On the CPU, a micro-batch starting while the process's RSS exceeds this counts as out of memory
+    (``subdivisions`` is doubled and the step re-run). On CUDA the device's own out-of-memory error does."""
 
 
 class RunConfig(Section):

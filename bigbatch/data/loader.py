@@ -100,3 +100,26 @@ class TensorImages(Dataset):
     @staticmethod
     def collate(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return batch  # __getitems__ already returned the batch
+
+
+def split_batch(batch: Any, parts: int) -> list[Any]:
+    """Cut a collated batch (tensors, or tuples, lists and dicts of them) into ``parts`` consecutive pieces."""
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(parts))
+    if isinstance(batch, dict):
+        pieces = {k: split_batch(v, parts) for k, v in batch.items()}
+        return [{k: v[i] for k, v in pieces.items()} for i in range(parts)]
+    components = isinstance(batch, tuple) or (batch and all(isinstance(b, torch.Tensor) for b in batch))
+    if isinstance(batch, (tuple, list)) and components:  # (images, labels, ...), each split the same way
+        return [type(batch)(p) for p in zip(*(split_batch(b, parts) for b in batch), strict=True)]
+    if isinstance(batch, list):  # a list of per-sample items (e.g. detection targets)
+        size = len(batch) // parts
+        return [batch[i * size : (i + 1) * size] for i in range(parts)]
+    raise TypeError(f"cannot split a batch of type {type(batch).__name__}")
+
+
+def split_micro_batches(micro_batches: list[Any], factor: int) -> list[Any]:
+    """Each micro-batch cut into ``factor`` consecutive ones (subdivisions x factor, the same images)."""
+    if factor == 1:
+        return micro_batches
+    return [piece for batch in micro_batches for piece in split_batch(batch, factor)]

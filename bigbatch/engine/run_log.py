@@ -76,7 +76,7 @@ class RunLog:
     def event(self, step: int, name: str, values: dict[str, float]) -> None:
         """A record of something else that happened (``event: name``), e.g. the memory peaks at the end."""
         self._write({"step": step, "event": name, **values})
-        shown = "  ".join(f"{k} {v:g}" for k, v in values.items())
+        shown = "  ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in values.items())
         message = f"{name}: {shown}"
         if self._bar is not None:
             self._bar.write(message)

@@ -17,6 +17,7 @@ gradient over the whole global batch (DDP averages across devices); then one upd
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,21 +30,21 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.batching import BatchPlan, make_plan
-from bigbatch.config import RunConfig, config_to_yaml
-from bigbatch.data.loader import train_steps
+from bigbatch.config import RunConfig, config_to_yaml, parse_size
+from bigbatch.data.loader import split_micro_batches, train_steps
 from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine import checkpoint, distributed
 from bigbatch.engine.run_log import RunLog
 from bigbatch.errors import UserError
 from bigbatch.recipe.clip import clip_gradients
 from bigbatch.recipe.ema import WeightEMA
-from bigbatch.recipe.norm import RunningStatsSnapshot, configure_batchnorm, running_buffers
+from bigbatch.recipe.norm import RunningStatsSnapshot, configure_batchnorm, running_buffers, set_momentum
 from bigbatch.recipe.optim import build_optimizer, set_lr
 from bigbatch.recipe.precision import LossScaler, build_scaler, check_precision, first_nonfinite
 from bigbatch.recipe.precision import autocast as precision_autocast
 from bigbatch.recipe.schedule import build_schedule, length_in_steps
 from bigbatch.tasks import build_task
-from bigbatch.telemetry.memory import MemorySampler
+from bigbatch.telemetry.memory import MemoryLimitExceeded, MemorySampler, rss_bytes
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -101,8 +102,36 @@ def train_step(
     return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer)
 
 
-class NonFiniteTraining(Exception):
+class TrainingStopped(Exception):
+    """Training cannot go on (the CLI prints the message and exits with code 1)."""
+
+
+class NonFiniteTraining(TrainingStopped):
     """Too many optimizer steps in a row had non-finite gradients."""
+
+
+class OutOfMemory(TrainingStopped):
+    """Out of memory with micro-batches that cannot be cut any smaller."""
+
+
+OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryLimitExceeded)
+
+
+def memory_guarded(loss_fn: LossFn, limit: int | None, inject: bool) -> LossFn:
+    """``loss_fn`` that first raises :class:`MemoryLimitExceeded` when the process's RSS is over ``limit``
+    (checked before each micro-batch), or at the second micro-batch when ``inject`` (``debug.oom_at_step``)."""
+    calls = 0
+
+    def guarded(model: nn.Module, batch: Any) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if inject and calls == 2:
+            raise MemoryLimitExceeded("debug.oom_at_step")
+        if limit is not None and (rss := rss_bytes()) > limit:
+            raise MemoryLimitExceeded(f"the process uses {rss / 2**20:.0f} MiB > memory.limit {limit / 2**20:.0f} MiB")
+        return loss_fn(model, batch)
+
+    return guarded
 
 
 def poisoned(loss_fn: LossFn) -> LossFn:
@@ -183,6 +212,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     autocast = lambda: precision_autocast(cfg.precision, proc.device)  # noqa: E731
     parameters = [p for p in model.parameters() if p.requires_grad]
     skipped = 0  # optimizer steps not applied (non-finite gradients), over the whole run
+    split = 1  # each micro-batch of the plan is cut into this many: doubled on out-of-memory
+    memory_limit = parse_size(cfg.memory.limit) if cfg.memory.limit is not None else None
     has_batchnorm = bool(running_buffers(model))
     best = Best(cfg.eval.metric, cfg.eval.better)
     start_step = 0
@@ -200,6 +231,11 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         checkpoint.restore_rng_state(state["rng"])
         scaler.load_state_dict(state["scaler"])
         skipped = state["skipped"]
+        # A run that ran out of memory resumes with the subdivisions it had reached.
+        reached = state["data"].get("subdivisions", cfg.subdivisions)
+        if reached > cfg.subdivisions and reached % cfg.subdivisions == 0:
+            split = reached // cfg.subdivisions
+            set_momentum(model, cfg.norm, dataclasses.replace(plan, subdivisions=reached))
         if ema is not None:
             if state.get("ema") is None:
                 raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")
@@ -221,7 +257,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
                 "scaler": scaler.state_dict(),
                 "skipped": skipped,
                 "rng": checkpoint.rng_state(),
-                "data": {"step": step, "seed": cfg.seed, "batch": cfg.batch},
+                "data": {"step": step, "seed": cfg.seed, "batch": cfg.batch, "subdivisions": plan.subdivisions * split},
                 "best": vars(best).copy(),
                 "config": cfg.model_dump(mode="json"),
             },
@@ -257,23 +293,53 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             log.evaluation(done, "val_raw", raw)
         return averaged
 
+    def forget_step(bn_before: RunningStatsSnapshot | None) -> None:
+        """Undo what a step that is not applied did: gradients, BN running statistics, pooled BN sums."""
+        optimizer.zero_grad(set_to_none=True)
+        if bn_before is not None:  # the failed forwards must not count in the running statistics
+            bn_before.restore()
+        if running_stats is not None:
+            running_stats.discard_step()
+
+    def double_subdivisions(step: int, error: BaseException) -> None:
+        """Out of memory: cut every micro-batch in two (the global batch stays) and re-run the step."""
+        nonlocal split
+        micro = plan.micro_batch // split
+        if micro % 2:
+            raise OutOfMemory(f"out of memory at step {step} with micro-batches of {micro} image(s), which cannot "
+                              f"be halved ({error}); lower the batch or the input size")
+        split *= 2
+        set_momentum(model, cfg.norm, dataclasses.replace(plan, subdivisions=plan.subdivisions * split))
+        if proc.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if log is not None:
+            log.event(step, "out_of_memory", {"subdivisions": plan.subdivisions * split, "micro_batch": micro // 2,
+                                              "reason": str(error).splitlines()[0][:200]})
+
     def apply_step(step: int, micro_batches: list[Any], clip: Callable[[], float | None]) -> StepResult:
         """``train_step`` until it is applied: a step with non-finite gradients changes nothing (weights,
         BN statistics, LR, EMA, step) and is re-run on the same images at the scaler's new scale."""
         nonlocal skipped
-        in_a_row = 0
+        in_a_row, oom_injected = 0, False
         while True:
             inject = step == cfg.debug.nonfinite_at_step and in_a_row < cfg.debug.nonfinite_repeats
             loss_fn = poisoned(task.loss) if inject else task.loss
+            inject_oom = step == cfg.debug.oom_at_step and not oom_injected
+            if memory_limit is not None or inject_oom:
+                loss_fn = memory_guarded(loss_fn, memory_limit, inject_oom)
             bn_before = RunningStatsSnapshot(model) if has_batchnorm else None
-            result = train_step(model, optimizer, micro_batches, loss_fn, clip, scaler, autocast)
+            try:
+                result = train_step(model, optimizer, split_micro_batches(micro_batches, split), loss_fn, clip,
+                                    scaler, autocast)
+            except OUT_OF_MEMORY as error:
+                oom_injected = oom_injected or inject_oom
+                forget_step(bn_before)
+                double_subdivisions(step, error)
+                continue
             if result.applied:
                 return result
             skipped, in_a_row = skipped + 1, in_a_row + 1
-            if bn_before is not None:  # the failed forwards must not count in the running statistics
-                bn_before.restore()
-            if running_stats is not None:
-                running_stats.discard_step()
+            forget_step(bn_before)
             if log is not None:
                 log.skipped(step, skipped, scaler.scale, result.nonfinite_layer)
             if in_a_row >= cfg.precision.max_skipped:

@@ -118,15 +118,20 @@ class RunningStatsSnapshot:
             buffer.copy_(saved)
 
 
+def set_momentum(model: nn.Module, cfg: NormConfig, plan: BatchPlan) -> None:
+    """Give every BN layer the momentum ``cfg`` asks for under ``plan`` (nothing when it asks for none)."""
+    momentum = bn_momentum(cfg, plan)
+    if momentum is not None:
+        for layer in batchnorm_layers(model):
+            layer.momentum = momentum
+
+
 def configure_batchnorm(
     model: nn.Module, cfg: NormConfig, plan: BatchPlan, *, reduce: Reduce | None = None
 ) -> PerStepRunningStats | None:
     """Set every BN layer's momentum from ``cfg``; for ``per_step`` return the hooks that update the running
     statistics once per optimizer step (call ``end_step()`` after each step), else None."""
-    momentum = bn_momentum(cfg, plan)
-    if momentum is not None:
-        for layer in batchnorm_layers(model):
-            layer.momentum = momentum
+    set_momentum(model, cfg, plan)
     if cfg.running_stats == "per_step":
         return PerStepRunningStats(model, reduce)
     return None

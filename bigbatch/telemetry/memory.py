@@ -82,3 +82,11 @@ class MemorySampler:
         self.sample()
         self._file.close()
         return {k: round(v, 1) for k, v in self.peaks.items() if v > 0}
+
+
+class MemoryLimitExceeded(RuntimeError):
+    """The process went over ``memory.limit`` (the CPU's stand-in for CUDA's out-of-memory error)."""
+
+
+def rss_bytes() -> int:
+    return psutil.Process().memory_info().rss

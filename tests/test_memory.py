@@ -1,0 +1,64 @@
+"""Memory: recovery from out-of-memory by doubling subdivisions, the memory limit, sizes and batch splitting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bigbatch.config import load_config, parse_size
+from bigbatch.data.loader import split_batch
+from bigbatch.engine import checkpoint
+from bigbatch.engine.trainer import train
+from tests.conftest import run_cli
+
+SMALL = ["batch=64", "subdivisions=4", "data.size=16", "model.width=8", "log.tensorboard=false", "log.every=1",
+         "norm.momentum=0.2"]  # BatchNorm, with a momentum that depends on the number of micro-batches
+
+
+def test_out_of_memory_doubles_subdivisions_and_loses_nothing(tmp_path):
+    train(load_config("digits", [*SMALL, "steps=6", "debug.oom_at_step=3"]), tmp_path / "recovered")
+    # The reference: 3 steps with 4 subdivisions, then resumed with 8 from step 3 on.
+    train(load_config("digits", [*SMALL, "steps=3"]), tmp_path / "reference")
+    train(load_config("digits", [*SMALL, "steps=6", "subdivisions=8"]), tmp_path / "reference", resume=True)
+    recovered = checkpoint.load(tmp_path / "recovered" / "checkpoints" / "last.pt")
+    reference = checkpoint.load(tmp_path / "reference" / "checkpoints" / "last.pt")
+    assert recovered["step"] == reference["step"] == 6
+    assert recovered["data"]["subdivisions"] == 8
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(recovered["model"][key], value, rtol=1e-6, atol=1e-6, msg=key)
+    events = [json.loads(line) for line in (tmp_path / "recovered" / "metrics.jsonl").open()]
+    oom = [e for e in events if e.get("event") == "out_of_memory"]
+    assert len(oom) == 1 and oom[0]["step"] == 3 and oom[0]["subdivisions"] == 8 and oom[0]["micro_batch"] == 8
+    assert [e["step"] for e in events if "lr" in e] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_that_cannot_fit_stops_with_one_error_line(tmp_path):
+    result = run_cli("train", "digits", "--out", str(tmp_path / "r"), "--set", *SMALL, "steps=2", "memory.limit=1MiB")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory at step 0 with micro-batches of 1 image")
+    assert "memory.limit" in lines[0]
+
+
+@pytest.mark.parametrize(("text", "size"), [("2GiB", 2 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
+                                            (4096, 4096), ("100", 100)])
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+def test_bad_size_is_a_config_error():
+    result = run_cli("show", "digits", "--set", "memory.limit=lots")
+    assert result.returncode == 2 and result.stderr.startswith("error: memory.limit: expected a size")
+
+
+def test_split_batch_keeps_the_images_in_order():
+    images, labels = torch.arange(8.0)[:, None], torch.arange(8)
+    halves = split_batch((images, labels), 2)
+    assert [h[1].tolist() for h in halves] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert isinstance(halves[0], tuple)
+    mixed = split_batch((images, [{"id": i} for i in range(8)]), 4)
+    assert [m[1] for m in mixed][1] == [{"id": 2}, {"id": 3}]
+    as_dict = split_batch({"x": images, "y": labels}, 2)
+    assert as_dict[1]["y"].tolist() == [4, 5, 6, 7]
