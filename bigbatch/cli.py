@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from bigbatch import __version__
+from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
 
@@ -50,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--png", type=Path, help="plot the schedule to this PNG file")
     schedule.add_argument("--lines", type=int, default=40, help="about how many steps to print (default: %(default)s)")
 
+    plan = sub.add_parser("plan", help="measure memory per micro-batch and choose subdivisions")
+    _add_config_args(plan)
+    plan.add_argument("--memory-limit", metavar="SIZE",
+                      help="the budget, e.g. 2GiB (default: memory.limit, else free memory less 10%%)")
+
     scale = sub.add_parser("scale", help="rescale a recipe to a new global batch")
     _add_config_args(scale)
     scale.add_argument("--batch", type=int, required=True, help="the new global batch")
@@ -59,7 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
-    from bigbatch.config import load_config
     from bigbatch.engine import distributed
 
     if args.resume is not None:
@@ -71,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         source = args.config or str(out_dir / "config.yaml")
     else:
         source = args.config or "digits"
-    cfg = load_config(source, args.overrides)
+    cfg = load_resolved(source, args.overrides)
     check_batch(cfg, distributed.world_size_from_env())
     if args.resume is None:
         out_dir = args.out or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -121,11 +126,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
-    from bigbatch.config import config_to_yaml, load_config
+    from bigbatch.config import config_to_yaml
     from bigbatch.engine import distributed
     from bigbatch.tasks import train_set_size
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_resolved(args.config, args.overrides)
     world = distributed.world_size_from_env()
     plan = make_plan(cfg, world, train_set_size(cfg))
     print(config_to_yaml(cfg).rstrip())
@@ -136,12 +141,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
-    from bigbatch.config import load_config
     from bigbatch.engine import distributed
     from bigbatch.recipe.schedule import build_schedule
     from bigbatch.tasks import train_set_size
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_resolved(args.config, args.overrides)
     plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size(cfg))
     lr_at = build_schedule(cfg, plan)
     lrs = [lr_at(step) for step in range(plan.steps)]
@@ -174,15 +178,51 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from bigbatch.config import load_config, parse_size
+    from bigbatch.engine import distributed
+    from bigbatch.telemetry.planner import plan_layout
+
+    cfg = load_config(args.config, args.overrides)
+    budget = None
+    if args.memory_limit is not None:
+        try:
+            budget = parse_size(args.memory_limit)
+        except ValueError as e:
+            raise UserError(f"--memory-limit: {e}") from None
+    world = distributed.world_size_from_env()
+    print(f"measuring one training step per micro-batch size at {cfg.data.size} px, {cfg.precision.dtype}, "
+          "each in a fresh process")
+    plan = plan_layout(cfg, world, budget)
+    print(plan.table())
+    print(f"chosen: batch {cfg.batch} = world {world} x subdivisions {plan.subdivisions} x micro-batch "
+          f"{plan.micro_batch}  (--set subdivisions={plan.subdivisions})")
+    return 0
+
+
+def load_resolved(source: str, overrides: list[str]) -> RunConfig:
+    """Load a config and, for ``subdivisions: auto``, measure and choose the subdivisions."""
+    from bigbatch.config import load_config
+    from bigbatch.engine import distributed
+    from bigbatch.telemetry.planner import resolve_auto_subdivisions
+
+    cfg = load_config(source, overrides)
+    cfg, plan = resolve_auto_subdivisions(cfg, distributed.world_size_from_env())
+    if plan is not None:
+        print(plan.table())
+        print(f"subdivisions: auto -> {cfg.subdivisions} (micro-batch {plan.micro_batch})")
+    return cfg
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
-    from bigbatch.config import config_to_yaml, load_config
+    from bigbatch.config import config_to_yaml
     from bigbatch.engine import distributed
     from bigbatch.recipe.rescale import changes_table, rescale
 
     if args.batch <= 0:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_resolved(args.config, args.overrides)
     world = distributed.world_size_from_env()
     new, changes = rescale(cfg, args.batch, world)
     check_batch(new, world)
@@ -197,7 +237,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale,
+            "plan": cmd_plan}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -414,8 +414,9 @@ class RunConfig(Section):
     task: Literal["classification"] = "classification"
     batch: int = Field(gt=0)
     """Global images per optimizer step, across all devices (Darknet's ``batch``)."""
-    subdivisions: int = Field(1, gt=0)
-    """Micro-batches per device per optimizer step (Darknet's ``subdivisions``)."""
+    subdivisions: Annotated[int, Field(gt=0)] | Literal["auto"] = 1
+    """Micro-batches per device per optimizer step (Darknet's ``subdivisions``); ``auto``: the smallest number
+    whose micro-batch fits in memory, measured at the start (``bigbatch plan``)."""
     steps: int | None = Field(None, gt=0)
     """Optimizer steps. Give either ``steps`` or ``epochs``."""
     epochs: float | None = Field(None, gt=0)

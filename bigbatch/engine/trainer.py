@@ -195,6 +195,10 @@ class TrainResult:
 def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     # --- where we run, what we train on, how each batch is cut ---------------------------
     proc = distributed.setup()
+    if cfg.subdivisions == "auto":
+        from bigbatch.telemetry.planner import resolve_auto_subdivisions
+
+        cfg, _ = resolve_auto_subdivisions(cfg, proc.world)
     seed_everything(cfg.seed)
     task = build_task(cfg)
     plan: BatchPlan = make_plan(cfg, proc.world, len(task.train_set))
