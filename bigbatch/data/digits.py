@@ -18,15 +18,18 @@ VAL_FRACTION = 0.2
 SPLIT_SEED = 0
 
 
-def _to_images(pixels: torch.Tensor, size: int) -> torch.Tensor:
-    """(N, 64) values 0..16 -> (N, 3, size, size) in [0, 1] (standardised by the caller)."""
+def _upscale(pixels: torch.Tensor, size: int) -> torch.Tensor:
+    """(N, 64) values 0..16 -> (N, 1, size, size) grey images in [0, 1]."""
     grey = (pixels.view(-1, 1, 8, 8) / 16.0).float()
-    grey = F.interpolate(grey, size=(size, size), mode="bilinear", align_corners=False)
-    return grey.expand(-1, 3, -1, -1).contiguous()
+    return F.interpolate(grey, size=(size, size), mode="bilinear", align_corners=False)
 
 
 def load_digits_split(size: int) -> tuple[TensorImages, TensorImages]:
-    """(train, val) datasets of the fixed split."""
+    """(train, val) datasets of the fixed split, standardised with the training images' mean and std.
+
+    Each set is held once, as grey images; the three RGB channels are a view of them (``expand``), so a
+    micro-batch is the only RGB copy ever made (``TensorImages`` indexes the view).
+    """
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -34,12 +37,12 @@ def load_digits_split(size: int) -> tuple[TensorImages, TensorImages]:
     train_idx, val_idx = train_test_split(
         range(len(digits.target)), test_size=VAL_FRACTION, random_state=SPLIT_SEED, stratify=digits.target
     )
-    pixels = torch.as_tensor(digits.data, dtype=torch.float32)
     labels = torch.as_tensor(digits.target, dtype=torch.long)
-    images = _to_images(pixels, size)
-    mean, std = images[train_idx].mean(), images[train_idx].std()
-    images = (images - mean) / std
-    return (
-        TensorImages(images[train_idx], labels[train_idx]),
-        TensorImages(images[val_idx], labels[val_idx]),
-    )
+    pixels = torch.as_tensor(digits.data, dtype=torch.float32)
+    train, val = _upscale(pixels[train_idx], size), _upscale(pixels[val_idx], size)
+    mean, std = train.mean(), train.std()
+    sets = []
+    for grey, index in ((train, train_idx), (val, val_idx)):
+        grey.sub_(mean).div_(std)
+        sets.append(TensorImages(grey.expand(-1, 3, -1, -1), labels[index]))
+    return sets[0], sets[1]

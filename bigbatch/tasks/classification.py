@@ -46,8 +46,10 @@ class ClassificationTask:
         was_training = model.training
         model.eval()
         k = min(5, self.num_classes)
+        device = next(model.parameters()).device
         totals = torch.zeros(4, dtype=torch.float64)  # images, top1 hits, top5 hits, loss sum
         for images, labels in eval_batches(self.val_set, batch_size, rank, world):
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             logits = model(images)
             topk = logits.topk(k, dim=1).indices
             hits = topk == labels[:, None]
@@ -61,8 +63,10 @@ class ClassificationTask:
                 dtype=torch.float64,
             )
         model.train(was_training)
-        if world > 1:
+        if world > 1:  # NCCL reduces device tensors only
+            totals = totals.to(device)
             torch.distributed.all_reduce(totals)
+            totals = totals.cpu()
         images, top1, top5, loss = totals.tolist()
         return {"top1": 100.0 * top1 / images, "top5": 100.0 * top5 / images, "loss": loss / images,
                 "images": int(images)}
