@@ -530,7 +530,7 @@ _UNION_MEMBERS = {"float", "int", "str", "bool", "list", "dict", "tuple", "none"
 
 def _key(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """The config key of an error location, without pydantic's union-member tags (``literal[...]``, ``float``)."""
-    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in _UNION_MEMBERS)))
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p in _UNION_MEMBERS)))
 
 
 def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> tuple[str, str]:
