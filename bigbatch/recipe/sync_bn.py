@@ -1,0 +1,199 @@
+"""Cross-device BatchNorm: batch statistics of the whole global batch, one all-reduce per layer and direction.
+
+Seed: MegDet (Peng et al., "MegDet: A Large Mini-Batch Object Detector", CVPR 2018), section "Cross-GPU Batch
+Normalization": each device computes its partial sums, one reduction gives the global statistics, every
+device normalises with them, and the backward reduces the gradient sums the same way. The backward formulas
+follow PyTorch's ``torch.nn.modules._functions.SyncBatchNorm`` (re-implemented here with plain tensor ops, so
+it runs on CPU / Gloo too; it does not use the CUDA-only ``torch.batch_norm_*`` kernels).
+
+**Forward** (training, per channel c, over the N * prod(spatial) elements of this process's input x, cast to
+float32 for the statistics even under autocast):
+
+    local  = [ sum_i x_ic  (C values) | sum_i x_ic ** 2  (C values) | n_local  (1 value) ]      (float32)
+    global = all_reduce(local, SUM)                                                             (ONE call)
+    n = global count,  mean_c = S1_c / n,  var_c = max(S2_c / n - mean_c ** 2, 0)   (biased, for normalising)
+    x_hat = (x - mean) * invstd,  invstd = 1 / sqrt(var + eps),  y = weight * x_hat + bias   (y in x.dtype)
+    running_mean = (1 - m) * running_mean + m * mean
+    running_var  = (1 - m) * running_var  + m * var * n / (n - 1)                          (unbiased, as torch)
+
+``m`` is the layer's momentum, or 1 / num_batches_tracked when the momentum is None (torch's cumulative
+average); ``num_batches_tracked`` grows by one per training forward. A process with an EMPTY batch (0 samples)
+contributes zeros, still joins both all-reduces, and returns an empty output, so the statistics are exact for
+any split of the global batch, equal or not. If the whole global batch has at most one value per channel, every
+process raises the same ValueError (they all see the same global count, so none is left waiting).
+
+**Backward** (g = dL/dy, in float32):
+
+    local  = [ sum_i g_ic  (C) | sum_i g_ic * x_hat_ic  (C) ]
+    global = all_reduce(local, SUM)                                                             (ONE call)
+    dL/dx  = weight * invstd * (g - global_sum_g / n - x_hat * global_sum_g_xhat / n)
+    dL/dweight = local sum_i g * x_hat,   dL/dbias = local sum_i g
+
+The parameter gradients are this process's share only: like ``torch.nn.SyncBatchNorm``, their reduction over
+processes is left to DDP (or whatever reduces the other parameters' gradients). The backward all-reduce is
+skipped when the input needs no gradient, as in torch; every process must then agree on that (they do when
+they run the same model). Every process must run the forward and the backward of every layer the same number
+of times, or the collectives do not line up.
+
+Numerics: the variance is taken as E[x^2] - mean^2 from fp32 sums, so inputs whose per-channel mean is far
+larger than their standard deviation lose precision (the same formula as MegDet's single-reduction scheme;
+BN inputs after a conv are usually near zero-mean).
+
+Eval mode uses the running statistics and communicates nothing. Without an initialised
+``torch.distributed``, or with a world size of 1, the layer is a plain ``F.batch_norm``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["CrossDeviceBatchNormFunction", "CrossDeviceBatchNorm", "convert_batchnorm"]
+
+
+def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Shape a per-channel vector (C,) to broadcast against an input of ``dim`` dimensions (N, C, *)."""
+    return t.view(1, -1, *([1] * (dim - 2)))
+
+
+class CrossDeviceBatchNormFunction(torch.autograd.Function):
+    """Batch norm over the global batch of a process group: one packed all-reduce forward, one backward."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_group):  # noqa: D102
+        with torch.autocast(device_type=input.device.type, enabled=False):
+            x = input.float()
+            c = x.shape[1]
+            reduce_dims = [d for d in range(x.dim()) if d != 1]
+            n_local = x.numel() // c if c > 0 else 0
+            packed = torch.cat([
+                x.sum(dim=reduce_dims),
+                (x * x).sum(dim=reduce_dims),
+                torch.full((1,), float(n_local), dtype=torch.float32, device=x.device),
+            ])
+            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=process_group)
+            total_sum, total_sq, count = packed[:c], packed[c:2 * c], packed[2 * c]
+            n = float(count.item())
+            if n <= 1:
+                raise ValueError(f"Expected more than 1 value per channel when training, got {int(n)} in the "
+                                 f"global batch")
+            mean = total_sum / n
+            var = (total_sq / n - mean * mean).clamp_min(0.0)
+            invstd = torch.rsqrt(var + eps)
+
+            if running_mean is not None:
+                running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+            if running_var is not None:
+                unbiased = var * (n / (n - 1.0))
+                running_var.mul_(1.0 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+
+            x_hat = (x - _channel_view(mean, x.dim())) * _channel_view(invstd, x.dim())
+            y = x_hat
+            if weight is not None:
+                y = y * _channel_view(weight.float(), x.dim())
+            if bias is not None:
+                y = y + _channel_view(bias.float(), x.dim())
+
+        ctx.save_for_backward(x_hat, weight, invstd)
+        ctx.count = n
+        ctx.process_group = process_group
+        ctx.input_dtype = input.dtype
+        return y.to(input.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):  # noqa: D102
+        x_hat, weight, invstd = ctx.saved_tensors
+        grad_input = grad_weight = grad_bias = None
+        with torch.autocast(device_type=grad_output.device.type, enabled=False):
+            g = grad_output.float()
+            c = g.shape[1]
+            reduce_dims = [d for d in range(g.dim()) if d != 1]
+            sum_g = g.sum(dim=reduce_dims)
+            sum_g_xhat = (g * x_hat).sum(dim=reduce_dims)
+
+            if weight is not None and ctx.needs_input_grad[1]:
+                grad_weight = sum_g_xhat.to(weight.dtype)
+            if weight is not None and ctx.needs_input_grad[2]:
+                grad_bias = sum_g.to(weight.dtype)
+
+            if ctx.needs_input_grad[0]:
+                packed = torch.cat([sum_g, sum_g_xhat])
+                dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.process_group)
+                mean_g = _channel_view(packed[:c] / ctx.count, g.dim())
+                mean_g_xhat = _channel_view(packed[c:] / ctx.count, g.dim())
+                scale = invstd if weight is None else invstd * weight.float()
+                grad_input = (_channel_view(scale, g.dim()) * (g - mean_g - x_hat * mean_g_xhat))
+                grad_input = grad_input.to(ctx.input_dtype)
+
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+
+
+class CrossDeviceBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm over the global batch of all processes (input (N, C, *), any number of spatial dims).
+
+    In training with an initialised ``torch.distributed`` of world size > 1 it normalises with the statistics
+    of all processes' inputs together (see the module docstring); otherwise it is ``F.batch_norm``.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group=None, device=None, dtype=None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        exponential_average_factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                exponential_average_factor = 1.0 / float(self.num_batches_tracked)
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        use_buffers = not self.training or self.track_running_stats
+        running_mean = self.running_mean if use_buffers else None
+        running_var = self.running_var if use_buffers else None
+
+        need_sync = bn_training and self.training and dist.is_available() and dist.is_initialized()
+        if need_sync:
+            group = self.process_group if self.process_group is not None else dist.group.WORLD
+            need_sync = dist.get_world_size(group) > 1
+        if not need_sync:
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training,
+                                exponential_average_factor, self.eps)
+        return CrossDeviceBatchNormFunction.apply(input, self.weight, self.bias, running_mean, running_var,
+                                                  self.eps, exponential_average_factor, group)
+
+
+_CONVERTIBLE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def convert_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
+    """Replace every BatchNorm1d/2d/3d in ``module`` (recursively) by :class:`CrossDeviceBatchNorm`.
+
+    Like ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: the new layers reuse the old parameters and buffers
+    (weight, bias, running mean/var, num_batches_tracked) and copy momentum, eps, affine,
+    track_running_stats and the training flag. Returns the converted module (a new object when ``module``
+    itself is a BatchNorm; children are replaced in place otherwise).
+    """
+    out = module
+    if isinstance(module, _CONVERTIBLE) and not isinstance(module, CrossDeviceBatchNorm):
+        out = CrossDeviceBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                                   module.track_running_stats, process_group)
+        if module.affine:
+            with torch.no_grad():
+                out.weight = module.weight
+                out.bias = module.bias
+        out.running_mean = module.running_mean
+        out.running_var = module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.train(module.training)
+        if hasattr(module, "qconfig"):
+            out.qconfig = module.qconfig
+    for name, child in module.named_children():
+        out.add_module(name, convert_batchnorm(child, process_group))
+    return out
