@@ -87,6 +87,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     result = train(cfg, out_dir, resume=args.resume is not None)
+    if distributed.rank_from_env() != 0:
+        return 0  # rank 0 reports
     minutes = (time.perf_counter() - started) / 60
     shown = "  ".join(f"{k} {v:.2f}" for k, v in result.metrics.items() if k != "images")
     print(f"done: {result.steps} steps in {minutes:.1f} min; final {shown}")

@@ -150,6 +150,9 @@ class NormConfig(Section):
     converted to each update with beta = alpha ** (1 / updates per step). Unset: the model's own."""
     half_life_images: float | None = Field(None, gt=0)
     """Alternatively, the number of training images after which an observation's weight halves."""
+    sync: Literal["none", "bigbatch", "torch"] = "none"
+    """Cross-device BatchNorm under torchrun: ``bigbatch`` (one packed fp32 all-reduce per layer and direction,
+    CPU and GPU), ``torch`` (torch.nn.SyncBatchNorm, CUDA only), ``none`` (each device its own statistics)."""
 
     @model_validator(mode="after")
     def _one_momentum(self) -> NormConfig:

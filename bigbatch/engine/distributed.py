@@ -29,10 +29,14 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rank_from_env() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 def setup() -> Process:
     """Join the process group torchrun describes (NCCL on CUDA, Gloo on CPU), if any."""
     world = world_size_from_env()
-    rank = int(os.environ.get("RANK", "0"))
+    rank = rank_from_env()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cpu")
     if torch.cuda.is_available():

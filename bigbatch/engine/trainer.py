@@ -43,6 +43,7 @@ from bigbatch.recipe.optim import build_optimizer, set_lr
 from bigbatch.recipe.precision import LossScaler, build_scaler, check_precision, first_nonfinite
 from bigbatch.recipe.precision import autocast as precision_autocast
 from bigbatch.recipe.schedule import build_schedule, length_in_steps
+from bigbatch.recipe.sync_bn import convert_batchnorm
 from bigbatch.tasks import build_task
 from bigbatch.telemetry.memory import MemoryLimitExceeded, MemorySampler, rss_bytes
 
@@ -207,9 +208,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
 
     # --- model and the large-batch recipe -------------------------------------------------
     check_precision(cfg.precision, proc.device)
-    model = task.build_model(cfg).to(proc.device)
+    model = sync_batchnorm(task.build_model(cfg), cfg.norm.sync, proc).to(proc.device)
     lr_at = build_schedule(cfg, plan)
-    running_stats = configure_batchnorm(model, cfg.norm, plan)
+    running_stats = configure_batchnorm(model, cfg.norm, plan,
+                                        reduce=all_reduce_sum if proc.world > 1 and cfg.norm.sync != "none" else None)
     optimizer = build_optimizer(cfg.optim, model, lr_at(0))
     ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None
     scaler = build_scaler(cfg.precision, cfg.schedule.darknet.burn_in if cfg.schedule.preset == "darknet" else 0)
@@ -400,6 +402,22 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             log.close()
     distributed.teardown()
     return TrainResult(out_dir, plan.steps, metrics, best, peaks)
+
+
+def sync_batchnorm(model: nn.Module, sync: str, proc: distributed.Process) -> nn.Module:
+    """``norm.sync``: BatchNorm statistics over all devices (``bigbatch`` or torch's SyncBatchNorm)."""
+    if sync == "torch" and proc.device.type != "cuda":
+        raise UserError("norm.sync: torch.nn.SyncBatchNorm runs on CUDA only; on the CPU use norm.sync=bigbatch")
+    if sync == "none" or proc.world == 1:
+        return model
+    if sync == "torch":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return convert_batchnorm(model)
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    torch.distributed.all_reduce(tensor)
+    return tensor
 
 
 def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:

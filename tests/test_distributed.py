@@ -1,0 +1,71 @@
+"""The same training whatever the layout: real ``torchrun`` processes (Gloo on the CPU) against one process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_cli
+
+COMMON = ["batch=64", "steps=3", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.batch=50",
+          "schedule.warmup=[]"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(out, *overrides: str, processes: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", *COMMON, *overrides]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def weights(out) -> dict[str, torch.Tensor]:
+    return torch.load(out / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+
+def assert_same_weights(a, b, atol: float = 1e-4) -> None:
+    for key, value in a.items():
+        if value.is_floating_point() and not key.endswith(("running_mean", "running_var")):
+            torch.testing.assert_close(b[key], value, rtol=0, atol=atol, msg=key)
+
+
+@pytest.mark.parametrize(
+    ("one_process", "two_processes"),
+    [
+        (["model.norm=group", "subdivisions=4"], ["model.norm=group", "subdivisions=2"]),
+        (["model.norm=batch", "subdivisions=2"], ["model.norm=batch", "subdivisions=1"]),
+        (["model.norm=batch", "subdivisions=1"], ["model.norm=batch", "subdivisions=1", "norm.sync=bigbatch"]),
+    ],
+    ids=["groupnorm-4-vs-2x2", "batchnorm-2-vs-2x1", "cross-device-bn-1-vs-2x1"],
+)
+def test_layout_does_not_change_the_weights(tmp_path, one_process, two_processes):
+    single = run_cli("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, *one_process)
+    assert single.returncode == 0, single.stderr
+    multi = torchrun(tmp_path / "two", *two_processes)
+    assert multi.returncode == 0, multi.stderr[-3000:]
+    assert multi.stdout.count("run written to") == 1, "only rank 0 reports"
+    assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
+
+
+def test_cross_device_bn_running_statistics_match_one_process(tmp_path):
+    single = run_cli("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, "subdivisions=1")
+    assert single.returncode == 0, single.stderr
+    multi = torchrun(tmp_path / "two", "subdivisions=1", "norm.sync=bigbatch")
+    assert multi.returncode == 0, multi.stderr[-3000:]
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    for key in a:
+        if key.endswith(("running_mean", "running_var")):
+            torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-4, msg=key)
