@@ -60,10 +60,12 @@ def test_layout_does_not_change_the_weights(tmp_path, one_process, two_processes
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
 
 
-def test_cross_device_bn_running_statistics_match_one_process(tmp_path):
-    single = run_cli("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, "subdivisions=1")
+@pytest.mark.parametrize("running_stats", ["per_microbatch", "per_step"])
+def test_cross_device_bn_running_statistics_match_one_process(tmp_path, running_stats):
+    stats = f"norm.running_stats={running_stats}"
+    single = run_cli("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, "subdivisions=1", stats)
     assert single.returncode == 0, single.stderr
-    multi = torchrun(tmp_path / "two", "subdivisions=1", "norm.sync=bigbatch")
+    multi = torchrun(tmp_path / "two", "subdivisions=1", "norm.sync=bigbatch", stats)
     assert multi.returncode == 0, multi.stderr[-3000:]
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     for key in a:
