@@ -78,15 +78,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         source = args.config or "digits"
     cfg = load_resolved(source, args.overrides)
     check_batch(cfg, distributed.world_size_from_env())
-    if args.resume is None:
+    resume = args.resume is not None
+    if not resume:
         out_dir = args.out or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if (out_dir / "checkpoints" / "last.pt").exists():
-            raise UserError(f"--out: {out_dir} already holds a run; continue it with --resume {out_dir}")
+        resume = holds_this_run(out_dir, cfg)
 
     from bigbatch.engine.trainer import train
 
     started = time.perf_counter()
-    result = train(cfg, out_dir, resume=args.resume is not None)
+    result = train(cfg, out_dir, resume=resume)
     if distributed.rank_from_env() != 0:
         return 0  # rank 0 reports
     minutes = (time.perf_counter() - started) / 60
@@ -96,6 +96,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"best {result.best.metric} {result.best.value:.2f} at step {result.best.step}")
     print(f"run written to {out_dir}")
     return 0
+
+
+def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``out_dir`` already holds a checkpoint of this very run, which ``train`` then resumes (a worker
+    restarted by ``torchrun --max-restarts`` runs the same command again). A checkpoint of another config is
+    refused rather than overwritten. ``subdivisions`` may differ: the layout does not change the training."""
+    if not (out_dir / "checkpoints" / "last.pt").is_file():
+        return False
+    from bigbatch.config import flatten, load_config
+
+    try:
+        saved = flatten(load_config(str(out_dir / "config.yaml")).model_dump(mode="json"))
+    except UserError:
+        saved = {}
+    wanted = flatten(cfg.model_dump(mode="json"))
+    differ = [k for k in sorted(saved.keys() | wanted.keys()) if k != "subdivisions" and saved.get(k) != wanted.get(k)]
+    if differ:
+        first = differ[0]
+        raise UserError(f"--out: {out_dir} already holds a run of another config ({first}: {saved.get(first)!r} "
+                        f"there, {wanted.get(first)!r} here); continue it with --resume {out_dir}, "
+                        f"or choose another --out")
+    from bigbatch.engine import distributed
+
+    if distributed.rank_from_env() == 0:
+        print(f"resuming the run in {out_dir} from its last checkpoint", flush=True)
+    return True
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -590,5 +590,16 @@ def load_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> Run
     return validate_config(apply_overrides(data, list(overrides)))
 
 
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{"a.b.c": value}``."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def config_to_yaml(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
@@ -77,11 +78,25 @@ def test_eval_reproduces_the_final_metrics(digits_run):
     assert "top1" in result.stdout
 
 
-def test_out_dir_with_a_run_refuses_to_overwrite(digits_run):
+def test_out_dir_with_another_run_refuses_to_overwrite(digits_run):
     out, _ = digits_run
-    result = run_cli("train", "digits", "--out", str(out), "--set", "steps=1")
+    result = run_cli("train", "digits", "--out", str(out), "--set", "steps=1", "eval.every=25",
+                     "checkpoint.every=20", "memory.interval=0.5")
     assert result.returncode == 2
-    assert result.stderr.startswith(f"error: --out: {out} already holds a run")
+    assert result.stderr.startswith(f"error: --out: {out} already holds a run of another config (steps: 60 there, "
+                                    f"1 here)")
+
+
+def test_out_dir_with_this_run_resumes_it(digits_run, tmp_path):
+    """The same command again (as torchrun runs it after a restart) continues the run; here it is finished."""
+    out = tmp_path / "copy"
+    shutil.copytree(digits_run[0], out)
+    before = [r for r in records(out) if "lr" in r]
+    result = run_cli("train", "digits", "--out", str(out), "--set", "steps=60", "eval.every=25",
+                     "checkpoint.every=20", "memory.interval=0.5", "subdivisions=4")
+    assert result.returncode == 0, result.stderr
+    assert f"resuming the run in {out}" in result.stdout
+    assert [r for r in records(out) if "lr" in r] == before, "nothing trained again"
 
 
 def test_resume_with_another_batch_is_refused(digits_run):

@@ -311,6 +311,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         """Out of memory: cut every micro-batch in two (the global batch stays) and re-run the step."""
         nonlocal split
         micro = plan.micro_batch // split
+        if proc.world > 1:  # the other ranks wait in a collective: recovering in place would need them to agree
+            raise OutOfMemory(f"out of memory at step {step} on rank {proc.rank} ({error}); with several processes "
+                              f"bigbatch does not re-cut micro-batches in place: relaunch with subdivisions="
+                              f"{plan.subdivisions * split * 2} (the run resumes from its last checkpoint)")
         if micro % 2:
             raise OutOfMemory(f"out of memory at step {step} with micro-batches of {micro} image(s), which cannot "
                               f"be halved ({error}); lower the batch or the input size")
