@@ -3,8 +3,9 @@
 Seed: MegDet (Peng et al., "MegDet: A Large Mini-Batch Object Detector", CVPR 2018), section "Cross-GPU Batch
 Normalization": each device computes its partial sums, one reduction gives the global statistics, every
 device normalises with them, and the backward reduces the gradient sums the same way. The backward formulas
-follow PyTorch's ``torch.nn.modules._functions.SyncBatchNorm`` (re-implemented here with plain tensor ops, so
-it runs on CPU / Gloo too; it does not use the CUDA-only ``torch.batch_norm_*`` kernels).
+follow PyTorch's ``torch.nn.modules._functions.SyncBatchNorm``, re-implemented so that it runs on CPU / Gloo
+too: instead of the CUDA-only ``torch.batch_norm_*`` kernels it feeds the global statistics to torch's fused
+batch-norm kernels, which exist on every device.
 
 **Forward** (training, per channel c, over the N * prod(spatial) elements of this process's input x, cast to
 float32 for the statistics even under autocast):
@@ -59,12 +60,18 @@ def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class CrossDeviceBatchNormFunction(torch.autograd.Function):
-    """Batch norm over the global batch of a process group: one packed all-reduce forward, one backward."""
+    """Batch norm over the global batch of a process group: one packed all-reduce forward, one backward.
+
+    The element-wise work runs in torch's fused batch-norm kernels (CPU and CUDA): ``F.batch_norm`` in
+    inference form with the global statistics normalises, ``native_batch_norm_backward`` with only the
+    parameter-gradient outputs computes the two gradient sums. The input gradient, a g + b x + k per channel
+    (the backward formula expanded), is two fused multiply-adds.
+    """
 
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_group):  # noqa: D102
         with torch.autocast(device_type=input.device.type, enabled=False):
-            x = input.float()
+            x = input if input.dtype == torch.float32 else input.float()
             c = x.shape[1]
             reduce_dims = [d for d in range(x.dim()) if d != 1]
             n_local = x.numel() // c if c > 0 else 0
@@ -81,7 +88,6 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
                                  f"global batch")
             mean = total_sum / n
             var = (total_sq / n - mean * mean).clamp_min(0.0)
-            invstd = torch.rsqrt(var + eps)
 
             if running_mean is not None:
                 running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
@@ -89,29 +95,34 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
                 unbiased = var * (n / (n - 1.0))
                 running_var.mul_(1.0 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
 
-            x_hat = (x - _channel_view(mean, x.dim())) * _channel_view(invstd, x.dim())
-            y = x_hat
-            if weight is not None:
-                y = y * _channel_view(weight.float(), x.dim())
-            if bias is not None:
-                y = y + _channel_view(bias.float(), x.dim())
+            # y = (x - mean) / sqrt(var + eps) * weight + bias: the fused kernel, fed the global statistics
+            if n_local == 0:  # the fused kernels divide by the element count: an empty input stays empty
+                y = x.clone()
+            else:
+                y = F.batch_norm(x, mean, var, None if weight is None else weight.float(),
+                                 None if bias is None else bias.float(), False, 0.0, eps)
+            invstd = torch.rsqrt(var + eps)
 
-        ctx.save_for_backward(x_hat, weight, invstd)
+        ctx.save_for_backward(x, weight, mean, invstd)
         ctx.count = n
+        ctx.eps = eps
         ctx.process_group = process_group
         ctx.input_dtype = input.dtype
         return y.to(input.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):  # noqa: D102
-        x_hat, weight, invstd = ctx.saved_tensors
+        x, weight, mean, invstd = ctx.saved_tensors
         grad_input = grad_weight = grad_bias = None
         with torch.autocast(device_type=grad_output.device.type, enabled=False):
-            g = grad_output.float()
+            g = grad_output.float().contiguous()
             c = g.shape[1]
-            reduce_dims = [d for d in range(g.dim()) if d != 1]
-            sum_g = g.sum(dim=reduce_dims)
-            sum_g_xhat = (g * x_hat).sum(dim=reduce_dims)
+            # sum_g = sum_i g,  sum_g_xhat = sum_i g * (x - mean) * invstd  (this process's share)
+            if g.numel() == 0:
+                sum_g_xhat = sum_g = g.new_zeros(c)
+            else:
+                _, sum_g_xhat, sum_g = torch.ops.aten.native_batch_norm_backward(
+                    g, x, None, None, None, mean, invstd, True, ctx.eps, [False, True, True])
 
             if weight is not None and ctx.needs_input_grad[1]:
                 grad_weight = sum_g_xhat.to(weight.dtype)
@@ -121,11 +132,14 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 packed = torch.cat([sum_g, sum_g_xhat])
                 dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.process_group)
-                mean_g = _channel_view(packed[:c] / ctx.count, g.dim())
-                mean_g_xhat = _channel_view(packed[c:] / ctx.count, g.dim())
-                scale = invstd if weight is None else invstd * weight.float()
-                grad_input = (_channel_view(scale, g.dim()) * (g - mean_g - x_hat * mean_g_xhat))
-                grad_input = grad_input.to(ctx.input_dtype)
+                mean_g, mean_g_xhat = packed[:c] / ctx.count, packed[c:] / ctx.count
+                # dL/dx = s (g - mean_g - (x - mean) invstd mean_g_xhat), s = weight * invstd,
+                #       = s g + b x + k  with  b = -s invstd mean_g_xhat,  k = -s mean_g - b mean
+                s = invstd if weight is None else invstd * weight.float()
+                b = -s * invstd * mean_g_xhat
+                k = -s * mean_g - b * mean
+                grad_input = torch.addcmul(_channel_view(k, g.dim()), g, _channel_view(s, g.dim()))
+                grad_input = grad_input.addcmul_(x, _channel_view(b, g.dim())).to(ctx.input_dtype)
 
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
