@@ -1,0 +1,301 @@
+"""Detection transforms: the sizes are decided here, every box moves through torchvision.transforms.v2.
+
+A sample is ``(image, target)``: ``image`` a ``tv_tensors.Image`` uint8 [3, H, W] (float32 in [0, 1] after
+the final ``ToDtype``), ``target`` a dict with ``boxes`` (``tv_tensors.BoundingBoxes`` float32 XYXY pixels,
+``canvas_size=(H, W)``), ``labels`` (int64 [N]) and ``image_id``. v2's kernels (resize, pad, crop, flip,
+clamp, sanitize) do all the box arithmetic; this module only chooses the output sizes:
+
+- shorter-side resize (MegDet / detectron2 ``ResizeShortestEdge``, 800 / 1333):
+  ``scale = min(short_target / min(h, w), max_size / max(h, w))``, each side ``int(side * scale + 0.5)``.
+  ``v2.Resize(size, max_size=...)`` truncates (``int()``) and requires ``max_size > size``, so the size is
+  computed here (in exact rational arithmetic) and v2 resizes to an explicit ``(h, w)``.
+- letterbox for square-input detectors (Darknet ``letterbox_image``): ``scale = size / max(h, w)``, each
+  side ``int(side * scale + 0.5)``, centred on a ``size x size`` canvas (``left = (size - new_w) // 2``,
+  the odd pixel goes right / bottom, as Darknet's integer division), padded with grey 114 (as YOLOv5/8).
+- random crop (detectron2 ``RandomCrop("relative_range")``, see :class:`RandomRelativeCrop`).
+
+Pipelines (:func:`train_transform`, :func:`eval_transform`) return a callable
+``(image, target, size=None) -> (image, target)`` where ``size`` is this step's multi-scale size (the
+shorter side, or the square side for letterbox). ``image_id``, ``orig_size`` and any other non-box entry of
+the target pass through untouched; the per-box entries ``labels``, ``iscrowd`` and ``area`` are dropped
+together with their boxes (``area`` is not recomputed after a crop or a resize).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any, Literal
+
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+ResizeMode = Literal["shorter_side", "letterbox"]
+Target = dict[str, Any]
+
+PAD_VALUE = 114  # letterbox grey, as YOLOv5/YOLOv8 (Darknet uses 0.5 on float images)
+PER_BOX_KEYS = ("labels", "iscrowd", "area")
+DEFAULT_CROP_FRACTION = 0.5  # crop=True: each side of the crop is U(0.5, 1) of the image's
+
+
+def _round(x: Fraction) -> int:
+    """``int(x + 0.5)``: detectron2's rounding of a resized side, here on the exact value."""
+    return int(x + Fraction(1, 2))
+
+
+def shorter_side_size(height: int, width: int, short: int, max_size: int | None = None) -> tuple[int, int]:
+    """``(new_h, new_w)`` with ``scale = min(short / min(h, w), max_size / max(h, w))`` and each side
+    ``int(side * scale + 0.5)`` (detectron2 ``ResizeShortestEdge.get_output_shape``, MegDet 800 / 1333)."""
+    scale = Fraction(short, min(height, width))
+    if max_size is not None:
+        scale = min(scale, Fraction(max_size, max(height, width)))
+    return max(1, _round(height * scale)), max(1, _round(width * scale))
+
+
+def letterbox_geometry(height: int, width: int, size: int) -> tuple[int, int, int, int]:
+    """``(new_h, new_w, top, left)``: ``scale = size / max(h, w)``, sides ``int(side * scale + 0.5)``, and
+    the offsets of the resized image centred on ``size x size`` (``(size - new) // 2``, Darknet's
+    ``letterbox_image``)."""
+    scale = Fraction(size, max(height, width))
+    new_h, new_w = max(1, _round(height * scale)), max(1, _round(width * scale))
+    return new_h, new_w, (size - new_h) // 2, (size - new_w) // 2
+
+
+def _canvas_size(flat_inputs: list[Any]) -> tuple[int, int]:
+    """``(H, W)`` of the sample: from its image, else from its boxes' canvas."""
+    for inpt in flat_inputs:
+        if isinstance(inpt, (tv_tensors.Image, tv_tensors.BoundingBoxes)):
+            h, w = F.get_size(inpt)
+            return h, w
+    raise TypeError("a detection sample needs a tv_tensors.Image or tv_tensors.BoundingBoxes")
+
+
+def _boxes(flat_inputs: list[Any]) -> tv_tensors.BoundingBoxes | None:
+    return next((x for x in flat_inputs if isinstance(x, tv_tensors.BoundingBoxes)), None)
+
+
+class ResizeShorterSide(v2.Transform):
+    """Resize so the shorter side is ``size`` and the longer at most ``max_size`` (:func:`shorter_side_size`);
+    boxes follow through ``v2.functional.resize``."""
+
+    def __init__(self, size: int, max_size: int | None = None):
+        super().__init__()
+        self.size, self.max_size = size, max_size
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        h, w = _canvas_size(flat_inputs)
+        return {"size": list(shorter_side_size(h, w, self.size, self.max_size))}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return F.resize(inpt, params["size"], antialias=True)
+
+
+class Letterbox(v2.Transform):
+    """Resize the longer side to ``size`` keeping the aspect, then pad to ``size x size``, centred, with
+    ``fill`` (images; masks get 0) (:func:`letterbox_geometry`); boxes follow through v2's resize and pad."""
+
+    def __init__(self, size: int, fill: int = PAD_VALUE):
+        super().__init__()
+        self.size, self.fill = size, fill
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        h, w = _canvas_size(flat_inputs)
+        new_h, new_w, top, left = letterbox_geometry(h, w, self.size)
+        padding = [left, top, self.size - new_w - left, self.size - new_h - top]  # left, top, right, bottom
+        return {"size": [new_h, new_w], "padding": padding}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        out = F.resize(inpt, params["size"], antialias=True)
+        return F.pad(out, params["padding"], fill=self.fill if isinstance(inpt, tv_tensors.Image) else 0)
+
+
+class RandomRelativeCrop(v2.Transform):
+    """With probability ``p``, crop a random window whose sides are ``U(min_fraction, 1)`` of the image's,
+    at a uniform position (detectron2 ``RandomCrop("relative_range", (f, f))``: ``crop = int(side * U + 0.5)``,
+    offset ``randint(side - crop + 1)``).
+
+    The window must keep at least one box at least ``min_size`` pixels wide and high after clipping (when
+    the image has boxes): up to ``tries`` windows are drawn and, if none qualifies, the image is left
+    uncropped, so a crop never turns an annotated image into an empty one. The crop itself is
+    ``v2.functional.crop`` (boxes shifted by the window origin and clipped to it); follow it with
+    :func:`clamp_and_sanitize` to drop the boxes left with no area, with their labels.
+    """
+
+    def __init__(self, min_fraction: float = DEFAULT_CROP_FRACTION, p: float = 0.5, tries: int = 10,
+                 min_size: float = 1.0):
+        super().__init__()
+        if not 0.0 < min_fraction <= 1.0:
+            raise ValueError(f"crop fraction must be in (0, 1], got {min_fraction}")
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"crop probability must be in [0, 1], got {p}")
+        self.min_fraction, self.p, self.tries, self.min_size = min_fraction, p, tries, min_size
+
+    def sample_window(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """A random ``(top, left, crop_h, crop_w)`` inside an image of ``height x width``."""
+        frac = self.min_fraction + torch.rand(2) * (1.0 - self.min_fraction)
+        crop_h = min(height, max(1, int(height * float(frac[0]) + 0.5)))
+        crop_w = min(width, max(1, int(width * float(frac[1]) + 0.5)))
+        top = int(torch.randint(height - crop_h + 1, ()))
+        left = int(torch.randint(width - crop_w + 1, ()))
+        return top, left, crop_h, crop_w
+
+    def keeps_a_box(self, boxes: tv_tensors.BoundingBoxes, window: tuple[int, int, int, int]) -> bool:
+        """Whether some box is still ``min_size`` wide and high once cropped to ``window`` and clipped."""
+        cropped = F.clamp_bounding_boxes(F.crop(boxes, *window), clamping_mode="hard")
+        xyxy = F.convert_bounding_box_format(cropped, new_format=tv_tensors.BoundingBoxFormat.XYXY)
+        sides = xyxy[:, 2:] - xyxy[:, :2]
+        return bool((sides >= self.min_size).all(dim=1).any())
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        if self.p < 1.0 and float(torch.rand(())) >= self.p:
+            return {"window": None}
+        height, width = _canvas_size(flat_inputs)
+        boxes = _boxes(flat_inputs)
+        for _ in range(self.tries):
+            window = self.sample_window(height, width)
+            if boxes is None or len(boxes) == 0 or self.keeps_a_box(boxes, window):
+                return {"window": window}
+        return {"window": None}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if params["window"] is None:
+            return inpt
+        return F.crop(inpt, *params["window"])
+
+
+def _per_box_entries(inputs: Any) -> tuple[torch.Tensor, ...]:
+    """The target's tensors indexed like its boxes, for ``SanitizeBoundingBoxes(labels_getter=...)``."""
+    target = inputs[1]
+    return tuple(target[k] for k in PER_BOX_KEYS if isinstance(target.get(k), torch.Tensor))
+
+
+def clamp_and_sanitize(min_size: float = 1.0) -> v2.Compose:
+    """Clip boxes to the image, then drop those narrower or lower than ``min_size`` pixels together with
+    their ``labels`` (and ``iscrowd`` / ``area``): v2.ClampBoundingBoxes + v2.SanitizeBoundingBoxes."""
+    return v2.Compose([
+        v2.ClampBoundingBoxes(clamping_mode="hard"),
+        v2.SanitizeBoundingBoxes(min_size=min_size, labels_getter=_per_box_entries),
+    ])
+
+
+def resize_transform(resize: ResizeMode, size: int, max_size: int | None = None) -> v2.Transform:
+    """The geometric resize of a pipeline: :class:`ResizeShorterSide` or :class:`Letterbox`."""
+    if resize == "shorter_side":
+        return ResizeShorterSide(size, max_size)
+    if resize == "letterbox":
+        return Letterbox(size)
+    raise ValueError(f"resize must be 'shorter_side' or 'letterbox', got {resize!r}")
+
+
+def boxes_from_coco(xywh: Sequence[Sequence[float]] | torch.Tensor, canvas_size: tuple[int, int]
+                    ) -> tv_tensors.BoundingBoxes:
+    """COCO ``[x, y, w, h]`` boxes as float32 XYXY ``BoundingBoxes`` (``x2 = x + w``, ``y2 = y + h``, by
+    ``v2.functional.convert_bounding_box_format``); ``canvas_size`` is the image's ``(H, W)``."""
+    boxes = torch.as_tensor(xywh, dtype=torch.float32).reshape(-1, 4)
+    boxes = tv_tensors.BoundingBoxes(boxes, format="XYWH", canvas_size=canvas_size)
+    return F.convert_bounding_box_format(boxes, new_format=tv_tensors.BoundingBoxFormat.XYXY)
+
+
+class TrainTransform:
+    """``(image, target, size=None) -> (image, target)``: crop, colour jitter, resize (to this step's
+    ``size``), horizontal flip, clamp + sanitize, float32 in [0, 1]. See :func:`train_transform`."""
+
+    def __init__(self, resize: ResizeMode, size: int, max_size: int | None = None,
+                 max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
+                 crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0):
+        if max_size is not None and max_size_ratio is not None:
+            raise ValueError("give max_size or max_size_ratio, not both")
+        resize_transform(resize, size)  # validates the mode
+        self.resize, self.size, self.max_size, self.max_size_ratio = resize, size, max_size, max_size_ratio
+        before: list[v2.Transform] = []
+        if crop:
+            fraction = DEFAULT_CROP_FRACTION if crop is True else float(crop)
+            before.append(RandomRelativeCrop(fraction, p=crop_prob, min_size=min_box_size))
+        if color_jitter:
+            # before the letterbox, so the padding stays grey 114
+            before.append(v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter))
+        self.before = v2.Compose(before) if before else None
+        after: list[v2.Transform] = [v2.RandomHorizontalFlip(flip)] if flip else []
+        after += [clamp_and_sanitize(min_box_size), v2.ToDtype(torch.float32, scale=True)]
+        self.after = v2.Compose(after)
+
+    def max_size_for(self, size: int) -> int | None:
+        """The cap on the longer side at shorter side ``size``: fixed ``max_size`` (detectron2 keeps 1333
+        for every sampled shorter side), or ``int(size * max_size_ratio + 0.5)`` (the cap scales with
+        the multi-scale size), or none."""
+        if self.max_size_ratio is not None:
+            return _round(size * Fraction(str(self.max_size_ratio)))
+        return self.max_size
+
+    def __call__(self, image: Any, target: Target, size: int | None = None) -> tuple[Any, Target]:
+        size = self.size if size is None else size
+        if self.before is not None:
+            image, target = self.before(image, target)
+        image, target = resize_transform(self.resize, size, self.max_size_for(size))(image, target)
+        return self.after(image, target)
+
+
+def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
+                    max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
+                    crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0
+                    ) -> TrainTransform:
+    """The training pipeline, a callable ``(image, target, size=None) -> (image, target)``.
+
+    In order: :class:`RandomRelativeCrop` with probability ``crop_prob`` (``crop``: ``False`` none,
+    ``True`` sides ``U(0.5, 1)``, a float ``f`` sides ``U(f, 1)``); ``v2.ColorJitter`` of brightness,
+    contrast and saturation ``color_jitter`` (MegDet: 0.4); the resize to ``size`` (the step's multi-scale
+    size; default the ``size`` given here): ``"shorter_side"`` with the longer side capped by ``max_size``
+    (fixed, detectron2) or ``size * max_size_ratio`` (MegDet 1333 / 800, scaling with the size), or
+    ``"letterbox"`` to ``size x size``; ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize`
+    (boxes under ``min_box_size`` pixels dropped with their labels); ``v2.ToDtype(float32, scale=True)``.
+    """
+    return TrainTransform(resize, size, max_size, max_size_ratio, flip, crop, crop_prob, color_jitter,
+                          min_box_size)
+
+
+class EvalTransform:
+    """``(image, target, size=None) -> (image, target)``: the deterministic resize and ``ToDtype``; records
+    in the target what :func:`boxes_to_original` needs. See :func:`eval_transform`."""
+
+    def __init__(self, resize: ResizeMode, size: int, max_size: int | None = None):
+        resize_transform(resize, size)  # validates the mode
+        self.resize, self.size, self.max_size = resize, size, max_size
+        self.to_float = v2.ToDtype(torch.float32, scale=True)
+
+    def __call__(self, image: Any, target: Target, size: int | None = None) -> tuple[Any, Target]:
+        size = self.size if size is None else size
+        height, width = F.get_size(image)
+        if self.resize == "letterbox":
+            new_h, new_w, top, left = letterbox_geometry(height, width, size)
+        else:
+            (new_h, new_w), top, left = shorter_side_size(height, width, size, self.max_size), 0, 0
+        image, target = resize_transform(self.resize, size, self.max_size)(image, target)
+        target = dict(target)
+        target.setdefault("orig_size", (height, width))
+        target["image_region"] = (top, left, new_h, new_w)
+        return self.to_float(image), target
+
+
+def eval_transform(resize: ResizeMode, size: int, max_size: int | None = None) -> EvalTransform:
+    """The evaluation pipeline: resize (``"shorter_side"`` capped by ``max_size``, or ``"letterbox"``), no
+    augmentation, float32 in [0, 1]. Boxes follow but are neither clipped nor dropped. The target gains
+    ``image_region = (top, left, height, width)``, where the resized original lies in the network input,
+    and ``orig_size = (H, W)`` of the image given, unless the dataset already set it (it must then be that
+    same size)."""
+    return EvalTransform(resize, size, max_size)
+
+
+def boxes_to_original(boxes: torch.Tensor, target: Target) -> torch.Tensor:
+    """Map XYXY boxes [N, 4] predicted on an :func:`eval_transform` output back to the original image:
+    undo the padding (``v2.functional.crop`` to ``image_region``, clipping to it), then the scale
+    (``v2.functional.resize`` of that region to ``orig_size``): ``x = (x' - left) * W / new_w``, likewise
+    y. The result lies within the original image."""
+    top, left, height, width = (int(v) for v in target["image_region"])
+    orig_h, orig_w = (int(v) for v in target["orig_size"])
+    canvas = (top + height, left + width)
+    wrapped = tv_tensors.BoundingBoxes(boxes.reshape(-1, 4), format="XYXY", canvas_size=canvas,
+                                       clamping_mode="hard")
+    region = F.crop(wrapped, top, left, height, width)  # shifts by (left, top) and clips ("hard" clamping)
+    return F.resize(region, [orig_h, orig_w]).as_subclass(torch.Tensor)

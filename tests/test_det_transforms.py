@@ -1,0 +1,350 @@
+"""Detection transforms on hand-computed cases, detectron2's resize rule, and properties over random
+samples: boxes stay inside the image with positive area and aligned with their labels."""
+
+from fractions import Fraction
+
+import pytest
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from bigbatch.data.det_transforms import (
+    PAD_VALUE,
+    RandomRelativeCrop,
+    boxes_from_coco,
+    boxes_to_original,
+    clamp_and_sanitize,
+    eval_transform,
+    letterbox_geometry,
+    shorter_side_size,
+    train_transform,
+)
+
+
+def sample(height, width, boxes, labels=None, value=None, clamping_mode="soft", **extra):
+    if value is None:
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    else:
+        image = torch.full((3, height, width), value, dtype=torch.uint8)
+    boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+    labels = torch.arange(len(boxes)) if labels is None else torch.tensor(labels)
+    boxes = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width), clamping_mode=clamping_mode)
+    target = {"boxes": boxes, "labels": labels, "image_id": 7, **extra}
+    return tv_tensors.Image(image), target
+
+
+def plain(boxes):
+    return boxes.as_subclass(torch.Tensor)
+
+
+def to_uint8(image):
+    """A float image in [0, 1] back to its uint8 values."""
+    return (image * 255).round().to(torch.uint8)
+
+
+def geometry_only(resize, size, **kw):
+    return train_transform(resize, size, flip=0.0, crop=False, color_jitter=0.0, **kw)
+
+
+# ---------------------------------------------------------------------------------------- resize
+
+
+def test_shorter_side_resize_640x480_to_800():
+    # scale = 800 / 480; long side 640 * 5 / 3 = 1066.67 -> int(1067.17) = 1067 (< 1333, no cap).
+    # (v2.Resize(800, max_size=1333) would truncate to 1066.)
+    image, target = sample(480, 640, [[100, 50, 300, 250]])
+    out, t = geometry_only("shorter_side", 800, max_size=1333)(image, target)
+    assert out.shape == (3, 800, 1067) and out.dtype == torch.float32
+    assert t["boxes"].canvas_size == (800, 1067)
+    sx, sy = 1067 / 640, 800 / 480  # each axis by its own exact ratio, as the pixels
+    expected = torch.tensor([[100 * sx, 50 * sy, 300 * sx, 250 * sy]])
+    torch.testing.assert_close(plain(t["boxes"]), expected)
+    torch.testing.assert_close(expected, torch.tensor([[166.71875, 83.33333, 500.15625, 416.66667]]))
+    assert t["labels"].tolist() == [0] and t["image_id"] == 7
+
+
+def test_shorter_side_resize_wide_image_capped_by_max_size():
+    # 500 x 2000: 800 / 500 = 1.6 would make the long side 3200 > 1333, so scale = 1333 / 2000 = 0.6665:
+    # h = 333.25 -> 333, w = 1333
+    image, target = sample(500, 2000, [[1000, 100, 2000, 500]], value=3)
+    out, t = geometry_only("shorter_side", 800, max_size=1333)(image, target)
+    assert out.shape == (3, 333, 1333)
+    torch.testing.assert_close(plain(t["boxes"]), torch.tensor([[666.5, 66.6, 1333.0, 333.0]]))
+
+
+def test_max_size_fixed_or_scaling_with_the_multiscale_size():
+    image, target = sample(500, 2000, [[0, 0, 2000, 500]], value=3)
+    # fixed cap (detectron2): at shorter side 640 the cap is still 1333 -> 0.6665 -> (333.25, 1333)
+    out, _ = geometry_only("shorter_side", 800, max_size=1333)(image, target, 640)
+    assert out.shape == (3, 333, 1333)
+    # scaling cap: 640 * 1333 / 800 = 1066.4 -> 1066; 500 * 1066 / 2000 = 266.5 -> 267
+    out, t = geometry_only("shorter_side", 800, max_size_ratio=1333 / 800)(image, target, 640)
+    assert out.shape == (3, 267, 1066)
+    torch.testing.assert_close(plain(t["boxes"]), torch.tensor([[0.0, 0.0, 1066.0, 267.0]]))
+
+
+def detectron2_output_shape(oldh, oldw, short_edge_length, max_size):
+    """detectron2 ResizeShortestEdge.get_output_shape, transcribed (float arithmetic)."""
+    h, w = oldh, oldw
+    size = short_edge_length * 1.0
+    scale = size / min(h, w)
+    if h < w:
+        newh, neww = size, scale * w
+    else:
+        newh, neww = scale * h, size
+    if max(newh, neww) > max_size:
+        scale = max_size * 1.0 / max(newh, neww)
+        newh = newh * scale
+        neww = neww * scale
+    return int(newh + 0.5), int(neww + 0.5)
+
+
+def test_shorter_side_size_equals_detectron2():
+    gen = torch.Generator().manual_seed(1)
+    checked = 0
+    for _ in range(3000):
+        h, w = (int(v) for v in torch.randint(16, 3000, (2,), generator=gen))
+        short = int(torch.randint(200, 1000, (), generator=gen))
+        ours, theirs = shorter_side_size(h, w, short, 1333), detectron2_output_shape(h, w, short, 1333)
+        if ours != theirs:  # only an exact .5 tie may round differently in floating point
+            scale = min(Fraction(short, min(h, w)), Fraction(1333, max(h, w)))
+            ties = [(side * scale).denominator == 2 for side in (h, w)]
+            assert any(ties), (h, w, short, ours, theirs)
+        else:
+            checked += 1
+    assert checked > 2900
+
+
+def test_letterbox_landscape_scale_and_centred_pad():
+    # 640 x 480 -> 416: scale 0.65, (312, 416), top = (416 - 312) // 2 = 52, bottom 52
+    assert letterbox_geometry(480, 640, 416) == (312, 416, 52, 0)
+    assert letterbox_geometry(640, 480, 416) == (416, 312, 0, 52)
+    image, target = sample(480, 640, [[100, 50, 300, 250]], value=7)
+    out, t = eval_transform("letterbox", 416)(image, target)
+    assert out.shape == (3, 416, 416)
+    torch.testing.assert_close(plain(t["boxes"]), torch.tensor([[65.0, 84.5, 195.0, 214.5]]))
+    pixels = to_uint8(out)
+    assert torch.all(pixels[:, :52] == PAD_VALUE) and torch.all(pixels[:, 364:] == PAD_VALUE)
+    assert torch.all(pixels[:, 52:364] == 7)
+    assert t["image_region"] == (52, 0, 312, 416) and t["orig_size"] == (480, 640)
+
+
+def test_letterbox_odd_padding_goes_to_the_bottom():
+    # 300 x 100 -> 320: scale 16 / 15, h = 106.67 -> 107, pad 213 = 106 top + 107 bottom
+    image, target = sample(100, 300, [[0, 0, 300, 100], [150, 50, 225, 75]], value=9)
+    out, t = geometry_only("letterbox", 320)(image, target)
+    assert out.shape == (3, 320, 320)
+    # y' = y * 107 / 100 + 106; x' = x * 320 / 300
+    expected = torch.tensor([[0.0, 106.0, 320.0, 213.0], [160.0, 159.5, 240.0, 186.25]])
+    torch.testing.assert_close(plain(t["boxes"]), expected)
+    pixels = to_uint8(out)
+    assert torch.all(pixels[:, :106] == PAD_VALUE) and torch.all(pixels[:, 213:] == PAD_VALUE)
+    assert torch.all(pixels[:, 106:213] == 9)
+
+
+def test_letterbox_size_follows_the_step_size():
+    image, target = sample(90, 130, [[10, 10, 60, 80]])
+    transform = train_transform("letterbox", 416, flip=0.5, crop=0.6, color_jitter=0.4)
+    for size in (320, 352, 608):
+        out, t = transform(image, target, size)
+        assert out.shape == (3, size, size) and t["boxes"].canvas_size == (size, size)
+
+
+# ------------------------------------------------------------------------------------ crop, flip
+
+
+class FixedCrop(RandomRelativeCrop):
+    """The crop with its windows given, in order (the random draw replaced)."""
+
+    def __init__(self, *windows):
+        super().__init__(p=1.0, tries=len(windows))
+        self.windows = list(windows)
+
+    def sample_window(self, height, width):
+        return self.windows.pop(0)
+
+
+@pytest.mark.parametrize("clamping_mode", ["soft", None])  # None: v2's kernels do not clip, the pipeline must
+def test_crop_drops_outside_boxes_with_labels_clips_and_shifts(clamping_mode):
+    image, target = sample(100, 200, [
+        [10, 10, 50, 50],      # crosses the top-left corner -> [0, 0, 10, 30]
+        [60, 30, 100, 70],     # inside -> shifted by (40, 20)
+        [150, 10, 190, 90],    # entirely right of the crop (x >= 140): dropped
+        [130, 70, 180, 95],    # crosses the bottom-right corner -> [90, 50, 100, 60]
+        [30, 10, 40.5, 50],    # clipped to 0.5 px wide: dropped (under 1 px)
+    ], labels=[5, 6, 7, 8, 9], iscrowd=torch.tensor([0, 1, 0, 1, 0]), clamping_mode=clamping_mode)
+    crop = v2.Compose([FixedCrop((20, 40, 60, 100)), clamp_and_sanitize()])
+    out, t = crop(image, target)
+    assert torch.equal(out, image[:, 20:80, 40:140])
+    assert t["boxes"].canvas_size == (60, 100)
+    expected = torch.tensor([[0.0, 0.0, 10.0, 30.0], [20.0, 10.0, 60.0, 50.0], [90.0, 50.0, 100.0, 60.0]])
+    torch.testing.assert_close(plain(t["boxes"]), expected)
+    assert t["labels"].tolist() == [5, 6, 8] and t["iscrowd"].tolist() == [0, 1, 1]
+    assert t["image_id"] == 7
+
+
+def test_crop_redraws_until_a_box_survives_else_leaves_the_image():
+    image, target = sample(100, 200, [[150, 60, 190, 90]])
+    out, t = FixedCrop((0, 0, 50, 100), (40, 100, 60, 100))(image, target)  # the first misses the box
+    assert torch.equal(out, image[:, 40:100, 100:200])
+    torch.testing.assert_close(plain(t["boxes"]), torch.tensor([[50.0, 20.0, 90.0, 50.0]]))
+    out, t = FixedCrop((0, 0, 50, 100), (0, 0, 60, 150))(image, target)  # no window keeps it
+    assert torch.equal(out, image) and torch.equal(plain(t["boxes"]), plain(target["boxes"]))
+    empty_image, empty = sample(100, 200, [])
+    out, _ = FixedCrop((10, 20, 30, 40))(empty_image, empty)  # no boxes: any window
+    assert out.shape == (3, 30, 40)
+
+
+def test_crop_windows_cover_the_relative_range_inside_the_image():
+    torch.manual_seed(0)
+    crop = RandomRelativeCrop(min_fraction=0.5, p=1.0)
+    fractions = []
+    for _ in range(500):
+        top, left, h, w = crop.sample_window(100, 200)
+        assert 50 <= h <= 100 and 100 <= w <= 200
+        assert 0 <= top <= 100 - h and 0 <= left <= 200 - w
+        fractions += [h / 100, w / 200]
+    assert min(fractions) < 0.53 and max(fractions) > 0.97
+    never = RandomRelativeCrop(0.5, p=0.0)
+    image, target = sample(100, 200, [[10, 10, 50, 50]])
+    assert all(torch.equal(never(image, target)[0], image) for _ in range(20))
+
+
+def test_horizontal_flip():
+    # W = 64: x1' = W - x2, x2' = W - x1; shorter side 48 = the image's, so no resize
+    image, target = sample(48, 64, [[10, 5, 30, 25], [0, 0, 64, 48]])
+    out, t = train_transform("shorter_side", 48, flip=1.0)(image, target)
+    torch.testing.assert_close(plain(t["boxes"]), torch.tensor([[34.0, 5.0, 54.0, 25.0], [0.0, 0.0, 64.0, 48.0]]))
+    torch.testing.assert_close(out, image.flip(-1).float() / 255)
+
+
+def test_colour_jitter_changes_pixels_not_boxes_and_keeps_the_letterbox_grey():
+    image, target = sample(60, 120, [[10, 10, 50, 50]])
+    torch.manual_seed(3)
+    plain_out, plain_t = geometry_only("letterbox", 128)(image, target)
+    jittered, jit_t = train_transform("letterbox", 128, flip=0.0, color_jitter=0.4)(image, target)
+    assert torch.equal(plain(jit_t["boxes"]), plain(plain_t["boxes"]))
+    top = (128 - 64) // 2  # 60 x 120 -> 64 x 128
+    assert not torch.allclose(jittered[:, top:top + 64], plain_out[:, top:top + 64])
+    pixels = to_uint8(jittered)
+    assert torch.all(pixels[:, :top] == PAD_VALUE) and torch.all(pixels[:, top + 64:] == PAD_VALUE)
+
+
+# ----------------------------------------------------------------------- COCO, eval round trip
+
+
+def test_coco_xywh_to_xyxy():
+    boxes = boxes_from_coco([[10, 20, 30, 40], [0.5, 0, 1, 2.25]], canvas_size=(100, 120))
+    assert boxes.format == tv_tensors.BoundingBoxFormat.XYXY and boxes.canvas_size == (100, 120)
+    assert boxes.dtype == torch.float32
+    torch.testing.assert_close(plain(boxes), torch.tensor([[10.0, 20.0, 40.0, 60.0], [0.5, 0.0, 1.5, 2.25]]))
+    assert boxes_from_coco([], canvas_size=(10, 10)).shape == (0, 4)
+
+
+@pytest.mark.parametrize("resize, size, max_size", [("shorter_side", 800, 1333), ("shorter_side", 600, 1000),
+                                                    ("letterbox", 416, None), ("letterbox", 608, None)])
+def test_boxes_to_original_inverts_eval_transform(resize, size, max_size):
+    gen = torch.Generator().manual_seed(size)
+    transform = eval_transform(resize, size, max_size)
+    for h, w in [(480, 640), (640, 480), (333, 1500), (97, 101)]:
+        xy = torch.rand(20, 2, generator=gen) * torch.tensor([w, h]) * 0.8
+        wh = torch.rand(20, 2, generator=gen) * torch.tensor([w, h]) * 0.2 + 0.5
+        boxes = torch.cat([xy, xy + wh], dim=1)
+        image, target = sample(h, w, boxes.tolist(), value=1)
+        _, t = transform(image, target)
+        torch.testing.assert_close(boxes_to_original(plain(t["boxes"]), t), boxes, atol=1e-3, rtol=0)
+
+
+def test_boxes_to_original_clips_to_the_original_image():
+    # letterbox 640 x 480 -> 416: region (top 52, left 0, 312 x 416); a box reaching into the pad and
+    # past the left edge: [-10, 0, 100, 60] -> region [0, 0, 100, 8] -> x * 640 / 416, y * 480 / 312
+    image, target = sample(480, 640, [[0, 0, 1, 1]], orig_size=torch.tensor([480, 640]))
+    out, t = eval_transform("letterbox", 416)(image, target)
+    assert t["orig_size"] is target["orig_size"] and t["image_id"] == 7  # passed through untouched
+    mapped = boxes_to_original(torch.tensor([[-10.0, 0.0, 100.0, 60.0], [0.0, 400.0, 500.0, 416.0]]), t)
+    expected = torch.tensor([[0.0, 0.0, 100 * 640 / 416, 8 * 480 / 312], [0.0, 480.0, 640.0, 480.0]])
+    torch.testing.assert_close(mapped, expected)
+    assert boxes_to_original(torch.zeros(0, 4), t).shape == (0, 4)
+
+
+def test_transforms_leave_the_input_target_alone():
+    image, target = sample(50, 70, [[1, 2, 30, 40], [40, 10, 69, 49]], orig_size=(50, 70))
+    before = plain(target["boxes"]).clone()
+    _, t = train_transform("shorter_side", 64, max_size=100, crop=True, crop_prob=1.0, color_jitter=0.4)(image, target)
+    assert torch.equal(plain(target["boxes"]), before) and target["labels"].tolist() == [0, 1]
+    assert t["orig_size"] == (50, 70) and t["image_id"] == 7 and "image_region" not in t
+
+
+# --------------------------------------------------------------------------------- properties
+
+
+def painted_sample(gen):
+    """Boxes on a 3 x 3 grid of cells (disjoint, integer, >= 6 px), box i painted red = 20 + 25 i."""
+    h, w = (int(v) for v in torch.randint(48, 161, (2,), generator=gen))
+    image = torch.zeros(3, h, w, dtype=torch.uint8)
+    boxes, labels = [], []
+    for cell in range(9):
+        if torch.rand((), generator=gen) < 0.3:
+            continue
+        cy, cx = divmod(cell, 3)
+        y0, x0, ch, cw = cy * h // 3, cx * w // 3, h // 3, w // 3
+        bh, bw = (int(torch.randint(6, side + 1, (), generator=gen)) for side in (ch, cw))
+        top = y0 + int(torch.randint(0, ch - bh + 1, (), generator=gen))
+        left = x0 + int(torch.randint(0, cw - bw + 1, (), generator=gen))
+        image[0, top:top + bh, left:left + bw] = 20 + 25 * cell
+        image[1, top:top + bh, left:left + bw] = 200
+        boxes.append([left, top, left + bw, top + bh])
+        labels.append(cell)
+    _, target = sample(h, w, boxes, labels=labels)
+    return tv_tensors.Image(image), target
+
+
+def test_property_boxes_inside_positive_and_aligned_with_labels():
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    colour_checks = 0
+    for trial in range(150):
+        image, target = painted_sample(gen)
+        resize = "letterbox" if trial % 2 else "shorter_side"
+        size = int(torch.randint(32, 97, (), generator=gen))
+        crop = [False, True, 0.3, 0.8][trial % 4]
+        cap = {"max_size_ratio": 1.6} if trial % 3 == 0 and resize == "shorter_side" else {}
+        transform = train_transform(resize, 64, flip=0.5, crop=crop, crop_prob=0.7, **cap)
+        out, t = transform(image, target, size)
+        boxes, labels = plain(t["boxes"]), t["labels"]
+        _, h, w = out.shape
+        assert t["boxes"].canvas_size == (h, w)
+        assert len(boxes) == len(labels)
+        assert torch.all(boxes >= 0) and torch.all(boxes[:, [0, 2]] <= w) and torch.all(boxes[:, [1, 3]] <= h)
+        assert torch.all(boxes[:, 2:] - boxes[:, :2] >= 1)
+        assert set(labels.tolist()) <= set(target["labels"].tolist())
+        for (x1, y1, x2, y2), label in zip(boxes.tolist(), labels.tolist(), strict=True):
+            if min(x2 - x1, y2 - y1) >= 6:  # the centre is > 2 px inside: no blending with the background
+                red = out[0, int((y1 + y2) / 2), int((x1 + x2) / 2)] * 255
+                assert abs(float(red) - (20 + 25 * label)) < 6, (trial, label, float(red))
+                colour_checks += 1
+    assert colour_checks > 300
+
+
+def test_property_random_overlapping_boxes_with_jitter():
+    torch.manual_seed(1)
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(100):
+        h, w = (int(v) for v in torch.randint(20, 120, (2,), generator=gen))
+        n = int(torch.randint(0, 12, (), generator=gen))
+        xy = torch.rand(n, 2, generator=gen) * torch.tensor([w, h])
+        wh = torch.rand(n, 2, generator=gen) * torch.tensor([w, h])
+        boxes = torch.cat([xy, torch.minimum(xy + wh + 0.1, torch.tensor([w, h]))], dim=1)
+        image, target = sample(h, w, boxes.tolist(), iscrowd=torch.arange(n) % 2,
+                               clamping_mode=[None, "soft", "hard"][trial % 3])
+        resize = "letterbox" if trial % 2 else "shorter_side"
+        transform = train_transform(resize, 64, max_size=96, flip=0.5, crop=0.4, crop_prob=0.8, color_jitter=0.4)
+        out, t = transform(image, target, int(torch.randint(16, 129, (), generator=gen)))
+        out_boxes, labels = plain(t["boxes"]), t["labels"]
+        assert out.dtype == torch.float32 and 0 <= out.min() and out.max() <= 1
+        assert len(out_boxes) == len(labels) == len(t["iscrowd"])
+        assert torch.equal(t["iscrowd"], labels % 2)  # the per-box entries stay aligned
+        assert torch.all(labels[1:] > labels[:-1])  # kept in order, none duplicated
+        assert torch.all(out_boxes >= 0) and torch.all(out_boxes[:, [0, 2]] <= out.shape[2])
+        assert torch.all(out_boxes[:, [1, 3]] <= out.shape[1])
+        assert torch.all(out_boxes[:, 2:] - out_boxes[:, :2] >= 1)
