@@ -1,0 +1,233 @@
+"""COCO detection data: an images folder and an annotation file (format: cocodataset.org/#format-data).
+
+- Boxes: COCO's ``[x, y, w, h]`` becomes float32 XYXY ``[x, y, x + w, y + h]`` once, here, at load.
+- Labels: contiguous 0..C-1, the chosen classes in the given order (``data.classes``, by name), or all
+  categories sorted by id; annotations of other categories are dropped. ``image_id`` stays the COCO id.
+- Crowd: ``iscrowd=1`` annotations are never training boxes. They stay on the record (``crowd_*``) and go
+  into the evaluation ground truth with ``iscrowd=1``: detections on them are ignored rather than counted
+  as false positives, as in COCO's own evaluation (cocodataset.org/#detection-eval).
+- Evaluation mapping: ``coco_ground_truth`` numbers categories ``label + 1`` (``CATEGORY_ID_OFFSET``; COCO
+  ids start at 1); detections given to the evaluator use the same ids.
+
+Bad data (see ``bigbatch.data.detection``): images are checked by their headers (existence, format, the
+size against the file's width and height), or fully decoded in strict mode; annotations are checked one
+by one and reported as ``<annotation file>:annotation #k (id N): ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bigbatch.data.detection import DataIssues, DetectionRecord, check_box, inspect_images
+from bigbatch.errors import UserError
+
+CATEGORY_ID_OFFSET = 1  # ground-truth and detection category id = contiguous label + 1
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_size(value: Any) -> bool:
+    return _is_number(value) and value > 0 and float(value).is_integer()
+
+
+def _key(value: Any) -> Any:
+    """A JSON value usable as a dict key (ids are numbers; a list or object is no id)."""
+    return value if isinstance(value, (int, float, str)) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except FileNotFoundError:
+        raise UserError(f"data: annotation file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"data: cannot read annotation file {path}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"data: {path}:{error.lineno}: not valid JSON ({error.msg}, column {error.colno})") from None
+    expected = "a COCO annotation file: an object with 'images', 'annotations' and 'categories' lists"
+    if not isinstance(data, dict):
+        raise UserError(f"data: {path}: expected {expected}")
+    data.setdefault("annotations", [])  # image-info files (test-dev) have no annotations
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data.get(key), list):
+            raise UserError(f"data: {path}: no '{key}' list; expected {expected}")
+    return data
+
+
+def _categories(data: dict[str, Any], path: Path) -> dict[int, str]:
+    categories: dict[int, str] = {}
+    for k, category in enumerate(data["categories"]):
+        ok = isinstance(category, dict) and _is_number(category.get("id")) and isinstance(category.get("name"), str)
+        if not ok or not float(category["id"]).is_integer():
+            raise UserError(f"data: {path}: category #{k}: expected {{'id': <int>, 'name': <str>}}, got {category!r}")
+        if int(category["id"]) in categories:
+            raise UserError(f"data: {path}: category #{k}: id {category['id']} appears twice")
+        categories[int(category["id"])] = category["name"]
+    if not categories:
+        raise UserError(f"data: {path}: 'categories' is empty")
+    return categories
+
+
+def class_mapping(categories: dict[int, str], classes: list[str] | None, path: Path | str = "the annotation file"
+                  ) -> tuple[list[str], dict[int, int]]:
+    """``(class names, {category id: contiguous label})``: ``classes`` by name in their order, else all by id."""
+    if classes is None:
+        ids = sorted(categories)
+        return [categories[i] for i in ids], {cid: label for label, cid in enumerate(ids)}
+    if not classes:
+        raise UserError("data.classes: the list is empty; give class names, or leave it out for all classes")
+    by_name: dict[str, int] = {}
+    for cid in sorted(categories):
+        by_name.setdefault(categories[cid], cid)
+    mapping: dict[int, int] = {}
+    for label, name in enumerate(classes):
+        if name not in by_name:
+            known = ", ".join(categories[i] for i in sorted(categories))
+            raise UserError(f"data.classes: unknown class {name!r}; the categories in {path} are: {known}")
+        if by_name[name] in mapping:
+            raise UserError(f"data.classes: {name!r} is listed twice")
+        mapping[by_name[name]] = label
+    return list(classes), mapping
+
+
+class _Image:
+    """An image entry while its annotations are gathered."""
+
+    def __init__(self, path: str, width: int, height: int):
+        self.path, self.width, self.height = path, width, height
+        self.boxes: list[tuple[float, ...]] = []
+        self.labels: list[int] = []
+        self.areas: list[float] = []
+        self.crowd_boxes: list[tuple[float, ...]] = []
+        self.crowd_labels: list[int] = []
+        self.crowd_areas: list[float] = []
+
+
+def _images(data: dict[str, Any], images_dir: Path, path: Path, issues: DataIssues
+            ) -> tuple[dict[int, _Image], set[int]]:
+    """``({image id: entry}, ids of image entries skipped as malformed)``, in file order."""
+    images: dict[int, _Image] = {}
+    skipped: set[int] = set()
+    for k, entry in enumerate(data["images"]):
+        image_id = entry.get("id") if isinstance(entry, dict) else None
+        where = f"image #{k} (id {image_id})"
+        if not (_is_number(image_id) and float(image_id).is_integer()):
+            issues.report(path, where, f"image entry without an integer 'id': {entry!r}")
+            continue
+        image_id = int(image_id)
+        name, width, height = entry.get("file_name"), entry.get("width"), entry.get("height")
+        if not (isinstance(name, str) and name and _is_size(width) and _is_size(height)):
+            issues.report(path, where, "image entry needs 'file_name' and positive integer 'width' and 'height', "
+                          f"got {entry!r}")
+            skipped.add(image_id)
+        elif image_id in images or image_id in skipped:
+            issues.report(path, where, f"image id {image_id} appears twice; the first entry is kept")
+        else:
+            images[image_id] = _Image(os.path.abspath(images_dir / name), int(width), int(height))
+    return images, skipped
+
+
+def _gather(data: dict[str, Any], images: dict[int, _Image], skipped_images: set[int], categories: dict[int, str],
+            label_of: dict[int, int], path: Path, issues: DataIssues) -> None:
+    """Each annotation checked and added to its image as a training box or a crowd region."""
+    for k, ann in enumerate(data["annotations"]):
+        where = f"annotation #{k} (id {ann.get('id') if isinstance(ann, dict) else None})"
+        if not isinstance(ann, dict):
+            issues.report(path, where, f"annotation is not an object: {ann!r}", unit="box")
+            continue
+        image_id, category_id, bbox = _key(ann.get("image_id")), _key(ann.get("category_id")), ann.get("bbox")
+        if image_id in skipped_images:
+            continue  # its image entry was reported already
+        if image_id not in images:
+            issues.report(path, where, f"image_id {ann.get('image_id')!r} is not in 'images'", unit="box")
+            continue
+        if category_id not in categories:
+            issues.report(path, where, f"category_id {ann.get('category_id')!r} is not in 'categories'", unit="box")
+            continue
+        if category_id not in label_of:
+            continue  # a class left out by data.classes
+        if not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
+            issues.report(path, where, f"bbox must be 4 numbers [x, y, width, height], got {bbox!r}", unit="box")
+            continue
+        image = images[image_id]
+        x, y, w, h = (float(v) for v in bbox)
+        xyxy = (x, y, x + w, y + h)  # COCO [x, y, w, h] -> [x1, y1, x2, y2]
+        area = float(ann["area"]) if _is_number(ann.get("area")) else None
+        if ann.get("iscrowd"):
+            image.crowd_boxes.append(xyxy)  # as given, like COCO's evaluation uses it
+            image.crowd_labels.append(label_of[category_id])
+            image.crowd_areas.append(w * h if area is None else area)
+            continue
+        box, problem = check_box(xyxy, image.width, image.height)
+        if problem is not None:
+            issues.report(path, where, f"bbox {list(bbox)}: {problem}", unit="box",
+                          action="skipped" if box is None else "clipped")
+        if box is None:
+            continue
+        image.boxes.append(box)
+        image.labels.append(label_of[category_id])
+        image.areas.append((box[2] - box[0]) * (box[3] - box[1]) if area is None else area)
+
+
+def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike, classes: list[str] | None,
+              issues: DataIssues, keep_empty: bool) -> tuple[list[DetectionRecord], list[str]]:
+    """``(records, class names)`` of a COCO set, in the order of the file's ``images``.
+
+    ``keep_empty``: keep images without (remaining) training boxes (validation: yes, training: no).
+    """
+    path = Path(annotation_file)
+    data = _read_json(path)
+    categories = _categories(data, path)
+    names, label_of = class_mapping(categories, classes, path)
+    images, skipped = _images(data, Path(images_dir), path, issues)
+    _gather(data, images, skipped, categories, label_of, path, issues)
+
+    chosen = [(image_id, image) for image_id, image in images.items() if image.boxes or keep_empty]
+    records = []
+    for (image_id, image), (size, problem) in zip(chosen, inspect_images([i.path for _, i in chosen],
+                                                                         decode=issues.strict), strict=True):
+        if problem is None and size != (image.width, image.height):
+            problem = f"image is {size[0]}x{size[1]} but {path} says {image.width}x{image.height}"
+        if problem is not None:
+            issues.report(image.path, None, problem)
+            continue
+        records.append(DetectionRecord(
+            path=image.path, width=image.width, height=image.height, image_id=image_id,
+            boxes=np.array(image.boxes, np.float32).reshape(-1, 4), labels=np.array(image.labels, np.int64),
+            areas=np.array(image.areas, np.float32),
+            crowd_boxes=np.array(image.crowd_boxes, np.float32).reshape(-1, 4),
+            crowd_labels=np.array(image.crowd_labels, np.int64), crowd_areas=np.array(image.crowd_areas, np.float32),
+        ))
+    return records, names
+
+
+def coco_ground_truth(records: list[DetectionRecord], class_names: list[str]) -> dict[str, Any]:
+    """A COCO-format ground truth of ``records``: category id = label + 1, boxes back to [x, y, w, h], each
+    record's ``areas``, crowd regions with ``iscrowd=1``, annotation ids 1, 2, ... (COCOeval treats id 0 as
+    "unmatched"). Works for records of any loader (YOLO records: box areas, no crowd)."""
+    annotations: list[dict[str, Any]] = []
+
+    def add(record: DetectionRecord, boxes: np.ndarray, labels: np.ndarray, areas: np.ndarray, crowd: int) -> None:
+        for (x1, y1, x2, y2), label, area in zip(boxes.tolist(), labels.tolist(), areas.tolist(), strict=True):
+            annotations.append({
+                "id": len(annotations) + 1, "image_id": record.image_id, "category_id": label + CATEGORY_ID_OFFSET,
+                "bbox": [x1, y1, x2 - x1, y2 - y1], "area": area, "iscrowd": crowd,
+            })
+
+    for record in records:
+        add(record, record.boxes, record.labels, record.areas, 0)
+        add(record, record.crowd_boxes, record.crowd_labels, record.crowd_areas, 1)
+    return {
+        "info": {"description": "bigbatch ground truth"},
+        "images": [{"id": r.image_id, "file_name": r.path, "width": r.width, "height": r.height} for r in records],
+        "annotations": annotations,
+        "categories": [{"id": label + CATEGORY_ID_OFFSET, "name": name} for label, name in enumerate(class_names)],
+    }

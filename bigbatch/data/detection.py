@@ -1,0 +1,305 @@
+"""Detection samples: the record of an image and its boxes, the data problems found on the way, and the
+dataset that decodes a record into ``(image, target)``.
+
+Shared conventions: ``image`` is a ``tv_tensors.Image`` uint8 [3, H, W]; ``target`` holds ``boxes``
+(``tv_tensors.BoundingBoxes`` float32 [N, 4], XYXY pixels, ``canvas_size=(H, W)``), ``labels`` (int64 [N],
+contiguous 0..C-1), ``image_id`` (int, the COCO id for COCO data) and ``orig_size`` ((H, W) as decoded).
+
+Bad data never crashes a run. Each problem is reported once with its file (and line) and the image or box
+is skipped (``DataIssues``); with ``strict`` the first problem raises a ``UserError`` instead, which the
+CLI prints as ``error: data: <file>:<line>: <message>`` before any training. Loading reads only image
+headers (size and format); a corrupt body is found when the sample is decoded, reported once per process,
+and the sample replaced by the next readable one so that batch sizes stay fixed. In strict mode the
+loaders decode every image up front instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.io import ImageReadMode, decode_image
+
+from bigbatch.errors import UserError
+
+EDGE_TOLERANCE = 1.0  # px a box may overshoot the image by (annotation rounding): clipped without a report
+MOSTLY_INSIDE = 0.5  # a box overshooting more is clipped (and reported) if this share of its area is inside
+DECODABLE = ("GIF", "JPEG", "PNG", "WEBP")  # the formats torchvision.io.decode_image reads (PIL's names)
+
+Transform = Callable[[tv_tensors.Image, dict[str, Any], Any], tuple[Any, dict[str, Any]]]
+
+
+def _empty_boxes() -> np.ndarray:
+    return np.zeros((0, 4), np.float32)
+
+
+def _empty_labels() -> np.ndarray:
+    return np.zeros((0,), np.int64)
+
+
+def box_areas(boxes: np.ndarray) -> np.ndarray:
+    """(x2 - x1) * (y2 - y1) of XYXY boxes."""
+    return ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).astype(np.float32)
+
+
+@dataclass
+class DetectionRecord:
+    """One image as loaded: its file, size and training boxes (float32 [N, 4] XYXY pixels, int64 labels).
+
+    ``areas`` are the COCO ``area`` values of the boxes (segment areas; box areas when absent), used only
+    by the evaluation ground truth for its small/medium/large ranges. ``crowd_*`` hold COCO ``iscrowd=1``
+    regions: never training boxes, they are "ignore" regions of the evaluation ground truth, as in COCO's
+    own evaluation.
+    """
+
+    path: str
+    width: int
+    height: int
+    boxes: np.ndarray = field(default_factory=_empty_boxes)
+    labels: np.ndarray = field(default_factory=_empty_labels)
+    image_id: int = 0
+    areas: np.ndarray | None = None
+    crowd_boxes: np.ndarray = field(default_factory=_empty_boxes)
+    crowd_labels: np.ndarray = field(default_factory=_empty_labels)
+    crowd_areas: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.boxes = np.asarray(self.boxes, np.float32).reshape(-1, 4)
+        self.labels = np.asarray(self.labels, np.int64).reshape(-1)
+        self.crowd_boxes = np.asarray(self.crowd_boxes, np.float32).reshape(-1, 4)
+        self.crowd_labels = np.asarray(self.crowd_labels, np.int64).reshape(-1)
+        self.areas = box_areas(self.boxes) if self.areas is None else np.asarray(self.areas, np.float32)
+        if self.crowd_areas is None:
+            self.crowd_areas = box_areas(self.crowd_boxes)
+        else:
+            self.crowd_areas = np.asarray(self.crowd_areas, np.float32)
+        if not len(self.boxes) == len(self.labels) == len(self.areas):
+            raise ValueError("boxes, labels and areas differ in length")
+
+
+@dataclass(frozen=True)
+class DataProblem:
+    path: str
+    line: int | str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.message}"
+
+
+_PLURALS = {"box": "boxes"}
+_UNIT_ORDER = ("image", "box")
+_ACTION_ORDER = ("skipped", "replaced", "clipped")
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit if n == 1 else _PLURALS.get(unit, unit + 's')}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _rank(order: tuple[str, ...], name: str) -> tuple[int, str]:
+    return (order.index(name) if name in order else len(order), name)
+
+
+class DataIssues:
+    """Collects data problems ``(path, line | None, message)``.
+
+    Default mode: each problem is printed once to stderr as ``warning: <path>:<line>: <message>`` and the
+    caller skips the image or box. Strict mode: the first problem raises ``UserError("data: ...")``.
+    Picklable; a DataLoader worker holds its own copy, so "once" is once per process.
+    """
+
+    def __init__(self, strict: bool = False):
+        self.strict = strict
+        self.problems: list[DataProblem] = []
+        self._seen: set[DataProblem] = set()
+        self._outcomes: Counter[tuple[str, str]] = Counter()  # (action, unit) -> count
+
+    def report(self, path: str | os.PathLike, line: int | str | None, message: str, unit: str = "image",
+               action: str = "skipped") -> None:
+        """A problem with ``path`` (at ``line``); what happened to it: ``unit`` (image, box) ``action``."""
+        problem = DataProblem(str(path), line, message)
+        if self.strict:
+            raise UserError(f"data: {problem}")
+        if problem in self._seen:
+            return
+        self._seen.add(problem)
+        self.problems.append(problem)
+        self._outcomes[(action, unit)] += 1
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def summary(self) -> str:
+        """E.g. ``data: 3 problems in 2 files: 1 image and 2 boxes skipped``."""
+        if not self.problems:
+            return "data: no problems"
+        files = len({p.path for p in self.problems})
+        by_action: dict[str, list[str]] = {}
+        order = sorted(self._outcomes, key=lambda k: (_rank(_ACTION_ORDER, k[0]), _rank(_UNIT_ORDER, k[1])))
+        for action, unit in order:
+            by_action.setdefault(action, []).append(_count(self._outcomes[(action, unit)], unit))
+        outcomes = "; ".join(f"{_and(units)} {action}" for action, units in by_action.items())
+        return f"data: {_count(len(self.problems), 'problem')} in {_count(files, 'file')}: {outcomes}"
+
+
+def check_box(box: Sequence[float], width: int, height: int) -> tuple[tuple[float, ...] | None, str | None]:
+    """An XYXY box checked against a ``width`` x ``height`` image: ``(kept box or None, problem or None)``.
+
+    Zero or negative size, non-finite, entirely outside, or less than ``MOSTLY_INSIDE`` of its area inside:
+    skipped. Overshooting by at most ``EDGE_TOLERANCE`` px: clipped silently; by more: clipped and reported.
+    """
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
+        return None, "box has a non-finite coordinate"
+    if x2 <= x1 or y2 <= y1:
+        return None, f"box has zero or negative size ({x2 - x1:g} x {y2 - y1:g} px)"
+    kept = (max(x1, 0.0), max(y1, 0.0), min(x2, float(width)), min(y2, float(height)))
+    image = f"the {width}x{height} image"
+    if kept[2] <= kept[0] or kept[3] <= kept[1]:
+        return None, f"box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] (xyxy) lies outside {image}"
+    overshoot = max(-x1, -y1, x2 - width, y2 - height)
+    if overshoot <= EDGE_TOLERANCE:
+        return kept, None
+    inside = (kept[2] - kept[0]) * (kept[3] - kept[1]) / ((x2 - x1) * (y2 - y1))
+    if inside < MOSTLY_INSIDE:
+        return None, f"box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] (xyxy) lies mostly outside {image} ({inside:.0%} inside)"
+    return kept, f"box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] (xyxy) extends {overshoot:g} px beyond {image}; clipped"
+
+
+def _reason(error: Exception) -> str:
+    """torchvision's message without its C++ source location (``decode_jpeg, /path/file.cpp:171, ...``)."""
+    return re.sub(r"^\w+, \S+:\d+, ", "", str(error)).strip()
+
+
+def decode_rgb(path: str) -> torch.Tensor:
+    """The image decoded by torchvision (libjpeg-turbo for JPEG) as uint8 [3, H, W] RGB."""
+    return decode_image(path, mode=ImageReadMode.RGB)
+
+
+def inspect_image(path: str, decode: bool = False) -> tuple[tuple[int, int] | None, str | None]:
+    """``((width, height), None)`` from the image header (PIL reads the header only), or ``(None, problem)``.
+
+    With ``decode`` the whole image is also decoded as the dataset will decode it (strict mode).
+    """
+    if not os.path.isfile(path):
+        return None, "image not found"
+    try:
+        with Image.open(path) as image:
+            size, fmt = image.size, image.format
+    except (OSError, ValueError, Image.DecompressionBombError) as error:  # UnidentifiedImageError is an OSError
+        return None, f"unreadable image: {error}"
+    if fmt not in DECODABLE:
+        return None, f"unsupported image format {fmt} (torchvision decodes {', '.join(DECODABLE)})"
+    if decode:
+        try:
+            pixels = decode_rgb(path)
+        except RuntimeError as error:
+            return None, f"corrupt image: {_reason(error)}"
+        if (pixels.shape[2], pixels.shape[1]) != size:
+            return None, f"decodes to {pixels.shape[2]}x{pixels.shape[1]}, its header says {size[0]}x{size[1]}"
+    return size, None
+
+
+def inspect_images(paths: Sequence[str], decode: bool = False) -> list[tuple[tuple[int, int] | None, str | None]]:
+    """``inspect_image`` of each path, in order; threads overlap the file reads (and decoding releases the GIL)."""
+    if len(paths) < 64:
+        return [inspect_image(p, decode) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(16, 2 * (os.cpu_count() or 1))) as pool:
+        return list(pool.map(lambda p: inspect_image(p, decode), paths, chunksize=64))
+
+
+class DetectionDataset(Dataset):
+    """Records decoded into ``(image, target)``, optionally through ``transform(image, target, size)``.
+
+    A key is an index, or ``(index, size, sample_seed)``: ``size`` is passed to the transform (multi-scale
+    training), and with a ``sample_seed`` the transform runs under ``torch.manual_seed(sample_seed)`` in a
+    forked RNG, so a sample's augmentation depends only on its seed (whatever the worker, layout or resume)
+    and the global RNG is left untouched.
+
+    An image that cannot be decoded is reported once (per process) and replaced by the next readable one
+    (wrapping around); the substitute's target carries ``substitute_for``, the requested record's image_id,
+    so that an evaluation can leave it out.
+    """
+
+    def __init__(self, records: Sequence[DetectionRecord], transform: Transform | None = None,
+                 issues: DataIssues | None = None):
+        self.records = list(records)
+        self.transform = transform
+        self.issues = issues if issues is not None else DataIssues()
+        self._unreadable: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, key: int | tuple[int, Any, int | None]) -> tuple[Any, dict[str, Any]]:
+        index, size, sample_seed = key if isinstance(key, tuple) else (key, None, None)
+        index = int(index)
+        if not 0 <= index < len(self.records):
+            raise IndexError(f"index {index} is out of range for {len(self.records)} samples")
+        image, target = self._sample(index)
+        if self.transform is None:
+            return image, target
+        if sample_seed is None:
+            return self.transform(image, target, size)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(sample_seed))
+            return self.transform(image, target, size)
+
+    def _sample(self, index: int) -> tuple[tv_tensors.Image, dict[str, Any]]:
+        """The record at ``index`` decoded, or the next decodable one."""
+        count = len(self.records)
+        for i in itertools.chain(range(index, count), range(index)):
+            if i in self._unreadable:
+                continue
+            record = self.records[i]
+            try:
+                pixels = decode_rgb(record.path)
+            except RuntimeError as error:
+                problem = f"corrupt image: {_reason(error)}"
+            else:
+                if pixels.shape[1:] == (record.height, record.width):
+                    return self._pack(record, pixels, None if i == index else self.records[index].image_id)
+                problem = f"decodes to {pixels.shape[2]}x{pixels.shape[1]}, expected {record.width}x{record.height}"
+            self._unreadable.add(i)
+            self.issues.report(record.path, None, f"{problem}; the next readable sample is used instead",
+                               action="replaced")
+        raise UserError(f"data: none of the {count} images can be decoded")
+
+    @staticmethod
+    def _pack(record: DetectionRecord, pixels: torch.Tensor, substitute_for: int | None
+              ) -> tuple[tv_tensors.Image, dict[str, Any]]:
+        height, width = pixels.shape[1:]
+        target: dict[str, Any] = {
+            "boxes": tv_tensors.BoundingBoxes(torch.tensor(record.boxes), format=tv_tensors.BoundingBoxFormat.XYXY,
+                                              canvas_size=(height, width)),
+            "labels": torch.tensor(record.labels),
+            "image_id": record.image_id,
+            "orig_size": (height, width),
+        }
+        if substitute_for is not None:
+            target["substitute_for"] = substitute_for
+        return tv_tensors.Image(pixels), target
+
+    @staticmethod
+    def collate(batch: Sequence[tuple[Any, dict[str, Any]]]) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Samples of different sizes stay separate: ``(list of images, list of targets)``."""
+        return [image for image, _ in batch], [target for _, target in batch]

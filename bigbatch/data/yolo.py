@@ -1,0 +1,217 @@
+"""Darknet/YOLO detection data: images with one text label file each.
+
+A label line is ``<class> <xc> <yc> <w> <h>``: a class index and the box centre and size normalised by
+the image's width W and height H (Darknet's ``scripts/voc_label.py``). It becomes pixel XYXY here:
+``x1 = (xc - w / 2) * W, x2 = (xc + w / 2) * W``, and the same for y with H; the image size comes from
+the image header (PIL reads it without decoding the image).
+
+Sources:
+- a Darknet ``.data`` file (``classes=``, ``train=``, ``valid=``, ``names=``; other keys ignored): train and
+  valid name a text file listing image paths, or a folder. Relative paths are tried from the current
+  folder first, as Darknet opens them, then from the ``.data`` file's folder (and, for a list's entries,
+  from the list file's folder);
+- a folder holding ``images/`` and ``labels/`` (or holding the images), with the class names given, or in
+  ``classes.txt`` or a single ``*.names`` file in the folder or one of its two parents.
+
+The label file of an image follows Darknet's rule (``replace_image_to_label``; ultralytics'
+``img2label_paths`` likewise): the last ``images`` (or VOC's ``JPEGImages``) folder of the path becomes
+``labels`` and the extension ``.txt``; without such a folder the label file sits beside the image. A missing
+label file is an image without boxes, as in Darknet. ``image_id`` is the image's index in the list, stable
+whatever is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePath
+
+import numpy as np
+
+from bigbatch.data.detection import EDGE_TOLERANCE, DataIssues, DetectionRecord, check_box, inspect_images
+from bigbatch.errors import UserError
+
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")  # unsupported ones get reported
+IMAGE_FOLDERS = ("images", "JPEGImages")
+LINE_FORMAT = "'<class> <xc> <yc> <w> <h>'"
+
+
+def yolo_label_path(image_path: str | os.PathLike) -> str:
+    """Darknet's rule: the last ``images``/``JPEGImages`` folder becomes ``labels``, the extension ``.txt``."""
+    parts = list(PurePath(image_path).parts)
+    for i in range(len(parts) - 2, -1, -1):  # folders only, the last one first
+        if parts[i] in IMAGE_FOLDERS:
+            parts[i] = "labels"
+            break
+    return str(PurePath(*parts).with_suffix(".txt"))
+
+
+def read_darknet_data(path: str | os.PathLike) -> dict[str, str]:
+    """The ``key = value`` options of a Darknet ``.data`` file (lines starting with ``#`` or ``;`` skipped)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"data: {path} not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"data: cannot read {path}: {error}") from None
+    options: dict[str, str] = {}
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise UserError(f"data: {path}:{number}: expected 'key = value' (a Darknet .data file), got {raw!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def read_names(path: str | os.PathLike) -> list[str]:
+    """Class names, one a line (blank lines skipped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise UserError(f"data: names file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"data: cannot read names file {path}: {error}") from None
+    names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not names:
+        raise UserError(f"data: names file {path} holds no class names (expected one a line)")
+    return names
+
+
+def _resolve(text: str, *bases: Path) -> Path:
+    """A path from a Darknet file: as given (relative to the current folder), else under each base in turn."""
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        for candidate in (path, *(base / path for base in bases)):
+            if candidate.exists():
+                return candidate.absolute()
+    return path.absolute()
+
+
+def _list_images(folder: Path) -> list[str]:
+    """The image files under ``folder/images`` (or ``folder``), recursively, sorted by path."""
+    root = folder / "images" if (folder / "images").is_dir() else folder
+    return sorted(str(p.absolute()) for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def _find_names(folder: Path) -> Path:
+    folder = folder.absolute()
+    for place in (folder, *list(folder.parents)[:2]):
+        if (place / "classes.txt").is_file():
+            return place / "classes.txt"
+        found = sorted(place.glob("*.names"))
+        if len(found) > 1:
+            raise UserError(f"data: {place} holds several names files ({', '.join(p.name for p in found)}); "
+                            "give the one to use")
+        if found:
+            return found[0]
+    raise UserError(f"data: no class names for {folder}: put a classes.txt or a .names file there (one name a "
+                    "line), or give the names")
+
+
+def _from_data_file(path: Path, split: str, names: list[str] | None) -> tuple[list[str], list[str]]:
+    """``(image paths, class names)`` of the ``train`` or ``valid`` list of a Darknet ``.data`` file."""
+    options = read_darknet_data(path)
+    base = path.absolute().parent
+    if names is None:
+        if "names" not in options:
+            raise UserError(f"data: {path}: no 'names =' line (the class names file)")
+        names = read_names(_resolve(options["names"], base))
+    if "classes" in options:
+        if not options["classes"].isdigit() or int(options["classes"]) != len(names):
+            raise UserError(f"data: {path}: classes = {options['classes']}, but the names file lists {len(names)} "
+                            "names")
+    if split not in options:
+        raise UserError(f"data: {path}: no '{split} =' line (the list of {split} images)")
+    listing = _resolve(options[split], base)
+    if listing.is_dir():
+        return _list_images(listing), names
+    if not listing.is_file():
+        raise UserError(f"data: {path}: {split} = {options[split]}: no such file or folder (tried from the current "
+                        f"folder and from {base})")
+    try:
+        entries = listing.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"data: cannot read the image list {listing}: {error}") from None
+    return [str(_resolve(e.strip(), base, listing.parent)) for e in entries if e.strip()], names
+
+
+def _parse_line(fields: list[str], width: int, height: int, num_classes: int
+                ) -> tuple[int, tuple[float, ...]] | str:
+    """``(label, pixel XYXY box)`` of a label line, or why it is malformed."""
+    if len(fields) != 5:
+        return f"malformed label line: expected {LINE_FORMAT}, got {len(fields)} fields"
+    try:
+        values = [float(f) for f in fields]
+    except ValueError:
+        return f"malformed label line: expected numbers {LINE_FORMAT}, got {' '.join(fields)!r}"
+    if not values[0].is_integer() or not 0 <= values[0] < num_classes:
+        return f"class {fields[0]} is not a class index 0..{num_classes - 1} ({num_classes} names)"
+    xc, yc, w, h = values[1:]
+    tx, ty = EDGE_TOLERANCE / width, EDGE_TOLERANCE / height  # one pixel of rounding
+    if not (-tx <= xc <= 1 + tx and -ty <= yc <= 1 + ty and -tx <= w <= 1 + tx and -ty <= h <= 1 + ty):
+        return f"values must be normalised to [0, 1], got {' '.join(fields[1:])}"
+    return int(values[0]), ((xc - w / 2) * width, (yc - h / 2) * height, (xc + w / 2) * width, (yc + h / 2) * height)
+
+
+def _read_labels(path: str, width: int, height: int, num_classes: int, issues: DataIssues
+                 ) -> tuple[list[tuple[float, ...]], list[int]] | None:
+    """The valid boxes of a label file (none if it is missing), or None if it cannot be read."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        return [], []
+    except (OSError, UnicodeDecodeError) as error:
+        issues.report(path, None, f"unreadable label file: {error}")
+        return None
+    boxes, labels = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        parsed = _parse_line(fields, width, height, num_classes)
+        if isinstance(parsed, str):
+            issues.report(path, number, parsed, unit="box")
+            continue
+        box, problem = check_box(parsed[1], width, height)
+        if problem is not None:
+            issues.report(path, number, problem, unit="box", action="skipped" if box is None else "clipped")
+        if box is not None:
+            boxes.append(box)
+            labels.append(parsed[0])
+    return boxes, labels
+
+
+def load_yolo(source: str | os.PathLike, issues: DataIssues, keep_empty: bool, split: str = "train",
+              names: list[str] | str | os.PathLike | None = None) -> tuple[list[DetectionRecord], list[str]]:
+    """``(records, class names)`` of a Darknet ``.data`` file's ``split`` (``train`` or ``valid``) or of a folder.
+
+    ``names``: the class names, or a names file; by default the ``.data`` file's ``names=``, or the folder's.
+    ``keep_empty``: keep images without (remaining) boxes (validation: yes, training: no).
+    """
+    if split not in ("train", "valid"):
+        raise ValueError(f"split must be 'train' or 'valid', not {split!r}")
+    given = read_names(names) if isinstance(names, (str, os.PathLike)) else names
+    source = Path(source)
+    if source.is_file():
+        paths, class_names = _from_data_file(source, split, given)
+    elif source.is_dir():
+        paths, class_names = _list_images(source), given or read_names(_find_names(source))
+    else:
+        raise UserError(f"data: {source} not found; expected a Darknet .data file or a folder with images/ and "
+                        "labels/")
+    records = []
+    for image_id, (path, (size, problem)) in enumerate(zip(paths, inspect_images(paths, decode=issues.strict),
+                                                           strict=True)):
+        if problem is not None:
+            issues.report(path, None, problem)
+            continue
+        width, height = size
+        found = _read_labels(yolo_label_path(path), width, height, len(class_names), issues)
+        if found is None or not (found[0] or keep_empty):
+            continue
+        records.append(DetectionRecord(path=path, width=width, height=height, image_id=image_id,
+                                       boxes=np.array(found[0], np.float32).reshape(-1, 4),
+                                       labels=np.array(found[1], np.int64)))
+    return records, list(class_names)
