@@ -41,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the validation set")
     evaluate.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_OR_RUN_DIR")
     _add_set_arg(evaluate)
+    evaluate.add_argument("--save-detections", type=Path, metavar="FILE.json",
+                          help="detectors: also write the detections in the COCO results format")
+
+    data = sub.add_parser("data", help="datasets: generate the shapes detection set")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    shapes = data_sub.add_parser("shapes", help="write the generated shapes detection set (JPEG + COCO JSON)")
+    shapes.add_argument("--out", type=Path, required=True, help="the folder to write (train/, val/, annotations/)")
+    shapes.add_argument("--images", type=int, default=2000, help="images, train and val together "
+                        "(default: %(default)s; 20%% go to val)")
+    shapes.add_argument("--seed", type=int, default=0, help="the generator's seed (default: %(default)s)")
 
     show = sub.add_parser("show", help="print the resolved config and the batch plan")
     _add_config_args(show)
@@ -90,8 +100,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if distributed.rank_from_env() != 0:
         return 0  # rank 0 reports
     minutes = (time.perf_counter() - started) / 60
-    shown = "  ".join(f"{k} {v:.2f}" for k, v in result.metrics.items() if k != "images")
-    print(f"done: {result.steps} steps in {minutes:.1f} min; final {shown}")
+    print(f"done: {result.steps} steps in {minutes:.1f} min; final:")
+    print(result.report)
     if result.best.value is not None:
         print(f"best {result.best.metric} {result.best.value:.2f} at step {result.best.step}")
     print(f"run written to {out_dir}")
@@ -139,12 +149,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = task.build_model(cfg)
     use_ema = state.get("ema") is not None and cfg.ema.evaluate
     load_weights(model, state["ema"]["module"] if use_ema else state["model"], "model")
-    metrics = task.evaluate(model, cfg.eval.batch)
     print(f"weights  {'EMA' if use_ema else 'raw'} from {path}")
+    if cfg.task == "detection":
+        detections = task.detect(model, cfg.eval.batch)
+        metrics = task.score(detections)
+        if args.save_detections is not None:
+            from bigbatch.tasks.coco_eval import save_detections
+
+            save_detections(args.save_detections, detections)
+            print(f"{len(detections)} detections written to {args.save_detections} (COCO results format)")
+    elif args.save_detections is not None:
+        raise UserError("--save-detections: the checkpoint is a classifier; detections exist for detectors only")
+    else:
+        metrics = task.evaluate(model, cfg.eval.batch)
     record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
               **metrics}
-    for key, value in metrics.items():
-        print(f"{key:8s} {value:.4f}" if isinstance(value, float) else f"{key:8s} {value}")
+    print(task.report(metrics))
     in_run = path.parent.name == "checkpoints"
     out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
     out.write_text(json.dumps(record, indent=2) + "\n")
@@ -265,8 +285,17 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from bigbatch.data.shapes import write_shapes
+
+    counts = write_shapes(args.out, args.images, args.seed)
+    print(f"shapes set written to {args.out}: {counts['train_images']} train images ({counts['train_boxes']} boxes), "
+          f"{counts['val_images']} val images ({counts['val_boxes']} boxes); classes {', '.join(counts['classes'])}")
+    return 0
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale,
-            "plan": cmd_plan}
+            "plan": cmd_plan, "data": cmd_data}
 
 
 def main(argv: list[str] | None = None) -> int:

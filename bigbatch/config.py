@@ -28,6 +28,10 @@ from bigbatch.errors import UserError
 
 RECIPES_DIR = Path(__file__).parent / "configs"
 
+CLASSIFICATION_METRICS = ("top1", "top5", "loss")
+DETECTION_METRICS = ("mAP", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")
+"""Metrics ``eval.metric`` may name (the first is the default); detection also takes ``AP/<class>``."""
+
 MIN_INPUT_SIZE = {"small_cnn": 8, "inception_v3": 75}
 """Smallest square input (px) a model accepts, where it has one (three 2x poolings; Inception's stem)."""
 
@@ -40,7 +44,11 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     name: str = "small_cnn"
-    """``small_cnn`` (the built-in demo CNN) or a torchvision classification model (``resnet18``, ...)."""
+    """Classification: ``small_cnn`` (the built-in demo CNN) or a torchvision classification model (``resnet18``,
+    ...). Detection: ``small_detector`` or a torchvision detector (``fasterrcnn_resnet50_fpn``, ...)."""
+    weights: str | None = None
+    """Detection: start from this local weights file (a state dict or a bigbatch checkpoint); unset: from scratch.
+    Nothing is ever downloaded."""
     norm: Literal["batch", "group", "none"] = "batch"
     """Normalisation layers of ``small_cnn``; torchvision models with a ``norm_layer`` argument take it too."""
     width: int = Field(32, gt=0)
@@ -60,13 +68,90 @@ class ModelConfig(Section):
         return name
 
 
+class SplitPaths(Section):
+    """Where one split (train or val) of a COCO dataset is. Relative paths are taken from the current directory."""
+
+    images: str
+    """The folder of the split's images."""
+    annotations: str
+    """The split's COCO JSON annotation file."""
+
+
+class MultiScaleConfig(Section):
+    """Multi-scale training (Darknet's ``random=1``): a new input size every ``every`` steps, the same on every
+    rank and after a resume (drawn from the seed and the step); the first steps run at the largest size."""
+
+    sizes: list[Annotated[int, Field(gt=0, multiple_of=32)]] | Literal["auto"] | None = None
+    """Training sizes (``data.size`` for each step); ``auto``: the multiples of 32 from size / 1.4 to
+    size x 1.4; unset: multi-scale training is off."""
+    every: int = Field(10, gt=0)
+    """Steps between two size changes."""
+
+
+DETECTION_DATASETS = ("shapes", "coco", "yolo")
+
+
 class DataConfig(Section):
-    name: Literal["digits"] = "digits"
-    """The dataset. ``digits``: scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB."""
+    name: Literal["digits", "shapes", "coco", "yolo"] = "digits"
+    """The dataset. ``digits``: scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB (classification).
+    Detection: ``shapes`` (bigbatch's generated set, written to ``path`` when absent), ``coco`` (COCO JSON,
+    ``train`` and ``val``) or ``yolo`` (Darknet/YOLO text labels: a ``.data`` file or a folder, ``path``)."""
     size: int = Field(32, gt=0)
-    """Side of the square training and evaluation images, in pixels."""
+    """digits: side of the square images. Detection: the shorter side after resizing (``shorter_side``) or the
+    square side (``letterbox``), for evaluation and, without multi-scale, for training."""
+    max_size: int | None = Field(None, gt=0)
+    """Detection, ``shorter_side``: the longer side's cap (detectron's 1333 for 800); unset: size x 1333 / 800."""
+    resize: Literal["shorter_side", "letterbox"] = "shorter_side"
+    """Detection: scale the shorter side to ``size`` (longer side at most ``max_size``; Faster R-CNN, RetinaNet,
+    FCOS), or letterbox into a ``size`` x ``size`` square (square-input detectors: SSD, YOLO)."""
+    path: str | None = None
+    """``shapes``: the folder of the generated set (default ``data/shapes``); ``yolo``: the ``.data`` file or the
+    dataset folder."""
+    train: SplitPaths | None = None
+    """``coco``: the training split."""
+    val: SplitPaths | None = None
+    """``coco``: the validation split."""
+    classes: list[str] | None = None
+    """Detection: train and evaluate on these classes only, by name, in this order (e.g. ``[cat, dog]``)."""
+    strict: bool = False
+    """Detection: stop before training (exit code 2) at the first bad image, box or label line, naming the file;
+    by default each is reported once and skipped, and a summary printed."""
+    train_images: int | None = Field(None, gt=0)
+    """Detection: the training set's size, used by ``show``, ``schedule`` and ``scale`` only when the data is not
+    at hand (e.g. ``118287`` for COCO train2017); training always counts the images it loads."""
+    shapes_images: int = Field(2000, gt=0)
+    """``shapes``: images to generate (train and val together) when ``path`` holds no set yet."""
+    flip: float = Field(0.5, ge=0, le=1)
+    """Detection: probability of a horizontal flip."""
+    crop: bool = False
+    """Detection: a random crop (boxes leaving it dropped, the rest clipped) before resizing."""
+    color_jitter: float = Field(0.0, ge=0, le=1)
+    """Detection: brightness, contrast and saturation jitter of +-this (MegDet: 0.4)."""
+    multiscale: MultiScaleConfig = MultiScaleConfig()
     workers: int = Field(0, ge=0)
     """DataLoader worker processes (0: load in the training process)."""
+
+    @property
+    def is_detection(self) -> bool:
+        return self.name in DETECTION_DATASETS
+
+    @property
+    def longest_side(self) -> int:
+        """Detection: the longer side's cap at ``size`` (shorter-side resizing)."""
+        return self.max_size if self.max_size is not None else round(self.size * 1333 / 800)
+
+    @model_validator(mode="after")
+    def _paths_given(self) -> DataConfig:
+        if self.name == "coco":
+            for split in ("train", "val"):
+                if getattr(self, split) is None:
+                    raise ValueError(f"data.{split}: missing; coco needs data.{split}.images and "
+                                     f"data.{split}.annotations")
+        if self.name == "yolo" and self.path is None:
+            raise ValueError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
+        if self.max_size is not None and self.max_size < self.size:
+            raise ValueError(f"data.max_size: {self.max_size} is below data.size {self.size}")
+        return self
 
 
 class OptimConfig(Section):
@@ -354,8 +439,9 @@ class EvalConfig(Section):
     """Evaluate every this many optimizer steps (or epochs, images), and always at the end."""
     batch: int = Field(256, gt=0)
     """Images per evaluation forward pass (any size: every validation image is seen once)."""
-    metric: str = "top1"
-    """Metric that selects ``best.pt``."""
+    metric: str | None = None
+    """Metric that selects ``best.pt``: classification ``top1`` (default), ``top5`` or ``loss``; detection ``mAP``
+    (default, AP@[.5:.95]), ``mAP50``, ``mAP75``, ``mAP_small``, ``mAP_medium``, ``mAP_large``, ``AP/<class>``."""
     mode: Literal["max", "min"] | None = None
     """Whether a higher or a lower ``metric`` is better; unset: ``min`` for ``loss``, else ``max``."""
 
@@ -414,7 +500,7 @@ class MemoryConfig(Section):
 class RunConfig(Section):
     name: str = "run"
     """Recipe name; the default run directory is ``runs/<name>-<timestamp>``."""
-    task: Literal["classification"] = "classification"
+    task: Literal["classification", "detection"] = "classification"
     batch: int = Field(gt=0)
     """Global images per optimizer step, across all devices (Darknet's ``batch``)."""
     subdivisions: Annotated[int, Field(gt=0)] | Literal["auto"] = 1
@@ -445,6 +531,27 @@ class RunConfig(Section):
         if smallest is not None and self.data.size < smallest:
             raise ValueError(f"data.size: {self.model.name} needs images of at least {smallest} px, "
                              f"got {self.data.size}")
+        return self
+
+    @model_validator(mode="after")
+    def _task_data_and_model_agree(self) -> RunConfig:
+        from bigbatch.models import is_detector
+
+        detection = self.task == "detection"
+        if self.data.is_detection != detection:
+            expected = "shapes, coco or yolo" if detection else "digits"
+            raise ValueError(f"data.name: {self.data.name!r} is not a {self.task} dataset; expected {expected}")
+        if is_detector(self.model.name) != detection:
+            kind = "detector" if detection else "classifier"
+            raise ValueError(f"model.name: {self.model.name!r} is not a {kind} (task: {self.task})")
+        if self.model.weights is not None and not detection:
+            raise ValueError("model.weights: local weights are read for detectors only")
+        metrics = DETECTION_METRICS if detection else CLASSIFICATION_METRICS
+        if self.eval.metric is None:
+            self.eval.metric = metrics[0]
+        elif self.eval.metric not in metrics and not (detection and self.eval.metric.startswith(("AP/", "AP50/"))):
+            raise ValueError(f"eval.metric: {self.eval.metric!r} is not a {self.task} metric; expected one of "
+                             f"{', '.join(metrics)}" + (", AP/<class>" if detection else ""))
         return self
 
     @model_validator(mode="after")

@@ -62,6 +62,13 @@ def test_split_batch_keeps_the_images_in_order():
     assert [m[1] for m in mixed][1] == [{"id": 2}, {"id": 3}]
     as_dict = split_batch({"x": images, "y": labels}, 2)
     assert as_dict[1]["y"].tolist() == [4, 5, 6, 7]
+    # detection: a list of images of different sizes is cut into groups of whole images, like its targets
+    pictures = [torch.zeros(3, 4 + i, 5) for i in range(4)]
+    detection = split_batch((pictures, [{"image_id": i} for i in range(4)]), 2)
+    assert [[p.shape[1] for p in piece[0]] for piece in detection] == [[4, 5], [6, 7]]
+    assert [[t["image_id"] for t in piece[1]] for piece in detection] == [[0, 1], [2, 3]]
+    listed = split_batch([images, labels], 2)  # default_collate's [images, labels]
+    assert listed[1][1].tolist() == [4, 5, 6, 7]
 
 
 def test_no_second_copy_of_the_data_on_the_cpu():

@@ -7,7 +7,7 @@ tensors do: one indexing operation instead of one per image) and a ``collate`` f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -16,18 +16,26 @@ from torch.utils.data._utils.collate import default_collate
 
 from bigbatch.data.order import GlobalBatchOrder
 
+SampleKeys = Callable[[int, list[int]], list[Any]]
+"""``keys(step, indices)``: the dataset keys of one micro-batch of optimizer step ``step`` (e.g. each index
+with the step's multi-scale size and a per-sample augmentation seed)."""
 
-class MicroBatchSampler(Sampler[list[int]]):
-    """Yields this rank's micro-batches (lists of dataset indices) for steps ``start``..``stop - 1``."""
 
-    def __init__(self, order: GlobalBatchOrder, start: int, stop: int, rank: int, world: int, subdivisions: int):
+class MicroBatchSampler(Sampler[list[Any]]):
+    """Yields this rank's micro-batches (lists of dataset indices, or of ``keys(step, indices)``) for steps
+    ``start``..``stop - 1``."""
+
+    def __init__(self, order: GlobalBatchOrder, start: int, stop: int, rank: int, world: int, subdivisions: int,
+                 keys: SampleKeys | None = None):
         self.order, self.start, self.stop = order, start, stop
         self.rank, self.world, self.subdivisions = rank, world, subdivisions
+        self.keys = keys
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[Any]]:
         for step in range(self.start, self.stop):
             for micro in self.order.micro_batches(step, self.rank, self.world, self.subdivisions):
-                yield micro.tolist()
+                indices = micro.tolist()
+                yield indices if self.keys is None else self.keys(step, indices)
 
     def __len__(self) -> int:
         return (self.stop - self.start) * self.subdivisions
@@ -46,9 +54,10 @@ def train_steps(
     world: int,
     subdivisions: int,
     workers: int = 0,
+    keys: SampleKeys | None = None,
 ) -> Iterator[list[Any]]:
     """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches."""
-    sampler = MicroBatchSampler(order, start, stop, rank, world, subdivisions)
+    sampler = MicroBatchSampler(order, start, stop, rank, world, subdivisions, keys)
     loader = DataLoader(
         dataset,
         batch_sampler=sampler,
@@ -102,17 +111,18 @@ class TensorImages(Dataset):
         return batch  # __getitems__ already returned the batch
 
 
-def split_batch(batch: Any, parts: int) -> list[Any]:
-    """Cut a collated batch (tensors, or tuples, lists and dicts of them) into ``parts`` consecutive pieces."""
+def split_batch(batch: Any, parts: int, nested: bool = False) -> list[Any]:
+    """Cut a collated batch into ``parts`` consecutive pieces: a tensor along its first dimension; a dict key by
+    key; a tuple, or a top-level list (``default_collate``'s ``[images, labels]``), component by component; a
+    list inside one of those is a list of per-sample items (detection: images of different sizes, targets)."""
     if isinstance(batch, torch.Tensor):
         return list(batch.chunk(parts))
     if isinstance(batch, dict):
-        pieces = {k: split_batch(v, parts) for k, v in batch.items()}
+        pieces = {k: split_batch(v, parts, nested=True) for k, v in batch.items()}
         return [{k: v[i] for k, v in pieces.items()} for i in range(parts)]
-    components = isinstance(batch, tuple) or (batch and all(isinstance(b, torch.Tensor) for b in batch))
-    if isinstance(batch, (tuple, list)) and components:  # (images, labels, ...), each split the same way
-        return [type(batch)(p) for p in zip(*(split_batch(b, parts) for b in batch), strict=True)]
-    if isinstance(batch, list):  # a list of per-sample items (e.g. detection targets)
+    if isinstance(batch, tuple) or (isinstance(batch, list) and not nested):
+        return [type(batch)(p) for p in zip(*(split_batch(b, parts, nested=True) for b in batch), strict=True)]
+    if isinstance(batch, list):
         size = len(batch) // parts
         return [batch[i * size : (i + 1) * size] for i in range(parts)]
     raise TypeError(f"cannot split a batch of type {type(batch).__name__}")

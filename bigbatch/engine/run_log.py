@@ -98,7 +98,7 @@ class RunLog:
         if self._writer is not None:
             for key, value in metrics.items():
                 self._writer.add_scalar(f"{split}/{key}", value, step)
-        shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items() if "/" not in k)  # per-class: metrics.jsonl
         message = f"eval step {step}  {split}  {shown}"
         if self._bar is not None:
             self._bar.write(message)

@@ -191,6 +191,8 @@ class TrainResult:
     best: Best
     memory: dict[str, float]
     """Peak memory (MiB) seen by the sampler: RSS, system, swap, CUDA."""
+    report: str = ""
+    """The task's printed summary of the final metrics."""
 
 
 def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
@@ -201,10 +203,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
 
         cfg, _ = resolve_auto_subdivisions(cfg, proc.world)
     seed_everything(cfg.seed)
-    task = build_task(cfg)
+    task = build_task(cfg, proc.rank)
     plan: BatchPlan = make_plan(cfg, proc.world, len(task.train_set))
-    if cfg.eval.metric not in ("top1", "top5", "loss"):
-        raise UserError(f"eval.metric: {cfg.eval.metric!r} is not a metric of this task; expected top1, top5 or loss")
 
     # --- model and the large-batch recipe -------------------------------------------------
     check_precision(cfg.precision, proc.device)
@@ -283,7 +283,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     # --- the loop -------------------------------------------------------------------------
     order = GlobalBatchOrder(len(task.train_set), plan.batch, cfg.seed)
     steps = train_steps(task.train_set, order, start_step, plan.steps, proc.rank, proc.world,
-                        plan.subdivisions, cfg.data.workers)
+                        plan.subdivisions, cfg.data.workers, getattr(task, "sample_keys", None))
     eval_every, checkpoint_every = every_steps(cfg.eval.every, plan), every_steps(cfg.checkpoint.every, plan)
 
     def evaluate(done: int) -> dict[str, float]:
@@ -405,7 +405,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
                 log.event(memory.step, "memory", peaks)
             log.close()
     distributed.teardown()
-    return TrainResult(out_dir, plan.steps, metrics, best, peaks)
+    return TrainResult(out_dir, plan.steps, metrics, best, peaks, task.report(metrics))
 
 
 def sync_batchnorm(model: nn.Module, sync: str, proc: distributed.Process) -> nn.Module:

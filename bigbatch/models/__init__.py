@@ -1,4 +1,5 @@
-"""Models by name: the built-in ``small_cnn`` and torchvision's classification models.
+"""Models by name: the built-in ``small_cnn`` and torchvision's classification models; detectors in
+``models/detectors.py``.
 
 Every model is built from scratch (random weights): nothing is downloaded.
 """
@@ -22,7 +23,15 @@ def torchvision_classifiers() -> tuple[str, ...]:
 
 
 def known_models() -> list[str]:
-    return ["small_cnn", *torchvision_classifiers()]
+    from bigbatch.models.detectors import known_detectors
+
+    return ["small_cnn", *torchvision_classifiers(), *known_detectors()]
+
+
+def is_detector(name: str) -> bool:
+    from bigbatch.models.detectors import known_detectors
+
+    return name in known_detectors()
 
 
 def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:

@@ -70,3 +70,7 @@ class ClassificationTask:
         images, top1, top5, loss = totals.tolist()
         return {"top1": 100.0 * top1 / images, "top5": 100.0 * top5 / images, "loss": loss / images,
                 "images": int(images)}
+
+    @staticmethod
+    def report(metrics: dict[str, float]) -> str:
+        return "  ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k != "images")
