@@ -1,0 +1,225 @@
+"""The generated ``shapes`` detection set: the demo and test data for detection.
+
+Each image is a textured background (a colour gradient, stripes or blotchy noise, plus pixel noise) with 1-6
+flat-coloured shapes of five classes (circle, square, triangle, star, cross) at random positions, sizes,
+rotations and colours. Shapes are drawn largest first, so small ones may lie on large ones (some overlap),
+but the shapes drawn over a shape never hide more than ``MAX_HIDDEN`` of it. Sizes span COCO's three
+area ranges at the default 128 px (small < 32², medium < 96², large above), and image sides vary by up to
+an eighth of ``size`` each way, so images are not all square.
+
+The box of a shape is the tight box of its visible pixels, in COCO's ``[x, y, w, h]`` with pixel edges as
+coordinates (a shape covering columns 3..7 has ``x = 3, w = 5``); its ``area`` is the count of those
+pixels (COCO's area is that of the segmentation mask, not of the box). Category ids are odd (1, 3, 5, 7,
+9), as COCO's own ids are not contiguous, so a loader that takes ids for labels is caught.
+
+Everything derives from ``(seed, image index)`` through numpy's Generator; PIL's ImageDraw draws (no
+anti-aliasing, so a shape's pixels are exactly its mask) and PIL's JPEG encoder (quality 90) writes, so the
+same seed gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from bigbatch.errors import UserError
+
+CLASSES = ("circle", "square", "triangle", "star", "cross")
+CATEGORY_IDS = (1, 3, 5, 7, 9)
+JPEG_QUALITY = 90
+MAX_SHAPES = 6
+MAX_HIDDEN = 0.4
+"""The largest fraction of a shape's pixels the shapes drawn after it may cover, together."""
+MIN_PIXELS = 20
+"""The fewest visible pixels a shape keeps (a smaller remnant is not an object)."""
+MIN_CONTRAST = 100.0
+"""Least Euclidean RGB distance between a shape's colour and the mean colour it is drawn over."""
+
+# Outlines in unit coordinates: each shape fits the square [-0.5, 0.5]² before rotation and scaling.
+_STAR = [(0.5 * (1.0 if i % 2 == 0 else 0.4) * math.sin(i * math.pi / 5),
+          -0.5 * (1.0 if i % 2 == 0 else 0.4) * math.cos(i * math.pi / 5)) for i in range(10)]
+_CROSS = [(-1 / 6, -0.5), (1 / 6, -0.5), (1 / 6, -1 / 6), (0.5, -1 / 6), (0.5, 1 / 6), (1 / 6, 1 / 6),
+          (1 / 6, 0.5), (-1 / 6, 0.5), (-1 / 6, 1 / 6), (-0.5, 1 / 6), (-0.5, -1 / 6), (-1 / 6, -1 / 6)]
+_OUTLINES = {
+    "square": [(-0.5, -0.5), (0.5, -0.5), (0.5, 0.5), (-0.5, 0.5)],
+    "triangle": [(0.0, -0.5), (0.5, 0.5), (-0.5, 0.5)],
+    "star": _STAR,
+    "cross": _CROSS,
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape: its class, centre (pixels), nominal size (the side of the square it fits before rotation,
+    pixels), rotation (radians) and RGB colour."""
+
+    kind: str
+    cx: float
+    cy: float
+    size: float
+    angle: float
+    colour: tuple[int, int, int]
+
+
+def shape_mask(shape: Shape, height: int, width: int) -> np.ndarray:
+    """The shape's pixels on a ``height x width`` canvas (bool), clipped by the canvas."""
+    canvas = Image.new("L", (width, height), 0)
+    draw = ImageDraw.Draw(canvas)
+    r = shape.size / 2
+    if shape.kind == "circle":
+        draw.ellipse([shape.cx - r, shape.cy - r, shape.cx + r, shape.cy + r], fill=1)
+    else:
+        c, s = math.cos(shape.angle), math.sin(shape.angle)
+        points = [(shape.cx + shape.size * (x * c - y * s), shape.cy + shape.size * (x * s + y * c))
+                  for x, y in _OUTLINES[shape.kind]]
+        draw.polygon(points, fill=1)
+    return np.asarray(canvas, dtype=bool)
+
+
+def tight_box(mask: np.ndarray) -> list[float]:
+    """COCO ``[x, y, w, h]`` of the pixels set in ``mask``, pixel edges as coordinates."""
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    x0, y0, x1, y1 = cols[0], rows[0], cols[-1] + 1, rows[-1] + 1
+    return [float(x0), float(y0), float(x1 - x0), float(y1 - y0)]
+
+
+def background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A float32 ``[H, W, 3]`` texture in 0..255: a gradient, stripes or blotches between two colours,
+    plus Gaussian pixel noise."""
+    c0 = rng.uniform(0, 255, 3)
+    c1 = np.clip(c0 + rng.normal(0, 70, 3), 0, 255)
+    kind = rng.integers(3)
+    if kind == 2:  # blotches: coarse uniform noise, bilinearly upsampled
+        coarse = rng.random((height // 12 + 2, width // 12 + 2)).astype(np.float32)
+        t = np.asarray(Image.fromarray(coarse, mode="F").resize((width, height), Image.BILINEAR))
+    else:
+        yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+        theta = rng.uniform(0, 2 * math.pi)
+        along = xx * math.cos(theta) + yy * math.sin(theta)
+        if kind == 0:  # linear gradient across the image
+            t = (along - along.min()) / max(float(along.max() - along.min()), 1.0)
+        else:  # sinusoidal stripes
+            t = 0.5 + 0.5 * np.sin(along * (2 * math.pi / rng.uniform(6, 24)))
+    image = c0 + t[..., None] * (c1 - c0)
+    image += rng.normal(0, rng.uniform(2, 10), image.shape)
+    return image.astype(np.float32)
+
+
+def _sizes(rng: np.random.Generator, count: int, short_side: int) -> list[float]:
+    """Nominal sizes, largest first: 10 % large (0.8-1.1 of the short side), 45 % medium, 45 % small."""
+    scale = short_side / 128
+    sizes = []
+    for _ in range(count):
+        u = rng.random()
+        if u < 0.1:
+            sizes.append(rng.uniform(0.8, 1.1) * short_side)
+        elif u < 0.55:
+            sizes.append(math.exp(rng.uniform(math.log(28), math.log(80))) * scale)
+        else:
+            sizes.append(math.exp(rng.uniform(math.log(10), math.log(26))) * scale)
+    return sorted(sizes, reverse=True)
+
+
+def render_sample(seed: int, index: int, size: int = 128) -> tuple[np.ndarray, list[dict]]:
+    """Image ``index`` of the set of ``seed``: uint8 ``[H, W, 3]`` pixels (before JPEG) and its objects
+    (``label``, ``bbox`` as COCO ``[x, y, w, h]``, ``area``, the drawn ``shape``), in drawing order."""
+    rng = np.random.default_rng([seed, index])
+    jitter = size // 8
+    height, width = (int(size + rng.integers(-jitter, jitter + 1)) for _ in range(2))
+    image = background(rng, height, width)
+    owner = np.zeros((height, width), dtype=np.int16)  # 1 + index of the shape that shows at each pixel
+    shapes: list[Shape] = []
+    drawn: list[int] = []  # each accepted shape's pixel count when it was drawn
+    shown: list[int] = []  # ... and how many of them still show
+    for nominal in _sizes(rng, int(rng.integers(1, MAX_SHAPES + 1)), min(height, width)):
+        for _ in range(10):  # placement attempts; the shape is dropped if none fits
+            kind = CLASSES[int(rng.integers(len(CLASSES)))]
+            margin = min(nominal / 2, min(height, width) / 2)  # large shapes may be cut by the border
+            cx, cy = rng.uniform(margin, width - margin), rng.uniform(margin, height - margin)
+            shape = Shape(kind, float(cx), float(cy), float(nominal), float(rng.uniform(0, 2 * math.pi)), (0, 0, 0))
+            mask = shape_mask(shape, height, width)
+            count = int(mask.sum())
+            if count < MIN_PIXELS:
+                continue
+            covered = np.bincount(owner[mask], minlength=len(shapes) + 1)[1:]
+            if any(shown[k] - covered[k] < max((1 - MAX_HIDDEN) * drawn[k], MIN_PIXELS) for k in range(len(shapes))):
+                continue
+            under = image[mask].mean(axis=0)
+            colour = rng.integers(0, 256, 3)
+            for _ in range(20):
+                if np.linalg.norm(colour - under) >= MIN_CONTRAST:
+                    break
+                colour = rng.integers(0, 256, 3)
+            shape = replace(shape, colour=tuple(int(c) for c in colour))
+            image[mask] = colour
+            owner[mask] = len(shapes) + 1
+            shown = [n - c for n, c in zip(shown, covered.tolist(), strict=True)] + [count]
+            shapes.append(shape)
+            drawn.append(count)
+            break
+    pixels_u8 = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    objects = []
+    for k, shape in enumerate(shapes):
+        visible = owner == k + 1
+        objects.append({"label": CLASSES.index(shape.kind), "bbox": tight_box(visible),
+                        "area": float(visible.sum()), "shape": shape})
+    return pixels_u8, objects
+
+
+def _coco(split_images: list[dict], annotations: list[dict]) -> dict:
+    return {
+        "info": {"description": "bigbatch generated shapes detection set"},
+        "licenses": [],
+        "images": split_images,
+        "annotations": annotations,
+        "categories": [{"id": cid, "name": name, "supercategory": "shape"}
+                       for cid, name in zip(CATEGORY_IDS, CLASSES, strict=True)],
+    }
+
+
+def split_sizes(images: int, val_fraction: float = 0.2) -> tuple[int, int]:
+    """(train, val) image counts: the last ``round(images * val_fraction)`` images, at least one when there are
+    two or more, are the validation set."""
+    val_count = round(images * val_fraction)
+    if images >= 2 and val_fraction > 0:
+        val_count = min(max(val_count, 1), images - 1)
+    return images - val_count, val_count
+
+
+def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val_fraction: float = 0.2) -> dict:
+    """Write ``images`` generated images: ``out_dir/train/*.jpg``, ``out_dir/val/*.jpg`` and the COCO files
+    ``out_dir/annotations/train.json`` and ``val.json``. Image ``i`` has COCO id ``i + 1`` and file
+    ``{i:06d}.jpg``; the last ``round(images * val_fraction)`` images (at least one, when there are two or
+    more) are the validation set. Returns the image and box counts of each split."""
+    if images < 1:
+        raise UserError(f"--images: expected a positive number of images, got {images}")
+    if size < 32:
+        raise UserError(f"size: expected at least 32 pixels, got {size}")
+    if not 0 <= val_fraction < 1:
+        raise UserError(f"val_fraction: expected a fraction in [0, 1), got {val_fraction}")
+    train_count, _ = split_sizes(images, val_fraction)
+    splits = {"train": range(train_count), "val": range(train_count, images)}
+    out_dir = Path(out_dir)
+    (out_dir / "annotations").mkdir(parents=True, exist_ok=True)
+    counts: dict = {"classes": list(CLASSES)}
+    for split, indices in splits.items():
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+        entries, annotations = [], []
+        for index in indices:
+            pixels, objects = render_sample(seed, index, size)
+            name = f"{index:06d}.jpg"
+            Image.fromarray(pixels).save(out_dir / split / name, quality=JPEG_QUALITY)
+            height, width = pixels.shape[:2]
+            entries.append({"id": index + 1, "file_name": name, "width": width, "height": height})
+            for obj in objects:
+                annotations.append({"id": len(annotations) + 1, "image_id": index + 1,
+                                    "category_id": CATEGORY_IDS[obj["label"]], "bbox": obj["bbox"],
+                                    "area": obj["area"], "iscrowd": 0})
+        (out_dir / "annotations" / f"{split}.json").write_text(json.dumps(_coco(entries, annotations)))
+        counts[f"{split}_images"], counts[f"{split}_boxes"] = len(entries), len(annotations)
+    return counts

@@ -1,0 +1,208 @@
+"""Detectors by name: torchvision's detection models and the built-in ``small_detector``.
+
+Every detector is built from scratch (``weights=None, weights_backbone=None``: nothing is downloaded) or
+from a local weights file, and wrapped in :class:`Detector`, which gives all of them one contract:
+
+- labels are contiguous ``0..C-1`` in the targets given to the model and in the detections it returns.
+  Faster R-CNN and SSD reserve class 0 for the background (softmax over ``C + 1`` classes), so they are
+  built with ``C + 1`` classes and the wrapper shifts labels by one on the way in and out; RetinaNet, FCOS
+  and ``small_detector`` score each class with its own sigmoid and take ``0..C-1`` as they are.
+- ``model(images, targets)`` in train mode returns a dict of losses (their sum is the loss to minimise);
+  ``model(images)`` in eval mode returns one dict per image: ``boxes`` (float ``[K, 4]``, XYXY, in the
+  pixels of the image that was fed in), ``scores`` and ``labels``. ``images`` are float ``[3, H, W]``
+  tensors in ``0..1``, of any sizes; targets hold ``boxes`` (XYXY float32, each with positive width and
+  height: torchvision rejects degenerate boxes) and ``labels`` (int64); other keys are ignored.
+- bigbatch's data pipeline does all the resizing (shorter-side resize, multi-scale, letterbox). The models'
+  own :class:`GeneralizedRCNNTransform` is replaced by :class:`NoResizeTransform`, which only normalises
+  (the model's own mean and std) and batches (zero padding to a multiple of 32), so detections come back in
+  the input's coordinates. ``min_size`` and ``max_size`` are recorded on that transform (torchvision's
+  fields, for the record); they shape no torchvision model (their anchors stay torchvision's, sized for
+  COCO at 800 px), and they set ``small_detector``'s level ranges (see :func:`small_detector`).
+- detections are kept down to a score of ``SCORE_THRESH`` (0.01), at most ``DETECTIONS_PER_IMAGE`` (100)
+  per image, as COCO evaluation wants (detectron2 keeps down to 0.05; torchvision's SSDlite to 0.001).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torchvision.models
+from torch import Tensor
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.models.detection import FCOS
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.fcos import FCOSHead
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
+from torchvision.ops import FeaturePyramidNetwork
+
+from bigbatch.errors import UserError
+from bigbatch.models.small_cnn import norm_layer
+
+SCORE_THRESH = 0.01
+DETECTIONS_PER_IMAGE = 100
+SIZE_DIVISIBLE = 32
+
+TORCHVISION_DETECTORS = (
+    "fasterrcnn_resnet50_fpn",
+    "fasterrcnn_mobilenet_v3_large_fpn",
+    "retinanet_resnet50_fpn",
+    "fcos_resnet50_fpn",
+    "ssdlite320_mobilenet_v3_large",
+)
+_BACKGROUND_CLASS = {"fasterrcnn_resnet50_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "ssdlite320_mobilenet_v3_large"}
+_THRESHOLDS = {  # each builder's names for the score threshold and the detections kept per image
+    "fasterrcnn_resnet50_fpn": ("box_score_thresh", "box_detections_per_img"),
+    "fasterrcnn_mobilenet_v3_large_fpn": ("box_score_thresh", "box_detections_per_img"),
+    "retinanet_resnet50_fpn": ("score_thresh", "detections_per_img"),
+    "fcos_resnet50_fpn": ("score_thresh", "detections_per_img"),
+    "ssdlite320_mobilenet_v3_large": ("score_thresh", "detections_per_img"),
+}
+
+
+def known_detectors() -> list[str]:
+    return ["small_detector", *TORCHVISION_DETECTORS]
+
+
+class NoResizeTransform(GeneralizedRCNNTransform):
+    """torchvision's detection transform without its resize: normalise, then zero-pad into one batch whose
+    sides are multiples of ``size_divisible``. ``postprocess`` then maps boxes from the input size to the
+    input size, i.e. leaves them in the input's pixels."""
+
+    def resize(self, image: Tensor, target: dict[str, Tensor] | None = None):
+        return image, target
+
+
+class Detector(nn.Module):
+    """A torchvision-style detector with labels ``0..C-1`` on both sides (``label_offset`` is added to the
+    targets' labels and subtracted from the detections')."""
+
+    def __init__(self, detector: nn.Module, label_offset: int):
+        super().__init__()
+        self.detector = detector
+        self.label_offset = label_offset
+
+    def forward(self, images: list[Tensor], targets: list[dict[str, Tensor]] | None = None):
+        images = [image.as_subclass(Tensor) for image in images]  # tv_tensors.Image -> plain tensor
+        if targets is not None:
+            targets = [{"boxes": t["boxes"].as_subclass(Tensor), "labels": t["labels"] + self.label_offset}
+                       for t in targets]
+        out = self.detector(images, targets)
+        if isinstance(out, list) and self.label_offset:  # eval mode: detections
+            out = [{**d, "labels": d["labels"] - self.label_offset} for d in out]
+        return out
+
+
+class SmallBackbone(nn.Module):
+    """Five stride-2 conv stages (widths w, 2w, 4w, 8w, 8w) and an FPN over the last three: levels at
+    strides 8, 16 and 32, ``out_channels`` each (torchvision's FeaturePyramidNetwork, no extra level)."""
+
+    def __init__(self, width: int, out_channels: int, norm: str):
+        super().__init__()
+
+        def conv(cin: int, cout: int, stride: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, stride, 1, bias=norm == "none"), norm_layer(norm, cout),
+                    nn.ReLU(inplace=True)]
+
+        widths = [width, 2 * width, 4 * width, 8 * width, 8 * width]
+        stages, cin = OrderedDict(), 3
+        for i, cout in enumerate(widths):
+            layers = conv(cin, cout, 2) if i == 0 else conv(cin, cout, 2) + conv(cout, cout, 1)
+            stages[f"c{i + 1}"] = nn.Sequential(*layers)
+            cin = cout
+        self.body = IntermediateLayerGetter(nn.Sequential(stages), {"c3": "p3", "c4": "p4", "c5": "p5"})
+        self.fpn = FeaturePyramidNetwork(widths[2:], out_channels)
+        self.out_channels = out_channels
+
+    def forward(self, x: Tensor) -> OrderedDict[str, Tensor]:
+        return self.fpn(self.body(x))
+
+
+def small_detector(num_classes: int, min_size: int, max_size: int, norm: str = "batch", width: int = 16,
+                   channels: int = 64, head_convs: int = 2) -> nn.Module:
+    """FCOS (torchvision's, anchor-free: Tian et al. 2019) on :class:`SmallBackbone`, for small images.
+
+    FCOS gives a location on the level with "anchor size" ``a`` the objects whose largest distance from it to a
+    box side lies in ``[4a, 8a]`` (the first level from 0, the last to infinity) and samples positives within
+    ``center_sampling_radius * a`` of the box centre. Here ``a = min_size / 32, 2a, 4a`` at strides 8, 16, 32
+    (4, 8, 16 px at 128 px: objects up to ~50 px on the first level, ~50-100 on the second, larger on the
+    third) and the radius is 3, i.e. 1.5 strides as in FCOS. ``max_size`` is recorded only.
+    """
+    a = max(min_size / 32, 1.0)
+    anchors = AnchorGenerator(((a,), (2 * a,), (4 * a,)), ((1.0,),) * 3)
+    head = FCOSHead(channels, 1, num_classes, num_convs=head_convs)
+    return FCOS(SmallBackbone(width, channels, norm), num_classes, min_size=min_size, max_size=max_size,
+                anchor_generator=anchors, head=head, center_sampling_radius=3.0, score_thresh=SCORE_THRESH,
+                detections_per_img=DETECTIONS_PER_IMAGE)
+
+
+def _replace_batch_norm(module: nn.Module, norm: str) -> None:
+    """Swap every BatchNorm2d for ``norm_layer(norm, channels)`` (GroupNorm or identity), in place."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            setattr(module, name, norm_layer(norm, child.num_features))
+        else:
+            _replace_batch_norm(child, norm)
+
+
+def _torchvision_detector(name: str, num_classes: int) -> nn.Module:
+    score, per_image = _THRESHOLDS[name]
+    return torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=num_classes,
+                                        **{score: SCORE_THRESH, per_image: DETECTIONS_PER_IMAGE})
+
+
+def build_detector(name: str, num_classes: int, *, min_size: int, max_size: int, weights: str | None = None,
+                   norm: str = "batch") -> nn.Module:
+    """The detector ``name`` for ``num_classes`` classes (labels ``0..C-1``), wrapped in :class:`Detector`.
+
+    ``norm``: ``batch`` (as built), or ``group``/``none`` to replace every BatchNorm2d (small_cnn's rule:
+    GroupNorm with up to 8 groups). ``weights``: a file holding a state dict of this detector (the wrapped
+    one, keys ``detector.*``, or the bare torchvision model) or a bigbatch checkpoint (its ``model``)."""
+    if num_classes < 1:
+        raise UserError(f"data: a detector needs at least one class, got {num_classes}")
+    if name == "small_detector":
+        model = Detector(small_detector(num_classes, min_size, max_size, norm), label_offset=0)
+    elif name in TORCHVISION_DETECTORS:
+        offset = 1 if name in _BACKGROUND_CLASS else 0
+        detector = _torchvision_detector(name, num_classes + offset)
+        if norm != "batch":
+            _replace_batch_norm(detector, norm)
+        model = Detector(detector, label_offset=offset)
+    else:
+        raise UserError(f"model.name: unknown detector {name!r} (expected one of: {', '.join(known_detectors())})")
+    old = model.detector.transform
+    model.detector.transform = NoResizeTransform(min_size, max_size, old.image_mean, old.image_std,
+                                                  size_divisible=SIZE_DIVISIBLE)
+    if weights is not None:
+        load_detector_weights(model, weights, name, num_classes)
+    return model
+
+
+def load_detector_weights(model: Detector, path: str | Path, name: str, num_classes: int) -> None:
+    """Load a local weights file into ``model``; a missing, unreadable or non-matching file is a UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"model.weights: {path} does not exist (expected a state dict or checkpoint file)")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch.load raises many types for a file that is not a weights file
+        raise UserError(f"model.weights: cannot read {path} as weights ({type(e).__name__}: {e})") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a bigbatch checkpoint
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors)")
+    if not any(key.startswith("detector.") for key in state):  # a bare torchvision model's state dict
+        state = {f"detector.{key}": value for key, value in state.items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        raise UserError(f"model.weights: {path} does not fit {name} with {num_classes} classes ({detail})") from None

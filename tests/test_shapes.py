@@ -1,0 +1,131 @@
+"""The generated shapes set: valid COCO files, decodable images, tight boxes, determinism."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from pycocotools.coco import COCO
+
+from bigbatch.data import shapes
+from bigbatch.data.shapes import CATEGORY_IDS, CLASSES, render_sample, write_shapes
+from bigbatch.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("shapes")
+    return out, write_shapes(out, 40, seed=3)
+
+
+def test_files_are_valid_coco_with_decodable_images(written: tuple[Path, dict]) -> None:
+    out, counts = written
+    assert counts["train_images"] == 32 and counts["val_images"] == 8  # val_fraction 0.2
+    image_ids: dict[str, set[int]] = {}
+    for split in ("train", "val"):
+        coco = COCO(str(out / "annotations" / f"{split}.json"))  # pycocotools' own reader and index
+        cats = coco.loadCats(coco.getCatIds())
+        assert [(c["id"], c["name"]) for c in cats] == list(zip(CATEGORY_IDS, CLASSES, strict=True))
+        assert sorted(CATEGORY_IDS) != list(range(len(CLASSES)))  # ids are not labels: remapping is exercised
+        assert len(coco.getImgIds()) == counts[f"{split}_images"]
+        assert len(coco.getAnnIds()) == counts[f"{split}_boxes"] >= counts[f"{split}_images"]
+        image_ids[split] = set(coco.getImgIds())
+        for image_id in coco.getImgIds():
+            entry = coco.loadImgs(image_id)[0]
+            with Image.open(out / split / entry["file_name"]) as im:
+                im.load()  # decodes the whole JPEG
+                assert im.format == "JPEG" and im.mode == "RGB"
+                assert im.size == (entry["width"], entry["height"])
+            for ann in coco.loadAnns(coco.getAnnIds(imgIds=image_id)):
+                x, y, w, h = ann["bbox"]
+                assert w > 0 and h > 0 and x >= 0 and y >= 0
+                assert x + w <= entry["width"] and y + h <= entry["height"]
+                assert 0 < ann["area"] <= w * h and ann["iscrowd"] == 0
+                assert ann["category_id"] in CATEGORY_IDS
+    assert not image_ids["train"] & image_ids["val"]
+    assert sorted(image_ids["train"] | image_ids["val"]) == list(range(1, 41))
+
+
+def test_same_seed_same_bytes_other_seed_other_set(tmp_path: Path, written: tuple[Path, dict]) -> None:
+    out, _ = written
+
+    def digests(root: Path) -> dict[str, str]:
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    write_shapes(tmp_path / "again", 40, seed=3)
+    write_shapes(tmp_path / "other", 40, seed=4)
+    assert digests(tmp_path / "again") == digests(out)
+    other = digests(tmp_path / "other")
+    assert other.keys() == digests(out).keys()
+    assert other["annotations/train.json"] != digests(out)["annotations/train.json"]
+    assert sum(other[k] != v for k, v in digests(out).items()) == len(other)  # every file differs
+
+
+def overlap(a: list[float], b: list[float]) -> bool:
+    """Whether two COCO ``[x, y, w, h]`` boxes intersect."""
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
+def test_sizes_shapes_and_overlaps_vary() -> None:
+    samples = [render_sample(7, i) for i in range(150)]
+    areas = [o["area"] for _, objects in samples for o in objects]
+    assert min(areas) < 32**2 and any(32**2 <= a < 96**2 for a in areas) and max(areas) >= 96**2  # COCO ranges
+    assert {o["label"] for _, objects in samples for o in objects} == set(range(len(CLASSES)))
+    image_sizes = {pixels.shape[:2] for pixels, _ in samples}
+    assert len(image_sizes) > 10 and any(h != w for h, w in image_sizes)
+    assert all(96 <= s <= 160 for size in image_sizes for s in size)  # 128 +- 1/8
+    assert len({len(objects) for _, objects in samples}) >= 4
+    overlapping = sum(any(overlap(a["bbox"], b["bbox"]) for a in objects for b in objects if a is not b)
+                      for _, objects in samples)
+    assert 0 < overlapping < len(samples)  # some images have overlapping objects, not all
+
+
+def flat_background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    return np.full((height, width, 3), (90.0, 120.0, 60.0), dtype=np.float32)
+
+
+def test_box_is_the_extent_of_the_shape_s_visible_pixels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a flat background, the pixels that show a shape are those of its colour: their extent is the box
+    and their count the area, also where later shapes hide part of it."""
+    monkeypatch.setattr(shapes, "background", flat_background)
+    checked = overlapping = hidden = 0
+    for index in range(120):
+        pixels, objects = render_sample(11, index)
+        colours = [o["shape"].colour for o in objects]
+        assert len(set(colours)) == len(colours) and (90, 120, 60) not in colours  # the oracle's premise
+        for obj in objects:
+            ys, xs = np.nonzero((pixels == obj["shape"].colour).all(axis=2))
+            extent = [xs.min(), ys.min(), xs.max() + 1 - xs.min(), ys.max() + 1 - ys.min()]
+            assert obj["bbox"] == [float(v) for v in extent], (index, obj)
+            assert obj["area"] == len(xs)
+            whole = shapes.shape_mask(obj["shape"], *pixels.shape[:2]).sum()  # before others hid part of it
+            assert (1 - shapes.MAX_HIDDEN) * whole <= len(xs) <= whole
+            hidden += len(xs) < whole
+            checked += 1
+        shown = (pixels != np.array([90, 120, 60])).any(axis=2).sum()
+        assert shown == sum(o["area"] for o in objects)  # the visible parts partition the non-background
+        overlapping += any(overlap(a["bbox"], b["bbox"]) for a in objects for b in objects if a is not b)
+    assert checked > 200 and overlapping > 10 and hidden > 10
+
+
+def test_single_shape_box_on_flat_background(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One shape alone: its box is the extent of every pixel that differs from the background."""
+    monkeypatch.setattr(shapes, "background", flat_background)
+    monkeypatch.setattr(shapes, "MAX_SHAPES", 1)
+    for index in range(60):
+        pixels, objects = render_sample(5, index)
+        assert len(objects) == 1
+        ys, xs = np.nonzero((pixels != np.array([90, 120, 60])).any(axis=2))
+        x, y, w, h = objects[0]["bbox"]
+        assert (x, y, x + w, y + h) == (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
+
+
+def test_bad_arguments_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="--images: expected a positive number of images, got 0"):
+        write_shapes(tmp_path, 0)
+    with pytest.raises(UserError, match="val_fraction"):
+        write_shapes(tmp_path, 10, val_fraction=1.0)
