@@ -1,0 +1,153 @@
+"""Detection end to end through the real CLI: the generated shapes set, a short training run of the
+``shapes-detect`` recipe, COCO evaluation checked against pycocotools on the generator's own annotation file,
+bad data in both modes, exact resume with augmentation and multi-scale, and evaluation sharded over two
+torchrun processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from tests.conftest import run_cli
+from tests.test_distributed import free_port
+from tests.test_restart import clean_env
+
+IMAGES = 500
+SHORT = ["steps=150", "optim.lr=0.003", "schedule.warmup=[{kind: linear, length: 20, start_factor: 0.02}]",
+         "eval.every=150", "checkpoint.every=75", "log.tensorboard=false", "log.every=50", "memory.interval=1"]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shapes") / "set"
+    result = run_cli("data", "shapes", "--out", str(root), "--images", str(IMAGES), "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    assert "400 train images" in result.stdout and "100 val images" in result.stdout
+    return root
+
+
+@pytest.fixture(scope="module")
+def short_run(shapes, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "shapes"
+    result = run_cli("train", "shapes-detect", "--out", str(out), "--set", f"data.path={shapes}", *SHORT, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+@pytest.mark.timeout(500)
+def test_short_shapes_run_learns_and_reports_coco_metrics(short_run):
+    out, result = short_run
+    final = [r for r in records(out) if r.get("split") == "val"][-1]
+    assert final["step"] == 150 and final["images"] == 100
+    assert final["mAP50"] > 0.03, "an untrained detector scores 0.0 here"
+    assert {"mAP", "mAP75", "mAP_small", "AP/circle", "AP50/star"} <= final.keys()
+    assert " mean average precision (mAP@0.50) = " in result.stdout
+    assert "mAP@[.5:.95]" in result.stdout and "circle" in result.stdout
+    assert (out / "checkpoints" / "best.pt").is_file()
+
+
+@pytest.mark.timeout(500)
+def test_saved_detections_score_the_same_with_pycocotools(short_run, shapes, tmp_path):
+    out, _ = short_run
+    saved = tmp_path / "detections.json"
+    result = run_cli("eval", str(out), "--save-detections", str(saved))
+    assert result.returncode == 0, result.stderr
+    ours = json.loads((out / "eval-last.json").read_text())
+    final = [r for r in records(out) if r.get("split") == "val"][-1]
+    assert ours["mAP"] == pytest.approx(final["mAP"], abs=1e-9), "eval reproduces the training's evaluation"
+    # The oracle: pycocotools on the generator's own annotation file (its category ids, not ours).
+    ground_truth = COCO(str(shapes / "annotations" / "val.json"))
+    detections = json.loads(saved.read_text())
+    # ours: label = rank of the file's category id, category id = label + 1
+    ours_to_file = {label + 1: file_id for label, file_id in enumerate(sorted(ground_truth.getCatIds()))}
+    for d in detections:
+        d["category_id"] = ours_to_file[d["category_id"]]
+    evaluator = COCOeval(ground_truth, ground_truth.loadRes(detections), "bbox")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    assert ours["mAP"] == pytest.approx(evaluator.stats[0], abs=1e-6)
+    assert ours["mAP50"] == pytest.approx(evaluator.stats[1], abs=1e-6)
+
+
+def broken_copy(shapes: Path, root: Path) -> tuple[Path, str, str, str]:
+    """The set with a truncated val JPEG, a missing train image and a train box of negative width."""
+    root = shutil.copytree(shapes, root)
+    corrupt = sorted((root / "val").glob("*.jpg"))[0]
+    corrupt.write_bytes(corrupt.read_bytes()[:300])
+    train_json = root / "annotations" / "train.json"
+    data = json.loads(train_json.read_text())
+    missing = root / "train" / data["images"][5]["file_name"]
+    missing.unlink()
+    data["annotations"][0]["bbox"][2] = -4
+    train_json.write_text(json.dumps(data))
+    return root, str(corrupt), str(missing), str(train_json)
+
+
+@pytest.mark.timeout(300)
+def test_bad_data_is_reported_and_skipped_or_stops_in_strict_mode(shapes, tmp_path):
+    root, corrupt, missing, train_json = broken_copy(shapes, tmp_path / "broken")
+    settings = ["--set", f"data.path={root}", "steps=2", "eval.every=2", "log.tensorboard=false"]
+    lenient = run_cli("train", "shapes-detect", "--out", str(tmp_path / "lenient"), *settings)
+    assert lenient.returncode == 0, lenient.stderr[-2000:]
+    warnings = [line for line in lenient.stderr.splitlines() if line.startswith("warning: ")]
+    assert any(missing in w for w in warnings)
+    assert any(train_json in w and "annotation #0" in w for w in warnings)
+    assert any(corrupt in w for w in warnings)
+    assert "data: " in lenient.stdout and "problems" in lenient.stdout
+
+    strict = run_cli("train", "shapes-detect", "--out", str(tmp_path / "strict"), *settings, "data.strict=true")
+    assert strict.returncode == 2
+    assert strict.stderr.startswith("error: data: ") and strict.stderr.count("\n") == 1
+    assert any(name in strict.stderr for name in (missing, train_json, corrupt))
+    assert not (tmp_path / "strict" / "checkpoints").exists(), "nothing trained"
+
+
+@pytest.mark.timeout(300)
+def test_resume_is_exact_with_augmentation_and_multiscale(shapes, tmp_path):
+    settings = [f"data.path={shapes}", "data.crop=true", "data.color_jitter=0.4", "data.multiscale.sizes=[96, 128]",
+                "data.multiscale.every=1", "schedule.warmup=[]", "schedule.decay={kind: constant}", "batch=8",
+                "eval.every=100", "checkpoint.every=2", "log.tensorboard=false"]
+    whole = run_cli("train", "shapes-detect", "--out", str(tmp_path / "whole"), "--set", *settings, "steps=4")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    part = run_cli("train", "shapes-detect", "--out", str(tmp_path / "part"), "--set", *settings, "steps=2")
+    assert part.returncode == 0, part.stderr[-2000:]
+    resumed = run_cli("train", "--resume", str(tmp_path / "part"), "--set", "steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "part" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.timeout(400)
+def test_evaluation_sharded_over_two_processes_equals_one(shapes, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "two"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), "-m", "bigbatch", "train", "shapes-detect", "--out", str(out),
+               "--set", f"data.path={shapes}", "steps=2", "eval.every=2", "eval.batch=1", "log.tensorboard=false",
+               "norm.sync=bigbatch"]
+    result = subprocess.run(command, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = [r for r in records(out) if r.get("split") == "val"][-1]
+    assert final["images"] == 100
+    single = run_cli("eval", str(out))  # eval.batch=1 from the run's config: no batch padding differs
+    assert single.returncode == 0, single.stderr
+    alone = json.loads((out / "eval-last.json").read_text())
+    for key in ("mAP", "mAP50", "mAP75"):
+        assert alone[key] == pytest.approx(final[key], abs=1e-9), key
