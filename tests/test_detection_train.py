@@ -151,3 +151,16 @@ def test_evaluation_sharded_over_two_processes_equals_one(shapes, tmp_path):
     alone = json.loads((out / "eval-last.json").read_text())
     for key in ("mAP", "mAP50", "mAP75"):
         assert alone[key] == pytest.approx(final[key], abs=1e-9), key
+
+
+def test_plan_measures_the_largest_detection_input(shapes):
+    """``bigbatch plan`` measures a micro-batch of the largest multi-scale size, longer side at its cap."""
+    from bigbatch.config import load_config
+    from bigbatch.tasks import build_task
+
+    cfg = load_config("shapes-detect", [f"data.path={shapes}", "data.multiscale.sizes=[96, 160]"])
+    task = build_task(cfg)
+    images, targets = task.synthetic_batch(cfg, 2, torch.device("cpu"))
+    assert [tuple(image.shape) for image in images] == [(3, 160, 200)] * 2  # 160 x 160 / 128 (max_size / size)
+    loss = task.loss(task.build_model(cfg).train(), (images, targets))
+    assert torch.isfinite(loss)

@@ -34,6 +34,12 @@ class ClassificationTask:
 
         return build_classifier(cfg.model, self.num_classes, self.in_channels)
 
+    def synthetic_batch(self, cfg: RunConfig, micro_batch: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Random images and labels of the training shape (for measuring memory: ``bigbatch plan``)."""
+        size = cfg.data.size
+        images = torch.randn(micro_batch, self.in_channels, size, size, device=device)
+        return images, torch.randint(0, self.num_classes, (micro_batch,), device=device)
+
     @staticmethod
     def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Mean cross-entropy over the micro-batch."""

@@ -94,6 +94,22 @@ class DetectionTask:
                               max_size=max(cfg.data.longest_side, largest), weights=cfg.model.weights,
                               norm=cfg.model.norm)
 
+    def synthetic_batch(self, cfg: RunConfig, micro_batch: int, device: torch.device
+                        ) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+        """Random images of the largest training input (the largest multi-scale size; with ``shorter_side``, the
+        longer side at its cap), each with 4 random boxes: the peak memory ``bigbatch plan`` measures."""
+        short = max(self.multiscale.sizes) if self.multiscale is not None else cfg.data.size
+        long = short if cfg.data.resize == "letterbox" else round(short * cfg.data.longest_side / cfg.data.size)
+        gen = torch.Generator().manual_seed(0)
+        images, targets = [], []
+        for _ in range(micro_batch):
+            images.append(torch.rand(3, short, long, generator=gen).to(device))
+            corner = torch.rand(4, 2, generator=gen) * torch.tensor([long * 0.7, short * 0.7])
+            extent = 8 + torch.rand(4, 2, generator=gen) * torch.tensor([long * 0.3, short * 0.3])
+            targets.append({"boxes": torch.cat([corner, corner + extent], dim=1).to(device),
+                            "labels": torch.randint(0, len(self.class_names), (4,), generator=gen).to(device)})
+        return images, targets
+
     @staticmethod
     def loss(model: nn.Module, batch: tuple[list[torch.Tensor], list[dict[str, Any]]]) -> torch.Tensor:
         """The sum of the detector's losses (classification, box regression, ...) over the micro-batch."""

@@ -51,14 +51,12 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     task = build_task(cfg)
     model = task.build_model(cfg).to(device).train()
     optimizer = build_optimizer(cfg.optim, model)
-    size = cfg.data.size
-    images = torch.randn(micro_batch, task.in_channels, size, size, device=device)
-    labels = torch.randint(0, task.num_classes, (micro_batch,), device=device)
+    batch = task.synthetic_batch(cfg, micro_batch, device)
     seconds = 0.0
     for _ in range(2):
         start = time.perf_counter()
         with autocast(cfg.precision, device):
-            loss = task.loss(model, (images, labels))
+            loss = task.loss(model, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
