@@ -164,3 +164,68 @@ def test_plan_measures_the_largest_detection_input(shapes):
     assert [tuple(image.shape) for image in images] == [(3, 160, 200)] * 2  # 160 x 160 / 128 (max_size / size)
     loss = task.loss(task.build_model(cfg).train(), (images, targets))
     assert torch.isfinite(loss)
+
+
+def write_yolo_copy(shapes: Path, root: Path) -> Path:
+    """The shapes set in Ultralytics' YOLO layout: images/{train,val}, labels/{train,val}, classes.txt."""
+    names = None
+    for split in ("train", "val"):
+        data = json.loads((shapes / "annotations" / f"{split}.json").read_text())
+        ids = sorted(c["id"] for c in data["categories"])
+        names = [next(c["name"] for c in data["categories"] if c["id"] == i) for i in ids]
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        lines: dict[int, list[str]] = {image["id"]: [] for image in data["images"]}
+        sizes = {image["id"]: (image["width"], image["height"]) for image in data["images"]}
+        for a in data["annotations"]:
+            (x, y, w, h), (width, height) = a["bbox"], sizes[a["image_id"]]
+            lines[a["image_id"]].append(f"{ids.index(a['category_id'])} {(x + w / 2) / width:.6f} "
+                                        f"{(y + h / 2) / height:.6f} {w / width:.6f} {h / height:.6f}")
+        for image in data["images"]:
+            shutil.copy(shapes / split / image["file_name"], root / "images" / split / image["file_name"])
+            label = (root / "labels" / split / image["file_name"]).with_suffix(".txt")
+            label.write_text("\n".join(lines[image["id"]]) + "\n")
+    (root / "classes.txt").write_text("\n".join(names) + "\n")
+    return root
+
+
+@pytest.mark.timeout(300)
+def test_yolo_folder_trains_and_evaluates_every_val_image(shapes, tmp_path):
+    root = write_yolo_copy(shapes, tmp_path / "yolo")
+    out = tmp_path / "run"
+    result = run_cli("train", "shapes-detect", "--out", str(out), "--set", "data.name=yolo", f"data.path={root}",
+                     "steps=2", "eval.every=2", "log.tensorboard=false", "data.classes=[star, circle]")
+    assert result.returncode == 0, result.stderr[-2000:]
+    final = [r for r in records(out) if r.get("split") == "val"][-1]
+    assert final["images"] == 100
+    assert {k for k in final if k.startswith("AP/")} <= {"AP/star", "AP/circle"}
+    assert "star" in result.stdout and "square" not in result.stdout
+
+
+def test_megdet_recipe_shows_without_the_data():
+    result = run_cli("show", "configs/megdet-r50-fpn.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "fasterrcnn_resnet50_fpn" in result.stdout and "sync: bigbatch" in result.stdout
+    assert "epochs          11.00 (of 118287 training images)" in result.stdout
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["task=detection"], "error: data.name: 'digits' is not a detection dataset; expected shapes, coco or yolo"),
+    (["task=detection", "data.name=shapes"], "error: model.name: 'small_cnn' is not a detector (task: detection)"),
+    (["task=detection", "data.name=coco", "model.name=small_detector"], "error: data.train: missing;"),
+    (["task=detection", "data.name=shapes", "model.name=small_detector", "eval.metric=top1"],
+     "error: eval.metric: 'top1' is not a detection metric"),
+    (["task=detection", "data.name=shapes", "model.name=small_detector", "data.multiscale.sizes=[100]"],
+     "error: data.multiscale.sizes.0: input should be a multiple of 32"),
+])
+def test_detection_config_mistakes_name_the_field(overrides, message):
+    result = run_cli("show", "digits", "--set", *overrides)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message), result.stderr
+
+
+def test_coco_paths_that_do_not_exist_are_named(tmp_path):
+    result = run_cli("train", "megdet-r50-fpn", "--out", str(tmp_path / "run"), "--set", "steps=1",
+                     f"data.train.images={tmp_path}", f"data.train.annotations={tmp_path / 'nope.json'}")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: data.train.annotations: {tmp_path / 'nope.json'} does not exist")

@@ -181,12 +181,28 @@ def load_records(cfg: RunConfig, issues: DataIssues, rank: int = 0
         return _coco_splits(splits, data.classes, issues)
     from bigbatch.data.yolo import load_yolo
 
-    train, names = load_yolo(data.path, issues, keep_empty=False, split="train")
-    val, val_names = load_yolo(data.path, issues, keep_empty=True, split="valid")
+    train_source, val_source, train_split, val_split = yolo_splits(Path(data.path))
+    train, names = load_yolo(train_source, issues, keep_empty=False, split=train_split)
+    val, val_names = load_yolo(val_source, issues, keep_empty=True, split=val_split)
+    if val_names != names:
+        raise UserError(f"data.path: the validation images of {data.path} have other class names than the training")
     if data.classes is not None:
         train, names = _subset(train, names, data.classes)
         val, _ = _subset(val, val_names, data.classes)
     return train, val, names
+
+
+def yolo_splits(path: Path) -> tuple[Path, Path, str, str]:
+    """(train source, val source, and the split of each) of a YOLO ``data.path``: a Darknet ``.data`` file (its
+    ``train`` and ``valid`` lists), a folder with ``train/`` and ``val/`` (each with ``images/`` and ``labels/``),
+    or Ultralytics' layout, ``images/train``, ``images/val`` beside ``labels/train``, ``labels/val``."""
+    if path.is_file():
+        return path, path, "train", "valid"
+    for train, val in ((path / "train", path / "val"), (path / "images" / "train", path / "images" / "val")):
+        if train.is_dir() and val.is_dir():
+            return train, val, "train", "train"  # a folder is one split; "train" only names the folder's role
+    raise UserError(f"data.path: {path} is neither a Darknet .data file nor a folder with train/ and val/ (or "
+                    f"images/train and images/val) beside their labels")
 
 
 def _coco_splits(splits: list[tuple[Path, Path]], classes: list[str] | None, issues: DataIssues
@@ -232,7 +248,8 @@ def count_train_images(cfg: RunConfig) -> int:
 
         path = Path(data.path)
         if path.exists():
-            return len(load_yolo(path, DataIssues(strict=data.strict), keep_empty=False, split="train")[0])
+            source, _, split, _ = yolo_splits(path)
+            return len(load_yolo(source, DataIssues(strict=data.strict), keep_empty=False, split=split)[0])
     if path.is_file():
         with open(path, encoding="utf-8") as f:
             return len(json.load(f).get("images", []))
