@@ -30,7 +30,7 @@ demo: $(VENV)/.installed
 	$(BIN)/bigbatch train digits
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -n 2 -q tests; rc=$$?; \
+	$(BIN)/python -m pytest -n 2 -q --durations=15 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 lint: $(VENV)/.installed-dev

@@ -219,9 +219,12 @@ def test_megdet_recipe_shows_without_the_data():
      "error: data.multiscale.sizes.0: input should be a multiple of 32"),
 ])
 def test_detection_config_mistakes_name_the_field(overrides, message):
-    result = run_cli("show", "digits", "--set", *overrides)
-    assert result.returncode == 2
-    assert result.stderr.startswith(message), result.stderr
+    from bigbatch.config import load_config
+    from bigbatch.errors import UserError
+
+    with pytest.raises(UserError) as caught:
+        load_config("digits", overrides)
+    assert f"error: {caught.value}".startswith(message), str(caught.value)
 
 
 def test_coco_paths_that_do_not_exist_are_named(tmp_path):
