@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,3 +31,28 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is absent (it only exists beside the project's own checkout)")
     return SHARED_DATA
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_spawned(worker: Callable[[int, int, str], None], world: int, out_dir: Path, timeout_s: float) -> list:
+    """Run ``worker(rank, port, out_dir)`` in ``world`` spawned processes (they join a Gloo group on ``port``) and
+    return what each wrote to ``out_dir/rank<r>.pt``; fail the test if they do not finish within ``timeout_s``."""
+    import torch
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(worker, args=(free_port(), str(out_dir)), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join(5)
+            pytest.fail(f"distributed workers did not finish within {timeout_s} s")
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]

@@ -14,8 +14,7 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from tests.conftest import run_cli
-from tests.test_distributed import free_port
+from tests.conftest import free_port, run_cli
 from tests.test_restart import clean_env
 
 IMAGES = 500

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, free_port, run_cli
 
 COMMON = ["batch=64", "steps=3", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.batch=50",
           "schedule.warmup=[]"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(out, *overrides: str, processes: int = 2) -> subprocess.CompletedProcess:

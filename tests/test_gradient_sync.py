@@ -8,14 +8,11 @@ to hold every gradient, so one synchronisation = one call).
 
 from __future__ import annotations
 
-import socket
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -24,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.data.loader import TensorImages
 from bigbatch.engine.trainer import train_step
 from bigbatch.tasks.classification import ClassificationTask
+from tests.conftest import run_spawned
 
 WORLD = 2
 SUBDIVISIONS = 4
@@ -97,26 +95,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("gradient_sync")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join(5)
-            pytest.fail(f"distributed workers did not finish within {TIMEOUT_S} s")
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("gradient_sync"), TIMEOUT_S)
 
 
 @pytest.mark.timeout(180)

@@ -14,8 +14,8 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import ROOT
-from tests.test_distributed import COMMON, assert_same_weights, free_port, weights
+from tests.conftest import ROOT, free_port
+from tests.test_distributed import COMMON, assert_same_weights, weights
 
 STEPS = 120
 SETTINGS = [*COMMON, f"steps={STEPS}", "checkpoint.every=5", "eval.every=1000", "model.norm=group"]

@@ -6,17 +6,15 @@ to files; the tests compare them with a plain ``nn.BatchNorm2d`` run here on the
 
 from __future__ import annotations
 
-import socket
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
+from tests.conftest import run_spawned
 
 WORLD = 2
 C, H, W = 4, 3, 3
@@ -123,26 +121,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("sync_bn")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join(5)
-            pytest.fail(f"distributed workers did not finish within {TIMEOUT_S} s")
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("sync_bn"), TIMEOUT_S)
 
 
 def _reference(case: str) -> dict:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -30,14 +31,15 @@ from bigbatch.errors import UserError
 FORMAT = 1
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to ``path`` so that readers see the old file or the complete new one."""
+def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb") -> None:
+    """Write ``path`` so that readers see the old file or the complete new one: ``write`` fills a temporary file
+    in the same folder, which is flushed, fsync'ed and renamed over ``path``; then the folder is fsync'ed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
+        with open(tmp, mode) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -49,6 +51,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to ``path`` with :func:`atomic_write`."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def rng_state() -> dict[str, Any]:

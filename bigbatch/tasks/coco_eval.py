@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -209,17 +208,7 @@ def darknet_line(metrics: Mapping[str, float]) -> str:
 
 
 def save_detections(path: str | Path, detections: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``detections`` (COCO results format) as JSON so that readers see the old file or the whole new one:
-    a temporary file in the same folder, flushed and fsync'ed, then renamed over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(list(detections), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Write ``detections`` (COCO results format) as JSON, atomically (``engine.checkpoint.atomic_write``)."""
+    from bigbatch.engine.checkpoint import atomic_write
+
+    atomic_write(path, lambda f: json.dump(list(detections), f), mode="w")

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from bigbatch.config import RunConfig
-from bigbatch.data.coco import CATEGORY_ID_OFFSET, coco_ground_truth, load_coco
+from bigbatch.data.coco import CATEGORY_ID_OFFSET, class_mapping, coco_ground_truth, load_coco
 from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
 from bigbatch.data.detection import DataIssues, DetectionDataset, DetectionRecord
 from bigbatch.data.loader import eval_batches
@@ -217,18 +217,16 @@ def _coco_splits(splits: list[tuple[Path, Path]], classes: list[str] | None, iss
 
 def _subset(records: list[DetectionRecord], names: list[str], classes: list[str]
             ) -> tuple[list[DetectionRecord], list[str]]:
-    """YOLO records restricted to ``classes`` (by name, in that order), labels renumbered."""
-    unknown = [c for c in classes if c not in names]
-    if unknown:
-        raise UserError(f"data.classes: {', '.join(map(repr, unknown))} not among the names ({', '.join(names)})")
-    new_label = {names.index(c): i for i, c in enumerate(classes)}
+    """YOLO records restricted to ``classes`` (by name, in that order), labels renumbered (COCO's rule:
+    ``class_mapping`` with the names file's lines as categories)."""
+    classes, new_label = class_mapping(dict(enumerate(names)), classes, "the names file")
     kept = []
     for r in records:
         keep = np.array([int(label) in new_label for label in r.labels], dtype=bool)
         labels = np.array([new_label[int(label)] for label in r.labels[keep]], np.int64)
         kept.append(DetectionRecord(path=r.path, width=r.width, height=r.height, image_id=r.image_id,
                                     boxes=r.boxes[keep], labels=labels))
-    return kept, list(classes)
+    return kept, classes
 
 
 def count_train_images(cfg: RunConfig) -> int:
