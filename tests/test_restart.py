@@ -21,12 +21,18 @@ STEPS = 120
 SETTINGS = [*COMMON, f"steps={STEPS}", "checkpoint.every=5", "eval.every=1000", "model.norm=group"]
 
 
-def torchrun_command(out, max_restarts: int) -> list[str]:
-    """Fault-tolerant launch as torchrun documents it: the c10d rendezvous backend (each restart is a new
-    rendezvous round, so the new workers do not meet the dead ones' addresses)."""
+def torchrun_command(out, max_restarts: int, rendezvous: str = "c10d") -> list[str]:
+    """A 2-process launch with the c10d rendezvous (torchrun's fault-tolerant setup) or the static one
+    (``--master-addr/--master-port``). Both keep one store across restarts; ``train`` keys its process group
+    by attempt so the restarted workers do not meet the dead ones' addresses."""
+    port = free_port()
+    if rendezvous == "c10d":
+        launch = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    else:
+        launch = ["--master-addr", "127.0.0.1", "--master-port", str(port)]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
-            str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-            "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", *SETTINGS]
+            str(max_restarts), *launch, "-m", "bigbatch", "train", "digits", "--out", str(out), "--set",
+            *SETTINGS]
 
 
 def clean_env() -> dict[str, str]:
@@ -56,10 +62,11 @@ def checkpoint_step(out) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path, rendezvous):
     out = tmp_path / "restarted"
-    launcher = subprocess.Popen(torchrun_command(out, max_restarts=1), cwd=ROOT, env=clean_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(torchrun_command(out, max_restarts=1, rendezvous=rendezvous), cwd=ROOT,
+                                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed_at = None
     try:
         deadline = time.monotonic() + 200

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -43,8 +44,32 @@ def setup() -> Process:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        store = store_of_this_attempt(world)
+        if store is None:
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
     return Process(rank=rank, world=world, local_rank=local_rank, device=device)
+
+
+def store_of_this_attempt(world: int) -> dist.Store | None:
+    """The key-value store for the process group, fresh for each torchrun restart; None: torch's default.
+
+    Under torchrun the workers share the agent's TCP store, and that store outlives a restart: the restarted
+    workers would find the dead workers' Gloo/NCCL addresses under the same keys and may connect to them
+    ("Connection refused"). torch 2.14 keys nothing by attempt (see pytorch/pytorch#135712), so on a single
+    node, where ``TORCHELASTIC_RESTART_COUNT`` is the same for every worker, each attempt gets its own key
+    prefix. Across nodes the count is per agent and may differ, so there torch's default stays and
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (docs/distributed.md) gives each restart a new store instead.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None
+    timeout = timedelta(minutes=30)  # torch's default process-group timeout
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"bigbatch/attempt_{attempt}", agent_store)
 
 
 def teardown() -> None:
