@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -65,9 +64,8 @@ def store_of_this_attempt(world: int) -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
         return None
-    timeout = timedelta(minutes=30)  # torch's default process-group timeout
     agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                                is_master=False, timeout=timeout)
+                                is_master=False, timeout=dist.default_pg_timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"bigbatch/attempt_{attempt}", agent_store)
 
