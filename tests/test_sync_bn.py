@@ -1,7 +1,8 @@
 """CrossDeviceBatchNorm against a single-process BatchNorm2d on the concatenated global batch.
 
-Two real processes (Gloo, TCP init on 127.0.0.1) run every case once, in one spawn, and write their results
-to files; the tests compare them with a plain ``nn.BatchNorm2d`` run here on the concatenated batch.
+Two real processes (Gloo, TCP init on 127.0.0.1) run every case once per transport of the layer's sums (the
+shared-memory channel of one machine, and Gloo's all-reduce), in one spawn, and write their results to files;
+the tests compare them with a plain ``nn.BatchNorm2d`` run here on the concatenated batch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bigbatch.engine import host_all_reduce
+from bigbatch.engine.host_all_reduce import HostAllReduce
 from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
 from tests.conftest import run_spawned
 
@@ -29,6 +32,7 @@ CASES = {
     "bf16_empty_rank": ((0, 4), 0.1, True),
 }
 COUNT_SIZES = (2, 1)
+TRANSPORTS = ("shared_memory", "gloo")
 TIMEOUT_S = 90
 
 
@@ -54,10 +58,10 @@ def _initial_state() -> dict[str, torch.Tensor]:
     }
 
 
-def _run_cases(rank: int) -> dict:
+def _run_cases(rank: int, group) -> dict:
     out = {}
     for case, (sizes, momentum, bf16) in CASES.items():
-        bn = CrossDeviceBatchNorm(C, momentum=momentum)
+        bn = CrossDeviceBatchNorm(C, momentum=momentum, process_group=group)
         bn.load_state_dict(_initial_state())
         lo = sum(sizes[:rank])
         hi = lo + sizes[rank]
@@ -77,13 +81,15 @@ def _run_cases(rank: int) -> dict:
     return out
 
 
-def _count_collectives(rank: int) -> dict:
+def _count_collectives(rank: int, group) -> dict:
+    """Collectives of a two-BN model, whichever transport carries them (dist.* calls and shared-memory sums)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, C, 3, padding=1), nn.BatchNorm2d(C), nn.ReLU(),
                           nn.Conv2d(C, C, 3, padding=1), nn.BatchNorm2d(C))
-    model = convert_batchnorm(model)
+    model = convert_batchnorm(model, group)
     calls = {"all_reduce": 0, "all_gather": 0}
     originals = {name: getattr(dist, name) for name in calls}
+    original_sum = HostAllReduce.sum_
 
     def counting(name):
         def wrapper(*args, **kwargs):
@@ -91,9 +97,14 @@ def _count_collectives(rank: int) -> dict:
             return originals[name](*args, **kwargs)
         return wrapper
 
+    def counting_sum(self, tensor):
+        calls["all_reduce"] += 1
+        return original_sum(self, tensor)
+
     x = torch.randn(COUNT_SIZES[rank], 3, H, W)
     for name in calls:
         setattr(dist, name, counting(name))
+    HostAllReduce.sum_ = counting_sum
     try:
         y = model(x)
         forward = dict(calls)
@@ -107,6 +118,7 @@ def _count_collectives(rank: int) -> dict:
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
+        HostAllReduce.sum_ = original_sum
     return {"forward": forward, "backward": backward, "eval": evaluation}
 
 
@@ -115,7 +127,14 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))
     try:
-        result = {"cases": _run_cases(rank), "counts": _count_collectives(rank)}
+        result = {}
+        for transport in TRANSPORTS:
+            group = dist.new_group(backend="gloo")
+            if transport == "gloo":
+                host_all_reduce.use_torch_distributed(group)
+            channel = host_all_reduce.channel_for(group)  # made here, so that the counts below hold sums only
+            result[transport] = {"cases": _run_cases(rank, group), "counts": _count_collectives(rank, group),
+                                 "shared_memory": channel is not None}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -143,9 +162,18 @@ def _reference(case: str) -> dict:
     return {"steps": steps, "state": bn.state_dict()}
 
 
+def _of(results: list[dict], transport: str) -> list[dict]:
+    if transport == "shared_memory" and not results[0][transport]["shared_memory"]:
+        pytest.skip("no shared-memory all-reduce on this machine (x86-64 Linux only)")
+    assert results[0]["gloo"]["shared_memory"] is False
+    return [r[transport] for r in results]
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_single_process_batchnorm(results, case):
+def test_matches_single_process_batchnorm(results, case, transport):
+    results = _of(results, transport)
     sizes, _, bf16 = CASES[case]
     ref = _reference(case)
     # fp32: exact up to summation order. bf16: the statistics are fp32 on the same (bf16-rounded) inputs, so the
@@ -172,7 +200,9 @@ def test_matches_single_process_batchnorm(results, case):
 
 
 @pytest.mark.timeout(120)
-def test_one_all_reduce_per_layer_and_direction(results):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_one_all_reduce_per_layer_and_direction(results, transport):
+    results = _of(results, transport)
     for r in range(WORLD):
         counts = results[r]["counts"]
         assert counts["forward"] == {"all_reduce": 2, "all_gather": 0}  # two BN layers

@@ -1,0 +1,156 @@
+"""Sum small float32 CPU tensors over the processes of one machine through shared memory instead of Gloo.
+
+Why: cross-device BatchNorm makes two collectives per layer and step, each a few hundred floats, and every
+process waits for each of them. Over Gloo's TCP transport such a call costs 0.5-1 ms on a CPU machine (thread
+hand-offs and socket wake-ups in both processes); through a shared-memory segment it costs a few tens of
+microseconds. ``torch.distributed`` has no shared-memory CPU backend, so this module is that one collective.
+It is used only where it is known to be correct: every rank of the group maps the same segment (one machine),
+the tensor is a contiguous float32 CPU tensor that fits, and the CPU is x86-64. Otherwise
+:func:`channel_for` answers None and the caller uses ``torch.distributed``.
+
+Protocol, one segment per process group, made once by all its ranks together (:func:`channel_for`):
+
+    flags[r]        int64 on its own cache line: the number of the last call whose input rank r has published
+    slots[p, r, :]  float32, p = call number mod 2: rank r's input to that call
+
+    call s on rank r:   slots[s % 2, r, :n] = x                       copy in
+                        flags[r] = s                                   publish
+                        wait until min over ranks of flags >= s        every input of call s is there
+                        x = sum over ranks of slots[s % 2, :, :n]      the same order on every rank: same bits
+
+Two slots are enough: rank r writes ``slots[s % 2]`` only after it has seen every flag >= s - 1, and a rank
+publishes s - 1 only after it has finished reading call s - 2, the last call that used those slots. The
+publish-then-read order needs stores to become visible in program order and loads not to pass earlier
+loads, which x86-64 guarantees (total store order; the copies are a few kB, far below the size where
+``memcpy`` switches to non-temporal stores). Other CPUs would need explicit fences, which Python cannot
+issue, so there the channel is not used.
+
+A waiting rank polls the flags and yields its core (``os.sched_yield``) between polls, so it neither sleeps
+(a core woken from idle is slow to come back) nor keeps a runnable thread from its core. A rank that waits
+longer than ``timeout`` (torch's default process-group timeout) raises, as a Gloo collective would. Every rank
+must make the same calls with the same sizes in the same order, as with any collective.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+import tempfile
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["HostAllReduce", "channel_for", "use_torch_distributed"]
+
+_SHM_DIR = "/dev/shm"
+_CACHE_LINE = 64  # bytes: each rank's flag on its own line, so publishing does not disturb the others' polling
+_HEADER = 64  # bytes: a random token that proves every rank mapped the same segment
+_CAPACITY = 1 << 15  # float32 values per rank and slot (128 KiB): BatchNorm layers up to 16,383 channels
+_TSO_MACHINES = {"x86_64", "amd64"}
+
+_CHANNELS: dict[object, HostAllReduce | None] = {}
+
+
+class HostAllReduce:
+    """One process's end of a shared-memory sum over the ``world`` processes of a group (see module doc)."""
+
+    def __init__(self, storage: torch.Tensor, rank: int, world: int, segment: str = "", capacity: int = _CAPACITY,
+                 timeout: timedelta = dist.default_pg_timeout) -> None:
+        """``storage``: the mapped segment as uint8, ``segment_bytes(world, capacity)`` long; ``segment``: its
+        file name, for messages (the name is removed once every rank has mapped it)."""
+        flags_end = _HEADER + world * _CACHE_LINE
+        self.token = storage[:_HEADER].view(torch.int64)[:1]
+        # one int64 per cache line: element r of this strided view is rank r's flag
+        self._flags = storage[_HEADER:flags_end].view(torch.int64)[::_CACHE_LINE // 8]
+        self._slots = storage[flags_end:flags_end + 2 * world * capacity * 4].view(torch.float32).view(
+            2, world, capacity)
+        self.rank, self.world, self.capacity, self.segment = rank, world, capacity, segment
+        self.timeout_s = timeout.total_seconds()
+        self._calls = 0
+
+    @staticmethod
+    def segment_bytes(world: int, capacity: int = _CAPACITY) -> int:
+        return _HEADER + world * _CACHE_LINE + 2 * world * capacity * 4
+
+    def fits(self, tensor: torch.Tensor) -> bool:
+        return (tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous()
+                and tensor.numel() <= self.capacity)
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Replace ``tensor`` by its sum over the group's processes (every rank gets the same bits)."""
+        if not self.fits(tensor):
+            raise ValueError(f"shared-memory all-reduce takes contiguous float32 CPU tensors of at most "
+                             f"{self.capacity} values, got {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}")
+        self._calls += 1
+        call, n = self._calls, tensor.numel()
+        slots = self._slots[call % 2, :, :n]
+        slots[self.rank].copy_(tensor.view(-1))
+        self._flags[self.rank] = call
+        deadline = time.monotonic() + self.timeout_s
+        polls = 0
+        while int(self._flags.min()) < call:
+            os.sched_yield()
+            polls += 1
+            if polls % 4096 == 0 and time.monotonic() > deadline:
+                late = [r for r in range(self.world) if int(self._flags[r]) < call]
+                raise RuntimeError(f"shared-memory all-reduce ({self.segment}): rank(s) {late} of {self.world} did "
+                                   f"not reach call {call} within {self.timeout_s:g} s")
+        torch.sum(slots, dim=0, out=tensor.view(-1))
+        return tensor
+
+
+def channel_for(group=None) -> HostAllReduce | None:
+    """The shared-memory channel of ``group`` (default: the world), made on first use; None where it can't be.
+
+    The first call is a collective: every rank of the group must make it at the same point (cross-device
+    BatchNorm does, in its first training forward). Rank 0 of the group creates the segment in /dev/shm and
+    sends its name; every rank maps it and checks the token rank 0 wrote; the segment's name is removed as soon
+    as all have mapped it (nothing is left behind, even after a crash). If any rank cannot see it (another
+    machine, no /dev/shm) or the CPU is not x86-64, every rank gets None.
+    """
+    group = dist.group.WORLD if group is None else group
+    if group not in _CHANNELS:
+        _CHANNELS[group] = _open(group)
+    return _CHANNELS[group]
+
+
+def use_torch_distributed(group) -> None:
+    """Send ``group``'s sums through ``torch.distributed`` even where shared memory would do (for comparisons).
+
+    Call it on every rank before the group's first sum."""
+    _CHANNELS[group] = None
+
+
+def _open(group) -> HostAllReduce | None:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    usable = platform.machine().lower() in _TSO_MACHINES and os.path.isdir(_SHM_DIR)
+    nbytes = HostAllReduce.segment_bytes(world)
+    channel, path, token = None, None, 0
+    if rank == 0 and usable:
+        fd, path = tempfile.mkstemp(prefix="bigbatch-all-reduce-", dir=_SHM_DIR)
+        os.ftruncate(fd, nbytes)
+        os.close(fd)
+        token = secrets.randbits(62) + 1
+        channel = HostAllReduce(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), rank, world,
+                                path)
+        channel.token.fill_(token)
+    announced = [path, token]
+    dist.broadcast_object_list(announced, src=dist.get_global_rank(group, 0), group=group)
+    path, token = announced
+    if rank != 0 and usable and path is not None and os.path.exists(path):  # else: rank 0 is on another machine
+        try:
+            storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        except RuntimeError:
+            storage = None
+        if storage is not None:
+            channel = HostAllReduce(storage, rank, world, path)
+            if int(channel.token) != token:
+                channel = None
+    failures = torch.tensor([0 if channel is not None else 1])
+    dist.all_reduce(failures, group=group)  # also: every rank has mapped the segment before its name goes
+    if rank == 0 and path is not None:
+        os.unlink(path)
+    return channel if int(failures) == 0 else None

@@ -1,0 +1,99 @@
+"""The shared-memory all-reduce of one machine's processes, against Gloo's, with real spawned processes."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from bigbatch.engine import host_all_reduce
+from bigbatch.engine.host_all_reduce import HostAllReduce
+from tests.conftest import run_spawned
+
+WORLD = 3
+CALLS = 300
+
+pytestmark = pytest.mark.skipif(not (
+    os.path.isdir("/dev/shm") and os.uname().machine.lower() in {"x86_64", "amd64"}),
+    reason="the shared-memory all-reduce exists on x86-64 with /dev/shm only")
+
+
+def _inputs(rank: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(rank)
+    return [torch.randn(1 + (i * 97) % 4100, generator=gen) * 10 ** (i % 5) for i in range(CALLS)]
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    try:
+        channel = host_all_reduce.channel_for()
+        result = {"made": channel is not None, "same_object": host_all_reduce.channel_for() is channel,
+                  "segment_left": channel is not None and os.path.exists(channel.segment)}
+        # back to back, so that a rank may run a call ahead of the others (what the two slots are for)
+        result["sums"] = [channel.sum_(x.clone()) for x in _inputs(rank)]
+        result["gloo_sums"] = []
+        for x in _inputs(rank):
+            dist.all_reduce(x)
+            result["gloo_sums"].append(x)
+        result["fits"] = [channel.fits(t) for t in (torch.zeros(channel.capacity), torch.zeros(channel.capacity + 1),
+                                                    torch.zeros(4, dtype=torch.float64), torch.zeros(4, 2).t())]
+
+        # a rank that cannot see the segment (as on another machine): every rank falls back to torch.distributed
+        hidden = dist.new_group(backend="gloo")
+        exists = os.path.exists
+        if rank == 1:
+            host_all_reduce.os.path.exists = lambda path: False if "bigbatch-all-reduce" in path else exists(path)
+        try:
+            result["other_machine"] = host_all_reduce.channel_for(hidden)
+        finally:
+            host_all_reduce.os.path.exists = exists
+        torch.save(result, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("host_all_reduce"), 120)
+
+
+def test_sums_equal_gloo_and_are_the_same_bits_on_every_rank(results):
+    for r in range(WORLD):
+        assert results[r]["made"] and results[r]["same_object"]
+    expected = [sum(parts) for parts in zip(*(_inputs(r) for r in range(WORLD)), strict=True)]
+    for i in range(CALLS):
+        torch.testing.assert_close(results[0]["sums"][i], expected[i], rtol=1e-6, atol=1e-6 * 10 ** (i % 5))
+        torch.testing.assert_close(results[0]["sums"][i], results[0]["gloo_sums"][i], rtol=1e-6,
+                                   atol=1e-6 * 10 ** (i % 5))
+        for r in range(1, WORLD):
+            assert torch.equal(results[r]["sums"][i], results[0]["sums"][i])
+
+
+def test_segment_name_is_removed_once_every_rank_has_mapped_it(results):
+    assert not any(results[r]["segment_left"] for r in range(WORLD))
+
+
+def test_only_contiguous_float32_tensors_that_fit(results):
+    assert results[0]["fits"] == [True, False, False, False]
+
+
+def test_a_rank_that_cannot_see_the_segment_makes_every_rank_fall_back(results):
+    assert [results[r]["other_machine"] for r in range(WORLD)] == [None] * WORLD
+
+
+def test_a_rank_that_never_comes_times_out_naming_it(tmp_path):
+    path = tmp_path / "segment"
+    nbytes = HostAllReduce.segment_bytes(2, capacity=8)
+    path.write_bytes(bytes(nbytes))
+    storage = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+    channel = HostAllReduce(storage, rank=0, world=2, segment=str(path), capacity=8,
+                            timeout=timedelta(seconds=0.2))
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] of 2 did not reach call 1 within 0.2 s"):
+        channel.sum_(torch.ones(3))
+    with pytest.raises(ValueError, match="at most 8 values"):
+        channel.sum_(torch.ones(9))
