@@ -2,14 +2,18 @@
 
 Two real processes (Gloo on the CPU, one thread each) train torchvision's ResNet-18 on 64 px inputs, a
 micro-batch of 8 images per process, one micro-batch per step (forward, backward with DDP's gradient
-all-reduce, SGD step). Both variants start from the same weights and see the same images. Rounds alternate
-which variant goes first; each round times ``--steps`` steps of each, and the per-round ratio
-(bigbatch / none) is taken; the median is reported, with the spread.
+all-reduce, SGD step). Three variants start from the same weights and see the same images: plain BatchNorm
+(``none``); ``bigbatch``, whose BatchNorm sums go through the shared-memory all-reduce of one machine (what
+``norm.sync=bigbatch`` does here); and ``bigbatch-gloo``, the same layers with their sums sent through Gloo's
+all-reduce instead (what it does across machines). Rounds rotate which variant goes first; each round times
+``--steps`` steps of each, and the per-round ratio to ``none`` is taken; the median is reported, with the
+spread.
 
-Collectives are counted on one extra step of each variant: every ``torch.distributed.all_reduce`` call (the
-BatchNorm layers' own) and every DDP gradient bucket (through a communication hook), with their bytes.
+Collectives are counted on one extra step of each variant: every BatchNorm sum (``torch.distributed
+.all_reduce`` calls and shared-memory sums) and every DDP gradient bucket (through a communication hook),
+with their bytes.
 
-    python benchmarks/sync_bn_cost.py [--rounds 9] [--steps 5]
+    python benchmarks/sync_bn_cost.py [--rounds 21] [--steps 5]
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ import torchvision
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from bigbatch.engine import host_all_reduce
+from bigbatch.engine.host_all_reduce import HostAllReduce
 from bigbatch.recipe.sync_bn import convert_batchnorm
 
 WORLD = 2
 MICRO = 8
 SIZE = 64
+VARIANTS = ("none", "bigbatch", "bigbatch-gloo")
 
 
 def _batches(rank: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -53,10 +60,15 @@ def _step(model, optimizer, batch) -> None:
 
 
 def _count_one_step(model, optimizer, batch) -> dict[str, int]:
-    """Collectives and bytes of one step: the BatchNorm layers' all-reduces and DDP's gradient buckets."""
+    """Collectives and bytes of one step: the BatchNorm layers' sums and DDP's gradient buckets."""
     counts = {"bn_calls": 0, "bn_bytes": 0, "ddp_buckets": 0, "ddp_bytes": 0}
-    original = dist.all_reduce
+    original, original_sum = dist.all_reduce, HostAllReduce.sum_
     in_hook = False
+
+    def counting_sum(channel, tensor):
+        counts["bn_calls"] += 1
+        counts["bn_bytes"] += tensor.numel() * tensor.element_size()
+        return original_sum(channel, tensor)
 
     def counting_all_reduce(tensor, *args, **kwargs):
         if not in_hook:  # DDP's own all-reduce goes through the hook below
@@ -75,11 +87,11 @@ def _count_one_step(model, optimizer, batch) -> dict[str, int]:
             in_hook = False
 
     model.register_comm_hook(None, counting_hook)
-    dist.all_reduce = counting_all_reduce
+    dist.all_reduce, HostAllReduce.sum_ = counting_all_reduce, counting_sum
     try:
         _step(model, optimizer, batch)
     finally:
-        dist.all_reduce = original
+        dist.all_reduce, HostAllReduce.sum_ = original, original_sum
     return counts
 
 
@@ -89,7 +101,10 @@ def _worker(rank: int, port: int, rounds: int, steps: int, out: str) -> None:
                             timeout=timedelta(seconds=120))
     torch.manual_seed(0)
     base = torchvision.models.resnet18(num_classes=10)
-    variants = {"none": base, "bigbatch": convert_batchnorm(copy.deepcopy(base))}
+    gloo_only = dist.new_group(backend="gloo")
+    host_all_reduce.use_torch_distributed(gloo_only)
+    variants = {"none": base, "bigbatch": convert_batchnorm(copy.deepcopy(base)),
+                "bigbatch-gloo": convert_batchnorm(copy.deepcopy(base), gloo_only)}
     models = {name: DistributedDataParallel(m) for name, m in variants.items()}
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in models.items()}
     batches = _batches(rank, steps)
@@ -97,7 +112,7 @@ def _worker(rank: int, port: int, rounds: int, steps: int, out: str) -> None:
         _step(models[name], optimizers[name], batches[0])
     times = {name: [] for name in models}
     for r in range(rounds):
-        order = list(models) if r % 2 == 0 else list(reversed(models))
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
         for name in order:
             dist.barrier()
             start = time.perf_counter()
@@ -106,7 +121,7 @@ def _worker(rank: int, port: int, rounds: int, steps: int, out: str) -> None:
             times[name].append((time.perf_counter() - start) / steps)
     counts = {name: _count_one_step(models[name], optimizers[name], batches[0]) for name in models}
     if rank == 0:
-        torch.save({"times": times, "counts": counts,
+        torch.save({"times": times, "counts": counts, "shared_memory": host_all_reduce.channel_for() is not None,
                     "bn_layers": sum(isinstance(m, torch.nn.BatchNorm2d) for m in base.modules()),
                     "parameters": sum(p.numel() for p in base.parameters())}, out)
     dist.destroy_process_group()
@@ -120,7 +135,7 @@ def _free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,20 +144,20 @@ def main() -> None:
                            start_method="spawn")
         result = torch.load(out)
     times, counts = result["times"], result["counts"]
-    ratios = [b / n for b, n in zip(times["bigbatch"], times["none"], strict=True)]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; "
           f"{WORLD} Gloo processes x 1 thread; ResNet-18, {SIZE} px, micro-batch {MICRO} per process")
-    print(f"rounds {args.rounds} x {args.steps} steps per variant, alternating\n")
-    print("| norm.sync | median step (ms) | BN all-reduces / step | BN bytes / step | DDP buckets / step "
-          "| DDP bytes / step |")
-    print("|---|---|---|---|---|---|")
-    for name in ("none", "bigbatch"):
+    print(f"rounds {args.rounds} x {args.steps} steps per variant, rotating which goes first; bigbatch's sums "
+          f"through {'shared memory' if result['shared_memory'] else 'Gloo (no shared memory here)'}\n")
+    print("| variant | median step (ms) | ratio to none: median (min-max) | BN sums / step | BN bytes / step "
+          "| DDP buckets / step | DDP bytes / step |")
+    print("|---|---|---|---|---|---|---|")
+    for name in VARIANTS:
         c = counts[name]
-        print(f"| {name} | {1000 * statistics.median(times[name]):.1f} | {c['bn_calls']} | {c['bn_bytes']:,} "
-              f"| {c['ddp_buckets']} | {c['ddp_bytes']:,} |")
-    print(f"\nratio bigbatch / none: median {statistics.median(ratios):.3f} "
-          f"(rounds: min {min(ratios):.3f}, max {max(ratios):.3f}); {result['bn_layers']} BatchNorm layers, "
-          f"{result['parameters']:,} parameters")
+        ratios = [t / n for t, n in zip(times[name], times["none"], strict=True)]
+        print(f"| {name} | {1000 * statistics.median(times[name]):.1f} | {statistics.median(ratios):.3f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f}) | {c['bn_calls']} | {c['bn_bytes']:,} | {c['ddp_buckets']} "
+              f"| {c['ddp_bytes']:,} |")
+    print(f"\n{result['bn_layers']} BatchNorm layers, {result['parameters']:,} parameters")
 
 
 if __name__ == "__main__":

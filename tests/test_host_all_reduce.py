@@ -97,3 +97,20 @@ def test_a_rank_that_never_comes_times_out_naming_it(tmp_path):
         channel.sum_(torch.ones(3))
     with pytest.raises(ValueError, match="at most 8 values"):
         channel.sum_(torch.ones(9))
+
+
+def test_a_full_dev_shm_means_no_segment_and_nothing_left(monkeypatch):
+    made = []
+    real_mkstemp = host_all_reduce.tempfile.mkstemp
+
+    def recording_mkstemp(*args, **kwargs):
+        made.append(real_mkstemp(*args, **kwargs))
+        return made[-1]
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(host_all_reduce.tempfile, "mkstemp", recording_mkstemp)
+    monkeypatch.setattr(host_all_reduce.os, "posix_fallocate", full)
+    assert host_all_reduce._create_segment(HostAllReduce.segment_bytes(2)) is None
+    assert len(made) == 1 and not os.path.exists(made[0][1])

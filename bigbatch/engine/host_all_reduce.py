@@ -65,6 +65,7 @@ class HostAllReduce:
         self.token = storage[:_HEADER].view(torch.int64)[:1]
         # one int64 per cache line: element r of this strided view is rank r's flag
         self._flags = storage[_HEADER:flags_end].view(torch.int64)[::_CACHE_LINE // 8]
+        self._my_flag = self._flags[rank:rank + 1]
         self._slots = storage[flags_end:flags_end + 2 * world * capacity * 4].view(torch.float32).view(
             2, world, capacity)
         self.rank, self.world, self.capacity, self.segment = rank, world, capacity, segment
@@ -88,7 +89,7 @@ class HostAllReduce:
         call, n = self._calls, tensor.numel()
         slots = self._slots[call % 2, :, :n]
         slots[self.rank].copy_(tensor.view(-1))
-        self._flags[self.rank] = call
+        self._my_flag.fill_(call)
         deadline = time.monotonic() + self.timeout_s
         polls = 0
         while int(self._flags.min()) < call:
@@ -130,13 +131,12 @@ def _open(group) -> HostAllReduce | None:
     nbytes = HostAllReduce.segment_bytes(world)
     channel, path, token = None, None, 0
     if rank == 0 and usable:
-        fd, path = tempfile.mkstemp(prefix="bigbatch-all-reduce-", dir=_SHM_DIR)
-        os.ftruncate(fd, nbytes)
-        os.close(fd)
-        token = secrets.randbits(62) + 1
-        channel = HostAllReduce(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), rank, world,
-                                path)
-        channel.token.fill_(token)
+        path = _create_segment(nbytes)
+        if path is not None:
+            token = secrets.randbits(62) + 1
+            channel = HostAllReduce(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), rank,
+                                    world, path)
+            channel.token.fill_(token)
     announced = [path, token]
     dist.broadcast_object_list(announced, src=dist.get_global_rank(group, 0), group=group)
     path, token = announced
@@ -154,3 +154,20 @@ def _open(group) -> HostAllReduce | None:
     if rank == 0 and path is not None:
         os.unlink(path)
     return channel if int(failures) == 0 else None
+
+
+def _create_segment(nbytes: int) -> str | None:
+    """A new file of ``nbytes`` in /dev/shm, its pages reserved now (a full /dev/shm is an answer of None here,
+    not a SIGBUS in the middle of training); None if it cannot be made."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="bigbatch-all-reduce-", dir=_SHM_DIR)
+    except OSError:
+        return None
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        os.unlink(path)
+        return None
+    finally:
+        os.close(fd)
+    return path

@@ -88,61 +88,67 @@ def _all_reduce_sum(packed: torch.Tensor, group) -> None:
 class CrossDeviceBatchNormFunction(torch.autograd.Function):
     """Batch norm over the global batch of a process group: one packed all-reduce forward, one backward.
 
-    The element-wise work runs in torch's fused batch-norm kernels (CPU and CUDA): ``F.batch_norm`` in
-    inference form with the global statistics normalises, ``native_batch_norm_backward`` with only the
-    parameter-gradient outputs computes the two gradient sums. The input gradient, a g + b x + k per channel
-    (the backward formula expanded), is two fused multiply-adds.
+    The element-wise work runs in torch's fused batch-norm kernels (CPU and CUDA), fed the global statistics:
+    ``torch.batch_norm`` in inference form normalises in the forward; in the backward
+    ``native_batch_norm_backward`` (parameter-gradient outputs only) computes the two gradient sums, and the
+    input gradient, rewritten as
+
+        dL/dx = weight * invstd * (g - mean_g) + q * (mean - x),   q = weight * invstd**2 * mean_g_xhat,
+
+    is the inference kernel again (statistics mean_g and var, bias q * mean) plus one fused multiply-add.
+    Every other operation is on per-channel vectors: a layer is a fixed, small number of torch calls, which is
+    what the smallest layers of a network cost.
     """
 
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_group):  # noqa: D102
         with torch.autocast(device_type=input.device.type, enabled=False):
-            x = input if input.dtype == torch.float32 else input.float()
+            x = input.float()  # the same tensor when it is float32 already
             c = x.shape[1]
-            reduce_dims = [d for d in range(x.dim()) if d != 1]
             n_local = x.numel() // c if c > 0 else 0
-            packed = torch.cat([
-                x.sum(dim=reduce_dims),
-                (x * x).sum(dim=reduce_dims),
-                torch.full((1,), float(n_local), dtype=torch.float32, device=x.device),
-            ])
+            reduce_dims = [0, *range(2, x.dim())]
+            packed = x.new_empty(2 * c + 1)  # [sum x | sum x**2 | n_local]
+            torch.sum(x, reduce_dims, out=packed[:c])
+            torch.sum(x * x, reduce_dims, out=packed[c:2 * c])
+            packed[2 * c] = n_local
             _all_reduce_sum(packed, process_group)
-            total_sum, total_sq, count = packed[:c], packed[c:2 * c], packed[2 * c]
-            n = float(count.item())
+            n = float(packed[2 * c])
             if n <= 1:
                 raise ValueError(f"Expected more than 1 value per channel when training, got {int(n)} in the "
                                  f"global batch")
-            mean = total_sum / n
-            var = (total_sq / n - mean * mean).clamp_min(0.0)
+            moments = packed[:2 * c].div_(n)  # [E x | E x**2]
+            mean = moments[:c]
+            var = torch.addcmul(moments[c:], mean, mean, value=-1.0).clamp_min_(0.0)  # biased, for normalising
 
             if running_mean is not None:
-                running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+                running_mean.lerp_(mean.to(running_mean.dtype), momentum)
             if running_var is not None:
-                unbiased = var * (n / (n - 1.0))
-                running_var.mul_(1.0 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+                running_var.lerp_((var * (n / (n - 1.0))).to(running_var.dtype), momentum)  # unbiased, as torch
 
+            w = None if weight is None else weight.float()
             # y = (x - mean) / sqrt(var + eps) * weight + bias: the fused kernel, fed the global statistics
             if n_local == 0:  # the fused kernels divide by the element count: an empty input stays empty
                 y = x.clone()
             else:
-                y = F.batch_norm(x, mean, var, None if weight is None else weight.float(),
-                                 None if bias is None else bias.float(), False, 0.0, eps)
-            invstd = torch.rsqrt(var + eps)
+                y = torch.batch_norm(x, w, None if bias is None else bias.float(), mean, var, False, 0.0, eps,
+                                     False)
 
-        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.save_for_backward(x, w, mean, var)
         ctx.count = n
         ctx.eps = eps
         ctx.process_group = process_group
         ctx.input_dtype = input.dtype
+        ctx.weight_dtype = None if weight is None else weight.dtype
         return y.to(input.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):  # noqa: D102
-        x, weight, mean, invstd = ctx.saved_tensors
+        x, w, mean, var = ctx.saved_tensors
         grad_input = grad_weight = grad_bias = None
         with torch.autocast(device_type=grad_output.device.type, enabled=False):
             g = grad_output.float().contiguous()
             c = g.shape[1]
+            invstd = (var + ctx.eps).rsqrt_()
             # sum_g = sum_i g,  sum_g_xhat = sum_i g * (x - mean) * invstd  (this process's share)
             if g.numel() == 0:
                 sum_g_xhat = sum_g = g.new_zeros(c)
@@ -150,22 +156,25 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
                 _, sum_g_xhat, sum_g = torch.ops.aten.native_batch_norm_backward(
                     g, x, None, None, None, mean, invstd, True, ctx.eps, [False, True, True])
 
-            if weight is not None and ctx.needs_input_grad[1]:
-                grad_weight = sum_g_xhat.to(weight.dtype)
-            if weight is not None and ctx.needs_input_grad[2]:
-                grad_bias = sum_g.to(weight.dtype)
+            if w is not None and ctx.needs_input_grad[1]:
+                grad_weight = sum_g_xhat.to(ctx.weight_dtype)
+            if w is not None and ctx.needs_input_grad[2]:
+                grad_bias = sum_g.to(ctx.weight_dtype)
 
             if ctx.needs_input_grad[0]:
                 packed = torch.cat([sum_g, sum_g_xhat])
                 _all_reduce_sum(packed, ctx.process_group)
-                mean_g, mean_g_xhat = packed[:c] / ctx.count, packed[c:] / ctx.count
-                # dL/dx = s (g - mean_g - (x - mean) invstd mean_g_xhat), s = weight * invstd,
-                #       = s g + b x + k  with  b = -s invstd mean_g_xhat,  k = -s mean_g - b mean
-                s = invstd if weight is None else invstd * weight.float()
-                b = -s * invstd * mean_g_xhat
-                k = -s * mean_g - b * mean
-                grad_input = torch.addcmul(_channel_view(k, g.dim()), g, _channel_view(s, g.dim()))
-                grad_input = grad_input.addcmul_(x, _channel_view(b, g.dim())).to(ctx.input_dtype)
+                means = packed.div_(ctx.count)
+                mean_g, mean_g_xhat = means[:c], means[c:]
+                q = mean_g_xhat.mul_(invstd).mul_(invstd)
+                if w is not None:
+                    q.mul_(w)
+                if g.numel() == 0:
+                    grad_input = g.clone()
+                else:
+                    grad_input = torch.batch_norm(g, w, q * mean, mean_g, var, False, 0.0, ctx.eps, False)
+                    grad_input.addcmul_(x, _channel_view(q, g.dim()), value=-1.0)
+                grad_input = grad_input.to(ctx.input_dtype)
 
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
