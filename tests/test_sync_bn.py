@@ -122,6 +122,16 @@ def _count_collectives(rank: int, group) -> dict:
     return {"forward": forward, "backward": backward, "eval": evaluation}
 
 
+def _one_value_error(rank: int, group) -> str:
+    """A global batch of one value per channel (rank 0: one 1x1 image, rank 1: none): every rank must raise."""
+    bn = CrossDeviceBatchNorm(C, process_group=group)
+    try:
+        bn(torch.randn(1 - rank, C, 1, 1))
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
@@ -134,7 +144,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 host_all_reduce.use_torch_distributed(group)
             channel = host_all_reduce.channel_for(group)  # made here, so that the counts below hold sums only
             result[transport] = {"cases": _run_cases(rank, group), "counts": _count_collectives(rank, group),
-                                 "shared_memory": channel is not None}
+                                 "shared_memory": channel is not None, "one_value": _one_value_error(rank, group)}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -208,6 +218,12 @@ def test_one_all_reduce_per_layer_and_direction(results, transport):
         assert counts["forward"] == {"all_reduce": 2, "all_gather": 0}  # two BN layers
         assert counts["backward"] == {"all_reduce": 2, "all_gather": 0}
         assert counts["eval"] == {"all_reduce": 0, "all_gather": 0}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_one_value_per_channel_in_the_global_batch_raises_on_every_rank(results, transport):
+    for r in _of(results, transport):
+        assert r["one_value"] == "Expected more than 1 value per channel when training, got 1 in the global batch"
 
 
 def test_convert_batchnorm_nested_keeps_state():

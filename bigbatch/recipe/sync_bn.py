@@ -20,8 +20,10 @@ float32 for the statistics even under autocast):
 ``m`` is the layer's momentum, or 1 / num_batches_tracked when the momentum is None (torch's cumulative
 average); ``num_batches_tracked`` grows by one per training forward. A process with an EMPTY batch (0 samples)
 contributes zeros, still joins both all-reduces, and returns an empty output, so the statistics are exact for
-any split of the global batch, equal or not. If the whole global batch has at most one value per channel, every
-process raises the same ValueError (they all see the same global count, so none is left waiting).
+any split of the global batch, equal or not. On CPU, if the whole global batch has at most one value per
+channel, every process raises the same ValueError (they all see the same global count, so none is left
+waiting). On CUDA the count is never read back to the host, which would stall the stream at every layer, so
+there such a batch is not caught (nor is it by torch.nn.SyncBatchNorm).
 
 **Backward** (g = dL/dy, in float32):
 
@@ -112,18 +114,19 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
             torch.sum(x * x, reduce_dims, out=packed[c:2 * c])
             packed[2 * c] = n_local
             _all_reduce_sum(packed, process_group)
-            n = float(packed[2 * c])
-            if n <= 1:
-                raise ValueError(f"Expected more than 1 value per channel when training, got {int(n)} in the "
-                                 f"global batch")
-            moments = packed[:2 * c].div_(n)  # [E x | E x**2]
+            count = packed[2 * c:]  # the global count stays a tensor: on CUDA, reading it would stall the stream
+            if count.device.type == "cpu" and float(count) <= 1:
+                raise ValueError(f"Expected more than 1 value per channel when training, got {int(count)} in "
+                                 f"the global batch")
+            moments = packed[:2 * c].div_(count)  # [E x | E x**2]
             mean = moments[:c]
             var = torch.addcmul(moments[c:], mean, mean, value=-1.0).clamp_min_(0.0)  # biased, for normalising
 
             if running_mean is not None:
                 running_mean.lerp_(mean.to(running_mean.dtype), momentum)
             if running_var is not None:
-                running_var.lerp_((var * (n / (n - 1.0))).to(running_var.dtype), momentum)  # unbiased, as torch
+                unbiased = var * (count / (count - 1.0))  # as torch's running variance
+                running_var.lerp_(unbiased.to(running_var.dtype), momentum)
 
             w = None if weight is None else weight.float()
             # y = (x - mean) / sqrt(var + eps) * weight + bias: the fused kernel, fed the global statistics
@@ -133,8 +136,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
                 y = torch.batch_norm(x, w, None if bias is None else bias.float(), mean, var, False, 0.0, eps,
                                      False)
 
-        ctx.save_for_backward(x, w, mean, var)
-        ctx.count = n
+        ctx.save_for_backward(x, w, mean, var, count)
         ctx.eps = eps
         ctx.process_group = process_group
         ctx.input_dtype = input.dtype
@@ -143,7 +145,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):  # noqa: D102
-        x, w, mean, var = ctx.saved_tensors
+        x, w, mean, var, count = ctx.saved_tensors
         grad_input = grad_weight = grad_bias = None
         with torch.autocast(device_type=grad_output.device.type, enabled=False):
             g = grad_output.float().contiguous()
@@ -164,7 +166,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 packed = torch.cat([sum_g, sum_g_xhat])
                 _all_reduce_sum(packed, ctx.process_group)
-                means = packed.div_(ctx.count)
+                means = packed.div_(count)
                 mean_g, mean_g_xhat = means[:c], means[c:]
                 q = mean_g_xhat.mul_(invstd).mul_(invstd)
                 if w is not None:
