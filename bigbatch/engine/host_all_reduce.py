@@ -38,6 +38,7 @@ import platform
 import secrets
 import tempfile
 import time
+import weakref
 from datetime import timedelta
 
 import torch
@@ -51,7 +52,8 @@ _HEADER = 64  # bytes: a random token that proves every rank mapped the same seg
 _CAPACITY = 1 << 15  # float32 values per rank and slot (128 KiB): BatchNorm layers up to 16,383 channels
 _TSO_MACHINES = {"x86_64", "amd64"}
 
-_CHANNELS: dict[object, HostAllReduce | None] = {}
+# Weak keys: a channel must not keep its process group's object alive after the group is destroyed.
+_CHANNELS: weakref.WeakKeyDictionary[object, HostAllReduce | None] = weakref.WeakKeyDictionary()
 
 
 class HostAllReduce:
@@ -109,8 +111,8 @@ def channel_for(group=None) -> HostAllReduce | None:
     The first call is a collective: every rank of the group must make it at the same point (cross-device
     BatchNorm does, in its first training forward). Rank 0 of the group creates the segment in /dev/shm and
     sends its name; every rank maps it and checks the token rank 0 wrote; the segment's name is removed as soon
-    as all have mapped it (nothing is left behind, even after a crash). If any rank cannot see it (another
-    machine, no /dev/shm) or the CPU is not x86-64, every rank gets None.
+    as all have mapped it, so a crash later in the run leaves nothing behind in /dev/shm. If any rank cannot see
+    it (another machine, no /dev/shm) or the CPU is not x86-64, every rank gets None.
     """
     group = dist.group.WORLD if group is None else group
     if group not in _CHANNELS:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -404,6 +405,11 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             if peaks:
                 log.event(memory.step, "memory", peaks)
             log.close()
+    # DDP sits in reference cycles, so it would otherwise be freed only at the interpreter's exit, after the
+    # process group is gone, and that can abort a Gloo process ("terminate called without an active
+    # exception": 5 of 20 runs of a minimal torchrun script here). Free it now, then tear the group down.
+    model = None
+    gc.collect()
     distributed.teardown()
     return TrainResult(out_dir, plan.steps, metrics, best, peaks, task.report(metrics))
 
