@@ -52,6 +52,17 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             result["other_machine"] = host_all_reduce.channel_for(hidden)
         finally:
             host_all_reduce.os.path.exists = exists
+
+        # rank 0 cannot map the segment it made: every rank falls back, and the file is gone
+        unmappable = dist.new_group(backend="gloo")
+        real_map, made = host_all_reduce._map, []
+        if rank == 0:
+            host_all_reduce._map = lambda path, *args: made.append(path)
+        try:
+            result["rank0_cannot_map"] = host_all_reduce.channel_for(unmappable)
+        finally:
+            host_all_reduce._map = real_map
+        result["rank0_segment_left"] = [os.path.exists(path) for path in made]
         torch.save(result, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -84,6 +95,11 @@ def test_only_contiguous_float32_tensors_that_fit(results):
 
 def test_a_rank_that_cannot_see_the_segment_makes_every_rank_fall_back(results):
     assert [results[r]["other_machine"] for r in range(WORLD)] == [None] * WORLD
+
+
+def test_rank_0_unable_to_map_its_segment_makes_every_rank_fall_back(results):
+    assert [results[r]["rank0_cannot_map"] for r in range(WORLD)] == [None] * WORLD
+    assert results[0]["rank0_segment_left"] == [False]
 
 
 def test_a_rank_that_never_comes_times_out_naming_it(tmp_path):

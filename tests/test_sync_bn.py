@@ -275,3 +275,31 @@ def test_convert_batchnorm_nested_keeps_state():
     top = nn.BatchNorm1d(3)
     new_top = convert_batchnorm(top.eval())
     assert type(new_top) is CrossDeviceBatchNorm and not new_top.training and new_top.weight is top.weight
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (6, 3, 5), (4, 3, 4, 5), (2, 3, 2, 3, 2)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_the_function_alone_equals_batch_norm(monkeypatch, shape, affine):
+    """One process whose sums are the global ones (the all-reduce made a no-op): exactly torch's BatchNorm, for
+    every input rank, with and without weight and bias."""
+    from bigbatch.recipe import sync_bn
+
+    monkeypatch.setattr(sync_bn, "_all_reduce_sum", lambda packed, group: None)
+    gen = torch.Generator().manual_seed(len(shape) + affine)
+    x = torch.randn(shape, generator=gen) * 3 + 1
+    g = torch.randn(shape, generator=gen)
+    weight = (torch.rand(3, generator=gen) + 0.5).requires_grad_() if affine else None
+    bias = torch.randn(3, generator=gen).requires_grad_() if affine else None
+    results = []
+    for fn in ("ours", "torch"):
+        xi = x.clone().requires_grad_()
+        stats = [torch.zeros(3), torch.ones(3)]
+        if fn == "ours":
+            y = sync_bn.CrossDeviceBatchNormFunction.apply(xi, weight, bias, *stats, 1e-5, 0.1, None)
+        else:
+            y = torch.nn.functional.batch_norm(xi, *stats, weight, bias, True, 0.1, 1e-5)
+        params = [p for p in (weight, bias) if p is not None]
+        grads = torch.autograd.grad(y, [xi, *params], g)
+        results.append([y, *grads, *stats])
+    for ours, theirs in zip(*results, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)

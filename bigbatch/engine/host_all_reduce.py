@@ -131,31 +131,35 @@ def _open(group) -> HostAllReduce | None:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     usable = platform.machine().lower() in _TSO_MACHINES and os.path.isdir(_SHM_DIR)
     nbytes = HostAllReduce.segment_bytes(world)
-    channel, path, token = None, None, 0
-    if rank == 0 and usable:
-        path = _create_segment(nbytes)
-        if path is not None:
+    created = _create_segment(nbytes) if rank == 0 and usable else None
+    try:
+        channel = token = None
+        if created is not None:
             token = secrets.randbits(62) + 1
-            channel = HostAllReduce(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), rank,
-                                    world, path)
-            channel.token.fill_(token)
-    announced = [path, token]
-    dist.broadcast_object_list(announced, src=dist.get_global_rank(group, 0), group=group)
-    path, token = announced
-    if rank != 0 and usable and path is not None and os.path.exists(path):  # else: rank 0 is on another machine
-        try:
-            storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-        except RuntimeError:
-            storage = None
-        if storage is not None:
-            channel = HostAllReduce(storage, rank, world, path)
-            if int(channel.token) != token:
+            channel = _map(created, rank, world, nbytes)
+            if channel is not None:
+                channel.token.fill_(token)
+        announced = [created if channel is not None else None, token]
+        dist.broadcast_object_list(announced, src=dist.get_global_rank(group, 0), group=group)
+        path, token = announced
+        if rank != 0 and usable and path is not None and os.path.exists(path):  # else: rank 0 is elsewhere
+            channel = _map(path, rank, world, nbytes)
+            if channel is not None and int(channel.token) != token:
                 channel = None
-    failures = torch.tensor([0 if channel is not None else 1])
-    dist.all_reduce(failures, group=group)  # also: every rank has mapped the segment before its name goes
-    if rank == 0 and path is not None:
-        os.unlink(path)
+        failures = torch.tensor([0 if channel is not None else 1])
+        dist.all_reduce(failures, group=group)  # also: every rank has mapped the segment before its name goes
+    finally:
+        if created is not None:
+            os.unlink(created)
     return channel if int(failures) == 0 else None
+
+
+def _map(path: str, rank: int, world: int, nbytes: int) -> HostAllReduce | None:
+    try:
+        storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    except RuntimeError:
+        return None
+    return HostAllReduce(storage, rank, world, path)
 
 
 def _create_segment(nbytes: int) -> str | None:

@@ -141,6 +141,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
         ctx.process_group = process_group
         ctx.input_dtype = input.dtype
         ctx.weight_dtype = None if weight is None else weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         return y.to(input.dtype)
 
     @staticmethod
@@ -155,13 +156,15 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
             if g.numel() == 0:
                 sum_g_xhat = sum_g = g.new_zeros(c)
             else:
+                # a weight is passed even without one: the CUDA kernels need it, the two sums do not depend on it
                 _, sum_g_xhat, sum_g = torch.ops.aten.native_batch_norm_backward(
-                    g, x, None, None, None, mean, invstd, True, ctx.eps, [False, True, True])
+                    g, x, torch.ones_like(mean) if w is None else w, None, None, mean, invstd, True, ctx.eps,
+                    [False, True, True])
 
-            if w is not None and ctx.needs_input_grad[1]:
+            if ctx.needs_input_grad[1]:
                 grad_weight = sum_g_xhat.to(ctx.weight_dtype)
-            if w is not None and ctx.needs_input_grad[2]:
-                grad_bias = sum_g.to(ctx.weight_dtype)
+            if ctx.needs_input_grad[2]:
+                grad_bias = sum_g.to(ctx.bias_dtype)
 
             if ctx.needs_input_grad[0]:
                 packed = torch.cat([sum_g, sum_g_xhat])
