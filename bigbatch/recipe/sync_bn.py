@@ -8,7 +8,8 @@ too: instead of the CUDA-only ``torch.batch_norm_*`` kernels it feeds the global
 batch-norm kernels, which exist on every device.
 
 **Forward** (training, per channel c, over the N * prod(spatial) elements of this process's input x, cast to
-float32 for the statistics even under autocast):
+float32 for the statistics even under autocast; a float64 input is computed in float32 too, and its output and
+gradient cast back):
 
     local  = [ sum_i x_ic  (C values) | sum_i x_ic ** 2  (C values) | n_local  (1 value) ]      (float32)
     global = all_reduce(local, SUM)                                                             (ONE call)
