@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="datasets: generate the shapes detection set")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     shapes = data_sub.add_parser("shapes", help="write the generated shapes detection set (JPEG + COCO JSON)")
-    shapes.add_argument("--out", type=Path, required=True, help="the folder to write (train/, val/, annotations/)")
+    shapes.add_argument("--out", type=Path, required=True,
+                        help="the folder to write (train/, val/, annotations/): new, empty, or a set bigbatch "
+                        "generated (replaced)")
     shapes.add_argument("--images", type=int, default=2000, help="images, train and val together "
                         "(default: %(default)s; 20%% go to val)")
     shapes.add_argument("--seed", type=int, default=0, help="the generator's seed (default: %(default)s)")
@@ -286,9 +288,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from bigbatch.data.shapes import write_shapes
+    from bigbatch.data.shapes import generate_shapes
 
-    counts = write_shapes(args.out, args.images, args.seed)
+    counts = generate_shapes(args.out, args.images, args.seed, key="--out")
     print(f"shapes set written to {args.out}: {counts['train_images']} train images ({counts['train_boxes']} boxes), "
           f"{counts['val_images']} val images ({counts['val_boxes']} boxes); classes {', '.join(counts['classes'])}")
     return 0

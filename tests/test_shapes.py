@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +133,84 @@ def test_bad_arguments_are_user_errors(tmp_path: Path) -> None:
         write_shapes(tmp_path, 0)
     with pytest.raises(UserError, match="val_fraction"):
         write_shapes(tmp_path, 10, val_fraction=1.0)
+
+
+# --- nothing of the user's is deleted or overwritten (issue 11, case 1) -----------------------------------------
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _train_shapes(data_path: Path, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    from bigbatch.cli import main
+
+    rc = main(["train", "shapes-detect", "--out", str(data_path.parent / "run"), "--set", f"data.path={data_path}",
+               "data.shapes_images=6", "steps=1"])
+    return rc, capsys.readouterr().err
+
+
+def test_a_folder_of_the_users_is_never_taken_for_a_set_to_regenerate(tmp_path: Path, capsys) -> None:
+    users = tmp_path / "mine"
+    (users / "annotations").mkdir(parents=True)
+    (users / "notes.txt").write_text("my notes")
+    (users / "annotations" / "train.json").write_text("{}")  # no val.json: looks like an incomplete set
+    before = _tree(users)
+    rc, err = _train_shapes(users, capsys)
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith(f"error: data.path: {users} exists and is not a shapes set")
+    assert _tree(users) == before
+    assert not (tmp_path / "run").exists()  # stopped before the run directory was made
+
+    from bigbatch.cli import main
+
+    assert main(["data", "shapes", "--out", str(users), "--images", "4"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out: {users} exists and is not a shapes set")
+    assert _tree(users) == before
+
+
+def test_a_generated_set_holding_a_file_of_the_users_is_not_replaced(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "shapes"
+    write_shapes(root, 6)
+    (root / "annotations" / "val.json").unlink()  # as if interrupted: the set is regenerated ...
+    (root / "train" / "my-photo.jpg").write_bytes(b"mine")  # ... but a file of the user's is in it
+    before = _tree(root)
+    rc, err = _train_shapes(root, capsys)
+    assert rc == 2 and "my-photo.jpg" in err and err.count("\n") == 1
+    assert _tree(root) == before
+
+
+def test_an_incomplete_generated_set_and_stale_partials_are_replaced(tmp_path: Path) -> None:
+    from bigbatch.data.shapes import MARKER, generate_shapes
+
+    root = tmp_path / "shapes"
+    write_shapes(root, 6, seed=1)
+    (root / "annotations" / "val.json").unlink()
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"shapes.partial-{finished.stdout.strip()}"  # a generation killed in its process
+    write_shapes(stale, 3)
+    live = tmp_path / f"shapes.partial-{os.getpid()}x"  # not of our naming: kept
+    live.mkdir()
+    counts = generate_shapes(root, 6, seed=2, key="data.path")
+    assert counts["train_images"] + counts["val_images"] == 6
+    assert json.loads((root / MARKER).read_text())["seed"] == 2
+    assert (root / "annotations" / "val.json").is_file()
+    assert not stale.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["shapes", live.name])
+
+
+def test_data_shapes_writes_into_an_empty_folder_and_refuses_a_file(tmp_path: Path, capsys) -> None:
+    from bigbatch.cli import main
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["data", "shapes", "--out", str(empty), "--images", "4"]) == 0
+    assert (empty / "annotations" / "val.json").is_file()
+    assert main(["data", "shapes", "--out", str(empty), "--images", "5"]) == 0  # its own set: replaced
+    assert len(list((empty / "train").iterdir()) + list((empty / "val").iterdir())) == 5
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    capsys.readouterr()
+    assert main(["data", "shapes", "--out", str(a_file)]) == 2
+    assert capsys.readouterr().err == f"error: --out: {a_file} is a file, not a folder\n"
+    assert a_file.read_text() == "x"

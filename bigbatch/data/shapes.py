@@ -15,12 +15,18 @@ pixels (COCO's area is that of the segmentation mask, not of the box). Category 
 Everything derives from ``(seed, image index)`` through numpy's Generator; PIL's ImageDraw draws (no
 anti-aliasing, so a shape's pixels are exactly its mask) and PIL's JPEG encoder (quality 90) writes, so the
 same seed gives the same bytes.
+
+A generated set carries a marker file, ``.bigbatch-shapes.json``, written before anything else. bigbatch
+replaces a set (``generate_shapes``) only when the folder holds that marker and nothing but the files the
+generator writes; any other existing, non-empty folder is left alone and is an error naming it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -205,7 +211,13 @@ def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val
     train_count, _ = split_sizes(images, val_fraction)
     splits = {"train": range(train_count), "val": range(train_count, images)}
     out_dir = Path(out_dir)
-    (out_dir / "annotations").mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if any(out_dir.iterdir()):
+        raise UserError(f"--out: {out_dir} is not empty; the shapes set is written into a new or empty folder only")
+    marker = {"written_by": MARKER_SIGNATURE, "images": images, "seed": seed, "size": size,
+              "val_fraction": val_fraction}
+    (out_dir / MARKER).write_text(json.dumps(marker) + "\n")
+    (out_dir / "annotations").mkdir()
     counts: dict = {"classes": list(CLASSES)}
     for split, indices in splits.items():
         (out_dir / split).mkdir(parents=True, exist_ok=True)
@@ -223,3 +235,98 @@ def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val
         (out_dir / "annotations" / f"{split}.json").write_text(json.dumps(_coco(entries, annotations)))
         counts[f"{split}_images"], counts[f"{split}_boxes"] = len(entries), len(annotations)
     return counts
+
+
+MARKER = ".bigbatch-shapes.json"
+"""The file that marks a folder as a shapes set bigbatch wrote (JSON: ``written_by`` and the generator's
+arguments)."""
+MARKER_SIGNATURE = "bigbatch shapes generator"
+_GENERATED = re.compile(r"^(?:(?:train|val)/\d{6,}\.jpg|annotations/(?:train|val)\.json)$")
+"""Paths (relative to the set's folder) of the files ``write_shapes`` writes, besides the marker."""
+_GENERATED_DIRS = ("train", "val", "annotations")
+
+
+def is_generated_set(root: Path) -> bool:
+    """Whether ``root`` carries the marker of a set bigbatch generated."""
+    try:
+        marker = json.loads((root / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("written_by") == MARKER_SIGNATURE
+
+
+def foreign_entry(root: Path) -> str | None:
+    """The first entry under ``root`` that ``write_shapes`` did not write (the folder itself, when it lacks the
+    marker), or None when every entry is the generator's own."""
+    if not is_generated_set(root):
+        return str(root)
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        own_dir = relative in _GENERATED_DIRS and path.is_dir() and not path.is_symlink()
+        own_file = (relative == MARKER or _GENERATED.match(relative)) and path.is_file() and not path.is_symlink()
+        if not (own_dir or own_file):
+            return str(path)
+    return None
+
+
+def remove_generated_set(root: Path, key: str) -> None:
+    """Delete a set that bigbatch generated, file by file, after proving that every entry is the generator's;
+    anything else in the folder stops it before anything is deleted (``UserError`` naming ``key``)."""
+    foreign = foreign_entry(root)
+    if foreign is not None:
+        raise UserError(f"{key}: {root} is not a shapes set bigbatch generated, or holds other files too "
+                        f"({foreign}); bigbatch deletes nothing it did not write: choose an empty or new folder")
+    for path in sorted(root.rglob("*"), reverse=True):  # files before the folders holding them
+        path.rmdir() if path.is_dir() else path.unlink()
+    root.rmdir()
+
+
+def generate_shapes(root: Path, images: int, seed: int = 0, key: str = "--out") -> dict:
+    """Write the shapes set at ``root``: into a sibling ``<root>.partial-<pid>`` folder, then renamed, so that an
+    interrupted generation is never taken for a set. ``root`` may be absent, an empty folder or a set bigbatch
+    generated (replaced); anything else is a ``UserError`` naming ``key`` and the folder, and nothing is touched.
+    Partial folders of generations whose process is gone are removed first (they carry the marker)."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{key}: {root} is a file, not a folder")
+    if root.is_dir() and any(root.iterdir()):
+        foreign = foreign_entry(root)
+        if foreign is not None:
+            raise UserError(f"{key}: {root} exists and is not a shapes set bigbatch generated ({foreign} is not "
+                            f"one of its files); bigbatch never overwrites what it did not write: choose an empty "
+                            f"or new folder")
+    remove_stale_partials(root)
+    partial = root.with_name(f"{root.name}.partial-{os.getpid()}")
+    counts = write_shapes(partial, images, seed)
+    if root.is_dir():
+        remove_generated_set(root, key) if any(root.iterdir()) else root.rmdir()
+    partial.rename(root)
+    return counts
+
+
+def remove_stale_partials(root: Path) -> None:
+    """Remove ``<root>.partial-<pid>`` folders left by a generation that was killed: its process is gone and the
+    folder holds the marker and generated files only."""
+    if not root.parent.is_dir():
+        return
+    for partial in root.parent.glob(f"{glob_escape(root.name)}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)) and partial.is_dir() and foreign_entry(partial) is None:
+            remove_generated_set(partial, "data.path")
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this machine)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True

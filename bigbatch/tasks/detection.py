@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -258,19 +256,14 @@ def count_train_images(cfg: RunConfig) -> int:
 
 
 def ensure_shapes(root: Path, images: int, seed: int, rank: int = 0) -> Path:
-    """The generated shapes set at ``root``, written first when absent (by rank 0, into a temporary folder then
-    renamed, so that an interrupted generation is never taken for a set; the other ranks wait)."""
+    """The generated shapes set at ``root``, written first (by rank 0; the other ranks wait) when it is not there.
+    A folder that is neither empty nor a set bigbatch generated is never touched: it is an error naming it."""
     complete = (root / "annotations" / "val.json").is_file()
     if not complete and rank == 0:
-        from bigbatch.data.shapes import write_shapes
+        from bigbatch.data.shapes import generate_shapes
 
         print(f"generating the shapes set ({images} images) in {root}", flush=True)
-        partial = root.with_name(f"{root.name}.partial-{os.getpid()}")
-        write_shapes(partial, images, seed)
-        if root.exists():
-            shutil.rmtree(root)
-        root.parent.mkdir(parents=True, exist_ok=True)
-        partial.rename(root)
+        generate_shapes(root, images, seed, key="data.path")
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return root
