@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
+INT64_MAX = 2**63 - 1
+"""Images are counted (data order, records, TensorBoard steps) in 64-bit integers."""
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -86,6 +89,10 @@ def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
     else:
         assert cfg.epochs is not None  # the config guarantees one of them
         steps = math.ceil(cfg.epochs * train_images / cfg.batch - 1e-9)  # 1.1 epochs of 1000 at 100: 11, not 12
+    if steps * cfg.batch > INT64_MAX:
+        key = "steps" if cfg.steps is not None else "epochs"
+        raise UserError(f"{key}: {steps} steps of {cfg.batch} images are {steps * cfg.batch:.3g} images, more than a "
+                        f"64-bit count holds ({INT64_MAX:.3g})")
     return BatchPlan(
         batch=cfg.batch,
         world=world,

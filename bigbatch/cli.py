@@ -6,6 +6,7 @@ User mistakes print one ``error: ...`` line on stderr and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
     from bigbatch.engine import distributed
+    from bigbatch.engine.run_dir import hold_run_dir
 
     if args.resume is not None:
         if args.out is not None and args.out != args.resume:
@@ -88,17 +90,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         source = args.config or str(out_dir / "config.yaml")
     else:
         source = args.config or "digits"
-    cfg = load_resolved(source, args.overrides)
-    check_batch(cfg, distributed.world_size_from_env())
-    resume = args.resume is not None
-    if not resume:
+    # Everything that can be checked is checked before any work: the config, the machine, the run directory.
+    cfg = load_checked(source, args.overrides)
+    world = distributed.world_size_from_env()
+    if args.resume is None:
         out_dir = args.out or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        resume = holds_this_run(out_dir, cfg)
+    held = hold_run_dir(out_dir) if distributed.rank_from_env() == 0 else contextlib.nullcontext()
+    with held:
+        cfg = resolve_auto(cfg)
+        check_batch(cfg, world)
+        resume = args.resume is not None or holds_this_run(out_dir, cfg)
 
-    from bigbatch.engine.trainer import train
+        from bigbatch.engine.trainer import train
 
-    started = time.perf_counter()
-    result = train(cfg, out_dir, resume=resume)
+        started = time.perf_counter()
+        result = train(cfg, out_dir, resume=resume)
     if distributed.rank_from_env() != 0:
         return 0  # rank 0 reports
     minutes = (time.perf_counter() - started) / 60
@@ -108,6 +114,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"best {result.best.metric} {result.best.value:.2f} at step {result.best.step}")
     print(f"run written to {out_dir}")
     return 0
+
+
+def load_checked(source: str, overrides: list[str]) -> RunConfig:
+    """Load a config and check what can be checked without any work: the batch layout (unless ``subdivisions``
+    is ``auto``) and the memory the run needs at the least against this machine's."""
+    from bigbatch.batching import check_batch
+    from bigbatch.config import load_config
+    from bigbatch.engine import distributed
+    from bigbatch.telemetry.capacity import check_capacity
+
+    cfg = load_config(source, overrides)
+    world = distributed.world_size_from_env()
+    if cfg.subdivisions != "auto":
+        check_batch(cfg, world)
+    check_capacity(cfg, world)
+    return cfg
 
 
 def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
@@ -229,11 +251,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from bigbatch.config import load_config, parse_size
+    from bigbatch.config import parse_size
     from bigbatch.engine import distributed
     from bigbatch.telemetry.planner import plan_layout
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     budget = None
     if args.memory_limit is not None:
         try:
@@ -252,11 +274,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def load_resolved(source: str, overrides: list[str]) -> RunConfig:
     """Load a config and, for ``subdivisions: auto``, measure and choose the subdivisions."""
-    from bigbatch.config import load_config
+    return resolve_auto(load_checked(source, overrides))
+
+
+def resolve_auto(cfg: RunConfig) -> RunConfig:
+    """``subdivisions: auto``: measure and choose the subdivisions (printing the measurements)."""
     from bigbatch.engine import distributed
     from bigbatch.telemetry.planner import resolve_auto_subdivisions
 
-    cfg = load_config(source, overrides)
     cfg, plan = resolve_auto_subdivisions(cfg, distributed.world_size_from_env())
     if plan is not None:
         print(plan.table())

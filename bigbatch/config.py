@@ -37,9 +37,10 @@ MIN_INPUT_SIZE = {"small_cnn": 8, "inception_v3": 75}
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, types are not coerced."""
+    """Base of every config section: unknown keys are errors, types are not coerced, numbers are finite
+    (``.inf``, ``.nan`` and YAML floats too large for a double, such as ``1.0e+400``, are refused)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ModelConfig(Section):
@@ -510,7 +511,8 @@ class RunConfig(Section):
     """Optimizer steps. Give either ``steps`` or ``epochs``."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training set, turned into steps = ceil(epochs * images / batch)."""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seeds every random generator (numpy's legacy seeding and most tools take 32-bit seeds)."""
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
@@ -570,17 +572,41 @@ def builtin_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, whose constructors' own errors on a malformed value (``!!int x``, the date
+    ``2020-13-45``: a ValueError, IndexError, ...) become a ``ConstructorError`` marked with its line."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, LookupError, AttributeError):
+            value = repr(node.value) if isinstance(node, yaml.ScalarNode) else "the value"
+            problem = f"{value} is not a valid {node.tag.rpartition(':')[2]}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping; syntax errors name the file and line."""
+    """Read a YAML mapping; every mistake (not UTF-8, syntax, a malformed value) names the file and line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise UserError(f"config: cannot read {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UserError(f"config: {path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x})") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise UserError(f"config: {where}: invalid YAML: {e.problem}") from None
+    except yaml.reader.ReaderError as e:  # a control character, which YAML does not allow
+        line = text.count("\n", 0, e.position) + 1
+        raise UserError(f"config: {path}:{line}: invalid YAML: character U+{e.character:04X} is not allowed") from None
+    except RecursionError:
+        raise UserError(f"config: {path}: invalid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -609,8 +635,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise UserError(f"--set: expected KEY=VALUE with a dotted key, got {text!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+        value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
+    except (yaml.YAMLError, RecursionError):  # not YAML: the text itself (``name=2020-13-45``, ``a=[``)
         value = raw
     return key.split("."), value
 
@@ -627,7 +653,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for i, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
-                raise UserError(f"{'.'.join(keys[: i + 1])}: is a value, not a section; cannot set {'.'.join(keys)}")
+                raise UserError(f"{_dotted(keys[: i + 1])}: is a value, not a section; cannot set {_dotted(keys)}")
             node = child
         node[keys[-1]] = value
         if len(keys) == 1 and keys[0] in _EXCLUSIVE:
@@ -638,18 +664,28 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 _UNION_MEMBERS = {"float", "int", "str", "bool", "list", "dict", "tuple", "none"}
 
 
-def _key(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The config key of an error location, without pydantic's union-member tags (``literal[...]``, ``float``)."""
-    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p in _UNION_MEMBERS)))
+def _key(loc: tuple[Any, ...], kind: str = "") -> tuple[Any, ...]:
+    """The config key of an error location, without pydantic's union-member tags (``literal[...]``, ``float``).
+    The last part of an unknown key (``extra_forbidden``) is the user's own, kept whatever it looks like."""
+    kept = loc[-1:] if kind == "extra_forbidden" else ()
+    loc = loc[: len(loc) - len(kept)]
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p in _UNION_MEMBERS))) + kept
+
+
+def _dotted(parts: tuple[Any, ...] | list[Any]) -> str:
+    """A dotted key for a one-line message; quoted when it is empty or holds a line break, a control character or
+    surrounding space."""
+    key = ".".join(str(p) for p in parts)
+    return key if key and key.isprintable() and key == key.strip() else repr(key)
 
 
 def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> tuple[str, str]:
     """(the dotted key, what is wrong with it) for one pydantic error."""
-    loc = ".".join(str(p) for p in _key(error["loc"]))
     kind = error["type"]
+    loc = _dotted(_key(error["loc"], kind))
     if kind == "extra_forbidden":
-        expected = ", ".join(section.model_fields) if section is not None else "a known key"
-        return loc, f"unknown key (expected one of: {expected})"
+        expected = f" (expected one of: {', '.join(section.model_fields)})" if section is not None else ""
+        return loc, f"unknown key{expected}"
     if kind == "missing":
         return loc, "missing (required)"
     message = error["msg"]
@@ -660,15 +696,25 @@ def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> tuple[s
     return loc, f"{message[0].lower() + message[1:]}, got {error['input']!r}"
 
 
+def _section_in(annotation: Any) -> type[BaseModel] | None:
+    """The config class an annotation holds: itself, ``X | None`` or ``list[X]``."""
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((cls for cls in map(_section_in, get_args(annotation)) if cls is not None), None)
+
+
 def _section_of(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The config class that holds the parent of ``loc`` (for listing the keys it accepts)."""
-    cls: type[BaseModel] = RunConfig
+    cls: type[BaseModel] | None = RunConfig
     for part in loc[:-1]:
+        if isinstance(part, int):  # an item of a list of sections (schedule.warmup.0)
+            continue
         field = cls.model_fields.get(str(part))
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        cls = _section_in(field.annotation) if field is not None else None
+        if cls is None:
             return None
-        cls = annotation
     return cls
 
 
@@ -678,7 +724,7 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
     except ValidationError as e:
         by_key: dict[str, list[str]] = {}
         for err in e.errors():
-            key, message = _describe(err, _section_of(_key(err["loc"])))
+            key, message = _describe(err, _section_of(_key(err["loc"], err["type"])))
             by_key.setdefault(key, []).append(message)
         lines = [f"{key}: {' or '.join(messages)}" for key, messages in by_key.items()]
         raise UserError("; ".join(lines)) from None

@@ -80,10 +80,13 @@ def test_saved_detections_score_the_same_with_pycocotools(short_run, shapes, tmp
 
 
 def broken_copy(shapes: Path, root: Path) -> tuple[Path, str, str, str]:
-    """The set with a truncated val JPEG, a missing train image and a train box of negative width."""
+    """The set with a truncated val JPEG, a missing train image and a train box of negative width; and 50 train
+    JPEGs truncated after their header, found only when a training step decodes them."""
     root = shutil.copytree(shapes, root)
     corrupt = sorted((root / "val").glob("*.jpg"))[0]
     corrupt.write_bytes(corrupt.read_bytes()[:300])
+    for train_jpeg in sorted((root / "train").glob("*.jpg"))[100:150]:
+        train_jpeg.write_bytes(train_jpeg.read_bytes()[: len(train_jpeg.read_bytes()) * 6 // 10])
     train_json = root / "annotations" / "train.json"
     data = json.loads(train_json.read_text())
     missing = root / "train" / data["images"][5]["file_name"]
@@ -97,13 +100,21 @@ def broken_copy(shapes: Path, root: Path) -> tuple[Path, str, str, str]:
 def test_bad_data_is_reported_and_skipped_or_stops_in_strict_mode(shapes, tmp_path):
     root, corrupt, missing, train_json = broken_copy(shapes, tmp_path / "broken")
     settings = ["--set", f"data.path={root}", "steps=2", "eval.every=2", "log.tensorboard=false"]
-    lenient = run_cli("train", "shapes-detect", "--out", str(tmp_path / "lenient"), *settings)
+    lenient = run_cli("train", "shapes-detect", "--out", str(tmp_path / "lenient"), *settings, "data.workers=1")
     assert lenient.returncode == 0, lenient.stderr[-2000:]
     warnings = [line for line in lenient.stderr.splitlines() if line.startswith("warning: ")]
     assert any(missing in w for w in warnings)
     assert any(train_json in w and "annotation #0" in w for w in warnings)
     assert any(corrupt in w for w in warnings)
-    assert "data: " in lenient.stdout and "problems" in lenient.stdout
+    # The summary at the end counts what was found while loading (a missing image and a bad box), and the
+    # corrupt JPEGs found while decoding: in evaluation, and in training by the DataLoader's worker process.
+    replaced = {w.split(": ")[1] for w in warnings if "the next readable sample is used instead" in w}
+    assert replaced and all("/train/" in path for path in replaced), "training met some of the 50 corrupt JPEGs"
+    summaries = [line for line in lenient.stdout.splitlines() if line.startswith("data: ")]
+    assert summaries[0] == "data: 3 problems in 3 files: 2 images and 1 box skipped"  # found while loading
+    problems = 3 + len(replaced)
+    assert summaries[-1] == (f"data: {problems} problems in {problems} files: 2 images and 1 box skipped; "
+                             f"{len(replaced)} image{'s' if len(replaced) > 1 else ''} replaced"), lenient.stdout[-3000:]
 
     strict = run_cli("train", "shapes-detect", "--out", str(tmp_path / "strict"), *settings, "data.strict=true")
     assert strict.returncode == 2

@@ -55,10 +55,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     expected = "a COCO annotation file: an object with 'images', 'annotations' and 'categories' lists"
     if not isinstance(data, dict):
         raise UserError(f"data: {path}: expected {expected}")
-    data.setdefault("annotations", [])  # image-info files (test-dev) have no annotations
     for key in ("images", "annotations", "categories"):
-        if not isinstance(data.get(key), list):
-            raise UserError(f"data: {path}: no '{key}' list; expected {expected}")
+        if key not in data:  # e.g. an image-info file (COCO test-dev) has no 'annotations': no boxes to learn or score
+            raise UserError(f"data: {path}: the '{key}' key is missing; expected {expected}")
+        if not isinstance(data[key], list):
+            raise UserError(f"data: {path}: '{key}' is a {type(data[key]).__name__}, not a list; expected {expected}")
     return data
 
 

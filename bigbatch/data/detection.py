@@ -145,6 +145,22 @@ class DataIssues:
         self._outcomes[(action, unit)] += 1
         print(f"warning: {problem}", file=sys.stderr, flush=True)
 
+    def absorb(self, found: Sequence[tuple[str, str]], unit: str = "image", action: str = "replaced") -> None:
+        """Count problems found (and printed) in another process, a DataLoader worker: ``(path, message)`` pairs
+        that samples carry in ``target["data_problems"]``. A problem already known is not counted again."""
+        for path, message in found:
+            problem = DataProblem(str(path), None, message)
+            if problem not in self._seen:
+                self._seen.add(problem)
+                self.problems.append(problem)
+                self._outcomes[(action, unit)] += 1
+
+    def absorb_targets(self, targets: Sequence[dict[str, Any]]) -> None:
+        """``absorb`` the problems carried by a batch's targets."""
+        for target in targets:
+            if "data_problems" in target:
+                self.absorb(target["data_problems"])
+
     def __len__(self) -> int:
         return len(self.problems)
 
@@ -237,7 +253,9 @@ class DetectionDataset(Dataset):
 
     An image that cannot be decoded is reported once (per process) and replaced by the next readable one
     (wrapping around); the substitute's target carries ``substitute_for``, the requested record's image_id,
-    so that an evaluation can leave it out.
+    so that an evaluation can leave it out, and ``data_problems``, the ``(path, message)`` of each image it
+    stands for, so that the training process counts problems a DataLoader worker found
+    (``DataIssues.absorb_targets``).
     """
 
     def __init__(self, records: Sequence[DetectionRecord], transform: Transform | None = None,
@@ -267,6 +285,7 @@ class DetectionDataset(Dataset):
     def _sample(self, index: int) -> tuple[tv_tensors.Image, dict[str, Any]]:
         """The record at ``index`` decoded, or the next decodable one."""
         count = len(self.records)
+        found: list[tuple[str, str]] = []
         for i in itertools.chain(range(index, count), range(index)):
             if i in self._unreadable:
                 continue
@@ -277,11 +296,15 @@ class DetectionDataset(Dataset):
                 problem = f"corrupt image: {_reason(error)}"
             else:
                 if pixels.shape[1:] == (record.height, record.width):
-                    return self._pack(record, pixels, None if i == index else self.records[index].image_id)
+                    image, target = self._pack(record, pixels, None if i == index else self.records[index].image_id)
+                    if found:
+                        target["data_problems"] = found
+                    return image, target
                 problem = f"decodes to {pixels.shape[2]}x{pixels.shape[1]}, expected {record.width}x{record.height}"
             self._unreadable.add(i)
-            self.issues.report(record.path, None, f"{problem}; the next readable sample is used instead",
-                               action="replaced")
+            message = f"{problem}; the next readable sample is used instead"
+            self.issues.report(record.path, None, message, action="replaced")
+            found.append((record.path, message))
         raise UserError(f"data: none of the {count} images can be decoded")
 
     @staticmethod

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from bigbatch.data.loader import TensorImages
 
 NUM_CLASSES = 10
+TOTAL_IMAGES = 1797
+"""Images in scikit-learn's digits set (train and val together)."""
 VAL_FRACTION = 0.2
 SPLIT_SEED = 0
 

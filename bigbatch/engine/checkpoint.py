@@ -18,6 +18,7 @@ never a partial one.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -85,15 +86,45 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     )
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint with ``weights_only=True``: an untrusted file cannot run code."""
+RESUME_KEYS = ("format", "step", "model", "optimizer", "scaler", "skipped", "rng", "data", "best", "config")
+"""What a checkpoint must hold to resume a run (``ema`` too when the run has a weight EMA)."""
+EVAL_KEYS = ("step", "model", "config")
+"""What a checkpoint must hold to be evaluated."""
+
+
+def load(path: str | Path, needs: tuple[str, ...] = EVAL_KEYS) -> dict[str, Any]:
+    """Read a checkpoint with ``weights_only=True`` (an untrusted file cannot run code) and check its layout: a
+    dict with each key of ``needs``, of a format this version reads. Anything else is a ``UserError``."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint: {path} does not exist")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated, foreign or tampered file
-        raise UserError(f"checkpoint: {path} is not a readable bigbatch checkpoint ({e.__class__.__name__})") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise UserError(f"checkpoint: {path} has no 'model' state dict")
+    state = load_tensors(path, "checkpoint")
+    if not isinstance(state, dict):
+        raise UserError(f"checkpoint: {path} is not a bigbatch checkpoint (it holds a {type(state).__name__}, "
+                        f"not a dict)")
+    version = state.get("format", FORMAT)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise UserError(f"checkpoint: {path} has an unknown format {version!r}")
+    if version > FORMAT:
+        raise UserError(f"checkpoint: {path} is of format {version}, newer than this bigbatch reads (format "
+                        f"{FORMAT}); upgrade bigbatch to read it")
+    missing = [key for key in needs if key not in state]
+    if missing:
+        has = ", ".join(repr(k) for k in list(state)[:6]) + (", ..." if len(state) > 6 else "")
+        raise UserError(f"checkpoint: {path} lacks {', '.join(repr(k) for k in missing)} (it holds {has or 'nothing'});"
+                        f" a bigbatch checkpoint holds {', '.join(RESUME_KEYS)}")
     return state
+
+
+def load_tensors(path: str | Path, key: str) -> Any:
+    """``torch.load(path, weights_only=True)`` with one line of ours for a file it refuses or cannot read, instead
+    of torch's multi-line message (which suggests ``weights_only=False``, i.e. running the file's code)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(f"{key}: {path} holds Python objects other than tensors and plain containers; bigbatch does "
+                        f"not unpickle them (that could run code): save a state dict of tensors instead") from None
+    except Exception as e:  # a truncated, foreign or tampered file: torch raises many types
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise UserError(f"{key}: {path} is not a readable torch file ({type(e).__name__}"
+                        f"{': ' + first if first else ''})") from None

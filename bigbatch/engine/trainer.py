@@ -224,11 +224,12 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     has_batchnorm = bool(running_buffers(model))
     best = Best(cfg.eval.metric, cfg.eval.better)
     start_step = 0
+    last_checkpoint: int | None = None  # the step of checkpoints/last.pt, once there is one
 
     # --- resume: weights, optimizer, RNGs and the position in the data order -------------
     ckpt_dir = out_dir / "checkpoints"
     if resume:
-        state = checkpoint.load(ckpt_dir / "last.pt")
+        state = checkpoint.load(ckpt_dir / "last.pt", checkpoint.RESUME_KEYS)
         check_resumable(cfg, state["config"])
         load_weights(model, state["model"], "model")
         try:
@@ -247,7 +248,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             if state.get("ema") is None:
                 raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")
             ema.load_state_dict(state["ema"])
-        start_step = state["data"]["step"]
+        start_step = last_checkpoint = state["data"]["step"]
         best = Best(**state["best"])
 
     if proc.world > 1:
@@ -274,7 +275,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     log, memory = None, None
     if proc.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        checkpoint.atomic_write(out_dir / "config.yaml", lambda f: f.write(config_to_yaml(cfg)), mode="w")
         print(plan.describe(), flush=True)
         log = RunLog(out_dir, plan.steps, start_step, plan.batch, cfg.log.tensorboard)
         memory = MemorySampler(out_dir / "memory.csv", cfg.memory.interval, proc.device)
@@ -354,15 +355,23 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             if log is not None:
                 log.skipped(step, skipped, scaler.scale, result.nonfinite_layer)
             if in_a_row >= cfg.precision.max_skipped:
+                if last_checkpoint is not None:  # a step with non-finite gradients is never applied
+                    kept = (f"The last checkpoint, {ckpt_dir / 'last.pt'} at step {last_checkpoint}, holds finite "
+                            f"weights: resume from it with a lower optim.lr or another precision")
+                else:
+                    kept = f"No checkpoint had been written yet (the first was due at step {checkpoint_every})"
                 raise NonFiniteTraining(
                     f"{in_a_row} optimizer steps in a row had non-finite gradients at step {step}; the first "
-                    f"parameter with one: {result.nonfinite_layer}. The last checkpoint holds finite weights."
+                    f"parameter with one: {result.nonfinite_layer}. {kept}."
                 )
 
     metrics: dict[str, float] = {}
+    observe = getattr(task, "observe", None)  # detection: counts data problems the loader's workers found
     model.train()
     try:
         for step, micro_batches in enumerate(steps, start=start_step):
+            if observe is not None:
+                observe(micro_batches)
             lr = lr_at(step)
             set_lr(optimizer, lr)
             micro_batches = to_device(micro_batches, proc.device)
@@ -392,8 +401,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
                     if proc.is_main:
                         save(ckpt_dir / "best.pt", done)
 
-            if proc.is_main and is_due(done, checkpoint_every, plan.steps):
-                save(ckpt_dir / "last.pt", done)
+            if is_due(done, checkpoint_every, plan.steps):
+                if proc.is_main:
+                    save(ckpt_dir / "last.pt", done)
+                last_checkpoint = done
 
         if not metrics:  # resumed a run that had already finished: report, log nothing new
             weights = ema.module if ema is not None and cfg.ema.evaluate else model

@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from pathlib import Path
 
-import torch
 import torch.nn as nn
 import torchvision.models
 from torch import Tensor
@@ -185,15 +184,18 @@ def load_detector_weights(model: Detector, path: str | Path, name: str, num_clas
     path = Path(path)
     if not path.is_file():
         raise UserError(f"model.weights: {path} does not exist (expected a state dict or checkpoint file)")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
 
+        try:
             state = load_file(path)
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch.load raises many types for a file that is not a weights file
-        raise UserError(f"model.weights: cannot read {path} as weights ({type(e).__name__}: {e})") from None
+        except Exception as e:
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise UserError(f"model.weights: cannot read {path} as weights ({type(e).__name__}: {first})") from None
+    else:
+        from bigbatch.engine.checkpoint import load_tensors
+
+        state = load_tensors(path, "model.weights")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a bigbatch checkpoint
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):

@@ -17,6 +17,7 @@ The input size (width, height) and the network layers are read by the Darknet mo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
     except OSError as e:
         raise UserError(f"config: cannot read {path}: {e.strerror}") from None
     sections: list[tuple[str, dict[str, str], int]] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.split("\n"), start=1):  # lines as Darknet and editors count them
         line = raw.strip()
         if not line or line[0] in "#;":
             continue
@@ -48,11 +49,21 @@ def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
     return sections
 
 
+INT_MAX = 2**31 - 1
+"""Darknet reads its integer options into C ints."""
+
+
 def _number(path: Path, line: int, key: str, value: str, kind: type) -> Any:
     try:
-        return kind(float(value)) if kind is int and "." in value else kind(value)
-    except ValueError:
-        raise UserError(f"config: {path}:{line}: [net] {key}: expected a number, got {value!r}") from None
+        number = kind(float(value)) if kind is int and "." in value else kind(value)
+    except (ValueError, OverflowError):  # OverflowError: an integer written as 1.5e999
+        number = None
+    if kind is int and (number is None or abs(number) > INT_MAX):
+        raise UserError(f"config: {path}:{line}: [net] {key}: expected an integer between -{INT_MAX} and {INT_MAX}, "
+                        f"got {value!r}")
+    if number is None or not math.isfinite(number):
+        raise UserError(f"config: {path}:{line}: [net] {key}: expected a finite number, got {value!r}")
+    return number
 
 
 def _numbers(path: Path, line: int, key: str, value: str, kind: type) -> list[Any]:

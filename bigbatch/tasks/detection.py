@@ -108,6 +108,11 @@ class DetectionTask:
                             "labels": torch.randint(0, len(self.class_names), (4,), generator=gen).to(device)})
         return images, targets
 
+    def observe(self, micro_batches: list[tuple[list[torch.Tensor], list[dict[str, Any]]]]) -> None:
+        """Count the data problems DataLoader workers found while decoding this step's samples."""
+        for _, targets in micro_batches:
+            self.issues.absorb_targets(targets)
+
     @staticmethod
     def loss(model: nn.Module, batch: tuple[list[torch.Tensor], list[dict[str, Any]]]) -> torch.Tensor:
         """The sum of the detector's losses (classification, box regression, ...) over the micro-batch."""
@@ -124,6 +129,7 @@ class DetectionTask:
         category_ids = [label + CATEGORY_ID_OFFSET for label in range(len(self.class_names))]
         results: list[dict[str, Any]] = []
         for images, targets in eval_batches(self.val_set, batch_size, rank, world):
+            self.issues.absorb_targets(targets)
             outputs = model([image.to(device, non_blocking=True) for image in images])
             kept = [(t, o) for t, o in zip(targets, outputs, strict=True) if "substitute_for" not in t]
             mapped = [{**o, "boxes": boxes_to_original(o["boxes"].float().cpu(), t)} for t, o in kept]
@@ -152,8 +158,10 @@ class DetectionTask:
         return metrics
 
     def report(self, metrics: dict[str, float]) -> str:
-        """The printed summary: the COCO table and Darknet's mAP@0.50 line."""
-        return f"{format_table(metrics, self.class_names)}\n{darknet_line(metrics)}"
+        """The printed summary: the COCO table, Darknet's mAP@0.50 line and, when the data had problems, their
+        count (those found while loading and those found while decoding during training and evaluation)."""
+        summary = f"\n{self.issues.summary()}" if self.issues.problems else ""
+        return f"{format_table(metrics, self.class_names)}\n{darknet_line(metrics)}{summary}"
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:

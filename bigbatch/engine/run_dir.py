@@ -1,0 +1,150 @@
+"""The run directory, checked and held before any work starts.
+
+``hold_run_dir(path)`` is what ``bigbatch train`` does first (rank 0 only under torchrun):
+
+- **Check** that the run can write there: the folder is made if absent (a bad ``--out``, such as a path under
+  a file, a name too long, a read-only place or ``/proc/...``, is one ``error: --out: ...`` line, exit 2),
+  and an existing folder must be empty or a bigbatch run: a folder holding a file of the user's under a name
+  the run writes (``config.yaml``, ``metrics.jsonl``, ...) is refused, so nothing of theirs is overwritten.
+- **Hold** it: an exclusive lock on ``.bigbatch.lock`` inside it, an OS record lock (``fcntl.lockf``) that the
+  kernel releases when the process ends, however it ends, and that forked DataLoader workers do not inherit.
+  A second ``train`` or ``--resume`` on a held folder stops at once: ``--out: DIR is in use by process PID``.
+- **Tidy** what an earlier run of this folder left: temporary checkpoint files (``checkpoints/.last.pt.tmp-PID``)
+  of a process killed while writing. Only files of that exact naming are removed, and only while the lock is
+  held, so no other bigbatch process can be writing them.
+- **Leave nothing** when the run stops before it wrote anything (a data or config error found after the folder
+  was made): a folder this call made, holding only its lock file, is removed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from bigbatch.errors import UserError
+
+LOCK_NAME = ".bigbatch.lock"
+RUN_FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "tensorboard", "checkpoints")
+"""What a run writes at the top of its folder (besides ``eval-*.json`` from ``bigbatch eval``)."""
+_TEMPORARY = re.compile(r"^\.(?:last|best)\.pt\.tmp-(\d+)$")
+"""``checkpoint.atomic_write``'s temporary files in ``checkpoints/``: ``.<name>.tmp-<pid>``."""
+
+
+@contextlib.contextmanager
+def hold_run_dir(path: Path, key: str = "--out") -> Iterator[Path]:
+    """Check, make and lock the run folder ``path`` for the duration of the ``with`` block (see the module doc).
+
+    Mistakes are ``UserError`` naming ``key``."""
+    try:
+        created = _make(path, key)
+    except OSError as e:  # e.g. a name too long even to look up
+        raise UserError(f"{key}: cannot make {path}: {e.strerror or e}") from None
+    fd = None
+    try:
+        _check_not_foreign(path, key)
+        fd = _lock(path, key)
+        remove_stale_temporaries(path / "checkpoints")
+        yield path
+    finally:
+        if created:
+            _remove_if_untouched(path)  # with the lock still held: nobody else can take the file meanwhile
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _make(path: Path, key: str) -> bool:
+    """Make ``path`` (and its parents) if absent; whether this call made it."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{key}: {path} is a file, not a folder")
+    if path.is_dir():
+        return False
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UserError(f"{key}: cannot make {path}: {blocking} is a file, not a folder")
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:  # made meanwhile by another process
+        return False
+    except OSError as e:
+        raise UserError(f"{key}: cannot make {path}: {e.strerror or e}") from None
+    return True
+
+
+def _check_not_foreign(path: Path, key: str) -> None:
+    """An existing folder is written into only when it is a run of bigbatch's or holds none of the names a run
+    writes: a ``config.yaml`` of the user's in it is never overwritten."""
+    if (path / LOCK_NAME).is_file():
+        return
+    taken = [name for name in RUN_FILES if (path / name).exists()]
+    is_old_run = (path / "config.yaml").is_file() and ((path / "metrics.jsonl").is_file()
+                                                       or (path / "checkpoints").is_dir())
+    if taken and not is_old_run:
+        raise UserError(f"{key}: {path} is not a bigbatch run directory and already holds {path / taken[0]}, which "
+                        f"the run would overwrite; choose a new or empty folder")
+
+
+def _lock(path: Path, key: str) -> int:
+    """Take the run's lock; the lock file holds the holder's PID for the message a second process prints."""
+    lock = path / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise UserError(f"{key}: cannot write in {path}: {e.strerror or e}") from None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            raise UserError(f"{key}: cannot lock {lock}: {e.strerror or e}") from None
+        holder = _read_pid(lock)
+        who = f"process {holder}" if holder is not None else "another process"
+        raise UserError(f"{key}: {path} is in use by {who}") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.fsync(fd)
+    except OSError as e:
+        os.close(fd)
+        raise UserError(f"{key}: cannot write in {path}: {e.strerror or e}") from None
+    return fd
+
+
+def _read_pid(lock: Path) -> int | None:
+    try:
+        text = lock.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def remove_stale_temporaries(checkpoints: Path) -> list[Path]:
+    """Remove the temporary checkpoint files a killed process left (``.last.pt.tmp-PID``, ``.best.pt.tmp-PID``).
+
+    Called with the run's lock held, so no other bigbatch process writes in this folder; a file of that naming
+    is still kept if its PID is this process's own. Returns what was removed."""
+    removed = []
+    if not checkpoints.is_dir():
+        return removed
+    for entry in checkpoints.iterdir():
+        match = _TEMPORARY.match(entry.name)
+        if match and int(match.group(1)) != os.getpid() and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+            removed.append(entry)
+    return removed
+
+
+def _remove_if_untouched(path: Path) -> None:
+    """Remove a folder this run made if it holds nothing but the lock file (the run stopped before writing)."""
+    try:
+        entries = {p.name for p in path.iterdir()}
+        if entries <= {LOCK_NAME}:
+            if entries:
+                (path / LOCK_NAME).unlink()
+            path.rmdir()
+    except OSError:
+        pass  # a folder in use again, or gone: leave it

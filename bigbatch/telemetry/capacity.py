@@ -1,0 +1,133 @@
+"""Before any work: refuse a run that cannot fit on this machine whatever the layout.
+
+Only what is known before the run and what no out-of-memory recovery (halving micro-batches down to one image)
+and no ``subdivisions: auto`` can shrink is counted, so a run refused here could never have run:
+
+    data order      8 bytes x batch               the int64 dataset indices of one global batch, on every process
+    training set    images x size² x 4 bytes      digits only: held in memory as float32 grey images
+    one image       3 x height x width x 4 bytes  the input tensor of a micro-batch of one (float32), at the
+                                                  largest training size (detection: multi-scale, longer side)
+    parameters      count x 4 bytes               the float32 weights, counted on torch's ``meta`` device
+                                                  (built without allocating anything)
+
+The host's memory is the machine's physical memory; the input and the parameters are compared with the CUDA
+device's memory when training runs there. Each over-large size is a ``UserError`` naming the key and the
+estimate (exit 2); anything that could still fit is left to the run, its recovery and ``bigbatch plan``.
+Counts that must fit a 64-bit integer (images seen over the run) are checked too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from bigbatch.batching import INT64_MAX
+from bigbatch.config import RunConfig
+from bigbatch.errors import UserError
+
+FLOAT32 = 4
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.3g} EiB"
+
+
+def host_memory() -> int:
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def device_memory() -> int | None:
+    """The CUDA device's memory when training will run there (one process per device), else None."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory
+
+
+def largest_input(cfg: RunConfig) -> tuple[int, int]:
+    """(height, width) of the largest training input a micro-batch of one image can hold."""
+    data = cfg.data
+    if not data.is_detection:
+        return data.size, data.size
+    sizes = data.multiscale.sizes
+    if sizes == "auto":
+        from bigbatch.data.multiscale import default_sizes
+
+        try:
+            sizes = default_sizes(data.size)
+        except ValueError:  # no size to draw from: the run says so itself
+            sizes = None
+    short = max([data.size, *(sizes or [])])
+    if data.resize == "letterbox":
+        return short, short
+    return short, max(data.longest_side, short)
+
+
+def parameter_count(cfg: RunConfig) -> int | None:
+    """The model's parameter count, built on the meta device (no memory); None when it cannot be counted so.
+    A model too large to describe at all (torch's size arithmetic overflows) is a ``UserError``."""
+    key = "model.width" if cfg.model.name == "small_cnn" else "model.name"
+    try:
+        with torch.device("meta"):
+            if cfg.task == "detection":
+                from bigbatch.models.detectors import build_detector
+
+                model = build_detector(cfg.model.name, len(cfg.data.classes or ["object"]), min_size=cfg.data.size,
+                                       max_size=max(largest_input(cfg)), norm=cfg.model.norm)
+            else:
+                from bigbatch.models import build_classifier
+
+                model = build_classifier(cfg.model, 10)
+    except RuntimeError as e:
+        if "overflow" in str(e).lower():
+            raise UserError(f"{key}: the model would have more than 2^63 bytes of parameters "
+                            f"({str(e).splitlines()[0][:120]})") from None
+        return None
+    except UserError:
+        raise
+    except Exception:  # a model that cannot be built on the meta device: its size is left to the run
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_capacity(cfg: RunConfig, world: int = 1) -> None:
+    """Refuse (``UserError``, exit 2) what cannot fit on this machine at any micro-batch (see the module doc)."""
+    if cfg.steps is not None and cfg.steps * cfg.batch > INT64_MAX:  # epochs: checked by the batch plan
+        raise UserError(f"steps: {cfg.steps} steps of {cfg.batch} images are {cfg.steps * cfg.batch:.3g} images, "
+                        f"more than a 64-bit count holds ({INT64_MAX:.3g})")
+    host = host_memory()
+    device = device_memory()
+    memory, where = (device, "this GPU's") if device is not None else (host, "this machine's")
+
+    order = 8 * cfg.batch
+    if order > host:
+        raise UserError(f"batch: {cfg.batch} images per step need {format_bytes(order)} for the data order alone "
+                        f"(8 bytes an image), more than this machine's {format_bytes(host)} of memory")
+    if cfg.data.name == "digits":
+        from bigbatch.data.digits import TOTAL_IMAGES
+
+        held = TOTAL_IMAGES * cfg.data.size**2 * FLOAT32
+        if held > host:
+            raise UserError(f"data.size: the digits set at {cfg.data.size} px needs {format_bytes(held)} in memory "
+                            f"({TOTAL_IMAGES} images of {cfg.data.size}x{cfg.data.size} float32), more than this "
+                            f"machine's {format_bytes(host)}")
+    height, width = largest_input(cfg)
+    image = 3 * height * width * FLOAT32
+    if image > memory:
+        raise UserError(f"data.size: one {height}x{width} input image needs {format_bytes(image)} (3 x {height} x "
+                        f"{width} float32), more than {where} {format_bytes(memory)} of memory, even in micro-batches "
+                        f"of one image")
+    count = parameter_count(cfg)
+    if count is not None:
+        weights = count * FLOAT32
+        key = "model.width" if cfg.model.name == "small_cnn" else "model.name"
+        if weights + image > memory:
+            raise UserError(f"{key}: {cfg.model.name} has {count:.3g} parameters, {format_bytes(weights)} of float32 "
+                            f"weights (with one input image {format_bytes(weights + image)}), more than {where} "
+                            f"{format_bytes(memory)} of memory")
