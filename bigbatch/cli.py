@@ -167,7 +167,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     path: Path = args.checkpoint
     if path.is_dir():
         path = path / "checkpoints" / "last.pt"
-    state = checkpoint.load(path)
+    state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     cfg = validate_config(apply_overrides(state["config"], args.overrides))
     task = build_task(cfg)
     model = task.build_model(cfg)

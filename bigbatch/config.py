@@ -277,9 +277,10 @@ def _check_interval(value: int | float | str) -> int | float | str:
     return value
 
 
-Length = Annotated[int | float | str, AfterValidator(_check_length)]
+_AnyFloat = Annotated[float, Field(allow_inf_nan=True)]  # refused by the length check, with a clearer message
+Length = Annotated[int | _AnyFloat | str, AfterValidator(_check_length)]
 """A length in optimizer steps (a bare number) or ``"<number> steps|epochs|images"``."""
-Interval = Annotated[int | float | str, AfterValidator(_check_interval)]
+Interval = Annotated[int | _AnyFloat | str, AfterValidator(_check_interval)]
 """A length that must be more than zero (how often something happens, a decay period)."""
 
 

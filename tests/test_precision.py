@@ -125,6 +125,7 @@ def test_persistent_nonfinite_gradients_stop_the_run(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: 4 optimizer steps in a row had non-finite gradients")
     assert "features.0.0.weight" in lines[0]
+    assert f"The last checkpoint, {out / 'checkpoints' / 'last.pt'} at step 3, holds finite weights" in lines[0]
     state = checkpoint.load(out / "checkpoints" / "last.pt")
     assert state["step"] == 3
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())

@@ -92,7 +92,7 @@ EVAL_KEYS = ("step", "model", "config")
 """What a checkpoint must hold to be evaluated."""
 
 
-def load(path: str | Path, needs: tuple[str, ...] = EVAL_KEYS) -> dict[str, Any]:
+def load(path: str | Path, needs: tuple[str, ...] = ("model",)) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True`` (an untrusted file cannot run code) and check its layout: a
     dict with each key of ``needs``, of a format this version reads. Anything else is a ``UserError``."""
     path = Path(path)

@@ -25,6 +25,12 @@ loads, which x86-64 guarantees (total store order; the copies are a few kB, far 
 ``memcpy`` switches to non-temporal stores). Other CPUs would need explicit fences, which Python cannot
 issue, so there the channel is not used.
 
+Segments in /dev/shm: rank 0 names a segment ``bigbatch-all-reduce-<its pid>-<random>`` and removes the name as
+soon as every rank has mapped it, before :func:`channel_for` returns on any rank. A run killed in between (torchrun
+stops the other workers with SIGTERM when one fails, and Python dies of SIGTERM without running ``finally``) leaves
+the file behind, holding its memory until reboot; so before making a segment rank 0 removes those of earlier runs
+whose creator is gone (:func:`_remove_stale_segments`), and nothing else.
+
 A waiting rank polls the flags and yields its core (``os.sched_yield``) between polls, so it neither sleeps
 (a core woken from idle is slow to come back) nor keeps a runnable thread from its core. A rank that waits
 longer than ``timeout`` (torch's default process-group timeout) raises, as a Gloo collective would. Every rank
@@ -33,10 +39,12 @@ must make the same calls with the same sizes in the same order, as with any coll
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import re
 import secrets
-import tempfile
+import stat
 import time
 import weakref
 from datetime import timedelta
@@ -44,11 +52,19 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+try:
+    import fcntl
+except ImportError:  # Windows, which has no /dev/shm either: the channel is never made there
+    fcntl = None
+
 __all__ = ["HostAllReduce", "channel_for", "use_torch_distributed"]
 
 _SHM_DIR = "/dev/shm"
 _CACHE_LINE = 64  # bytes: each rank's flag on its own line, so publishing does not disturb the others' polling
-_HEADER = 64  # bytes: a random token that proves every rank mapped the same segment
+_HEADER = 64  # bytes: int64 0, a random token that proves every rank mapped the same segment; int64 1, _MAGIC
+_MAGIC = b"bbAllRd\x01"  # at byte 8 of the header: "a segment of this module"
+_PREFIX = "bigbatch-all-reduce-"
+_NAME = re.compile(re.escape(_PREFIX) + r"(\d{1,10})-[0-9a-f]{16}")  # <prefix><creator pid>-<random>
 _CAPACITY = 1 << 15  # float32 values per rank and slot (128 KiB): BatchNorm layers up to 16,383 channels
 _TSO_MACHINES = {"x86_64", "amd64"}
 
@@ -62,7 +78,7 @@ class HostAllReduce:
     def __init__(self, storage: torch.Tensor, rank: int, world: int, segment: str = "", capacity: int = _CAPACITY,
                  timeout: timedelta = dist.default_pg_timeout) -> None:
         """``storage``: the mapped segment as uint8, ``segment_bytes(world, capacity)`` long; ``segment``: its
-        file name, for messages (the name is removed once every rank has mapped it)."""
+        file name, for messages (the name is gone once :func:`channel_for` has returned)."""
         flags_end = _HEADER + world * _CACHE_LINE
         self.token = storage[:_HEADER].view(torch.int64)[:1]
         # one int64 per cache line: element r of this strided view is rank r's flag
@@ -110,9 +126,10 @@ def channel_for(group=None) -> HostAllReduce | None:
 
     The first call is a collective: every rank of the group must make it at the same point (cross-device
     BatchNorm does, in its first training forward). Rank 0 of the group creates the segment in /dev/shm and
-    sends its name; every rank maps it and checks the token rank 0 wrote; the segment's name is removed as soon
-    as all have mapped it, so a crash later in the run leaves nothing behind in /dev/shm. If any rank cannot see
-    it (another machine, no /dev/shm) or the CPU is not x86-64, every rank gets None.
+    sends its name; every rank maps it and checks the token rank 0 wrote; rank 0 removes the name once all have
+    mapped it, and no rank returns before it has, so from then on the run leaves nothing behind in /dev/shm however
+    it ends. If any rank cannot see it (another machine, no /dev/shm) or the CPU is not x86-64, every rank gets
+    None.
     """
     group = dist.group.WORLD if group is None else group
     if group not in _CHANNELS:
@@ -129,17 +146,20 @@ def use_torch_distributed(group) -> None:
 
 def _open(group) -> HostAllReduce | None:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    usable = platform.machine().lower() in _TSO_MACHINES and os.path.isdir(_SHM_DIR)
+    usable = platform.machine().lower() in _TSO_MACHINES and os.path.isdir(_SHM_DIR) and fcntl is not None
     nbytes = HostAllReduce.segment_bytes(world)
-    created = _create_segment(nbytes) if rank == 0 and usable else None
+    created = None
+    if rank == 0 and usable:
+        _remove_stale_segments()
+        created = _create_segment(nbytes)
     try:
         channel = token = None
         if created is not None:
             token = secrets.randbits(62) + 1
-            channel = _map(created, rank, world, nbytes)
+            channel = _map(created.path, rank, world, nbytes)
             if channel is not None:
                 channel.token.fill_(token)
-        announced = [created if channel is not None else None, token]
+        announced = [created.path if channel is not None else None, token]
         dist.broadcast_object_list(announced, src=dist.get_global_rank(group, 0), group=group)
         path, token = announced
         if rank != 0 and usable and path is not None and os.path.exists(path):  # else: rank 0 is elsewhere
@@ -150,7 +170,10 @@ def _open(group) -> HostAllReduce | None:
         dist.all_reduce(failures, group=group)  # also: every rank has mapped the segment before its name goes
     finally:
         if created is not None:
-            os.unlink(created)
+            created.remove()
+    # A second collective, so that no rank returns before rank 0 has removed the name: a run killed from here on
+    # leaves nothing in /dev/shm. (Not on the way out of an error above: the other ranks may never come.)
+    dist.all_reduce(torch.zeros(1), group=group)
     return channel if int(failures) == 0 else None
 
 
@@ -162,18 +185,92 @@ def _map(path: str, rank: int, world: int, nbytes: int) -> HostAllReduce | None:
     return HostAllReduce(storage, rank, world, path)
 
 
-def _create_segment(nbytes: int) -> str | None:
+class _Segment:
+    """A segment this process made: its name, and an open descriptor that holds the file's lock until
+    :meth:`remove` (the kernel drops the lock when the process dies, however it dies)."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path, self.fd = path, fd
+
+    def remove(self) -> None:
+        """Remove the name, then let go of the lock (in this order: a named segment of a live run is locked)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self.fd)
+
+
+def _create_segment(nbytes: int) -> _Segment | None:
     """A new file of ``nbytes`` in /dev/shm, its pages reserved now (a full /dev/shm is an answer of None here,
-    not a SIGBUS in the middle of training); None if it cannot be made."""
+    not a SIGBUS in the middle of training); None if it cannot be made.
+
+    It is locked and marked (``_MAGIC`` in its header) before it is given any size, so that a file of this name
+    that holds memory can always be told from any other file by :func:`_remove_stale_segments`. (Killed in the
+    microseconds between creating and marking it, a process leaves an empty file: a name, no memory.)"""
+    path = os.path.join(_SHM_DIR, f"{_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
     try:
-        fd, path = tempfile.mkstemp(prefix="bigbatch-all-reduce-", dir=_SHM_DIR)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
+    segment = _Segment(path, fd)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, _MAGIC, 8)
         os.posix_fallocate(fd, 0, nbytes)
     except OSError:
-        os.unlink(path)
+        segment.remove()
         return None
-    finally:
-        os.close(fd)
-    return path
+    return segment
+
+
+def _remove_stale_segments() -> None:
+    """Remove the segments that runs killed while making their channel left in /dev/shm (see the module doc).
+
+    The project never deletes a file it did not make, so a file goes only when all of these prove it is a
+    segment of this module whose run is over: its name is ``bigbatch-all-reduce-<pid>-<16 hex digits>``, it is a
+    regular file of this user with ``_MAGIC`` in its header, no process ``<pid>`` exists, and no process holds
+    its lock (its creator takes it before the file has any size and keeps it until the name is gone; the lock
+    also answers for a creator in another PID namespace that shares /dev/shm). A reused pid only keeps a file
+    until a later run.
+    """
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        match = _NAME.fullmatch(name)
+        if match is None or _process_exists(int(match[1])):
+            continue
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if (stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and os.pread(fd, 8, 8) == _MAGIC
+                    and _lock_is_free(fd)):
+                os.unlink(path)
+        except OSError:  # gone meanwhile (another run's rank 0 removed it first), or unreadable: leave it
+            pass
+        finally:
+            os.close(fd)
+
+
+def _process_exists(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # someone else's process, or no pid at all: keep the file
+        return True
+    return True
+
+
+def _lock_is_free(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

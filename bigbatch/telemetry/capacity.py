@@ -98,9 +98,12 @@ def parameter_count(cfg: RunConfig) -> int | None:
 
 def check_capacity(cfg: RunConfig, world: int = 1) -> None:
     """Refuse (``UserError``, exit 2) what cannot fit on this machine at any micro-batch (see the module doc)."""
-    if cfg.steps is not None and cfg.steps * cfg.batch > INT64_MAX:  # epochs: checked by the batch plan
+    if cfg.steps is not None and cfg.steps * cfg.batch > INT64_MAX:
         raise UserError(f"steps: {cfg.steps} steps of {cfg.batch} images are {cfg.steps * cfg.batch:.3g} images, "
                         f"more than a 64-bit count holds ({INT64_MAX:.3g})")
+    if cfg.epochs is not None and cfg.epochs > INT64_MAX:  # at least one image an epoch; the plan checks exactly
+        raise UserError(f"epochs: {cfg.epochs:.3g} epochs are more images than a 64-bit count holds "
+                        f"({INT64_MAX:.3g})")
     host = host_memory()
     device = device_memory()
     memory, where = (device, "this GPU's") if device is not None else (host, "this machine's")

@@ -1,0 +1,295 @@
+"""Nothing lost, nothing confusing (issue 11): a bad ``--out``, a run directory held by another process, absurd
+values, checkpoints with missing parts, files left by a kill, and what the non-finite stop says. Each mistake is
+one ``error:`` line and exit code 2, found before any work; nothing of the user's is deleted or overwritten.
+
+The CLI runs in this process (``bigbatch.cli.main``) wherever it stops before training, so these tests are fast.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigbatch.cli import main
+from bigbatch.engine import checkpoint
+from bigbatch.engine.run_dir import LOCK_NAME, hold_run_dir
+
+HANG_GUARD_S = 1800  # seconds: only a guard against a hang
+
+TINY = ["batch=32", "subdivisions=2", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.every=100",
+        "memory.interval=60"]
+
+
+def one_error(capsys: pytest.CaptureFixture, prefix: str) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {prefix}"), err
+    return err
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if training (any work past the checks) starts."""
+    import bigbatch.engine.trainer as trainer
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("training started: the mistake was not found before any work")
+
+    monkeypatch.setattr(trainer, "train", must_not_run)
+
+
+def dead_pid() -> int:
+    """The PID of a process that has ended."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(done.stdout)
+
+
+# --- 2. a bad --out is one line, before any work ------------------------------------------------------------------
+
+
+def bad_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("the user's")
+    return {
+        "an existing regular file": (a_file, f"{a_file} is a file, not a folder"),
+        "a path under a file": (a_file / "run", f"cannot make {a_file / 'run'}: {a_file} is a file"),
+        "a name too long": (tmp_path / ("x" * 300), "File name too long"),
+        "a place under /proc": (Path("/proc/bigbatch-no-such-run"), "cannot make /proc/bigbatch-no-such-run"),
+        "a read-only folder (/proc/self)": (Path("/proc/self"), "cannot write in /proc/self"),
+    }
+
+
+@pytest.mark.parametrize("case", ["an existing regular file", "a path under a file", "a name too long",
+                                  "a place under /proc", "a read-only folder (/proc/self)"])
+def test_a_bad_out_is_one_error_line_before_any_work(case, tmp_path, capsys, no_training):
+    out, expected = bad_outs(tmp_path)[case]
+    assert main(["train", "digits", "--out", str(out), "--set", *TINY, "steps=1"]) == 2
+    err = one_error(capsys, "--out: ")
+    assert expected in err
+    assert (tmp_path / "a-file").read_text() == "the user's"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder without write permission")
+def test_a_folder_without_write_permission_is_one_error_line(tmp_path, capsys, no_training):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert main(["train", "digits", "--out", str(locked), "--set", *TINY]) == 2
+    assert "Permission denied" in one_error(capsys, f"--out: cannot write in {locked}")
+
+
+def test_a_users_folder_holding_a_file_the_run_would_write_is_refused(tmp_path, capsys, no_training):
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "config.yaml").write_text("the user's own config\n")
+    assert main(["train", "digits", "--out", str(users), "--set", *TINY]) == 2
+    assert "would overwrite" in one_error(capsys, f"--out: {users} is not a bigbatch run directory")
+    assert (users / "config.yaml").read_text() == "the user's own config\n"
+    assert sorted(p.name for p in users.iterdir()) == ["config.yaml"]
+
+
+def test_a_run_that_stops_before_writing_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *TINY, "subdivisions=3"]) == 2  # 32 % 3 != 0
+    one_error(capsys, "batch: ")
+    assert not out.exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("the user's")
+    assert main(["train", "shapes-detect", "--out", str(out), "--set", f"data.path={a_file}"]) == 2
+    one_error(capsys, f"data.path: {a_file} is a file, not a folder")  # found once the run directory was held
+    assert not out.exists()
+    assert a_file.read_text() == "the user's"
+
+
+# --- 3. one process at a time on a run directory ------------------------------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from bigbatch.engine.run_dir import hold_run_dir
+    with hold_run_dir(Path(sys.argv[1])):
+        print("held", flush=True)
+        sys.stdin.read()  # until the test closes stdin or kills this process
+""")
+
+
+def test_a_held_run_directory_stops_a_second_train_and_resume_naming_the_holder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *TINY, "steps=2", "checkpoint.every=1"]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_NAME}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for argv in (["train", "digits", "--out", str(out), "--set", *TINY, "steps=2", "checkpoint.every=1"],
+                     ["train", "--resume", str(out), "--set", "steps=3"]):
+            assert main(argv) == 2
+            assert one_error(capsys, "--out: ") == f"error: --out: {out} is in use by process {holder.pid}\n"
+        assert {p: p.read_bytes() for p in before} == before, "the held run was not touched"
+    finally:
+        holder.kill()  # SIGKILL: the OS releases the lock of a killed process
+        holder.wait(HANG_GUARD_S)
+    assert main(["train", "--resume", str(out), "--set", "steps=3"]) == 0
+    assert checkpoint.load(out / "checkpoints" / "last.pt")["step"] == 3
+
+
+def test_the_lock_is_not_inherited_by_forked_children(tmp_path):
+    """DataLoader workers are forked: a POSIX record lock is not inherited, so a worker that outlives a killed
+    trainer for a moment cannot keep the run directory held."""
+    with hold_run_dir(tmp_path / "run"):
+        pid = os.fork()
+        if pid == 0:  # the child: try to take the lock its parent holds
+            import fcntl
+
+            fd = os.open(tmp_path / "run" / LOCK_NAME, os.O_RDWR)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os._exit(1)  # it could: the lock would be shared with the parent
+            except OSError:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child must not hold its parent's lock"
+
+
+# --- 4. absurd values ---------------------------------------------------------------------------------------------
+
+ABSURD = [
+    ("batch=100000000000000000000", "batch: ", "for the data order alone"),
+    ("steps=100000000000000000000000000000", "steps: ", "more than a 64-bit count holds"),
+    ("data.size=1000000", "data.size: ", "PiB in memory"),
+    ("model.width=10000000000", "model.width: ", "more than 2^63 bytes"),
+    ("model.width=1000000", "model.width: ", "TiB of float32 weights"),
+    ("optim.lr=.inf", "optim.lr: ", "finite number"),
+    ("optim.lr=1.0e+400", "optim.lr: ", "finite number"),
+    ("optim.lr=.nan", "optim.lr: ", "finite number"),
+    ("epochs=1.0e+300", "epochs: ", "more images than a 64-bit count holds"),
+    ("eval.every=.inf", "eval.every: ", "finite length"),
+    ("seed=100000000000000000000000", "seed: ", "less than 4294967296"),
+]
+
+
+@pytest.mark.parametrize(("value", "key", "says"), ABSURD, ids=[v for v, _, _ in ABSURD])
+@pytest.mark.parametrize("command", ["train", "show"])
+def test_absurd_values_are_one_error_line_naming_the_key(command, value, key, says, tmp_path, capsys, no_training):
+    out = ["--out", str(tmp_path / "run")] if command == "train" else []
+    assert main([command, "digits", *out, "--set", value]) == 2
+    assert says in one_error(capsys, key)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["batch=1048576", "data.size=512", "model.width=2048", "steps=1000000000"])
+def test_large_values_that_could_still_fit_are_not_refused(value, capsys):
+    assert main(["show", "digits", "--set", value, "subdivisions=1"]) == 0
+
+
+def test_the_capacity_check_counts_the_largest_detection_input():
+    from bigbatch.config import load_config
+    from bigbatch.telemetry.capacity import largest_input
+
+    cfg = load_config("shapes-detect", ["data.size=128", "data.max_size=160", "data.multiscale.sizes=[96, 192]"])
+    assert largest_input(cfg) == (192, 192)  # shorter side 192: the longer side's cap grows to it
+    cfg = load_config("shapes-detect", ["data.size=800", "data.max_size=1333"])
+    assert largest_input(cfg) == (800, 1333)
+    cfg = load_config("shapes-detect", ["data.resize=letterbox", "data.size=416", "data.max_size=null",
+                                        "data.multiscale.sizes=auto"])
+    assert largest_input(cfg) == (576, 576)  # Darknet-style sizes 320..576 around 416
+
+
+# --- 5. checkpoints with missing parts, of a future format, or holding code ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *TINY, "steps=2"]) == 0
+    return out
+
+
+def test_a_checkpoint_with_only_a_model_is_one_line_in_eval_and_resume(finished_run, tmp_path, capsys):
+    state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
+    only_model = tmp_path / "model-only.pt"
+    torch.save({"model": state["model"]}, only_model)
+    capsys.readouterr()
+    assert main(["eval", str(only_model)]) == 2
+    assert "'config'" in one_error(capsys, f"checkpoint: {only_model} lacks 'step', 'config'")
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_bytes((finished_run / "config.yaml").read_bytes())
+    torch.save({"model": state["model"]}, run / "checkpoints" / "last.pt")
+    assert main(["train", "--resume", str(run), "--set", "steps=3"]) == 2
+    one_error(capsys, f"checkpoint: {run / 'checkpoints' / 'last.pt'} lacks 'format', 'step', 'optimizer'")
+
+
+def test_a_checkpoint_of_a_future_format_is_one_line(finished_run, tmp_path, capsys):
+    state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
+    future = tmp_path / "future.pt"
+    torch.save({**state, "format": checkpoint.FORMAT + 1}, future)
+    capsys.readouterr()
+    assert main(["eval", str(future)]) == 2
+    assert "newer than this bigbatch reads" in one_error(capsys, f"checkpoint: {future} is of format 2")
+
+
+class Payload:
+    """A pickle that would write a file when unpickled."""
+
+    def __init__(self, witness: Path):
+        self.witness = witness
+
+    def __reduce__(self):
+        return (Path.write_text, (self.witness, "code ran"))
+
+
+def test_weights_holding_code_are_one_line_of_ours_and_never_run(tmp_path, capsys, no_training):
+    from bigbatch.models.detectors import build_detector, load_detector_weights
+
+    witness = tmp_path / "witness"
+    evil = tmp_path / "weights.pt"
+    torch.save({"backbone.weight": torch.zeros(1), "payload": Payload(witness)}, evil)
+    model = build_detector("small_detector", 2, min_size=64, max_size=64)
+    with pytest.raises(Exception) as caught:
+        load_detector_weights(model, evil, "small_detector", 2)
+    message = str(caught.value)
+    assert message.startswith(f"model.weights: {evil} holds Python objects") and "\n" not in message
+    assert "weights_only" not in message
+    assert main(["eval", str(evil)]) == 2
+    assert "does not unpickle them" in one_error(capsys, f"checkpoint: {evil} holds Python objects")
+    assert not witness.exists(), "the pickle's code ran"
+
+
+# --- 6. files left by a kill during a checkpoint write ---------------------------------------------------------
+
+
+def test_the_next_start_removes_temporary_checkpoints_a_killed_writer_left(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *TINY, "steps=1"]) == 0
+    left = out / "checkpoints" / f".last.pt.tmp-{dead_pid()}"  # atomic_write's naming, as a SIGKILL leaves it
+    left.write_bytes(b"PK\x03\x04 half a checkpoint")
+    best_left = out / "checkpoints" / f".best.pt.tmp-{dead_pid()}"
+    best_left.write_bytes(b"PK\x03\x04")
+    users = [out / "checkpoints" / "notes.tmp-1", out / "checkpoints" / ".last.pt.tmp-x", out / ".last.pt.tmp-1"]
+    for path in users:
+        path.write_text("not bigbatch's")
+    assert main(["train", "--resume", str(out), "--set", "steps=2"]) == 0
+    assert not left.exists() and not best_left.exists()
+    assert all(path.read_text() == "not bigbatch's" for path in users)
+
+
+# --- 8. what the non-finite stop says about checkpoints ---------------------------------------------------------
+
+
+def test_the_nonfinite_stop_says_that_no_checkpoint_exists_yet(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *TINY, "steps=5", "checkpoint.every=3",
+                 "debug.nonfinite_at_step=1", "debug.nonfinite_repeats=100", "precision.max_skipped=2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: 2 optimizer steps in a row had non-finite gradients at step 1")
+    assert err[0].endswith("No checkpoint had been written yet (the first was due at step 3).")
+    assert "holds finite weights" not in err[0]
+    assert not (out / "checkpoints" / "last.pt").exists()
