@@ -600,9 +600,14 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
+        mark, context = e.problem_mark, e.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise UserError(f"config: {where}: invalid YAML: {e.problem}") from None
+        problem = e.problem
+        if e.context:  # what was being read: "while scanning a quoted scalar (line 3): ..."
+            line = context.line if context is not None else None
+            on = f" (line {line + 1})" if line is not None and line != getattr(mark, "line", None) else ""
+            problem = f"{e.context}{on}: {problem}"
+        raise UserError(f"config: {where}: invalid YAML: {problem}") from None
     except yaml.reader.ReaderError as e:  # a control character, which YAML does not allow
         line = text.count("\n", 0, e.position) + 1
         raise UserError(f"config: {path}:{line}: invalid YAML: character U+{e.character:04X} is not allowed") from None
@@ -719,7 +724,26 @@ def _section_of(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return cls
 
 
+INT64_LIMIT = 2**63
+"""Every whole number in a config fits a signed 64-bit integer (torch, numpy and the data order count in them)."""
+
+
+def _check_whole_numbers(value: Any, key: str = "") -> None:
+    """A whole number beyond 64 bits (``10**400``) is refused naming its key, before any arithmetic on it."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_whole_numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_whole_numbers(v, f"{key}.{i}")
+    elif isinstance(value, int) and not isinstance(value, bool) and not -INT64_LIMIT <= value < INT64_LIMIT:
+        shown = f"{value:.3g}" if abs(value) < 10**300 else f"a {len(str(abs(value)))}-digit number"
+        raise UserError(f"{_dotted(key.split('.'))}: {shown} does not fit a 64-bit integer (expected a whole number "
+                        f"between -2^63 and 2^63 - 1)")
+
+
 def validate_config(data: dict[str, Any]) -> RunConfig:
+    _check_whole_numbers(data)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
