@@ -7,6 +7,7 @@ The CLI runs in this process (``bigbatch.cli.main``) wherever it stops before tr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -279,6 +280,23 @@ def test_the_next_start_removes_temporary_checkpoints_a_killed_writer_left(tmp_p
     assert main(["train", "--resume", str(out), "--set", "steps=2"]) == 0
     assert not left.exists() and not best_left.exists()
     assert all(path.read_text() == "not bigbatch's" for path in users)
+
+
+# --- 7. a COCO file without its 'annotations' ---------------------------------------------------------------------
+
+
+def test_a_coco_file_without_annotations_names_the_file_and_the_key(tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    no_boxes = tmp_path / "image_info.json"  # what COCO's test-dev image-info files look like
+    no_boxes.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "width": 8, "height": 8}],
+                                    "categories": [{"id": 1, "name": "thing"}]}))
+    split = f"{{images: {images}, annotations: {no_boxes}}}"
+    out = tmp_path / "run"
+    assert main(["train", "shapes-detect", "--out", str(out), "--set", "data.name=coco", f"data.train={split}",
+                 f"data.val={split}"]) == 2
+    assert one_error(capsys, f"data: {no_boxes}: the 'annotations' key is missing")
+    assert not out.exists()
 
 
 # --- 8. what the non-finite stop says about checkpoints ---------------------------------------------------------
