@@ -13,13 +13,27 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
+# One intra-op thread per process (a developer's own OMP_NUM_THREADS wins). ``make test`` already runs two tests at a
+# time on a 2-core machine, most of them in subprocesses, and torch's OpenMP threads spin-wait for one another: with
+# more threads than free cores a run is several times slower (the 60-step digits run of test_train_cli, beside other
+# work: 25 s with one thread, 109 s with torch's default of two). Set before torch is imported, for every subprocess.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+HANG_GUARD_S = 900
+"""How long a test's subprocess, group of spawned workers or Gloo collective may take before it is taken to hang.
+
+A hang guard, not a speed expectation: no test may fail because the machine is slow or busy. The slowest single
+process of the suite, the 150-step detection run of test_detection_train, took 59 s on the project's 2-core machine
+beside other work (2026-12-01); 15 minutes is fifteen times that. A whole test is guarded by pytest-timeout's
+``timeout`` in pyproject.toml: 30 minutes, as a test may run several such processes one after the other."""
+
 
 def bigbatch_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "bigbatch", *args]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run the real ``bigbatch`` CLI in a fresh process."""
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
+    """Run the real ``bigbatch`` CLI in a fresh process (``timeout``: a hang guard, see ``HANG_GUARD_S``)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("WORLD_SIZE", None)
     return subprocess.run(bigbatch_command(*args), cwd=cwd or ROOT, env=env, capture_output=True, text=True,
@@ -39,20 +53,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_spawned(worker: Callable[[int, int, str], None], world: int, out_dir: Path, timeout_s: float) -> list:
+def run_spawned(worker: Callable[[int, int, str], None], world: int, out_dir: Path,
+                timeout_s: float = HANG_GUARD_S) -> list:
     """Run ``worker(rank, port, out_dir)`` in ``world`` spawned processes (they join a Gloo group on ``port``) and
-    return what each wrote to ``out_dir/rank<r>.pt``; fail the test if they do not finish within ``timeout_s``."""
+    return what each wrote to ``out_dir/rank<r>.pt``; fail the test if they do not finish within ``timeout_s`` (a
+    hang guard). Workers still running when this returns or raises (a failed rank, pytest-timeout) are killed."""
     import torch
     import torch.multiprocessing as mp
 
     ctx = mp.start_processes(worker, args=(free_port(), str(out_dir)), nprocs=world, join=False,
                              start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join(5)
-            pytest.fail(f"distributed workers did not finish within {timeout_s} s")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"distributed workers did not finish within {timeout_s} s (hung?)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join()
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT, free_port, run_cli
+from tests.conftest import HANG_GUARD_S, ROOT, free_port, run_cli
 
 COMMON = ["batch=64", "steps=3", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.batch=50",
           "schedule.warmup=[]"]
@@ -22,7 +22,7 @@ def torchrun(out, *overrides: str, processes: int = 2) -> subprocess.CompletedPr
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", *COMMON, *overrides]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def weights(out) -> dict[str, torch.Tensor]:

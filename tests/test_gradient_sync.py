@@ -21,14 +21,13 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.data.loader import TensorImages
 from bigbatch.engine.trainer import train_step
 from bigbatch.tasks.classification import ClassificationTask
-from tests.conftest import run_spawned
+from tests.conftest import HANG_GUARD_S, run_spawned
 
 WORLD = 2
 SUBDIVISIONS = 4
 MICRO = 3  # images per micro-batch per process
 STEPS = 3
 VAL_IMAGES = 37  # not a multiple of the world or the eval batch
-TIMEOUT_S = 120
 
 
 def _model() -> nn.Module:
@@ -63,7 +62,7 @@ def _val_set() -> TensorImages:
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(seconds=HANG_GUARD_S))
     try:
         model = DistributedDataParallel(_model(), bucket_cap_mb=64)
         calls = {"n": 0}
@@ -97,17 +96,15 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("gradient_sync"), TIMEOUT_S)
+    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("gradient_sync"))
 
 
-@pytest.mark.timeout(180)
 def test_one_gradient_synchronisation_per_optimizer_step(results):
     for rank, result in enumerate(results):
         assert result["syncs_per_step"] == [1] * STEPS, f"rank {rank}: {SUBDIVISIONS} micro-batches per step"
         assert result["syncs_without_no_sync"] == SUBDIVISIONS, "the hook counts every synchronising backward"
 
 
-@pytest.mark.timeout(180)
 def test_accumulated_ddp_steps_equal_one_process_on_the_whole_batch(results):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -121,7 +118,6 @@ def test_accumulated_ddp_steps_equal_one_process_on_the_whole_batch(results):
             torch.testing.assert_close(result["weights"][key], value, rtol=0, atol=1e-5, msg=f"rank {rank}: {key}")
 
 
-@pytest.mark.timeout(180)
 def test_sharded_evaluation_counts_every_image_once(results):
     model = _model()
     task = ClassificationTask(_val_set(), _val_set(), num_classes=5)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -11,7 +19,7 @@ import torch.distributed as dist
 
 from bigbatch.engine import host_all_reduce
 from bigbatch.engine.host_all_reduce import HostAllReduce
-from tests.conftest import run_spawned
+from tests.conftest import HANG_GUARD_S, ROOT, run_spawned
 
 WORLD = 3
 CALLS = 300
@@ -29,7 +37,7 @@ def _inputs(rank: int) -> list[torch.Tensor]:
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(seconds=HANG_GUARD_S))
     try:
         channel = host_all_reduce.channel_for()
         result = {"made": channel is not None, "same_object": host_all_reduce.channel_for() is channel,
@@ -68,9 +76,32 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def _segment_of_a_killed_run() -> str:
+    """A segment made by the real code in a process then killed before it removed the name (as torchrun's SIGTERM
+    does to a worker): what a killed run leaves in /dev/shm."""
+    code = ("import os, signal\n"
+            "from bigbatch.engine import host_all_reduce as h\n"
+            "print(h._create_segment(h.HostAllReduce.segment_bytes(2)).path, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    killed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            timeout=HANG_GUARD_S)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    path = killed.stdout.strip()
+    assert os.path.getsize(path) == HostAllReduce.segment_bytes(2)
+    return path
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[dict]:
-    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("host_all_reduce"), 120)
+def left_by_a_killed_run() -> Iterator[str]:
+    path = _segment_of_a_killed_run()
+    yield path
+    with contextlib.suppress(FileNotFoundError):  # the test failed: this test made it, so it removes it
+        os.unlink(path)
+
+
+@pytest.fixture(scope="module")
+def results(left_by_a_killed_run, tmp_path_factory) -> list[dict]:
+    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("host_all_reduce"))
 
 
 def test_sums_equal_gloo_and_are_the_same_bits_on_every_rank(results):
@@ -86,7 +117,47 @@ def test_sums_equal_gloo_and_are_the_same_bits_on_every_rank(results):
 
 
 def test_segment_name_is_removed_once_every_rank_has_mapped_it(results):
+    """Gone on every rank when ``channel_for`` returns, so that a run killed from then on leaves nothing."""
     assert not any(results[r]["segment_left"] for r in range(WORLD))
+
+
+def test_the_next_run_removes_a_segment_left_by_a_killed_run(left_by_a_killed_run, results):
+    assert not os.path.exists(left_by_a_killed_run)
+
+
+def test_only_segments_of_runs_that_are_over_are_removed():
+    """A killed run's segment goes; a live run's (its creator exists, or it is locked: a creator in another PID
+    namespace) and anything not provably this module's stay."""
+    stale = _segment_of_a_killed_run()
+    dead = int(host_all_reduce._NAME.fullmatch(os.path.basename(stale))[1])
+    marked = bytes(8) + host_all_reduce._MAGIC + bytes(48)
+    made = [stale]
+
+    def make(name: str, content: bytes) -> str:
+        made.append(os.path.join("/dev/shm", name))
+        with open(made[-1], "xb") as f:
+            f.write(content)
+        return made[-1]
+
+    try:
+        kept = [
+            make(f"bigbatch-all-reduce-{os.getppid()}-{secrets.token_hex(8)}", marked),  # its creator is alive
+            make(f"bigbatch-all-reduce-{dead}-{secrets.token_hex(8)}", bytes(64)),  # no magic
+            make(f"not-bigbatch-{dead}-{secrets.token_hex(8)}", marked),  # another name
+            make(f"bigbatch-all-reduce-{dead}-{secrets.token_hex(4)}", marked),  # not a name this module makes
+        ]
+        made.append(f"/dev/shm/bigbatch-all-reduce-{dead}-{secrets.token_hex(8)}")
+        with open(made[-1], "xb") as locked:
+            fcntl.flock(locked, fcntl.LOCK_SH)  # before it is marked, as a creator does: no run takes it for stale
+            locked.write(marked)
+            locked.flush()
+            host_all_reduce._remove_stale_segments()
+            assert not os.path.exists(stale)
+            assert [os.path.exists(path) for path in [*kept, locked.name]] == [True] * 5
+    finally:
+        for path in made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def test_only_contiguous_float32_tensors_that_fit(results):
@@ -116,17 +187,13 @@ def test_a_rank_that_never_comes_times_out_naming_it(tmp_path):
 
 
 def test_a_full_dev_shm_means_no_segment_and_nothing_left(monkeypatch):
-    made = []
-    real_mkstemp = host_all_reduce.tempfile.mkstemp
-
-    def recording_mkstemp(*args, **kwargs):
-        made.append(real_mkstemp(*args, **kwargs))
-        return made[-1]
+    def ours() -> set[str]:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(f"bigbatch-all-reduce-{os.getpid()}-")}
 
     def full(fd, offset, length):
-        raise OSError(28, "No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(host_all_reduce.tempfile, "mkstemp", recording_mkstemp)
+    before = ours()
     monkeypatch.setattr(host_all_reduce.os, "posix_fallocate", full)
     assert host_all_reduce._create_segment(HostAllReduce.segment_bytes(2)) is None
-    assert len(made) == 1 and not os.path.exists(made[0][1])
+    assert ours() == before

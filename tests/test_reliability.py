@@ -20,8 +20,7 @@ import torch
 from bigbatch.cli import main
 from bigbatch.engine import checkpoint
 from bigbatch.engine.run_dir import LOCK_NAME, hold_run_dir
-
-HANG_GUARD_S = 1800  # seconds: only a guard against a hang
+from tests.conftest import HANG_GUARD_S
 
 TINY = ["batch=32", "subdivisions=2", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.every=100",
         "memory.interval=60"]
@@ -161,8 +160,10 @@ def test_the_lock_is_not_inherited_by_forked_children(tmp_path):
 # --- 4. absurd values ---------------------------------------------------------------------------------------------
 
 ABSURD = [
-    ("batch=100000000000000000000", "batch: ", "for the data order alone"),
-    ("steps=100000000000000000000000000000", "steps: ", "more than a 64-bit count holds"),
+    ("batch=100000000000000000000", "batch: ", "1e+20 does not fit a 64-bit integer"),
+    ("batch=1000000000000000000", "batch: ", "for the data order alone"),
+    ("steps=100000000000000000000000000000", "steps: ", "1e+29 does not fit a 64-bit integer"),
+    ("steps=100000000000000000", "steps: ", "more than a 64-bit count holds"),
     ("data.size=1000000", "data.size: ", "PiB in memory"),
     ("model.width=10000000000", "model.width: ", "more than 2^63 bytes"),
     ("model.width=1000000", "model.width: ", "TiB of float32 weights"),
@@ -171,7 +172,8 @@ ABSURD = [
     ("optim.lr=.nan", "optim.lr: ", "finite number"),
     ("epochs=1.0e+300", "epochs: ", "more images than a 64-bit count holds"),
     ("eval.every=.inf", "eval.every: ", "finite length"),
-    ("seed=100000000000000000000000", "seed: ", "less than 4294967296"),
+    ("seed=100000000000000000000000", "seed: ", "does not fit a 64-bit integer"),
+    ("seed=1099511627776", "seed: ", "less than 4294967296"),
 ]
 
 

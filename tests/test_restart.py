@@ -10,29 +10,61 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import torch
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import HANG_GUARD_S, ROOT, free_port
 from tests.test_distributed import COMMON, assert_same_weights, weights
 
 STEPS = 120
 SETTINGS = [*COMMON, f"steps={STEPS}", "checkpoint.every=5", "eval.every=1000", "model.norm=group"]
+PAUSE_AT = 7  # steps rank 1 does before it pauses: rank 0 has written the checkpoint of step 5, not yet step 10
+
+# The workers of the run to be killed: rank 1 of the first attempt, before its step PAUSE_AT + 1, writes its pid to
+# the file named by ``{marker}`` and waits to be killed (rank 0 waits for it in that step's all-reduce). The test
+# kills it there, rather than at whatever step a polling loop happens to see, so that the run is cut at the same
+# point however fast or busy the machine; the restarted workers (attempt 1) train on without a pause.
+PAUSING_WORKER = """
+import os, sys, time
+from bigbatch.cli import main
+from bigbatch.engine import trainer
+
+if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    step = trainer.train_step
+    done = 0
+
+    def step_or_pause(*args, **kwargs):
+        global done
+        if done == {pause_at}:
+            with open({marker!r} + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace({marker!r} + ".tmp", {marker!r})
+            while True:
+                time.sleep(60)
+        done += 1
+        return step(*args, **kwargs)
+
+    trainer.train_step = step_or_pause
+sys.exit(main())
+"""
 
 
-def torchrun_command(out, max_restarts: int, rendezvous: str = "c10d") -> list[str]:
+def torchrun_command(out, max_restarts: int, rendezvous: str = "c10d", pause_marker=None) -> list[str]:
     """A 2-process launch with the c10d rendezvous (torchrun's fault-tolerant setup) or the static one
     (``--master-addr/--master-port``). Both keep one store across restarts; ``train`` keys its process group
-    by attempt so the restarted workers do not meet the dead ones' addresses."""
+    by attempt so the restarted workers do not meet the dead ones' addresses. With ``pause_marker``, the
+    workers run ``PAUSING_WORKER``."""
     port = free_port()
     if rendezvous == "c10d":
         launch = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
     else:
         launch = ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    program = ["-m", "bigbatch"]
+    if pause_marker is not None:
+        program = ["--no-python", sys.executable, "-c",
+                   PAUSING_WORKER.format(pause_at=PAUSE_AT, marker=str(pause_marker))]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
-            str(max_restarts), *launch, "-m", "bigbatch", "train", "digits", "--out", str(out), "--set",
-            *SETTINGS]
+            str(max_restarts), *launch, *program, "train", "digits", "--out", str(out), "--set", *SETTINGS]
 
 
 def clean_env() -> dict[str, str]:
@@ -42,47 +74,31 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def worker_of_rank(launcher: psutil.Process, rank: int) -> psutil.Process | None:
-    for child in launcher.children(recursive=True):
-        try:
-            if child.environ().get("RANK") == str(rank) and "bigbatch" in " ".join(child.cmdline()):
-                return child
-        except psutil.Error:
-            continue
-    return None
-
-
-def checkpoint_step(out) -> int:
-    """The step of ``last.pt`` from the metrics written beside it (reading the file itself could race a write)."""
-    path = out / "metrics.jsonl"
-    if not (out / "checkpoints" / "last.pt").exists() or not path.exists():
-        return 0
-    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()]
-    return max(steps, default=0)
-
-
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("rendezvous", ["c10d", "static"])
 def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path, rendezvous):
-    out = tmp_path / "restarted"
-    launcher = subprocess.Popen(torchrun_command(out, max_restarts=1, rendezvous=rendezvous), cwd=ROOT,
-                                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed_at = None
+    out, marker = tmp_path / "restarted", tmp_path / "rank1-paused"
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        launcher = subprocess.Popen(torchrun_command(out, max_restarts=1, rendezvous=rendezvous, pause_marker=marker),
+                                    cwd=ROOT, env=clean_env(), stdout=stdout, stderr=stderr, text=True)
+    paused = None  # rank 1's pid while it waits to be killed
     try:
-        deadline = time.monotonic() + 200
-        while killed_at is None and time.monotonic() < deadline and launcher.poll() is None:
-            if (out / "checkpoints" / "last.pt").exists():
-                victim = worker_of_rank(psutil.Process(launcher.pid), rank=1)
-                if victim is not None:
-                    killed_at = checkpoint_step(out)
-                    victim.send_signal(signal.SIGKILL)
+        # Rank 1 stays paused until killed: waiting for it is no race (the hang guard is pytest-timeout's).
+        while not marker.exists() and launcher.poll() is None:
             time.sleep(0.05)
-        stdout, stderr = launcher.communicate(timeout=240)
+        assert marker.exists(), "the run ended before rank 1 paused: " + (tmp_path / "stderr").read_text()[-3000:]
+        paused = int(marker.read_text())
+        killed_at = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"]  # rank 0 waits on rank 1
+        os.kill(paused, signal.SIGKILL)
+        paused = None
+        launcher.wait(timeout=HANG_GUARD_S)
     finally:
+        if paused is not None:
+            os.kill(paused, signal.SIGKILL)
         if launcher.poll() is None:
-            launcher.kill()
-    assert killed_at is not None, "rank 1 was never seen running after the first checkpoint"
-    assert killed_at < STEPS, "the run must still have been going when its worker was killed"
+            launcher.terminate()  # torchrun stops its workers
+            launcher.wait()
+    stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+    assert killed_at == 5, "killed after the first checkpoint, long before the end"
     assert launcher.returncode == 0, stderr[-3000:]
     assert "resuming the run in" in stdout, "the restarted workers resumed from the run's checkpoint"
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
@@ -94,6 +110,6 @@ def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path, rendezvous):
     # The interrupted run ends where one that was never interrupted does.
     reference = tmp_path / "uninterrupted"
     plain = subprocess.run(torchrun_command(reference, max_restarts=0), cwd=ROOT, env=clean_env(),
-                           capture_output=True, text=True, timeout=240)
+                           capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert_same_weights(weights(reference), weights(out), atol=1e-6)

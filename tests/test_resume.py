@@ -7,11 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import time
+import sys
 
 import torch
 
-from tests.conftest import ROOT, bigbatch_command, run_cli
+from tests.conftest import HANG_GUARD_S, ROOT, run_cli
 
 STEPS = 60
 ARGS = [
@@ -22,6 +22,29 @@ ARGS = [
     "schedule.decay.kind=cosine", "clip.max_norm=1.0", "ema.decay=0.9", "ema.warmup=true",
     "norm.running_stats=per_step", "model.dropout=0.3",  # dropout draws from the global torch RNG
 ]
+
+
+PAUSE_AT = 12  # the checkpoint before it is step 10: steps 11 and 12 are logged past it
+# ``bigbatch`` that, once the record of step PAUSE_AT is in metrics.jsonl, says "paused" and waits to be killed.
+# Killed there, rather than at whatever step a polling test happens to see, the run is cut at the same point
+# however fast or busy the machine (a poller starved of the CPU could let the run finish first).
+PAUSING_BIGBATCH = f"""
+import sys, time
+from bigbatch.cli import main
+from bigbatch.engine.run_log import RunLog
+
+record = RunLog.train
+
+def record_then_pause(self, step, *args, **kwargs):
+    record(self, step, *args, **kwargs)
+    if step == {PAUSE_AT}:
+        print("paused", flush=True)
+        while True:
+            time.sleep(60)
+
+RunLog.train = record_then_pause
+sys.exit(main())
+"""
 
 
 def metrics_steps(path) -> list[int]:
@@ -36,18 +59,20 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
 
     run_dir = tmp_path / "killed"
     env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
-    proc = subprocess.Popen(bigbatch_command("train", *ARGS, "--out", str(run_dir)), cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while max(metrics_steps(run_dir / "metrics.jsonl"), default=0) < 12:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    with open(tmp_path / "killed.stderr", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", PAUSING_BIGBATCH, "train", *ARGS, "--out", str(run_dir)],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        paused = "paused" in (line.strip() for line in proc.stdout)  # reads up to "paused", or to the end
+        assert paused, (tmp_path / "killed.stderr").read_text()[-3000:]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=HANG_GUARD_S)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert max(metrics_steps(run_dir / "metrics.jsonl")) == PAUSE_AT
     killed_at = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"]
-    assert 10 <= killed_at < STEPS
+    assert killed_at == 10
 
     resumed = run_cli("train", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr

@@ -17,7 +17,7 @@ from torch import nn
 from bigbatch.engine import host_all_reduce
 from bigbatch.engine.host_all_reduce import HostAllReduce
 from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
-from tests.conftest import run_spawned
+from tests.conftest import HANG_GUARD_S, run_spawned
 
 WORLD = 2
 C, H, W = 4, 3, 3
@@ -33,7 +33,6 @@ CASES = {
 }
 COUNT_SIZES = (2, 1)
 TRANSPORTS = ("shared_memory", "gloo")
-TIMEOUT_S = 90
 
 
 def _data(case: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +134,7 @@ def _one_value_error(rank: int, group) -> str:
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(seconds=HANG_GUARD_S))
     try:
         result = {}
         for transport in TRANSPORTS:
@@ -152,7 +151,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("sync_bn"), TIMEOUT_S)
+    return run_spawned(_worker, WORLD, tmp_path_factory.mktemp("sync_bn"))
 
 
 def _reference(case: str) -> dict:
@@ -179,7 +178,6 @@ def _of(results: list[dict], transport: str) -> list[dict]:
     return [r[transport] for r in results]
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_single_process_batchnorm(results, case, transport):
@@ -209,7 +207,6 @@ def test_matches_single_process_batchnorm(results, case, transport):
         assert int(state["num_batches_tracked"]) == int(ref["state"]["num_batches_tracked"]) == 3 + STEPS
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_one_all_reduce_per_layer_and_direction(results, transport):
     results = _of(results, transport)

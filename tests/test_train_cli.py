@@ -51,7 +51,8 @@ def test_run_directory_layout(digits_run):
     memory = list(csv.DictReader((out / "memory.csv").open()))
     assert len(memory) >= 2
     times = [float(row["time"]) for row in memory]
-    assert times == sorted(times) and len(set(times)) == len(times), "timestamps increase"
+    # in time order; two rows may share a timestamp (milliseconds): the sampler's last periodic row and the final one
+    assert times == sorted(times), "timestamps do not go back"
     steps = [int(row["step"]) for row in memory]
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 60
     assert all(float(row["rss_mib"]) > 10 for row in memory)

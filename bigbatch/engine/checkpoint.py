@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -121,9 +122,15 @@ def load_tensors(path: str | Path, key: str) -> Any:
     of torch's multi-line message (which suggests ``weights_only=False``, i.e. running the file's code)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise UserError(f"{key}: {path} holds Python objects other than tensors and plain containers; bigbatch does "
-                        f"not unpickle them (that could run code): save a state dict of tensors instead") from None
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        if "Unsupported global" in text:  # torch's refusal of a pickled class or function: code it would run
+            raise UserError(f"{key}: {path} holds Python objects other than tensors and plain containers; bigbatch "
+                            f"does not unpickle them (that could run code): save a state dict of tensors instead"
+                            ) from None
+        reason = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+        shown = reason.group(1).strip() if reason else (text.strip().splitlines() or [""])[0]
+        raise UserError(f"{key}: {path} is not a readable torch file (UnpicklingError: {shown[:200]})") from None
     except Exception as e:  # a truncated, foreign or tampered file: torch raises many types
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise UserError(f"{key}: {path} is not a readable torch file ({type(e).__name__}"
