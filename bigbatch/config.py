@@ -679,10 +679,10 @@ def _key(loc: tuple[Any, ...], kind: str = "") -> tuple[Any, ...]:
 
 
 def _dotted(parts: tuple[Any, ...] | list[Any]) -> str:
-    """A dotted key for a one-line message; quoted when it is empty or holds a line break, a control character or
-    surrounding space."""
+    """A dotted key for a one-line message; quoted when it is empty or holds a line break, a control character, a
+    colon (``error: KEY: ...`` is read up to the first colon) or surrounding space."""
     key = ".".join(str(p) for p in parts)
-    return key if key and key.isprintable() and key == key.strip() else repr(key)
+    return key if key and key.isprintable() and key == key.strip() and ":" not in key else repr(key)
 
 
 def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> tuple[str, str]:
