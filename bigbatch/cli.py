@@ -167,6 +167,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     path: Path = args.checkpoint
     if path.is_dir():
         path = path / "checkpoints" / "last.pt"
+    out = eval_record_path(path)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     cfg = validate_config(apply_overrides(state["config"], args.overrides))
     task = build_task(cfg)
@@ -189,11 +190,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
               **metrics}
     print(task.report(metrics))
-    in_run = path.parent.name == "checkpoints"
-    out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    checkpoint.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
     print(f"written to {out}")
     return 0
+
+
+def eval_record_path(path: Path) -> Path:
+    """Where ``eval`` writes its record: ``eval-<name>.json`` in the run of ``checkpoints/<name>.pt``, else
+    ``<checkpoint>.eval.json`` beside it. A file already there is replaced only if it is an earlier record of
+    ``eval`` (a JSON object naming a checkpoint); anything else is the user's and stops ``eval`` before any work."""
+    in_run = path.parent.name == "checkpoints"
+    out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
+    if out.exists() or out.is_symlink():
+        try:
+            record = json.loads(out.read_text()) if out.is_file() and not out.is_symlink() else None
+            ours = isinstance(record, dict) and "checkpoint" in record
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise UserError(f"eval: {out} exists and is not a record bigbatch eval wrote; bigbatch never overwrites "
+                            f"a file it did not create: move it away first")
+    return out
 
 
 def cmd_show(args: argparse.Namespace) -> int:

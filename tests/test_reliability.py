@@ -239,6 +239,20 @@ def test_a_checkpoint_of_a_future_format_is_one_line(finished_run, tmp_path, cap
     assert "newer than this bigbatch reads" in one_error(capsys, f"checkpoint: {future} is of format 2")
 
 
+def test_eval_never_overwrites_a_file_of_the_users_beside_the_checkpoint(finished_run, tmp_path, capsys):
+    weights = tmp_path / "model.pt"
+    weights.write_bytes((finished_run / "checkpoints" / "last.pt").read_bytes())
+    users = tmp_path / "model.eval.json"  # where eval would write its record
+    users.write_text('"my notes on the checkpoint"')
+    capsys.readouterr()
+    assert main(["eval", str(weights)]) == 2
+    one_error(capsys, f"eval: {users} exists and is not a record bigbatch eval wrote")
+    assert users.read_text() == '"my notes on the checkpoint"'
+    users.unlink()
+    assert main(["eval", str(weights)]) == 0 and main(["eval", str(weights)]) == 0  # its own record: replaced
+    assert json.loads(users.read_text())["checkpoint"] == str(weights)
+
+
 class Payload:
     """A pickle that would write a file when unpickled."""
 
