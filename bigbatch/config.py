@@ -512,8 +512,8 @@ class RunConfig(Section):
     """Optimizer steps. Give either ``steps`` or ``epochs``."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training set, turned into steps = ceil(epochs * images / batch)."""
-    seed: int = Field(0, ge=0, lt=2**32)
-    """Seeds every random generator (numpy's legacy seeding and most tools take 32-bit seeds)."""
+    seed: int = Field(0, ge=0)
+    """Seeds every random generator (numpy's legacy global generator takes ``seed mod 2^32``)."""
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()

@@ -85,7 +85,7 @@ def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, wo
 def own_generator(seed: int, start: int) -> torch.Generator:
     """A loader's own generator: creating a DataLoader iterator draws a seed from it, and drawing from
     the global torch RNG instead would shift the training's random stream when a run is resumed."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + start)
+    return torch.Generator().manual_seed((seed * 1_000_003 + start) % 2**64)  # torch takes seeds below 2^64
 
 
 class TensorImages(Dataset):

@@ -124,7 +124,7 @@ def load_tensors(path: str | Path, key: str) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         text = str(e)
-        if "Unsupported global" in text:  # torch's refusal of a pickled class or function: code it would run
+        if "unsupported global" in text.lower():  # torch's refusal of a pickled class or function: code it would run
             raise UserError(f"{key}: {path} holds Python objects other than tensors and plain containers; bigbatch "
                             f"does not unpickle them (that could run code): save a state dict of tensors instead"
                             ) from None

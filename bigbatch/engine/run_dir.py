@@ -13,7 +13,8 @@
   of a process killed while writing. Only files of that exact naming are removed, and only while the lock is
   held, so no other bigbatch process can be writing them.
 - **Leave nothing** when the run stops before it wrote anything (a data or config error found after the folder
-  was made): a folder this call made, holding only its lock file, is removed again.
+  was made): the lock file it made and the folders it made are removed again, so a folder of the user's is left
+  as it was.
 """
 
 from __future__ import annotations
@@ -41,69 +42,103 @@ def hold_run_dir(path: Path, key: str = "--out") -> Iterator[Path]:
 
     Mistakes are ``UserError`` naming ``key``."""
     try:
-        created = _make(path, key)
+        made = _make(path, key)
     except OSError as e:  # e.g. a name too long even to look up
         raise UserError(f"{key}: cannot make {path}: {e.strerror or e}") from None
-    fd = None
+    fd, lock_made, before = None, False, set()
     try:
         _check_not_foreign(path, key)
-        fd = _lock(path, key)
+        before = {entry.name for entry in path.iterdir()}
+        fd, lock_made = _lock(path, key)
         remove_stale_temporaries(path / "checkpoints")
         yield path
     finally:
-        if created:
-            _remove_if_untouched(path)  # with the lock still held: nobody else can take the file meanwhile
+        try:
+            # With the lock still held, so that nobody can take the lock file while it is removed.
+            if lock_made and {entry.name for entry in path.iterdir()} - before == {LOCK_NAME}:
+                (path / LOCK_NAME).unlink()  # the run wrote nothing: the folder is left as it was
+            for folder in reversed(made):  # the folders this call made, deepest first, if still empty
+                folder.rmdir()
+        except OSError:
+            pass  # written into, in use again, or gone: leave it
         if fd is not None:
             os.close(fd)  # releases the lock
 
 
-def _make(path: Path, key: str) -> bool:
-    """Make ``path`` (and its parents) if absent; whether this call made it."""
+def _make(path: Path, key: str) -> list[Path]:
+    """Make ``path`` (and its parents) if absent; the folders this call made, outermost first."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{key}: {path} is a file, not a folder")
     if path.is_dir():
-        return False
+        return []
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise UserError(f"{key}: cannot make {path}: {blocking} is a file, not a folder")
-    try:
-        path.mkdir(parents=True)
-    except FileExistsError:  # made meanwhile by another process
-        return False
-    except OSError as e:
-        raise UserError(f"{key}: cannot make {path}: {e.strerror or e}") from None
-    return True
+    missing = [p for p in reversed([path, *path.parents]) if not p.exists()]
+    made = []
+    for folder in missing:
+        try:
+            folder.mkdir()
+        except FileExistsError:  # made meanwhile by another process
+            continue
+        except OSError as e:
+            for done in reversed(made):
+                done.rmdir()
+            raise UserError(f"{key}: cannot make {path}: {e.strerror or e}") from None
+        made.append(folder)
+    return made
 
 
 def _check_not_foreign(path: Path, key: str) -> None:
-    """An existing folder is written into only when it is a run of bigbatch's or holds none of the names a run
-    writes: a ``config.yaml`` of the user's in it is never overwritten."""
-    if (path / LOCK_NAME).is_file():
-        return
-    taken = [name for name in RUN_FILES if (path / name).exists()]
-    is_old_run = (path / "config.yaml").is_file() and ((path / "metrics.jsonl").is_file()
-                                                       or (path / "checkpoints").is_dir())
-    if taken and not is_old_run:
+    """An existing folder is written into only when it holds none of the names a run writes, or is a run of
+    bigbatch's: its ``config.yaml`` reads as a bigbatch config. A ``config.yaml`` of the user's is never overwritten."""
+    if (path / LOCK_NAME).is_symlink():
+        raise UserError(f"{key}: {path / LOCK_NAME} is a symbolic link, not bigbatch's lock file; choose another "
+                        f"folder")
+    taken = [name for name in RUN_FILES if (path / name).exists() or (path / name).is_symlink()]
+    if taken and not _is_bigbatch_run(path):
         raise UserError(f"{key}: {path} is not a bigbatch run directory and already holds {path / taken[0]}, which "
                         f"the run would overwrite; choose a new or empty folder")
 
 
-def _lock(path: Path, key: str) -> int:
-    """Take the run's lock; the lock file holds the holder's PID for the message a second process prints."""
+def _is_bigbatch_run(path: Path) -> bool:
+    """Whether ``path`` holds a run of bigbatch's: a ``config.yaml`` (a regular file) that reads as a valid config."""
+    config = path / "config.yaml"
+    if not config.is_file() or config.is_symlink():
+        return False
+    from bigbatch.config import load_config
+
+    try:
+        load_config(str(config))
+    except UserError:
+        return False
+    return True
+
+
+def _lock(path: Path, key: str) -> tuple[int, bool]:
+    """Take the run's lock: (its descriptor, whether this call made the lock file). The lock file holds the
+    holder's PID for the message a second process prints."""
     lock = path / LOCK_NAME
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise UserError(f"{key}: cannot write in {path}: {e.strerror or e}") from None
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno not in (errno.EACCES, errno.EAGAIN):
-            raise UserError(f"{key}: cannot lock {lock}: {e.strerror or e}") from None
-        holder = _read_pid(lock)
-        who = f"process {holder}" if holder is not None else "another process"
-        raise UserError(f"{key}: {path} is in use by {who}") from None
+    for _ in range(10):
+        made = not lock.exists()
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise UserError(f"{key}: cannot write in {path}: {e.strerror or e}") from None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise UserError(f"{key}: cannot lock {lock}: {e.strerror or e}") from None
+            holder = _read_pid(lock)
+            who = f"process {holder}" if holder is not None else "another process"
+            raise UserError(f"{key}: {path} is in use by {who}") from None
+        if _same_file(fd, lock):
+            break
+        os.close(fd)  # the file was removed (by a run that wrote nothing) between our open and our lock: again
+    else:
+        raise UserError(f"{key}: cannot lock {lock}: it keeps being replaced")
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -111,7 +146,17 @@ def _lock(path: Path, key: str) -> int:
     except OSError as e:
         os.close(fd)
         raise UserError(f"{key}: cannot write in {path}: {e.strerror or e}") from None
-    return fd
+    return fd, made
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file named ``path`` (not a removed or replaced one)."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _read_pid(lock: Path) -> int | None:
@@ -136,15 +181,3 @@ def remove_stale_temporaries(checkpoints: Path) -> list[Path]:
             entry.unlink()
             removed.append(entry)
     return removed
-
-
-def _remove_if_untouched(path: Path) -> None:
-    """Remove a folder this run made if it holds nothing but the lock file (the run stopped before writing)."""
-    try:
-        entries = {p.name for p in path.iterdir()}
-        if entries <= {LOCK_NAME}:
-            if entries:
-                (path / LOCK_NAME).unlink()
-            path.rmdir()
-    except OSError:
-        pass  # a folder in use again, or gone: leave it
