@@ -214,3 +214,32 @@ def test_data_shapes_writes_into_an_empty_folder_and_refuses_a_file(tmp_path: Pa
     assert main(["data", "shapes", "--out", str(a_file)]) == 2
     assert capsys.readouterr().err == f"error: --out: {a_file} is a file, not a folder\n"
     assert a_file.read_text() == "x"
+
+
+def test_a_link_to_a_folder_and_an_empty_folder_of_the_users_are_written_in_place(tmp_path: Path, capsys) -> None:
+    from bigbatch.cli import main
+
+    real = tmp_path / "on-another-disk"
+    real.mkdir()
+    real.chmod(0o2770)
+    before = real.stat()
+    link = tmp_path / "shapes"
+    link.symlink_to(real)
+    assert main(["data", "shapes", "--out", str(link), "--images", "4"]) == 0
+    assert main(["data", "shapes", "--out", str(link), "--images", "5"]) == 0  # its own set, replaced in place
+    assert link.is_symlink() and (real / "annotations" / "val.json").is_file()
+    assert (real.stat().st_ino, real.stat().st_mode) == (before.st_ino, before.st_mode), "the user's folder stays"
+    assert len(list((real / "train").iterdir()) + list((real / "val").iterdir())) == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["on-another-disk", "shapes"], "no partial folder left"
+
+
+@pytest.mark.parametrize("where", ["/proc/bigbatch-shapes", "a-file/under"])
+def test_a_place_that_cannot_be_written_is_one_error_line(where: str, tmp_path: Path, capsys) -> None:
+    from bigbatch.cli import main
+
+    (tmp_path / "a-file").write_text("x")
+    out = where if where.startswith("/") else str(tmp_path / where)
+    assert main(["data", "shapes", "--out", out, "--images", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --out: cannot ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

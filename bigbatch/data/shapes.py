@@ -232,7 +232,10 @@ def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val
                 annotations.append({"id": len(annotations) + 1, "image_id": index + 1,
                                     "category_id": CATEGORY_IDS[obj["label"]], "bbox": obj["bbox"],
                                     "area": obj["area"], "iscrowd": 0})
-        (out_dir / "annotations" / f"{split}.json").write_text(json.dumps(_coco(entries, annotations)))
+        final = out_dir / "annotations" / f"{split}.json"  # val.json, written last, marks the set complete
+        partial = final.with_name(f".{final.name}.tmp")
+        partial.write_text(json.dumps(_coco(entries, annotations)))
+        os.replace(partial, final)
         counts[f"{split}_images"], counts[f"{split}_boxes"] = len(entries), len(annotations)
     return counts
 
@@ -241,7 +244,7 @@ MARKER = ".bigbatch-shapes.json"
 """The file that marks a folder as a shapes set bigbatch wrote (JSON: ``written_by`` and the generator's
 arguments)."""
 MARKER_SIGNATURE = "bigbatch shapes generator"
-_GENERATED = re.compile(r"^(?:(?:train|val)/\d{6,}\.jpg|annotations/(?:train|val)\.json)$")
+_GENERATED = re.compile(r"^(?:(?:train|val)/\d{6,}\.jpg|annotations/\.?(?:train|val)\.json(?:\.tmp)?)$")
 """Paths (relative to the set's folder) of the files ``write_shapes`` writes, besides the marker."""
 _GENERATED_DIRS = ("train", "val", "annotations")
 
@@ -269,39 +272,68 @@ def foreign_entry(root: Path) -> str | None:
     return None
 
 
-def remove_generated_set(root: Path, key: str) -> None:
+def remove_generated_set(root: Path, key: str, keep_folder: bool = False) -> None:
     """Delete a set that bigbatch generated, file by file, after proving that every entry is the generator's;
-    anything else in the folder stops it before anything is deleted (``UserError`` naming ``key``)."""
+    anything else in the folder stops it before anything is deleted (``UserError`` naming ``key``). With
+    ``keep_folder`` the (then empty) folder itself stays."""
     foreign = foreign_entry(root)
     if foreign is not None:
         raise UserError(f"{key}: {root} is not a shapes set bigbatch generated, or holds other files too "
                         f"({foreign}); bigbatch deletes nothing it did not write: choose an empty or new folder")
     for path in sorted(root.rglob("*"), reverse=True):  # files before the folders holding them
         path.rmdir() if path.is_dir() else path.unlink()
-    root.rmdir()
+    if not keep_folder:
+        root.rmdir()
 
 
-def generate_shapes(root: Path, images: int, seed: int = 0, key: str = "--out") -> dict:
-    """Write the shapes set at ``root``: into a sibling ``<root>.partial-<pid>`` folder, then renamed, so that an
-    interrupted generation is never taken for a set. ``root`` may be absent, an empty folder or a set bigbatch
-    generated (replaced); anything else is a ``UserError`` naming ``key`` and the folder, and nothing is touched.
-    Partial folders of generations whose process is gone are removed first (they carry the marker)."""
-    root = Path(root)
+def shapes_target(root: Path, key: str = "--out") -> Path:
+    """Where a shapes set for ``root`` is written, checked before any work: the folder itself when ``root`` is a
+    link to one (data kept on another disk), as an absolute path (``.`` and ``sub/..`` have a name); it must be
+    absent, an empty folder or a set bigbatch generated. Anything else is a ``UserError`` naming ``key``."""
+    root = Path(os.path.abspath(root))
+    if root.is_symlink():
+        root = root.resolve()
     if root.exists() and not root.is_dir():
         raise UserError(f"{key}: {root} is a file, not a folder")
+    blocking = next((p for p in root.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UserError(f"{key}: cannot make {root}: {blocking} is a file, not a folder")
     if root.is_dir() and any(root.iterdir()):
         foreign = foreign_entry(root)
         if foreign is not None:
             raise UserError(f"{key}: {root} exists and is not a shapes set bigbatch generated ({foreign} is not "
                             f"one of its files); bigbatch never overwrites what it did not write: choose an empty "
                             f"or new folder")
-    remove_stale_partials(root)
-    partial = root.with_name(f"{root.name}.partial-{os.getpid()}")
-    counts = write_shapes(partial, images, seed)
-    if root.is_dir():
-        remove_generated_set(root, key) if any(root.iterdir()) else root.rmdir()
-    partial.rename(root)
-    return counts
+    return root
+
+
+def generate_shapes(root: Path, images: int, seed: int = 0, key: str = "--out") -> dict:
+    """Write the shapes set at ``root`` (checked by :func:`shapes_target`).
+
+    An absent ``root`` is written as a sibling ``<root>.partial-<pid>`` folder, then renamed, so that an
+    interrupted generation is never taken for a set. An existing folder (an empty one of the user's, with its own
+    owner and mode, or a set bigbatch generated, whose files are removed first) is written in place; a set counts
+    as complete once ``annotations/val.json``, the last file written, is there, so an interrupted generation is
+    regenerated. Partial folders of generations whose process is gone are removed first (they carry the marker).
+    A place that cannot be written is a ``UserError`` naming ``key``."""
+    root = shapes_target(root, key)
+    try:
+        remove_stale_partials(root)
+        if root.is_dir():
+            if any(root.iterdir()):
+                remove_generated_set(root, key, keep_folder=True)
+            return write_shapes(root, images, seed)
+        partial = root.with_name(f"{root.name}.partial-{os.getpid()}")
+        try:
+            counts = write_shapes(partial, images, seed)
+        except BaseException:
+            if partial.is_dir() and foreign_entry(partial) is None:
+                remove_generated_set(partial, key)  # ours, just made: nothing half-written is left behind
+            raise
+        partial.rename(root)
+        return counts
+    except OSError as e:
+        raise UserError(f"{key}: cannot write the shapes set at {root}: {e.strerror or e}") from None
 
 
 def remove_stale_partials(root: Path) -> None:

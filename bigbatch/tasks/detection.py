@@ -268,10 +268,11 @@ def ensure_shapes(root: Path, images: int, seed: int, rank: int = 0) -> Path:
     A folder that is neither empty nor a set bigbatch generated is never touched: it is an error naming it."""
     complete = (root / "annotations" / "val.json").is_file()
     if not complete and rank == 0:
-        from bigbatch.data.shapes import generate_shapes
+        from bigbatch.data.shapes import generate_shapes, shapes_target
 
-        print(f"generating the shapes set ({images} images) in {root}", flush=True)
-        generate_shapes(root, images, seed, key="data.path")
+        target = shapes_target(root, "data.path")
+        print(f"generating the shapes set ({images} images) in {target}", flush=True)
+        generate_shapes(target, images, seed, key="data.path")
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return root
