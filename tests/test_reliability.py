@@ -266,6 +266,22 @@ def test_a_checkpoint_with_only_a_model_is_one_line_in_eval_and_resume(finished_
     one_error(capsys, f"checkpoint: {run / 'checkpoints' / 'last.pt'} lacks 'format', 'step', 'optimizer'")
 
 
+@pytest.mark.parametrize(("part", "value", "says"), [
+    ("data", {}, "'data' lacks 'step'"), ("rng", {}, "'rng' lacks 'torch'"), ("best", {}, "'best' lacks 'metric'"),
+    ("config", "x", "'config' is a str, not a dict"), ("model", "x", "'model' is a str, not a dict"),
+    ("step", 2.5, "'step' is a float, not an int"),
+])
+def test_a_checkpoint_with_a_malformed_part_is_one_line_in_resume(part, value, says, finished_run, tmp_path, capsys):
+    state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_bytes((finished_run / "config.yaml").read_bytes())
+    torch.save({**state, part: value}, run / "checkpoints" / "last.pt")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--set", "steps=3"]) == 2
+    assert says in one_error(capsys, f"checkpoint: {run / 'checkpoints' / 'last.pt'}: ")
+
+
 def test_a_checkpoint_of_a_future_format_is_one_line(finished_run, tmp_path, capsys):
     state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
     future = tmp_path / "future.pt"

@@ -114,7 +114,28 @@ def load(path: str | Path, needs: tuple[str, ...] = ("model",)) -> dict[str, Any
         has = ", ".join(repr(k) for k in list(state)[:6]) + (", ..." if len(state) > 6 else "")
         raise UserError(f"checkpoint: {path} lacks {', '.join(repr(k) for k in missing)} (it holds {has or 'nothing'});"
                         f" a bigbatch checkpoint holds {', '.join(RESUME_KEYS)}")
+    for key in needs:
+        _check_part(path, key, state[key])
     return state
+
+
+_PART_TYPES = {"format": int, "step": int, "skipped": int, "model": dict, "optimizer": dict, "scaler": dict,
+               "data": dict, "rng": dict, "best": dict, "config": dict}
+_PART_KEYS = {"data": ("step",), "rng": ("torch", "cuda", "python", "numpy"),
+              "best": ("metric", "mode", "value", "step")}
+
+
+def _check_part(path: Path, key: str, value: Any) -> None:
+    """One part of a checkpoint has the type (and, for the small dicts, the keys) that resuming reads."""
+    kind = _PART_TYPES.get(key)
+    if kind is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        article = "an" if kind is int else "a"
+        raise UserError(f"checkpoint: {path}: '{key}' is a {type(value).__name__}, not {article} {kind.__name__}")
+    lacking = [k for k in _PART_KEYS.get(key, ()) if k not in value]
+    if lacking:
+        raise UserError(f"checkpoint: {path}: '{key}' lacks {', '.join(repr(k) for k in lacking)}")
+    if key == "data" and not isinstance(value["step"], int):
+        raise UserError(f"checkpoint: {path}: 'data' has a step of type {type(value['step']).__name__}")
 
 
 def load_tensors(path: str | Path, key: str) -> Any:

@@ -457,6 +457,6 @@ def unwrap(model: nn.Module) -> nn.Module:
 def check_resumable(cfg: RunConfig, saved: dict[str, Any]) -> None:
     """The data order depends on the seed and the global batch: resuming must keep both."""
     for key in ("batch", "seed"):
-        if saved[key] != getattr(cfg, key):
-            raise UserError(f"{key}: the checkpoint was trained with {key} {saved[key]}, not {getattr(cfg, key)}; "
+        if saved.get(key) != getattr(cfg, key):
+            raise UserError(f"{key}: the checkpoint was trained with {key} {saved.get(key)}, not {getattr(cfg, key)}; "
                             f"resuming needs the same {key}")
