@@ -227,14 +227,14 @@ def test_large_values_that_could_still_fit_are_not_refused(value, capsys):
     assert main(["show", "digits", "--set", value, "subdivisions=1"]) == 0
 
 
-def test_the_capacity_check_counts_the_largest_detection_input():
+def test_the_capacity_check_counts_the_smallest_input_of_the_largest_detection_size():
     from bigbatch.config import load_config
     from bigbatch.telemetry.capacity import largest_input
 
     cfg = load_config("shapes-detect", ["data.size=128", "data.max_size=160", "data.multiscale.sizes=[96, 192]"])
-    assert largest_input(cfg) == (192, 192)  # shorter side 192: the longer side's cap grows to it
+    assert largest_input(cfg) == (192, 192)  # the largest multi-scale size, on a square image
     cfg = load_config("shapes-detect", ["data.size=800", "data.max_size=1333"])
-    assert largest_input(cfg) == (800, 1333)
+    assert largest_input(cfg) == (800, 800)  # a lower bound: an elongated image would be up to 800 x 1333
     cfg = load_config("shapes-detect", ["data.resize=letterbox", "data.size=416", "data.max_size=null",
                                         "data.multiscale.sizes=auto"])
     assert largest_input(cfg) == (576, 576)  # Darknet-style sizes 320..576 around 416

@@ -5,8 +5,8 @@ and no ``subdivisions: auto`` can shrink is counted, so a run refused here could
 
     data order      8 bytes x batch               the int64 dataset indices of one global batch, on every process
     training set    images x size² x 4 bytes      digits only: held in memory as float32 grey images
-    one image       3 x height x width x 4 bytes  the input tensor of a micro-batch of one (float32), at the
-                                                  largest training size (detection: multi-scale, longer side)
+    one image       3 x size x size x 4 bytes     the input tensor of a micro-batch of one (float32), at the
+                                                  largest size the run uses (detection: multi-scale sizes), square
     parameters      count x 4 bytes               the float32 weights, counted on torch's ``meta`` device
                                                   (built without allocating anything)
 
@@ -51,7 +51,9 @@ def device_memory() -> int | None:
 
 
 def largest_input(cfg: RunConfig) -> tuple[int, int]:
-    """(height, width) of the largest training input a micro-batch of one image can hold."""
+    """(height, width) of an input every run of ``cfg`` must hold: its largest size (multi-scale sizes, and
+    ``data.size`` for evaluation) on a square image. That is the smallest input that size gives: with shorter-side
+    resizing an elongated image is larger (up to ``max_size``), so refusing on this never refuses a run that fits."""
     data = cfg.data
     if not data.is_detection:
         return data.size, data.size
@@ -63,10 +65,8 @@ def largest_input(cfg: RunConfig) -> tuple[int, int]:
             sizes = default_sizes(data.size)
         except ValueError:  # no size to draw from: the run says so itself
             sizes = None
-    short = max([data.size, *(sizes or [])])
-    if data.resize == "letterbox":
-        return short, short
-    return short, max(data.longest_side, short)
+    largest = max([data.size, *(sizes or [])])
+    return largest, largest
 
 
 def parameter_count(cfg: RunConfig) -> int | None:
