@@ -250,6 +250,14 @@ def finished_run(tmp_path_factory) -> Path:
     return out
 
 
+def run_with_checkpoint(finished_run: Path, run: Path, state: dict) -> Path:
+    """A run folder with ``finished_run``'s config and ``state`` as its last checkpoint."""
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_bytes((finished_run / "config.yaml").read_bytes())
+    torch.save(state, run / "checkpoints" / "last.pt")
+    return run
+
+
 def test_a_checkpoint_with_only_a_model_is_one_line_in_eval_and_resume(finished_run, tmp_path, capsys):
     state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
     only_model = tmp_path / "model-only.pt"
@@ -258,10 +266,7 @@ def test_a_checkpoint_with_only_a_model_is_one_line_in_eval_and_resume(finished_
     assert main(["eval", str(only_model)]) == 2
     assert "'config'" in one_error(capsys, f"checkpoint: {only_model} lacks 'step', 'config'")
 
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "config.yaml").write_bytes((finished_run / "config.yaml").read_bytes())
-    torch.save({"model": state["model"]}, run / "checkpoints" / "last.pt")
+    run = run_with_checkpoint(finished_run, tmp_path / "run", {"model": state["model"]})
     assert main(["train", "--resume", str(run), "--set", "steps=3"]) == 2
     one_error(capsys, f"checkpoint: {run / 'checkpoints' / 'last.pt'} lacks 'format', 'step', 'optimizer'")
 
@@ -273,10 +278,7 @@ def test_a_checkpoint_with_only_a_model_is_one_line_in_eval_and_resume(finished_
 ])
 def test_a_checkpoint_with_a_malformed_part_is_one_line_in_resume(part, value, says, finished_run, tmp_path, capsys):
     state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "config.yaml").write_bytes((finished_run / "config.yaml").read_bytes())
-    torch.save({**state, part: value}, run / "checkpoints" / "last.pt")
+    run = run_with_checkpoint(finished_run, tmp_path / "run", {**state, part: value})
     capsys.readouterr()
     assert main(["train", "--resume", str(run), "--set", "steps=3"]) == 2
     assert says in one_error(capsys, f"checkpoint: {run / 'checkpoints' / 'last.pt'}: ")
