@@ -23,6 +23,7 @@ generator writes; any other existing, non-empty folder is left alone and is an e
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from bigbatch.errors import UserError
+from bigbatch.processes import process_exists
 
 CLASSES = ("circle", "square", "triangle", "star", "cross")
 CATEGORY_IDS = (1, 3, 5, 7, 9)
@@ -341,24 +343,7 @@ def remove_stale_partials(root: Path) -> None:
     folder holds the marker and generated files only."""
     if not root.parent.is_dir():
         return
-    for partial in root.parent.glob(f"{glob_escape(root.name)}.partial-*"):
+    for partial in root.parent.glob(f"{glob.escape(root.name)}.partial-*"):
         pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not process_alive(int(pid)) and partial.is_dir() and foreign_entry(partial) is None:
+        if pid.isdigit() and not process_exists(int(pid)) and partial.is_dir() and foreign_entry(partial) is None:
             remove_generated_set(partial, "data.path")
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (on this machine)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, owned by someone else
-    return True

@@ -52,6 +52,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from bigbatch.processes import process_exists
+
 try:
     import fcntl
 except ImportError:  # Windows, which has no /dev/shm either: the channel is never made there
@@ -238,7 +240,7 @@ def _remove_stale_segments() -> None:
         return
     for name in names:
         match = _NAME.fullmatch(name)
-        if match is None or _process_exists(int(match[1])):
+        if match is None or process_exists(int(match[1])):
             continue
         path = os.path.join(_SHM_DIR, name)
         try:
@@ -254,18 +256,6 @@ def _remove_stale_segments() -> None:
             pass
         finally:
             os.close(fd)
-
-
-def _process_exists(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):  # someone else's process, or no pid at all: keep the file
-        return True
-    return True
 
 
 def _lock_is_free(fd: int) -> bool:
