@@ -1,0 +1,196 @@
+"""Registries: where each kind of part is found by the name a config gives it.
+
+A part (an optimizer, a schedule kind, a dataset format, a model family, a task, a hook) registers itself
+next to its own code, once::
+
+    from bigbatch.registry import OPTIMIZERS
+
+    @OPTIMIZERS.register("sgd")
+    def build_sgd(groups, lr, cfg): ...
+
+The config reads a registry to check a name (``optim.name: sgd``) and to list the allowed ones in its
+error message; the engine reads it to build the part. This module is a leaf: it imports nothing from
+bigbatch. The built-in parts live in the modules named as a registry's ``locations``, imported (by name,
+as MMEngine's registries do) the first time a registry is read, so that the config never imports the
+parts and no import cycle exists.
+
+A part may add fields of its own to the config section its registry fills (``data.*`` for a dataset
+format, ``model.*`` for a model family, ``optim.*``, ``schedule.*``, ``schedule.decay.*``):
+``register(name, obj, fields={"root": (str, "data/toy")})`` makes ``data.root`` a typed, checked key with that
+default, whatever the chosen part (see ``config.PartSection``). The type may be any pydantic type, e.g.
+``config.Length`` (which ``bigbatch scale`` then rescales, as every length).
+
+What each registry's ``obj`` is, and the ``info`` it reads, is written below each registry. Every registry with
+a config section also reads ``info["check"]``, optional: ``check(section)`` raises ``ValueError("key: what is
+wrong")`` when the chosen part lacks something in its section (a decay kind's period, a dataset's paths); it
+runs while the config is validated, before any work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered part: its name, what builds it, and facts that others read about it."""
+
+    name: str
+    obj: Any
+    info: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """Config fields of the part's own, in its registry's section: ``{field: (type, default)}``."""
+
+
+@dataclass
+class _Family:
+    """Many names built the same way, listed by a function (e.g. torchvision's classification models)."""
+
+    names: Callable[[], Iterable[str]]
+    obj: Any
+    info: dict[str, Any]
+    fields: dict[str, tuple[Any, Any]]
+
+
+class Registry:
+    """Names of one kind of part (``kind``), the config key that chooses one (``key``), and the modules that
+    register the built-in ones (``locations``)."""
+
+    def __init__(self, kind: str, key: str, locations: tuple[str, ...] = ()) -> None:
+        self.kind, self.key, self.locations = kind, key, locations
+        self._entries: dict[str, Entry] = {}
+        self._parts: list[Entry | _Family] = []  # in registration order, which is the order names are listed in
+        self._loaded = False
+
+    def register(self, name: str, obj: Any = None, *, fields: dict[str, tuple[Any, Any]] | None = None,
+                 **info: Any) -> Any:
+        """Register ``obj`` under ``name``; without ``obj``, a decorator that registers what it decorates.
+
+        A name a family already lists may be registered on its own, to give it other ``info`` (a model with a
+        smallest input size); it keeps its place in the family's listing."""
+        if obj is None:
+            return lambda decorated: self.register(name, decorated, fields=fields, **info)
+        if name in self._entries and self._entries[name].obj is not obj:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._check_fields(fields or {})
+        entry = Entry(name, obj, dict(info), dict(fields or {}))
+        if name in self._entries:
+            self._parts.remove(self._entries[name])
+        self._entries[name] = entry
+        self._parts.append(entry)
+        return obj
+
+    def register_family(self, names: Callable[[], Iterable[str]], obj: Any, *,
+                        fields: dict[str, tuple[Any, Any]] | None = None, **info: Any) -> None:
+        """Register every name ``names()`` lists (read when first needed), all built by ``obj``."""
+        self._check_fields(fields or {})
+        self._parts.append(_Family(names, obj, dict(info), dict(fields or {})))
+
+    def unregister(self, name: str) -> None:
+        """Remove a part registered under ``name`` (tests that register a toy one clean up with this)."""
+        entry = self._entries.pop(name, None)
+        if entry is not None:
+            self._parts.remove(entry)
+
+    def unregister_family(self, obj: Any) -> None:
+        """Remove the families built by ``obj``."""
+        self._parts = [p for p in self._parts if not (isinstance(p, _Family) and p.obj is obj)]
+
+    def _check_fields(self, fields: dict[str, tuple[Any, Any]]) -> None:
+        """A field two parts both add must be the same field (type and default) in both."""
+        for name, spec in fields.items():
+            other = next((p.fields[name] for p in self._parts if name in p.fields), spec)
+            if other != spec:
+                raise ValueError(f"{self.kind} field {name!r} is registered twice, as {other} and as {spec}")
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            for module in self.locations:
+                importlib.import_module(module)
+
+    def names(self, **where: Any) -> list[str]:
+        """Every registered name in registration order (a family's names where the family was registered), or only
+        those whose ``info`` holds the given values (``DATASETS.names(task="detection")``)."""
+        self._load()
+        names: dict[str, None] = {}
+        for part in self._parts:
+            for name in [part.name] if isinstance(part, Entry) else part.names():
+                names.setdefault(name)
+        if where:
+            return [n for n in names if all(self.get(n).info.get(k) == v for k, v in where.items())]
+        return list(names)
+
+    def __contains__(self, name: str) -> bool:
+        return self.find(name) is not None
+
+    def find(self, name: str) -> Entry | None:
+        """The entry of ``name``, or None."""
+        self._load()
+        if name in self._entries:
+            return self._entries[name]
+        for part in self._parts:
+            if isinstance(part, _Family) and name in part.names():
+                return Entry(name, part.obj, part.info, part.fields)
+        return None
+
+    def get(self, name: str) -> Entry:
+        """The entry of ``name``; an unknown name is a ``ValueError`` listing the known ones."""
+        entry = self.find(name)
+        if entry is None:
+            known = self.names()
+            shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+            raise ValueError(f"unknown {self.kind} {name!r} (expected one of: {shown})")
+        return entry
+
+    def all_fields(self) -> dict[str, tuple[Any, Any]]:
+        """The config fields every registered part adds to the section (for checking keys before building)."""
+        self._load()
+        added: dict[str, tuple[Any, Any]] = {}
+        for part in self._parts:
+            added.update(part.fields)
+        return added
+
+
+TASKS = Registry("task", "task", ("bigbatch.tasks.classification", "bigbatch.tasks.detection"))
+"""``task``: obj = the task class (``tasks/base.py``'s ``Task``), built by ``obj.from_config(cfg, rank)``.
+info: ``metrics`` (the names ``eval.metric`` may take, the default first), ``metric_prefixes`` (optional: per-class
+metrics, ``("AP/",)`` admits ``AP/<class>``), ``model_kind`` (what a model of the task is called in an error
+message: ``classifier``, ``detector``)."""
+OPTIMIZERS = Registry("optimizer", "optim.name", ("bigbatch.recipe.optim",))
+"""``optim.name``: obj(param_groups, lr, optim_cfg) -> torch.optim.Optimizer (``lr``: for the global batch)."""
+SCHEDULES = Registry("schedule", "schedule.preset", ("bigbatch.recipe.schedule",))
+"""``schedule.preset``: obj(cfg, plan) -> lr(step), the LR of each 0-based optimizer step for the batch plan;
+``none`` composes ``schedule.warmup`` and ``schedule.decay``."""
+DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.recipe.schedule",))
+"""``schedule.decay.kind``: obj(decay_cfg, plan, start, floor) -> factor(step), the factor on the scaled LR at
+absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: the factor's lower bound, applied by
+the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of the section that is a per-step rate
+(``config.SLOPE``, ``config.POWER``, ``config.COMPLEMENT``), which ``bigbatch scale`` adapts to the new batch."""
+DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.shapes", "bigbatch.data.coco",
+                                             "bigbatch.data.yolo"))
+"""``data.name``: info ``task`` names the task whose data it is; ``count(cfg) -> int`` is the training set's size
+found without loading it (``show``, ``schedule``, ``scale``, the batch plan). obj loads it, by task:
+
+- ``classification``: obj(cfg) -> (train_set, val_set, num_classes); each set a ``torch.utils.data.Dataset`` of
+  (image ``[C, H, W]`` float tensor, label int) read by index;
+- ``detection``: obj(cfg, issues, rank) -> (train_records, val_records, class_names), lists of
+  ``data.detection.DetectionRecord`` (labels ``0..C-1`` in ``class_names``' order, the same classes in both
+  splits); ``issues`` (``data.detection.DataIssues``) collects the data problems; ``rank`` 0 alone prepares shared
+  files (the other ranks wait at a barrier)."""
+MODELS = Registry("model", "model.name", ("bigbatch.models", "bigbatch.models.detectors"))
+"""``model.name``: info ``task``; ``min_input_size`` (optional: the smallest square input in pixels);
+``reads_weights`` (optional: ``model.weights`` names a local weights file it loads). obj builds the model, random
+weights unless ``model.weights``, nothing downloaded, by task:
+
+- ``classification``: obj(model_cfg, num_classes, in_channels) -> nn.Module, images -> logits;
+- ``detection``: obj(model_cfg, num_classes, *, min_size, max_size) -> nn.Module with ``models/detectors.py``'s
+  contract (labels ``0..C-1``; a dict of losses in train mode, detections in eval mode)."""
+HOOKS = Registry("hook", "", ("bigbatch.engine.hooks",))
+"""Hooks every run builds: obj(run) -> a ``Hook`` or None (not wanted by this config)."""
+CONFIG_FORMATS = Registry("config format", "", ("bigbatch.recipe.darknet_cfg",))
+"""Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
+a mistake in the file is a ``UserError`` naming it."""
