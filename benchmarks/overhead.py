@@ -33,7 +33,8 @@ from bigbatch.batching import make_plan
 from bigbatch.config import load_config
 from bigbatch.data.loader import train_steps
 from bigbatch.data.order import GlobalBatchOrder
-from bigbatch.engine.trainer import to_device, train_step
+from bigbatch.engine.step import train_step
+from bigbatch.engine.trainer import to_device
 from bigbatch.recipe.clip import clip_gradients
 from bigbatch.recipe.optim import build_optimizer, set_lr
 from bigbatch.recipe.schedule import build_schedule

@@ -161,7 +161,7 @@ def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
 def cmd_eval(args: argparse.Namespace) -> int:
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.engine import checkpoint
-    from bigbatch.engine.trainer import load_weights
+    from bigbatch.engine.state import load_weights
     from bigbatch.tasks import build_task
 
     path: Path = args.checkpoint
@@ -171,22 +171,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     cfg = validate_config(apply_overrides(state["config"], args.overrides))
     task = build_task(cfg)
+    if args.save_detections is not None and task.prediction_format is None:
+        raise UserError(f"--save-detections: the checkpoint's task, {cfg.task}, exports no predictions; "
+                        f"detections exist for detectors only")
     model = task.build_model(cfg)
     use_ema = state.get("ema") is not None and cfg.ema.evaluate
     load_weights(model, state["ema"]["module"] if use_ema else state["model"], "model")
     print(f"weights  {'EMA' if use_ema else 'raw'} from {path}")
-    if cfg.task == "detection":
-        detections = task.detect(model, cfg.eval.batch)
-        metrics = task.score(detections)
-        if args.save_detections is not None:
-            from bigbatch.tasks.coco_eval import save_detections
-
-            save_detections(args.save_detections, detections)
-            print(f"{len(detections)} detections written to {args.save_detections} (COCO results format)")
-    elif args.save_detections is not None:
-        raise UserError("--save-detections: the checkpoint is a classifier; detections exist for detectors only")
-    else:
-        metrics = task.evaluate(model, cfg.eval.batch)
+    metrics, predictions = task.predict(model, cfg.eval.batch)
+    if args.save_detections is not None:
+        task.save_predictions(args.save_detections, predictions)
+        print(f"{len(predictions)} detections written to {args.save_detections} ({task.prediction_format} format)")
     record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
               **metrics}
     print(task.report(metrics))
@@ -270,7 +265,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from bigbatch.config import parse_size
     from bigbatch.engine import distributed
-    from bigbatch.telemetry.planner import plan_layout
+    from bigbatch.engine.planner import plan_layout
 
     cfg = load_checked(args.config, args.overrides)
     budget = None
@@ -297,7 +292,7 @@ def load_resolved(source: str, overrides: list[str]) -> RunConfig:
 def resolve_auto(cfg: RunConfig) -> RunConfig:
     """``subdivisions: auto``: measure and choose the subdivisions (printing the measurements)."""
     from bigbatch.engine import distributed
-    from bigbatch.telemetry.planner import resolve_auto_subdivisions
+    from bigbatch.engine.planner import resolve_auto_subdivisions
 
     cfg, plan = resolve_auto_subdivisions(cfg, distributed.world_size_from_env())
     if plan is not None:
@@ -343,7 +338,7 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bigbatch.engine.trainer import TrainingStopped
+    from bigbatch.engine.step import TrainingStopped
 
     args = build_parser().parse_args(argv)
     try:

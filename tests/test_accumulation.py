@@ -12,7 +12,7 @@ from bigbatch.config import ModelConfig
 from bigbatch.data.digits import load_digits_split
 from bigbatch.data.loader import train_steps
 from bigbatch.data.order import GlobalBatchOrder
-from bigbatch.engine.trainer import train_step
+from bigbatch.engine.step import train_step
 from bigbatch.models import build_classifier
 from bigbatch.tasks.classification import ClassificationTask
 

@@ -19,7 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.data.loader import TensorImages
-from bigbatch.engine.trainer import train_step
+from bigbatch.engine.step import train_step
 from bigbatch.tasks.classification import ClassificationTask
 from tests.conftest import HANG_GUARD_S, run_spawned
 

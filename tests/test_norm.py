@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import NormConfig
-from bigbatch.engine.trainer import train_step
+from bigbatch.engine.step import train_step
 from bigbatch.models.small_cnn import SmallCNN
 from bigbatch.recipe.norm import (
     PerStepRunningStats,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from bigbatch.telemetry.planner import Measurement, candidates, fit_line
+from bigbatch.engine.planner import Measurement, candidates, fit_line
 from tests.conftest import run_cli
 
 TINY = ["data.size=16", "model.width=8", "log.tensorboard=false"]

@@ -27,24 +27,20 @@ PAUSE_AT = 7  # steps rank 1 does before it pauses: rank 0 has written the check
 PAUSING_WORKER = """
 import os, sys, time
 from bigbatch.cli import main
-from bigbatch.engine import trainer
+from bigbatch.engine.hooks import Hook
+from bigbatch.registry import HOOKS
 
 if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-    step = trainer.train_step
-    done = 0
+    class PauseBeforeStep(Hook):
+        def before_step(self, run):
+            if run.step == {pause_at}:
+                with open({marker!r} + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace({marker!r} + ".tmp", {marker!r})
+                while True:
+                    time.sleep(60)
 
-    def step_or_pause(*args, **kwargs):
-        global done
-        if done == {pause_at}:
-            with open({marker!r} + ".tmp", "w") as f:
-                f.write(str(os.getpid()))
-            os.replace({marker!r} + ".tmp", {marker!r})
-            while True:
-                time.sleep(60)
-        done += 1
-        return step(*args, **kwargs)
-
-    trainer.train_step = step_or_pause
+    HOOKS.register("pause", lambda run: PauseBeforeStep())
 sys.exit(main())
 """
 

@@ -31,18 +31,17 @@ PAUSE_AT = 12  # the checkpoint before it is step 10: steps 11 and 12 are logged
 PAUSING_BIGBATCH = f"""
 import sys, time
 from bigbatch.cli import main
-from bigbatch.engine.run_log import RunLog
+from bigbatch.engine.hooks import Hook
+from bigbatch.registry import HOOKS
 
-record = RunLog.train
+class PauseAfterRecord(Hook):  # after the built-in hooks: the step's record is written
+    def after_step(self, run):
+        if run.state.step == {PAUSE_AT}:
+            print("paused", flush=True)
+            while True:
+                time.sleep(60)
 
-def record_then_pause(self, step, *args, **kwargs):
-    record(self, step, *args, **kwargs)
-    if step == {PAUSE_AT}:
-        print("paused", flush=True)
-        while True:
-            time.sleep(60)
-
-RunLog.train = record_then_pause
+HOOKS.register("pause", lambda run: PauseAfterRecord())
 sys.exit(main())
 """
 

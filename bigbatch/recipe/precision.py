@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from bigbatch.config import PrecisionConfig
+from bigbatch.config import PrecisionConfig, ScheduleConfig
 from bigbatch.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -180,7 +180,12 @@ class UpdateRatioLossScaler(DynamicLossScaler):
         self.base, self.applied, self.peak = state["base"], state["applied"], state["peak"]
 
 
-def build_scaler(cfg: PrecisionConfig, darknet_burn_in: int = 0) -> LossScaler:
+def schedule_burn_in(schedule: ScheduleConfig) -> int:
+    """The steps of the schedule's burn-in (Darknet's ``burn_in``; 0 without one): ``update_ratio``'s default."""
+    return schedule.darknet.burn_in if schedule.preset == "darknet" else 0
+
+
+def build_scaler(cfg: PrecisionConfig, schedule_burn_in: int = 0) -> LossScaler:
     """The scaler ``precision.loss_scale`` asks for; ``auto``: dynamic for fp16, none otherwise."""
     kind = cfg.loss_scale
     if kind == "auto":
@@ -191,7 +196,7 @@ def build_scaler(cfg: PrecisionConfig, darknet_burn_in: int = 0) -> LossScaler:
         return DynamicLossScaler(cfg.init_scale, cfg.growth_factor, cfg.backoff_factor, cfg.growth_interval,
                                  cfg.hysteresis, cfg.min_scale, cfg.max_scale)
     if kind == "update_ratio":
-        burn_in = cfg.burn_in if cfg.burn_in is not None else (darknet_burn_in or 1000)
+        burn_in = cfg.burn_in if cfg.burn_in is not None else (schedule_burn_in or 1000)
         init = cfg.init_scale if "init_scale" in cfg.model_fields_set else 1.0
         return UpdateRatioLossScaler(init, burn_in, cfg.double_every, cfg.min_scale, cfg.max_scale)
     return LossScaler(float(kind))  # a number: static

@@ -1,0 +1,15 @@
+"""The built-in hooks (``base.py`` says what a hook is). Importing this package registers them, in order."""
+
+from bigbatch.engine.hooks import (  # noqa: F401 - imported to register
+    checkpointing,
+    console,
+    evaluation,
+    faults,
+    jsonl,
+    memory,
+    tensorboard,
+    training_log,
+)
+from bigbatch.engine.hooks.base import Hook, Hooks, build_hooks
+
+__all__ = ["Hook", "Hooks", "build_hooks"]

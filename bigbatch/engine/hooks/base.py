@@ -1,0 +1,129 @@
+"""Hooks: what a run does around its steps, besides the step itself, as detectron2's ``HookBase``.
+
+A hook overrides the moments it cares about; each gets the :class:`~bigbatch.engine.run.Run` (config, plan,
+training state, events, ...):
+
+    before_train                 once, before the first step (after a resume: the state is the checkpoint's)
+    before_step                  before each optimizer step (``run.step``: its 0-based index)
+    before_forward(index)        before each micro-batch's forward, each attempt (may raise out-of-memory)
+    after_backward(index)        after each micro-batch's backward: ``.grad`` holds the gradient accumulated
+                                 so far, still multiplied by the loss scale; for every micro-batch but the last
+                                 it is this device's own (DDP all-reduces during the last backward only)
+    after_step                   after each applied step (``run.state.step``: steps done; ``run.result``)
+    after_eval(split, metrics)   after each evaluation
+    after_train                  once at the end, also when the run stops with an error
+    write(record)                every record put in ``run.events`` (writers: ``metrics.jsonl``, TensorBoard, ...)
+
+A hook registers a factory in ``bigbatch.registry.HOOKS``: ``factory(run) -> Hook | None`` (None: not wanted by
+this config or on this process), with ``order`` (lower runs first; default 100). Every run builds every
+registered hook. Built-in order: training log 10, evaluation 20, checkpoints 30, memory 40, faults 50,
+writers 60-62.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bigbatch.batching import BatchPlan
+from bigbatch.engine.events import Record
+from bigbatch.recipe.schedule import length_in_steps
+from bigbatch.registry import HOOKS
+
+if TYPE_CHECKING:
+    from bigbatch.engine.run import Run
+
+MOMENTS = ("before_train", "before_step", "before_forward", "after_backward", "after_step", "after_eval",
+           "after_train", "write")
+
+
+class Hook:
+    def before_train(self, run: Run) -> None:
+        pass
+
+    def before_step(self, run: Run) -> None:
+        pass
+
+    def before_forward(self, run: Run, index: int) -> None:
+        pass
+
+    def after_backward(self, run: Run, index: int) -> None:
+        pass
+
+    def after_step(self, run: Run) -> None:
+        pass
+
+    def after_eval(self, run: Run, split: str, metrics: dict[str, float]) -> None:
+        pass
+
+    def after_train(self, run: Run) -> None:
+        pass
+
+    def write(self, record: Record) -> None:
+        pass
+
+
+class Hooks:
+    """The hooks of one run, called in order. Each moment calls only the hooks that override it, so a moment
+    no hook uses (``before_forward`` in most runs) costs nothing."""
+
+    def __init__(self, run: Run, hooks: list[Hook]) -> None:
+        self.run, self.hooks = run, hooks
+        self._by_moment = {m: [getattr(h, m) for h in hooks if getattr(type(h), m) is not getattr(Hook, m)]
+                           for m in MOMENTS}
+
+    def uses(self, moment: str) -> bool:
+        return bool(self._by_moment[moment])
+
+    def _call(self, moment: str, *args: Any) -> None:
+        for method in self._by_moment[moment]:
+            method(self.run, *args)
+
+    def before_train(self) -> None:
+        self._call("before_train")
+
+    def before_step(self) -> None:
+        self._call("before_step")
+
+    def before_forward(self, index: int) -> None:
+        self._call("before_forward", index)
+
+    def after_backward(self, index: int) -> None:
+        self._call("after_backward", index)
+
+    def after_step(self) -> None:
+        self._call("after_step")
+
+    def after_eval(self, split: str, metrics: dict[str, float]) -> None:
+        self._call("after_eval", split, metrics)
+
+    def after_train(self) -> None:
+        """Every hook's ``after_train``, even when one of them fails (the first error is raised after all ran)."""
+        error: BaseException | None = None
+        for method in self._by_moment["after_train"]:
+            try:
+                method(self.run)
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after the other hooks closed their files
+                error = error or e
+        if error is not None:
+            raise error
+
+    def write(self, record: Record) -> None:
+        for method in self._by_moment["write"]:
+            method(record)
+
+
+def build_hooks(run: Run) -> Hooks:
+    """Every registered hook this run wants, in their ``order``."""
+    entries = sorted((HOOKS.get(name) for name in HOOKS.names()), key=lambda e: e.info.get("order", 100))
+    hooks = [hook for entry in entries if (hook := entry.obj(run)) is not None]
+    return Hooks(run, hooks)
+
+
+def is_due(done: int, every: int, total: int) -> bool:
+    """Whether something done every ``every`` steps (and at the last) is due after ``done`` steps."""
+    return done % every == 0 or done == total
+
+
+def every_steps(length: int | float | str, plan: BatchPlan) -> int:
+    """An interval given in steps, epochs or images, as a whole number of steps (at least 1)."""
+    return max(1, round(length_in_steps(length, plan)))

@@ -1,0 +1,42 @@
+"""What a person sees: on a terminal, a progress bar (step, images/s, loss, lr, ETA) with messages above it;
+otherwise a printed line per record (main process)."""
+
+from __future__ import annotations
+
+import sys
+
+from bigbatch.engine.events import Record
+from bigbatch.engine.hooks.base import Hook
+from bigbatch.engine.run import Run
+from bigbatch.registry import HOOKS
+
+
+class Console(Hook):
+    def before_train(self, run: Run) -> None:
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=run.plan.steps, initial=run.state.step, unit="step", dynamic_ncols=True)
+
+    def after_step(self, run: Run) -> None:
+        if self.bar is not None:
+            self.bar.update(run.state.step - self.bar.n)
+
+    def write(self, record: Record) -> None:
+        if self.bar is None:
+            print(record.message, flush=True)
+        elif record.kind == "train":
+            v = record.values
+            self.bar.set_postfix(loss=f"{v['loss']:.4f}", lr=f"{v['lr']:.4g}", img_s=f"{v['images_per_s']:.0f}",
+                                 refresh=False)
+            self.bar.update(v["step"] - self.bar.n)
+        else:
+            self.bar.write(record.message)
+
+    def after_train(self, run: Run) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+HOOKS.register("console", lambda run: Console() if run.proc.is_main else None, order=62)

@@ -1,0 +1,35 @@
+"""TensorBoard events in ``tensorboard/`` (``log.tensorboard``, main process): ``train/<scalar>`` and
+``<split>/<metric>``, at the step of the record."""
+
+from __future__ import annotations
+
+from bigbatch.engine.events import Record
+from bigbatch.engine.hooks.base import Hook
+from bigbatch.engine.run import Run
+from bigbatch.registry import HOOKS
+
+NOT_PLOTTED = ("step", "images", "epoch", "split")
+
+
+class TensorBoard(Hook):
+    def before_train(self, run: Run) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # Events after the checkpoint's step were written by a run that died: hide them on resume.
+        start = run.state.step
+        self.writer = SummaryWriter(str(run.out_dir / "tensorboard"), purge_step=start + 1 if start else None)
+
+    def write(self, record: Record) -> None:
+        if record.kind == "event":
+            return
+        prefix = "train" if record.kind == "train" else record.values["split"]
+        for key, value in record.values.items():
+            if key not in NOT_PLOTTED:
+                self.writer.add_scalar(f"{prefix}/{key}", value, record.values["step"])
+
+    def after_train(self, run: Run) -> None:
+        self.writer.close()
+
+
+HOOKS.register("tensorboard", lambda run: TensorBoard() if run.proc.is_main and run.cfg.log.tensorboard else None,
+               order=61)

@@ -1,0 +1,61 @@
+"""What the hooks see of a run: its config and plan, the process, the task, the training state, the events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.nn as nn
+
+from bigbatch.batching import BatchPlan
+from bigbatch.config import RunConfig
+from bigbatch.engine.distributed import Process
+from bigbatch.engine.events import EventStorage
+from bigbatch.engine.state import TrainingState
+from bigbatch.engine.step import StepResult, TrainStep
+
+if TYPE_CHECKING:
+    from bigbatch.engine.hooks.base import Hooks
+    from bigbatch.tasks.base import Task
+
+
+@dataclass
+class Run:
+    cfg: RunConfig
+    plan: BatchPlan
+    proc: Process
+    task: Task
+    model: nn.Module
+    """The model that trains (wrapped in DDP under torchrun); ``state.model`` is the bare one."""
+    state: TrainingState
+    train_step: TrainStep
+    out_dir: Path
+    events: EventStorage
+    hooks: Hooks | None = None
+    step: int = 0
+    """The optimizer step being run (0-based); after it, ``state.step`` (steps done) is ``step + 1``."""
+    lr: float = 0.0
+    """The learning rate of this step."""
+    result: StepResult | None = None
+    """The last applied step's loss and gradient norm."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The last evaluation's metrics (of the weights that count)."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """What hooks leave for the run's result (``memory``: the peaks)."""
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    def evaluate(self) -> tuple[dict[str, float], dict[str, float] | None]:
+        """(metrics of the weights that count, metrics of the raw weights when those are the EMA's, else None).
+
+        The EMA weights count when there is an EMA and ``ema.evaluate`` (the default); the raw ones are then
+        evaluated too, for comparison."""
+        cfg, task, proc = self.cfg, self.task, self.proc
+        raw = task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world)
+        ema = self.state.ema
+        if ema is None or not cfg.ema.evaluate:
+            return raw, None
+        return task.evaluate(ema.module, cfg.eval.batch, proc.rank, proc.world), raw

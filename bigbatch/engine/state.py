@@ -1,0 +1,130 @@
+"""The training state: everything a run needs to go on exactly where it stopped, gathered in one object.
+
+Each part that has a state (the model, the optimizer, the loss scaler, the weight EMA, the step with its
+subdivisions reached and skipped count, every random generator, the position in the data order, the best
+evaluation) is read by :meth:`TrainingState.state_dict` and restored by :meth:`TrainingState.load_state_dict`.
+Saving and resuming both go through them, so the checkpoint's layout is written down once, here:
+
+    format      CHECKPOINT_FORMAT (checkpoints of a newer format are refused, older ones read)
+    step        optimizer steps completed
+    model       the model's state dict (the raw weights; ``bigbatch eval`` and exports read this key)
+    ema         the weight EMA's state (``module``: its weights; ``updates``), or None
+    optimizer   the optimizer's state dict
+    scaler      the loss scaler's state
+    skipped     optimizer steps not applied (non-finite gradients) over the whole run
+    rng         torch (CPU and CUDA), Python and NumPy generators
+    data        the position in the data order: step, seed, batch (the order is a function of them),
+                and the subdivisions in effect (more than configured after an out-of-memory re-cut)
+    best        the best evaluation so far: metric, mode, value, step
+    config      the resolved run config (JSON)
+
+The file is read with ``torch.load(weights_only=True)`` (``engine/checkpoint.py``): plain containers and tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.nn as nn
+
+from bigbatch.config import RunConfig
+from bigbatch.engine import checkpoint
+from bigbatch.errors import UserError
+
+if TYPE_CHECKING:
+    from bigbatch.engine.step import TrainStep
+    from bigbatch.recipe.ema import WeightEMA
+
+
+@dataclass
+class Best:
+    """The best evaluation so far, by one metric."""
+
+    metric: str
+    mode: str
+    value: float | None = None
+    step: int | None = None
+
+    def improves(self, value: float) -> bool:
+        if self.value is None:
+            return True
+        return value > self.value if self.mode == "max" else value < self.value
+
+
+class TrainingState:
+    """The state of a run's parts: ``state_dict()`` is a checkpoint, ``load_state_dict()`` resumes from one."""
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, train_step: TrainStep, ema: WeightEMA | None) -> None:
+        self.cfg = cfg
+        self.model = model
+        """The bare model (never the DDP wrapper): its state dict keys carry no ``module.`` prefix."""
+        self.train_step = train_step
+        """Owns the optimizer, the loss scaler, the subdivisions in effect and the skipped count."""
+        self.ema = ema
+        self.step = 0
+        """Optimizer steps completed: the position in the data order and in the schedule."""
+        self.best = Best(cfg.eval.metric, cfg.eval.better)
+
+    def state_dict(self) -> dict[str, Any]:
+        step = self.train_step
+        return {
+            "format": checkpoint.FORMAT,
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "optimizer": step.optimizer.state_dict(),
+            "scaler": step.scaler.state_dict(),
+            "skipped": step.skipped,
+            "rng": checkpoint.rng_state(),
+            "data": {"step": self.step, "seed": self.cfg.seed, "batch": self.cfg.batch,
+                     "subdivisions": step.subdivisions},
+            "best": vars(self.best).copy(),
+            "config": self.cfg.model_dump(mode="json"),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore every part from a checkpoint read by ``checkpoint.load(path, checkpoint.RESUME_KEYS)``; a
+        checkpoint that does not fit this config is one ``UserError`` naming the key to change."""
+        check_resumable(self.cfg, state["config"])
+        load_weights(self.model, state["model"], "model")
+        step = self.train_step
+        try:
+            step.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
+        step.scaler.load_state_dict(state["scaler"])
+        step.skipped = state["skipped"]
+        step.resume_subdivisions(state["data"].get("subdivisions", self.cfg.subdivisions))
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")
+            self.ema.load_state_dict(state["ema"])
+        checkpoint.restore_rng_state(state["rng"])
+        self.step = state["data"]["step"]
+        self.best = Best(**state["best"])
+
+    def save(self, path: Path) -> None:
+        """Write the state to ``path`` atomically (a crash leaves the previous file whole)."""
+        checkpoint.atomic_save(self.state_dict(), path)
+
+    def resume(self, path: Path) -> None:
+        self.load_state_dict(checkpoint.load(path, checkpoint.RESUME_KEYS))
+
+
+def check_resumable(cfg: RunConfig, saved: dict[str, Any]) -> None:
+    """The data order depends on the seed and the global batch: resuming must keep both."""
+    for key in ("batch", "seed"):
+        if saved.get(key) != getattr(cfg, key):
+            raise UserError(f"{key}: the checkpoint was trained with {key} {saved.get(key)}, not {getattr(cfg, key)}; "
+                            f"resuming needs the same {key}")
+
+
+def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:
+    """Load a state dict; a checkpoint of another architecture is a user mistake naming ``key``."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise UserError(f"{key}: the checkpoint does not fit this model ({first})") from None

@@ -1,0 +1,221 @@
+"""One optimizer step: accumulation over micro-batches, one DDP sync, autocast and loss scale, clipping, the
+update, and the retries.
+
+As in Darknet (seed ``darknet-batch-subdivisions``), each device runs its ``subdivisions`` micro-batches of
+``batch / (world * subdivisions)`` images through forward and backward, each loss scaled by
+``1 / subdivisions``, so that the accumulated gradient is the mean gradient over the whole global batch
+(DDP averages across devices); then one update:
+
+    for each micro-batch i:  (loss_i * scale / S).backward()     # DDP all-reduces during the last one only
+    unscale (g /= scale); finite? -> clip, optimizer.step()       # recipe/precision.py, recipe/clip.py
+    BatchNorm per-step statistics; weight EMA                     # recipe/norm.py, recipe/ema.py
+
+Retries: a step whose gradient is not finite changes nothing (weights, BatchNorm statistics, EMA, step) and
+is run again on the same images at the loss scaler's new scale; after ``precision.max_skipped`` in a row the
+run stops. An out-of-memory step is cut finer (each micro-batch in two: the global batch and the update stay
+the same) and run again. :class:`TrainStep` owns the subdivisions in effect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bigbatch.batching import BatchPlan
+from bigbatch.config import NormConfig
+from bigbatch.data.loader import split_micro_batches
+from bigbatch.engine.events import EventStorage
+from bigbatch.recipe.ema import WeightEMA
+from bigbatch.recipe.norm import PerStepRunningStats, RunningStatsSnapshot, running_buffers, set_momentum
+from bigbatch.recipe.precision import LossScaler, first_nonfinite
+from bigbatch.telemetry.memory import MemoryLimitExceeded
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+MicroBatchHook = Callable[[int], None]
+"""Called with a micro-batch's index: before its forward, or after its backward."""
+
+
+class TrainingStopped(Exception):
+    """Training cannot go on (the CLI prints the message and exits with code 1)."""
+
+
+class NonFiniteTraining(TrainingStopped):
+    """Too many optimizer steps in a row had non-finite gradients."""
+
+
+class OutOfMemory(TrainingStopped):
+    """Out of memory with micro-batches that cannot be cut any smaller."""
+
+
+OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryLimitExceeded)
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    """Mean micro-batch loss (unscaled)."""
+    grad_norm: float | None
+    """Global gradient norm before clipping, when clipping by norm."""
+    applied: bool
+    """False when a gradient was not finite: no update was made."""
+    nonfinite_layer: str | None = None
+    """The first parameter whose gradient was not finite, when not applied."""
+
+
+def _nothing(index: int) -> None:
+    pass
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Any],
+    loss_fn: LossFn,
+    clip: Callable[[], float | None] | None = None,
+    scaler: LossScaler | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    before_forward: MicroBatchHook = _nothing,
+    after_backward: MicroBatchHook = _nothing,
+) -> StepResult:
+    """One attempt at an optimizer step over this device's micro-batches.
+
+    The gradient is sum_i grad(loss_i) / S = the gradient of the mean loss over the S equal micro-batches,
+    i.e. of the whole batch. Under DDP, gradients are all-reduced only during the last micro-batch's
+    backward (``no_sync`` before it): one synchronisation per step. The forward runs under ``autocast``; the
+    loss is multiplied by the scaler's scale before the backward and the gradients divided by it after; a
+    step with a non-finite gradient is not applied. ``clip`` runs on the unscaled, accumulated gradient,
+    before the update, and may return the norm. ``after_backward(i)`` sees the gradient accumulated up to
+    micro-batch ``i`` (still scaled, and still local for every micro-batch but the last).
+    """
+    scaler = scaler or LossScaler(1.0)
+    subdivisions = len(micro_batches)
+    losses = []
+    for i, micro_batch in enumerate(micro_batches):
+        last = i == subdivisions - 1
+        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+        before_forward(i)
+        with sync:
+            with autocast():
+                loss = loss_fn(model, micro_batch)
+            (loss * (scaler.scale / subdivisions)).backward()
+        after_backward(i)
+        losses.append(loss.detach())
+    finite = scaler.unscale_(model.parameters())
+    grad_norm, nonfinite_layer = None, None
+    if finite:
+        grad_norm = clip() if clip is not None else None
+        optimizer.step()
+    else:
+        nonfinite_layer = first_nonfinite(model)
+    scaler.update(finite, unwrap(model))
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer)
+
+
+class TrainStep:
+    """A training step that is always applied: :func:`train_step`, re-run until its gradient is finite, re-cut
+    when out of memory; then the per-step BatchNorm statistics and the weight EMA. Owns the subdivisions in
+    effect (``subdivisions``) and the count of steps not applied (``skipped``)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, scaler: LossScaler,
+                 autocast: Callable[[], contextlib.AbstractContextManager], clip: Callable[[int], float | None],
+                 plan: BatchPlan, norm: NormConfig, running_stats: PerStepRunningStats | None,
+                 ema: WeightEMA | None, max_skipped: int, events: EventStorage) -> None:
+        self.model, self.optimizer, self.loss_fn, self.scaler = model, optimizer, loss_fn, scaler
+        self.autocast, self.clip, self.plan, self.norm = autocast, clip, plan, norm
+        self.running_stats, self.ema, self.max_skipped, self.events = running_stats, ema, max_skipped, events
+        self.has_batchnorm = bool(running_buffers(unwrap(model)))
+        self.split = 1
+        """Each micro-batch of the plan is cut into this many (doubled on out-of-memory)."""
+        self.recut_on_oom = True
+        """Out of memory: cut finer and re-run (else the error propagates, as ``bigbatch plan`` wants)."""
+        self.skipped = 0
+        """Optimizer steps not applied (non-finite gradients), over the whole run."""
+        self.before_forward: MicroBatchHook = _nothing
+        self.after_backward: MicroBatchHook = _nothing
+        self.last_good = lambda: ""
+        """Where the last finite weights are (the checkpoint hook says), for the message of a stopped run."""
+
+    @property
+    def subdivisions(self) -> int:
+        """Micro-batches per device per step, as run now."""
+        return self.plan.subdivisions * self.split
+
+    def resume_subdivisions(self, reached: int) -> None:
+        """A run that ran out of memory resumes with the subdivisions it had reached."""
+        if reached > self.plan.subdivisions and reached % self.plan.subdivisions == 0:
+            self._set_split(reached // self.plan.subdivisions)
+
+    def _set_split(self, split: int) -> None:
+        self.split = split
+        set_momentum(unwrap(self.model), self.norm, dataclasses.replace(self.plan, subdivisions=self.subdivisions))
+
+    def __call__(self, step: int, micro_batches: list[Any]) -> StepResult:
+        """Optimizer step ``step`` (0-based) on this device's micro-batches, applied."""
+        in_a_row = 0
+        while True:
+            bn_before = RunningStatsSnapshot(unwrap(self.model)) if self.has_batchnorm else None
+            try:
+                result = train_step(self.model, self.optimizer, split_micro_batches(micro_batches, self.split),
+                                    self.loss_fn, lambda: self.clip(step), self.scaler, self.autocast,
+                                    self.before_forward, self.after_backward)
+            except OUT_OF_MEMORY as error:
+                if not self.recut_on_oom:
+                    raise
+                self._forget(bn_before)
+                self._cut_finer(step, error)
+                continue
+            if result.applied:
+                break
+            self.skipped, in_a_row = self.skipped + 1, in_a_row + 1
+            self._forget(bn_before)
+            self.events.event(step, "skipped", {"skipped": self.skipped, "loss_scale": self.scaler.scale,
+                                                "nonfinite": result.nonfinite_layer},
+                              f"step {step + 1}: non-finite gradient (first in {result.nonfinite_layer}); "
+                              f"not applied, loss scale now {self.scaler.scale:g}")
+            if in_a_row >= self.max_skipped:
+                raise NonFiniteTraining(f"{in_a_row} optimizer steps in a row had non-finite gradients at step "
+                                        f"{step}; the first parameter with one: {result.nonfinite_layer}. "
+                                        f"{self.last_good()}.")
+        if self.running_stats is not None:
+            self.running_stats.end_step()
+        if self.ema is not None:
+            self.ema.update(unwrap(self.model))
+        return result
+
+    def _forget(self, bn_before: RunningStatsSnapshot | None) -> None:
+        """Undo what a step that is not applied did: gradients, BN running statistics, pooled BN sums."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if bn_before is not None:  # the failed forwards must not count in the running statistics
+            bn_before.restore()
+        if self.running_stats is not None:
+            self.running_stats.discard_step()
+
+    def _cut_finer(self, step: int, error: BaseException) -> None:
+        """Out of memory: cut every micro-batch in two (the global batch stays) before the step is re-run."""
+        micro = self.plan.micro_batch // self.split
+        if self.plan.world > 1:  # the other ranks wait in a collective: recovering in place would need them to agree
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            raise OutOfMemory(f"out of memory at step {step} on rank {rank} ({error}); with several processes "
+                              f"bigbatch does not re-cut micro-batches in place: relaunch with subdivisions="
+                              f"{self.subdivisions * 2} (the run resumes from its last checkpoint)")
+        if micro % 2:
+            raise OutOfMemory(f"out of memory at step {step} with micro-batches of {micro} image(s), which cannot "
+                              f"be halved ({error}); lower the batch or the input size")
+        self._set_split(self.split * 2)
+        if next(unwrap(self.model).parameters()).is_cuda:
+            torch.cuda.empty_cache()
+        self.events.event(step, "out_of_memory", {"subdivisions": self.subdivisions, "micro_batch": micro // 2,
+                                                  "reason": str(error).splitlines()[0][:200]})
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (or the model itself)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
