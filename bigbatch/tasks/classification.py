@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -19,6 +21,8 @@ class ClassificationTask:
     val_set: Dataset
     num_classes: int
     in_channels: int = 3
+    prediction_format = None
+    """Classification exports no predictions (``bigbatch eval`` reports the metrics)."""
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> ClassificationTask:
@@ -33,6 +37,15 @@ class ClassificationTask:
         from bigbatch.models import build_classifier
 
         return build_classifier(cfg.model, self.num_classes, self.in_channels)
+
+    @staticmethod
+    def sample_keys(step: int, indices: list[int]) -> list[int]:
+        """A micro-batch is read by its indices alone."""
+        return indices
+
+    @staticmethod
+    def observe(micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Nothing to count: the images are in memory and checked when loaded."""
 
     def synthetic_batch(self, cfg: RunConfig, micro_batch: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """Random images and labels of the training shape (for measuring memory: ``bigbatch plan``)."""
@@ -76,6 +89,13 @@ class ClassificationTask:
         images, top1, top5, loss = totals.tolist()
         return {"top1": 100.0 * top1 / images, "top5": 100.0 * top5 / images, "loss": loss / images,
                 "images": int(images)}
+
+    def predict(self, model: nn.Module, batch_size: int) -> tuple[dict[str, float], list[Any]]:
+        """The metrics, and no predictions (``prediction_format`` is None)."""
+        return self.evaluate(model, batch_size), []
+
+    def save_predictions(self, path: Path, predictions: list[Any]) -> None:
+        raise NotImplementedError("classification exports no predictions")
 
     @staticmethod
     def report(metrics: dict[str, float]) -> str:

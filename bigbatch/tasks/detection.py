@@ -31,7 +31,13 @@ from bigbatch.data.detection import DataIssues, DetectionDataset, DetectionRecor
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.multiscale import MultiScale, default_sizes
 from bigbatch.errors import UserError
-from bigbatch.tasks.coco_eval import darknet_line, detections_to_coco, evaluate_detections, format_table
+from bigbatch.tasks.coco_eval import (
+    darknet_line,
+    detections_to_coco,
+    evaluate_detections,
+    format_table,
+    save_detections,
+)
 
 DEFAULT_SHAPES_PATH = "data/shapes"
 
@@ -47,6 +53,7 @@ class DetectionTask:
     base_size: int = 800
     multiscale: MultiScale | None = None
     issues: DataIssues = field(default_factory=DataIssues)
+    prediction_format = "COCO results"
 
     # --- data --------------------------------------------------------------------------------
     @classmethod
@@ -150,6 +157,16 @@ class DetectionTask:
         if world > 1:
             dist.broadcast_object_list(metrics, src=0)
         return metrics[0]
+
+    def predict(self, model: nn.Module, batch_size: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """(COCO metrics, detections as COCO results) over the validation set, in this process."""
+        detections = self.detect(model, batch_size)
+        return self.score(detections), detections
+
+    @staticmethod
+    def save_predictions(path: Path, predictions: list[dict[str, Any]]) -> None:
+        """The detections as a COCO results JSON file (written atomically)."""
+        save_detections(path, predictions)
 
     def score(self, detections: list[dict[str, Any]]) -> dict[str, float]:
         metrics = evaluate_detections(self.ground_truth, detections, self.class_names)
