@@ -7,7 +7,8 @@ the ratio bigbatch / hand-written is taken per round. The median ratio is report
 
 Two comparisons:
   step         bigbatch's per-step work in the loop (the LR from the schedule, place the batch,
-               ``train_step`` with its clipping hook)
+               the training step as ``bigbatch train`` builds it: ``engine/parts.py``'s ``TrainStep``
+               with its clipping, BatchNorm snapshot for the retries, and loss scaler)
                against the plain accumulation loop, on pre-built micro-batches;
   step + data  the same, each side also producing its micro-batches: bigbatch through its
                loader (``train_steps``), the hand loop by indexing the tensors directly.
@@ -33,11 +34,11 @@ from bigbatch.batching import make_plan
 from bigbatch.config import load_config
 from bigbatch.data.loader import train_steps
 from bigbatch.data.order import GlobalBatchOrder
-from bigbatch.engine.step import train_step
+from bigbatch.engine.distributed import Process
+from bigbatch.engine.events import EventStorage
+from bigbatch.engine.parts import build_parts
 from bigbatch.engine.trainer import to_device
-from bigbatch.recipe.clip import clip_gradients
 from bigbatch.recipe.optim import build_optimizer, set_lr
-from bigbatch.recipe.schedule import build_schedule
 from bigbatch.tasks import build_task
 
 
@@ -72,18 +73,17 @@ def main() -> None:
         return [(data.images[m], data.labels[m]) for m in order.micro_batches(step, 0, 1, subdivisions)]
 
     batches = [pick(step) for step in range(args.steps)]
-    ours_model, hand_model = copy.deepcopy(model), copy.deepcopy(model)
-    ours_opt, hand_opt = build_optimizer(cfg.optim, ours_model), build_optimizer(cfg.optim, hand_model)
+    hand_model = copy.deepcopy(model)
+    hand_opt = build_optimizer(cfg.optim, hand_model)
 
     plan = make_plan(cfg, 1, len(task.train_set))
-    lr_at = build_schedule(cfg, plan)
-    parameters = list(ours_model.parameters())
+    task.build_model = lambda cfg: copy.deepcopy(model)  # the same initial weights on both sides
+    _, ours_step, _, lr_at = build_parts(cfg, task, plan, Process(device=device), EventStorage())
 
     def ours(micro_batches: list) -> None:
-        # What the loop does per step with the digits recipe: schedule, LR, (no-op) clipping hook, step.
-        set_lr(ours_opt, lr_at(10))
-        clip = lambda: clip_gradients(cfg.clip, parameters, 10)  # noqa: E731
-        train_step(ours_model, ours_opt, to_device(micro_batches, device), task.loss, clip)
+        # What the loop does per step with the digits recipe: the LR from the schedule, the training step.
+        set_lr(ours_step.optimizer, lr_at(10))
+        ours_step(10, to_device(micro_batches, device))
 
     def hand(micro_batches: list) -> None:
         for group in hand_opt.param_groups:

@@ -1,0 +1,105 @@
+"""Hooks (``engine/hooks/``): a new hook is one class and one registration, and sees every moment of a run in
+order; a new output is a hook with ``write``; ``after_backward`` reads each micro-batch's own gradient."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bigbatch.cli import main
+from bigbatch.engine.hooks import Hook
+from bigbatch.registry import HOOKS
+
+SETTINGS = ["steps=4", "batch=32", "subdivisions=2", "data.size=8", "model.width=4", "model.norm=group",
+            "eval.every=2", "checkpoint.every=2", "log.every=1", "log.tensorboard=false"]
+
+
+class Moments(Hook):
+    """A toy instrument: writes down every moment, and each micro-batch's local gradient as the change of the
+    accumulated ``.grad`` after its backward."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+        self.records: list[dict] = []
+        self.micro_grads: dict[tuple[int, int], torch.Tensor] = {}
+
+    def before_train(self, run):
+        self.seen.append(("before_train", run.state.step))
+
+    def before_step(self, run):
+        self.seen.append(("before_step", run.step))
+        self.previous = None
+
+    def before_forward(self, run, index):
+        self.seen.append(("before_forward", run.step, index))
+
+    def after_backward(self, run, index):
+        self.seen.append(("after_backward", run.step, index))
+        grad = next(p for p in run.state.model.parameters()).grad.clone()
+        self.micro_grads[(run.step, index)] = grad - (self.previous if self.previous is not None else 0)
+        self.previous = grad
+
+    def after_step(self, run):
+        self.seen.append(("after_step", run.state.step))
+
+    def after_eval(self, run, split, metrics):
+        self.seen.append(("after_eval", run.state.step, split, sorted(metrics)[:2]))
+
+    def after_train(self, run):
+        self.seen.append(("after_train", run.state.step))
+
+    def write(self, record):
+        self.records.append(record.values)
+
+
+@pytest.fixture
+def moments():
+    hook = Moments()
+    HOOKS.register("toy_moments", lambda run: hook)
+    yield hook
+    HOOKS.unregister("toy_moments")
+
+
+def test_a_registered_hook_sees_every_moment_in_order(tmp_path, moments):
+    assert main(["train", "digits", "--out", str(tmp_path / "run"), "--set", *SETTINGS]) == 0
+    expected = [("before_train", 0)]
+    for step in range(4):
+        expected += [("before_step", step)]
+        expected += [(moment, step, i) for i in range(2) for moment in ("before_forward", "after_backward")]
+        if (step + 1) % 2 == 0:  # the evaluation hook (order 20) evaluates in its after_step, before this one's
+            expected += [("after_eval", step + 1, "val", ["images", "loss"])]
+        expected += [("after_step", step + 1)]
+    expected += [("after_train", 4)]
+    assert moments.seen == expected
+
+
+def test_a_writer_hook_gets_every_record_of_metrics_jsonl(tmp_path, moments):
+    out = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS]) == 0
+    written = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert moments.records == written and len(written) == 4 + 2 + 1  # train records, evaluations, memory peaks
+
+
+def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments):
+    """The change of ``.grad`` after micro-batch i's backward is grad(loss_i) * scale / S, computed here again from
+    the same weights and images (the step's first micro-batches of the data order)."""
+    from bigbatch.config import load_config
+    from bigbatch.data.loader import train_steps
+    from bigbatch.data.order import GlobalBatchOrder
+    from bigbatch.engine.trainer import seed_everything
+    from bigbatch.tasks import build_task
+
+    assert main(["train", "digits", "--out", str(tmp_path / "run"), "--set", *SETTINGS, "steps=1"]) == 0
+    cfg = load_config("digits", [*SETTINGS, "steps=1"])
+    seed_everything(cfg.seed)
+    task = build_task(cfg)
+    model = task.build_model(cfg)  # the run's initial weights: the same seed, the same construction
+    order = GlobalBatchOrder(len(task.train_set), cfg.batch, cfg.seed)
+    micro_batches = next(iter(train_steps(task.train_set, order, 0, 1, 0, 1, 2)))
+    for i, (images, labels) in enumerate(micro_batches):
+        model.zero_grad()
+        (F.cross_entropy(model(images), labels) / 2).backward()
+        torch.testing.assert_close(moments.micro_grads[(0, i)], next(model.parameters()).grad, rtol=1e-5, atol=1e-7)
