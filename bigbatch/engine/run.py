@@ -48,14 +48,13 @@ class Run:
     def checkpoint_dir(self) -> Path:
         return self.out_dir / "checkpoints"
 
-    def evaluate(self) -> tuple[dict[str, float], dict[str, float] | None]:
+    def evaluate(self, raw_too: bool = True) -> tuple[dict[str, float], dict[str, float] | None]:
         """(metrics of the weights that count, metrics of the raw weights when those are the EMA's, else None).
 
         The EMA weights count when there is an EMA and ``ema.evaluate`` (the default); the raw ones are then
-        evaluated too, for comparison."""
-        cfg, task, proc = self.cfg, self.task, self.proc
-        raw = task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world)
-        ema = self.state.ema
+        evaluated too (``raw_too``), for comparison."""
+        cfg, task, proc, ema = self.cfg, self.task, self.proc, self.state.ema
         if ema is None or not cfg.ema.evaluate:
-            return raw, None
+            return task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world), None
+        raw = task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world) if raw_too else None
         return task.evaluate(ema.module, cfg.eval.batch, proc.rank, proc.world), raw

@@ -99,7 +99,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             run.result = train_step(step, to_device(micro_batches, proc.device))
             state.step = step + 1
             hooks.after_step()
-        metrics = run.metrics or run.evaluate()[0]  # a finished run resumed: report without logging
+        metrics = run.metrics or run.evaluate(raw_too=False)[0]  # a finished run resumed: report, log nothing
     finally:
         hooks.after_train()
     # Free DDP before the process group goes: a DDP left alive until the interpreter's exit can abort a Gloo
