@@ -27,6 +27,7 @@ from pathlib import Path, PurePath
 
 import numpy as np
 
+from bigbatch.darknet_text import read_options
 from bigbatch.data.detection import EDGE_TOLERANCE, DataIssues, DetectionRecord, check_box, inspect_images
 from bigbatch.errors import UserError
 
@@ -53,16 +54,8 @@ def read_darknet_data(path: str | os.PathLike) -> dict[str, str]:
         raise UserError(f"data: {path} not found") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"data: cannot read {path}: {error}") from None
-    options: dict[str, str] = {}
-    for number, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise UserError(f"data: {path}:{number}: expected 'key = value' (a Darknet .data file), got {raw!r}")
-        options[key.strip()] = value.strip()
-    return options
+    expected = "'key = value' (a Darknet .data file)"
+    return read_options(lines, f"data: {path}", expected)[0][1]
 
 
 def read_names(path: str | os.PathLike) -> list[str]:

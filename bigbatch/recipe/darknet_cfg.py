@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bigbatch.darknet_text import read_options
 from bigbatch.errors import UserError
 
 
@@ -30,23 +31,8 @@ def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise UserError(f"config: cannot read {path}: {e.strerror}") from None
-    sections: list[tuple[str, dict[str, str], int]] = []
-    for number, raw in enumerate(text.split("\n"), start=1):  # lines as Darknet and editors count them
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            if not line.endswith("]"):
-                raise UserError(f"config: {path}:{number}: malformed section header {line!r}")
-            sections.append((line[1:-1].strip(), {}, number))
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise UserError(f"config: {path}:{number}: expected key=value, got {line!r}")
-        if not sections:
-            raise UserError(f"config: {path}:{number}: option {key.strip()!r} before any [section]")
-        sections[-1][1][key.strip()] = value.strip()
-    return sections
+    lines = text.split("\n")  # lines as Darknet and editors count them
+    return read_options(lines, f"config: {path}", sections=True)
 
 
 INT_MAX = 2**31 - 1
