@@ -1,8 +1,19 @@
 """The run configuration: typed, validated, loaded from YAML plus ``--set a.b=c`` overrides.
 
-A config is a YAML file or the name of a built-in recipe (``bigbatch/configs/<name>.yaml``).
-Every mistake (unknown key, wrong type, bad value) becomes one :class:`UserError` that names
-the dotted key and says what is expected, before any work starts.
+A config is a YAML file, a file another tool writes whose reader registered its suffix
+(``registry.CONFIG_FORMATS``: Darknet's ``.cfg``) or the name of a built-in recipe
+(``bigbatch/configs/<name>.yaml``). Every mistake (unknown key, wrong type, bad value) becomes one
+:class:`UserError` that names the dotted key and says what is expected, before any work starts.
+
+This module is a leaf: it imports nothing from bigbatch but ``errors`` and ``registry``. The names a config
+may give (``optim.name``, ``schedule.preset``, ``schedule.decay.kind``, ``data.name``, ``model.name``, ``task``)
+are those registered there, and what it checks across sections (task, data and model agree; the smallest input;
+the metric) reads what the parts registered about themselves. A part may add keys to its section
+(:class:`PartSection`).
+
+Fields are typed by what they mean where ``bigbatch scale`` must know it (``recipe/rescale.py``): a
+:data:`Length` or :data:`Interval` (steps, epochs or images), a :data:`StepCount` (whole optimizer steps), a
+per-step rate (:class:`PerStep`), a sub-section used only for one choice (:class:`UsedWhen`).
 """
 
 from __future__ import annotations
@@ -10,8 +21,9 @@ from __future__ import annotations
 import copy
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -19,21 +31,25 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails
 
 from bigbatch.errors import UserError
+from bigbatch.registry import CONFIG_FORMATS, DATASETS, DECAYS, MODELS, OPTIMIZERS, SCHEDULES, TASKS, Registry
 
 RECIPES_DIR = Path(__file__).parent / "configs"
 
-CLASSIFICATION_METRICS = ("top1", "top5", "loss")
-DETECTION_METRICS = ("mAP", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")
-"""Metrics ``eval.metric`` may name (the first is the default); detection also takes ``AP/<class>``."""
 
-MIN_INPUT_SIZE = {"small_cnn": 8, "inception_v3": 75}
-"""Smallest square input (px) a model accepts, where it has one (three 2x poolings; Inception's stem)."""
+# ----------------------------------------------------------------------------- sections and parts
+
+
+def _annotation(field: Any) -> Any:
+    """A pydantic field's annotation with the ``Annotated`` metadata pydantic keeps apart (markers, constraints)."""
+    return Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
 
 
 class Section(BaseModel):
@@ -42,9 +58,143 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
+    @classmethod
+    def keys(cls) -> dict[str, Any]:
+        """Every key the section takes -> its annotation (``Annotated`` markers included)."""
+        return {name: _annotation(field) for name, field in cls.model_fields.items()}
 
-class ModelConfig(Section):
-    name: str = "small_cnn"
+
+def _registered(registry: Registry) -> AfterValidator:
+    """A check that a name is registered in ``registry`` ("unknown optimizer 'x' (expected one of: ...)")."""
+
+    def check(name: str) -> str:
+        registry.get(name)
+        return name
+
+    return AfterValidator(check)
+
+
+class PartSection(Section):
+    """A section that chooses a part from a registry (``parts``; its ``key`` names the choosing field) and takes
+    the fields the registered parts add (``register(..., fields={"root": (str, "x")})``: the key ``root``, typed
+    and defaulted as given, whatever part is chosen). A key neither declared nor registered is an error, as in
+    any section. Once the section is valid, the chosen part's ``info["check"](section)`` runs, if it has one."""
+
+    model_config = ConfigDict(extra="allow")  # the parts' fields; any other key is refused below
+    parts: ClassVar[Registry]
+
+    @classmethod
+    def added_fields(cls) -> dict[str, tuple[Any, Any]]:
+        """The fields the registered parts add: ``{key: (type, default)}``."""
+        added = cls.parts.all_fields()
+        taken = sorted(added.keys() & cls.model_fields.keys())
+        if taken:
+            raise TypeError(f"{cls.parts.kind} fields {taken} are keys of {cls.__name__} already")
+        return added
+
+    @classmethod
+    def keys(cls) -> dict[str, Any]:
+        return {**super().keys(), **{key: annotation for key, (annotation, _) in cls.added_fields().items()}}
+
+    def part(self) -> Any:
+        """The registry entry of the chosen part."""
+        return self.parts.get(getattr(self, self.parts.key.rpartition(".")[2]))
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _with_added_fields(cls, data: Any, handler: Any) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)
+        added = cls.added_fields()
+        errors: list[dict[str, Any]] = []
+        section = None
+        try:
+            section = handler({k: v for k, v in data.items() if k in cls.model_fields})
+        except ValidationError as e:
+            errors += e.errors()
+        values = {}
+        for key, (annotation, default) in added.items():
+            if key not in data:
+                values[key] = copy.deepcopy(default)
+                continue
+            try:
+                values[key] = _adapter(annotation).validate_python(data[key])
+            except ValidationError as e:
+                errors += [{**error, "loc": (key, *error["loc"])} for error in e.errors()]
+        errors += [{"type": "extra_forbidden", "loc": (key,), "input": value} for key, value in data.items()
+                   if key not in cls.model_fields and key not in added]
+        if errors:
+            details = [InitErrorDetails(type=e["type"], loc=e["loc"], input=e["input"], ctx=e.get("ctx", {}))
+                       for e in errors]
+            raise ValidationError.from_exception_data(cls.__name__, details)
+        section.__pydantic_extra__.update(values)
+        check = section.part().info.get("check")
+        if check is not None:
+            check(section)
+        return section
+
+
+def _adapter(annotation: Any) -> TypeAdapter:
+    """A validator of one added field, as strict as a section's own fields."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return TypeAdapter(annotation)  # a section brings its own config
+    return TypeAdapter(annotation, config=ConfigDict(strict=True, allow_inf_nan=False))
+
+
+@dataclass(frozen=True)
+class InImages:
+    """Marks a length (:data:`Length`, :data:`Interval`) for ``bigbatch scale``: kept constant in images."""
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Marks a whole number of optimizer steps (a count or a step index, :data:`StepCount`) for ``bigbatch scale``:
+    kept constant in images, n' = n * B / B', rounded to the nearest step (``up``: rounded up, so that no image of
+    the old run is lost), at least ``minimum``."""
+
+    minimum: int = 0
+    up: bool = False
+
+
+POWER = "power"
+"""A factor applied once per step (an EMA decay, Darknet's ``exp`` gamma): x' = x ** (B' / B)."""
+COMPLEMENT = "complement"
+"""The weight of each step's new value (a BatchNorm momentum): (1 - x') = (1 - x) ** (B' / B)."""
+SLOPE = "slope"
+"""A rate per step inside an exponent (a sigmoid's gamma): x' = x * B' / B."""
+
+
+@dataclass(frozen=True)
+class PerStep:
+    """Marks a per-step rate for ``bigbatch scale``, which keeps its effect per image by ``rule`` (:data:`POWER`,
+    :data:`COMPLEMENT`, :data:`SLOPE`); with ``on``, the rule depends on the value of the section's field ``on``
+    (``rules``: (value, rule) pairs; for another value the field is no rate)."""
+
+    rule: str | None = None
+    on: str | None = None
+    rules: tuple[tuple[str, str], ...] = ()
+
+    def rule_in(self, section: BaseModel) -> str | None:
+        return self.rule if self.on is None else dict(self.rules).get(getattr(section, self.on))
+
+
+@dataclass(frozen=True)
+class UsedWhen:
+    """Marks a sub-section that matters only when the section's field ``field`` is ``value`` (a preset's own
+    settings); ``bigbatch scale`` leaves it alone otherwise."""
+
+    field: str
+    value: str
+
+
+StepCount = Annotated[int, Steps()]
+"""A whole number of optimizer steps (constraints at the field: ``Field(0, ge=0)``)."""
+
+
+class ModelConfig(PartSection):
+    parts = MODELS
+
+    name: Annotated[str, _registered(MODELS)] = "small_cnn"
     """Classification: ``small_cnn`` (the built-in demo CNN) or a torchvision classification model (``resnet18``,
     ...). Detection: ``small_detector`` or a torchvision detector (``fasterrcnn_resnet50_fpn``, ...)."""
     weights: str | None = None
@@ -56,17 +206,6 @@ class ModelConfig(Section):
     """Channels of the first ``small_cnn`` stage (doubled at each of the next two)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout before the classifier (``small_cnn``; torchvision models that take a ``dropout`` argument)."""
-
-    @field_validator("name")
-    @classmethod
-    def _known_model(cls, name: str) -> str:
-        from bigbatch.models import known_models
-
-        known = known_models()
-        if name not in known:
-            shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
-            raise ValueError(f"unknown model {name!r} (expected one of: {shown})")
-        return name
 
 
 class SplitPaths(Section):
@@ -89,11 +228,10 @@ class MultiScaleConfig(Section):
     """Steps between two size changes."""
 
 
-DETECTION_DATASETS = ("shapes", "coco", "yolo")
+class DataConfig(PartSection):
+    parts = DATASETS
 
-
-class DataConfig(Section):
-    name: Literal["digits", "shapes", "coco", "yolo"] = "digits"
+    name: Annotated[str, _registered(DATASETS)] = "digits"
     """The dataset. ``digits``: scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB (classification).
     Detection: ``shapes`` (bigbatch's generated set, written to ``path`` when absent), ``coco`` (COCO JSON,
     ``train`` and ``val``) or ``yolo`` (Darknet/YOLO text labels: a ``.data`` file or a folder, ``path``)."""
@@ -134,7 +272,7 @@ class DataConfig(Section):
 
     @property
     def is_detection(self) -> bool:
-        return self.name in DETECTION_DATASETS
+        return self.part().info["task"] == "detection"
 
     @property
     def longest_side(self) -> int:
@@ -142,23 +280,18 @@ class DataConfig(Section):
         return self.max_size if self.max_size is not None else round(self.size * 1333 / 800)
 
     @model_validator(mode="after")
-    def _paths_given(self) -> DataConfig:
-        if self.name == "coco":
-            for split in ("train", "val"):
-                if getattr(self, split) is None:
-                    raise ValueError(f"data.{split}: missing; coco needs data.{split}.images and "
-                                     f"data.{split}.annotations")
-        if self.name == "yolo" and self.path is None:
-            raise ValueError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
+    def _sizes_agree(self) -> DataConfig:
         if self.max_size is not None and self.max_size < self.size:
             raise ValueError(f"data.max_size: {self.max_size} is below data.size {self.size}")
         return self
 
 
-class OptimConfig(Section):
+class OptimConfig(PartSection):
     """The optimizer. ``lr`` is stated for ``ref_batch`` images per step and scaled to the global batch."""
 
-    name: Literal["sgd", "momentum", "rmsprop_tf", "adamw", "lars", "lamb"] = "sgd"
+    parts = OPTIMIZERS
+
+    name: Annotated[str, _registered(OPTIMIZERS)] = "sgd"
     """``sgd``: torch.optim.SGD (LR outside the momentum buffer); ``momentum``: Caffe2's momentum SGD, Goyal et al.
     eq. 10 (v = m v + lr g; w -= v: LR inside the buffer); ``rmsprop_tf``: TF RMSProp; ``adamw``; ``lars``;
     ``lamb`` (as timm's: it also clips the global gradient norm at 1.0, and like ``lars`` applies its trust ratio
@@ -203,7 +336,7 @@ class ClipConfig(Section):
     agc: float | None = Field(None, gt=0)
     """Adaptive gradient clipping factor (Brock et al. 2021): unit-wise ||g|| <= agc * max(||w||, eps)."""
     agc_eps: float = Field(1e-3, gt=0)
-    start_step: int = Field(0, ge=0)
+    start_step: StepCount = Field(0, ge=0)
     """Clip from this optimizer step on (0-based)."""
 
     @model_validator(mode="after")
@@ -217,7 +350,7 @@ class ClipConfig(Section):
 class EMAConfig(Section):
     """Exponential moving average of the weights, updated once per applied optimizer step."""
 
-    decay: float | None = Field(None, gt=0, lt=1)
+    decay: Annotated[float, PerStep(POWER)] | None = Field(None, gt=0, lt=1)
     """EMA decay per optimizer step (Inception seed: 0.995); unset: no EMA."""
     warmup: bool = False
     """Use min(decay, (1 + n) / (10 + n)) at the n-th update (TensorFlow's num_updates rule)."""
@@ -231,7 +364,7 @@ class NormConfig(Section):
     running_stats: Literal["per_microbatch", "per_step"] = "per_microbatch"
     """``per_microbatch``: PyTorch's update after every forward; ``per_step``: the step's micro-batch sums and
     counts are pooled and the running mean and variance updated once per optimizer step."""
-    momentum: float | None = Field(None, gt=0, lt=1)
+    momentum: Annotated[float, PerStep(COMPLEMENT)] | None = Field(None, gt=0, lt=1)
     """BN momentum per optimizer step (PyTorch convention: running = (1 - m) running + m batch_stat);
     converted to each update with beta = alpha ** (1 / updates per step). Unset: the model's own."""
     half_life_images: float | None = Field(None, gt=0)
@@ -278,9 +411,9 @@ def _check_interval(value: int | float | str) -> int | float | str:
 
 
 _AnyFloat = Annotated[float, Field(allow_inf_nan=True)]  # refused by the length check, with a clearer message
-Length = Annotated[int | _AnyFloat | str, AfterValidator(_check_length)]
+Length = Annotated[int | _AnyFloat | str, AfterValidator(_check_length), InImages()]
 """A length in optimizer steps (a bare number) or ``"<number> steps|epochs|images"``."""
-Interval = Annotated[int | _AnyFloat | str, AfterValidator(_check_interval)]
+Interval = Annotated[int | _AnyFloat | str, AfterValidator(_check_interval), InImages()]
 """A length that must be more than zero (how often something happens, a decay period)."""
 
 
@@ -299,10 +432,12 @@ class WarmupPhase(Section):
     """power: factor (t / length) ** power, Darknet's burn_in (t counted from 1, as Darknet does)."""
 
 
-class DecayConfig(Section):
+class DecayConfig(PartSection):
     """The decay after (and under) the warmup, a factor of the scaled LR at absolute step t."""
 
-    kind: Literal["constant", "step", "multistep", "exponential", "cosine", "poly", "sigmoid"] = "constant"
+    parts = DECAYS
+
+    kind: Annotated[str, _registered(DECAYS)] = "constant"
     every: Interval | None = None
     """step: gamma ** floor(t / every); exponential: gamma ** (t / every), floored when ``staircase``."""
     milestones: list[Length] = []
@@ -318,19 +453,6 @@ class DecayConfig(Section):
     """cosine, poly: where the decay starts (default: the end of the warmup)."""
     end: Length | None = None
     """cosine, poly: where it reaches the floor (default: the end of the run)."""
-
-    @model_validator(mode="after")
-    def _complete(self) -> DecayConfig:
-        if self.kind in ("step", "exponential") and self.every is None:
-            raise ValueError(f"schedule.decay.every: required for decay kind {self.kind!r}")
-        if self.kind == "multistep":
-            if not self.milestones:
-                raise ValueError("schedule.decay.milestones: required for decay kind 'multistep'")
-            if self.scales is not None and len(self.scales) != len(self.milestones):
-                raise ValueError("schedule.decay.scales: expected one scale per milestone")
-        if self.kind == "sigmoid" and self.center is None:
-            raise ValueError("schedule.decay.center: required for decay kind 'sigmoid'")
-        return self
 
 
 class InceptionTPUConfig(Section):
@@ -350,15 +472,16 @@ class DarknetScheduleConfig(Section):
     """Darknet's ``get_current_rate`` (its ``[net]`` keys)."""
 
     policy: Literal["constant", "step", "steps", "exp", "poly", "sig"] = "constant"
-    burn_in: int = Field(0, ge=0)
+    burn_in: StepCount = Field(0, ge=0)
     power: float = Field(4.0, gt=0)
     """Burn-in exponent, and the ``poly`` exponent (one key in Darknet)."""
-    steps: list[int] = []
+    steps: list[StepCount] = []
     scales: list[float] = []
-    step: int = Field(1, gt=0)
+    step: Annotated[int, Steps(minimum=1)] = Field(1, gt=0)
     scale: float = Field(1.0, gt=0)
-    gamma: float = 1.0
-    max_batches: int | None = Field(None, gt=0)
+    gamma: Annotated[float, PerStep(on="policy", rules=(("exp", POWER), ("sig", SLOPE)))] = 1.0
+    """exp: lr * gamma ** batch_num; sig: lr / (1 + exp(gamma * (batch_num - step)))."""
+    max_batches: Annotated[int, Steps(minimum=1)] | None = Field(None, gt=0)
     """poly: the horizon (default: the run's steps)."""
 
     @model_validator(mode="after")
@@ -368,18 +491,20 @@ class DarknetScheduleConfig(Section):
         return self
 
 
-class ScheduleConfig(Section):
+class ScheduleConfig(PartSection):
     """lr(step) = scaled lr x warmup factor x max(decay factor, floor); or a seed's preset."""
 
-    preset: Literal["none", "inception_tpu", "darknet"] = "none"
+    parts = SCHEDULES
+
+    preset: Annotated[str, _registered(SCHEDULES)] = "none"
     warmup: list[WarmupPhase] = []
-    decay: DecayConfig = DecayConfig()
+    decay: DecayConfig = Field(default_factory=DecayConfig)
     min_lr: float | None = Field(None, ge=0)
     """Floor of the decayed LR, absolute."""
     min_lr_ratio: float | None = Field(None, ge=0, le=1)
     """Floor of the decayed LR, as a fraction of the scaled LR."""
-    inception_tpu: InceptionTPUConfig = InceptionTPUConfig()
-    darknet: DarknetScheduleConfig = DarknetScheduleConfig()
+    inception_tpu: Annotated[InceptionTPUConfig, UsedWhen("preset", "inception_tpu")] = InceptionTPUConfig()
+    darknet: Annotated[DarknetScheduleConfig, UsedWhen("preset", "darknet")] = DarknetScheduleConfig()
 
     @model_validator(mode="after")
     def _one_floor(self) -> ScheduleConfig:
@@ -502,22 +627,22 @@ class MemoryConfig(Section):
 class RunConfig(Section):
     name: str = "run"
     """Recipe name; the default run directory is ``runs/<name>-<timestamp>``."""
-    task: Literal["classification", "detection"] = "classification"
+    task: Annotated[str, _registered(TASKS)] = "classification"
     batch: int = Field(gt=0)
     """Global images per optimizer step, across all devices (Darknet's ``batch``)."""
     subdivisions: Annotated[int, Field(gt=0)] | Literal["auto"] = 1
     """Micro-batches per device per optimizer step (Darknet's ``subdivisions``); ``auto``: the smallest number
     whose micro-batch fits in memory, measured at the start (``bigbatch plan``)."""
-    steps: int | None = Field(None, gt=0)
+    steps: Annotated[int, Steps(minimum=1, up=True)] | None = Field(None, gt=0)
     """Optimizer steps. Give either ``steps`` or ``epochs``."""
     epochs: float | None = Field(None, gt=0)
     """Passes over the training set, turned into steps = ceil(epochs * images / batch)."""
     seed: int = Field(0, ge=0)
     """Seeds every random generator (numpy's legacy global generator takes ``seed mod 2^32``)."""
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    optim: OptimConfig = OptimConfig()
-    schedule: ScheduleConfig = ScheduleConfig()
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     clip: ClipConfig = ClipConfig()
     ema: EMAConfig = EMAConfig()
     norm: NormConfig = NormConfig()
@@ -530,7 +655,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _input_large_enough(self) -> RunConfig:
-        smallest = MIN_INPUT_SIZE.get(self.model.name)
+        smallest = self.model.part().info.get("min_input_size")
         if smallest is not None and self.data.size < smallest:
             raise ValueError(f"data.size: {self.model.name} needs images of at least {smallest} px, "
                              f"got {self.data.size}")
@@ -538,23 +663,21 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _task_data_and_model_agree(self) -> RunConfig:
-        from bigbatch.models import is_detector
-
-        detection = self.task == "detection"
-        if self.data.is_detection != detection:
-            expected = "shapes, coco or yolo" if detection else "digits"
+        task = TASKS.get(self.task).info
+        if self.data.part().info.get("task") != self.task:
+            expected = _one_of(DATASETS.names(task=self.task))
             raise ValueError(f"data.name: {self.data.name!r} is not a {self.task} dataset; expected {expected}")
-        if is_detector(self.model.name) != detection:
-            kind = "detector" if detection else "classifier"
-            raise ValueError(f"model.name: {self.model.name!r} is not a {kind} (task: {self.task})")
-        if self.model.weights is not None and not detection:
+        model = self.model.part().info
+        if model.get("task") != self.task:
+            raise ValueError(f"model.name: {self.model.name!r} is not a {task['model_kind']} (task: {self.task})")
+        if self.model.weights is not None and not model.get("reads_weights"):
             raise ValueError("model.weights: local weights are read for detectors only")
-        metrics = DETECTION_METRICS if detection else CLASSIFICATION_METRICS
+        metrics, prefixes = task["metrics"], task.get("metric_prefixes", ())
         if self.eval.metric is None:
             self.eval.metric = metrics[0]
-        elif self.eval.metric not in metrics and not (detection and self.eval.metric.startswith(("AP/", "AP50/"))):
+        elif self.eval.metric not in metrics and not self.eval.metric.startswith(prefixes):
             raise ValueError(f"eval.metric: {self.eval.metric!r} is not a {self.task} metric; expected one of "
-                             f"{', '.join(metrics)}" + (", AP/<class>" if detection else ""))
+                             f"{', '.join([*metrics, *(f'{p}<class>' for p in prefixes)])}")
         return self
 
     @model_validator(mode="after")
@@ -564,6 +687,11 @@ class RunConfig(Section):
         if self.steps is not None and self.epochs is not None:
             raise ValueError("steps: give either steps or epochs, not both")
         return self
+
+
+def _one_of(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none registered"
 
 
 # ----------------------------------------------------------------------------- loading
@@ -685,12 +813,12 @@ def _dotted(parts: tuple[Any, ...] | list[Any]) -> str:
     return key if key and key.isprintable() and key == key.strip() and ":" not in key else repr(key)
 
 
-def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> tuple[str, str]:
+def _describe(error: dict[str, Any], section: type[Section] | None) -> tuple[str, str]:
     """(the dotted key, what is wrong with it) for one pydantic error."""
     kind = error["type"]
     loc = _dotted(_key(error["loc"], kind))
     if kind == "extra_forbidden":
-        expected = f" (expected one of: {', '.join(section.model_fields)})" if section is not None else ""
+        expected = f" (expected one of: {', '.join(section.keys())})" if section is not None else ""
         return loc, f"unknown key{expected}"
     if kind == "missing":
         return loc, "missing (required)"
@@ -702,23 +830,21 @@ def _describe(error: dict[str, Any], section: type[BaseModel] | None) -> tuple[s
     return loc, f"{message[0].lower() + message[1:]}, got {error['input']!r}"
 
 
-def _section_in(annotation: Any) -> type[BaseModel] | None:
-    """The config class an annotation holds: itself, ``X | None`` or ``list[X]``."""
-    from typing import get_args
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+def _section_in(annotation: Any) -> type[Section] | None:
+    """The config class an annotation holds: itself, ``X | None``, ``list[X]`` or ``Annotated[X, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
         return annotation
     return next((cls for cls in map(_section_in, get_args(annotation)) if cls is not None), None)
 
 
-def _section_of(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+def _section_of(loc: tuple[Any, ...]) -> type[Section] | None:
     """The config class that holds the parent of ``loc`` (for listing the keys it accepts)."""
-    cls: type[BaseModel] | None = RunConfig
+    cls: type[Section] | None = RunConfig
     for part in loc[:-1]:
         if isinstance(part, int):  # an item of a list of sections (schedule.warmup.0)
             continue
-        field = cls.model_fields.get(str(part))
-        cls = _section_in(field.annotation) if field is not None else None
+        annotation = cls.keys().get(str(part))
+        cls = _section_in(annotation) if annotation is not None else None
         if cls is None:
             return None
     return cls
@@ -756,14 +882,11 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
 
 
 def load_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Load a YAML file, Darknet ``.cfg`` or built-in recipe, apply ``--set`` overrides, validate."""
+    """Load a YAML file, a file of a registered format (Darknet ``.cfg``) or a built-in recipe, apply ``--set``
+    overrides, validate."""
     path, recipe = resolve_config_source(source)
-    if path.suffix == ".cfg":
-        from bigbatch.recipe.darknet_cfg import net_recipe
-
-        data = net_recipe(path)
-    else:
-        data = read_yaml(path)
+    reader = CONFIG_FORMATS.find(path.suffix)
+    data = reader.obj(path) if reader is not None else read_yaml(path)
     data.setdefault("name", recipe)
     return validate_config(apply_overrides(data, list(overrides)))
 

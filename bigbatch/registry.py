@@ -62,7 +62,7 @@ class Registry:
     def __init__(self, kind: str, key: str, locations: tuple[str, ...] = ()) -> None:
         self.kind, self.key, self.locations = kind, key, locations
         self._entries: dict[str, Entry] = {}
-        self._parts: list[Entry | _Family] = []  # in registration order, which is the order names are listed in
+        self._parts: list[Entry | _Family] = []  # in registration order
         self._loaded = False
 
     def register(self, name: str, obj: Any = None, *, fields: dict[str, tuple[Any, Any]] | None = None,
@@ -112,12 +112,19 @@ class Registry:
             for module in self.locations:
                 importlib.import_module(module)
 
+    def _place(self, part: Entry | _Family) -> int:
+        """Where a part is listed: built-in parts in the order of ``locations`` (whatever imported them first),
+        then the others."""
+        module = getattr(part.obj, "__module__", None)
+        return self.locations.index(module) if module in self.locations else len(self.locations)
+
     def names(self, **where: Any) -> list[str]:
-        """Every registered name in registration order (a family's names where the family was registered), or only
+        """Every registered name: the built-in ones in the order of ``locations``, each module's in registration
+        order (a family's names where the family was registered), then the others in registration order; or only
         those whose ``info`` holds the given values (``DATASETS.names(task="detection")``)."""
         self._load()
         names: dict[str, None] = {}
-        for part in self._parts:
+        for part in sorted(self._parts, key=self._place):
             for name in [part.name] if isinstance(part, Entry) else part.names():
                 names.setdefault(name)
         if where:
@@ -173,7 +180,9 @@ the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of th
 DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.shapes", "bigbatch.data.coco",
                                              "bigbatch.data.yolo"))
 """``data.name``: info ``task`` names the task whose data it is; ``count(cfg) -> int`` is the training set's size
-found without loading it (``show``, ``schedule``, ``scale``, the batch plan). obj loads it, by task:
+found without loading it (``show``, ``schedule``, ``scale``, the batch plan); ``held_in_memory(cfg) -> (bytes,
+what)`` (optional) is the memory the loaded set holds whatever the layout, checked against the machine's before
+any work. obj loads it, by task:
 
 - ``classification``: obj(cfg) -> (train_set, val_set, num_classes); each set a ``torch.utils.data.Dataset`` of
   (image ``[C, H, W]`` float tensor, label int) read by index;
@@ -183,7 +192,8 @@ found without loading it (``show``, ``schedule``, ``scale``, the batch plan). ob
   files (the other ranks wait at a barrier)."""
 MODELS = Registry("model", "model.name", ("bigbatch.models", "bigbatch.models.detectors"))
 """``model.name``: info ``task``; ``min_input_size`` (optional: the smallest square input in pixels);
-``reads_weights`` (optional: ``model.weights`` names a local weights file it loads). obj builds the model, random
+``reads_weights`` (optional: ``model.weights`` names a local weights file it loads); ``size_key`` (optional: the key
+that sets its size, named when it is too large; default ``model.name``). obj builds the model, random
 weights unless ``model.weights``, nothing downloaded, by task:
 
 - ``classification``: obj(model_cfg, num_classes, in_channels) -> nn.Module, images -> logits;

@@ -20,12 +20,17 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bigbatch.data.detection import DataIssues, DetectionRecord, check_box, inspect_images
+from bigbatch.data.formats import images_in_annotations
 from bigbatch.errors import UserError
+from bigbatch.registry import DATASETS
+
+if TYPE_CHECKING:
+    from bigbatch.config import DataConfig, RunConfig
 
 CATEGORY_ID_OFFSET = 1  # ground-truth and detection category id = contiguous label + 1
 
@@ -210,6 +215,18 @@ def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike,
     return records, names
 
 
+def load_coco_splits(splits: list[tuple[Path, Path]], classes: list[str] | None, issues: DataIssues
+                     ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
+    """(train records, val records, class names) of two COCO splits, each (images folder, annotation file); the
+    validation split must have the training split's categories."""
+    (train_images, train_json), (val_images, val_json) = splits
+    train, names = load_coco(train_images, train_json, classes, issues, keep_empty=False)
+    val, val_names = load_coco(val_images, val_json, names, issues, keep_empty=True)
+    if val_names != names:
+        raise UserError(f"data.val: {val_json} has other categories than {train_json}")
+    return train, val, names
+
+
 def coco_ground_truth(records: list[DetectionRecord], class_names: list[str]) -> dict[str, Any]:
     """A COCO-format ground truth of ``records``: category id = label + 1, boxes back to [x, y, w, h], each
     record's ``areas``, crowd regions with ``iscrowd=1``, annotation ids 1, 2, ... (COCOeval treats id 0 as
@@ -232,3 +249,32 @@ def coco_ground_truth(records: list[DetectionRecord], class_names: list[str]) ->
         "annotations": annotations,
         "categories": [{"id": label + CATEGORY_ID_OFFSET, "name": name} for label, name in enumerate(class_names)],
     }
+
+
+# ----------------------------------------------------------------------------- the ``coco`` dataset format
+
+
+def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
+         ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
+    """The splits ``data.train`` and ``data.val`` (each ``images`` and ``annotations``)."""
+    data = cfg.data
+    splits = [(Path(s.images), Path(s.annotations)) for s in (data.train, data.val)]
+    for key, (images, annotation_file) in zip(("data.train", "data.val"), splits, strict=True):
+        if not images.is_dir():
+            raise UserError(f"{key}.images: {images} is not a folder")
+        if not annotation_file.is_file():
+            raise UserError(f"{key}.annotations: {annotation_file} does not exist")
+    return load_coco_splits(splits, data.classes, issues)
+
+
+def train_images(cfg: RunConfig) -> int:
+    return images_in_annotations(Path(cfg.data.train.annotations), cfg.data)
+
+
+def _splits_given(data: DataConfig) -> None:
+    for split in ("train", "val"):
+        if getattr(data, split) is None:
+            raise ValueError(f"data.{split}: missing; coco needs data.{split}.images and data.{split}.annotations")
+
+
+DATASETS.register("coco", load, task="detection", count=train_images, check=_splits_given)

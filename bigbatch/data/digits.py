@@ -4,14 +4,23 @@
 of handwritten digits, test part). They are upscaled (bilinear) to ``size`` px, copied into
 three channels and standardised. The held-out split is fixed (20 %, stratified, split seed 0),
 independent of the run's seed, so every run is judged on the same 360 images.
+
+The ``digits`` classification format of ``registry.DATASETS``.
 """
 
 from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from bigbatch.data.loader import TensorImages
+from bigbatch.registry import DATASETS
+
+if TYPE_CHECKING:
+    from bigbatch.config import RunConfig
 
 NUM_CLASSES = 10
 TOTAL_IMAGES = 1797
@@ -48,3 +57,24 @@ def load_digits_split(size: int) -> tuple[TensorImages, TensorImages]:
         grey.sub_(mean).div_(std)
         sets.append(TensorImages(grey.expand(-1, 3, -1, -1), labels[index]))
     return sets[0], sets[1]
+
+
+def load(cfg: RunConfig) -> tuple[TensorImages, TensorImages, int]:
+    """(train, val, number of classes) at ``data.size`` px."""
+    train, val = load_digits_split(cfg.data.size)
+    return train, val, NUM_CLASSES
+
+
+def train_images(cfg: RunConfig) -> int:
+    """The training images without loading them: scikit-learn's ``train_test_split`` holds out
+    ceil(test_size * n) images (1797 - 360 = 1437)."""
+    return TOTAL_IMAGES - math.ceil(VAL_FRACTION * TOTAL_IMAGES)
+
+
+def held_in_memory(cfg: RunConfig) -> tuple[int, str]:
+    """Both splits held as float32 grey images: images x size² x 4 bytes."""
+    size = cfg.data.size
+    return TOTAL_IMAGES * size**2 * 4, f"{TOTAL_IMAGES} images of {size}x{size} float32"
+
+
+DATASETS.register("digits", load, task="classification", count=train_images, held_in_memory=held_in_memory)

@@ -19,6 +19,9 @@ same seed gives the same bytes.
 A generated set carries a marker file, ``.bigbatch-shapes.json``, written before anything else. bigbatch
 replaces a set (``generate_shapes``) only when the folder holds that marker and nothing but the files the
 generator writes; any other existing, non-empty folder is left alone and is an error naming it.
+
+The ``shapes`` detection format of ``registry.DATASETS``: the set at ``data.path`` (default ``data/shapes``),
+generated there first (``data.shapes_images`` images, the run's seed) when it is not there.
 """
 
 from __future__ import annotations
@@ -30,12 +33,19 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from bigbatch.data.formats import images_in_annotations
 from bigbatch.errors import UserError
 from bigbatch.processes import process_exists
+from bigbatch.registry import DATASETS
+
+if TYPE_CHECKING:
+    from bigbatch.config import RunConfig
+    from bigbatch.data.detection import DataIssues, DetectionRecord
 
 CLASSES = ("circle", "square", "triangle", "star", "cross")
 CATEGORY_IDS = (1, 3, 5, 7, 9)
@@ -347,3 +357,43 @@ def remove_stale_partials(root: Path) -> None:
         pid = partial.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not process_exists(int(pid)) and partial.is_dir() and foreign_entry(partial) is None:
             remove_generated_set(partial, "data.path")
+
+
+# ----------------------------------------------------------------------------- the ``shapes`` dataset format
+
+DEFAULT_PATH = "data/shapes"
+
+
+def ensure_shapes(root: Path, images: int, seed: int, rank: int = 0) -> Path:
+    """The generated shapes set at ``root``, written first (by rank 0; the other ranks wait) when it is not there.
+    A folder that is neither empty nor a set bigbatch generated is never touched: it is an error naming it."""
+    import torch.distributed as dist
+
+    complete = (root / "annotations" / "val.json").is_file()
+    if not complete and rank == 0:
+        target = shapes_target(root, "data.path")
+        print(f"generating the shapes set ({images} images) in {target}", flush=True)
+        generate_shapes(target, images, seed, key="data.path")
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return root
+
+
+def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
+         ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
+    from bigbatch.data.coco import load_coco_splits
+
+    root = ensure_shapes(Path(cfg.data.path or DEFAULT_PATH), cfg.data.shapes_images, cfg.seed, rank)
+    splits = [(root / split, root / "annotations" / f"{split}.json") for split in ("train", "val")]
+    return load_coco_splits(splits, cfg.data.classes, issues)
+
+
+def train_images(cfg: RunConfig) -> int:
+    """From the set's training annotations, or for a set not generated yet from ``data.shapes_images``."""
+    path = Path(cfg.data.path or DEFAULT_PATH) / "annotations" / "train.json"
+    if not path.is_file():
+        return split_sizes(cfg.data.shapes_images)[0]
+    return images_in_annotations(path, cfg.data)
+
+
+DATASETS.register("shapes", load, task="detection", count=train_images)

@@ -18,18 +18,28 @@ The label file of an image follows Darknet's rule (``replace_image_to_label``; u
 ``labels`` and the extension ``.txt``; without such a folder the label file sits beside the image. A missing
 label file is an image without boxes, as in Darknet. ``image_id`` is the image's index in the list, stable
 whatever is skipped.
+
+The ``yolo`` detection format of ``registry.DATASETS``: ``data.path`` is a ``.data`` file or a dataset folder
+(:func:`yolo_splits`), and ``data.classes`` keeps some classes by name.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path, PurePath
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bigbatch.darknet_text import read_options
+from bigbatch.data.coco import class_mapping
 from bigbatch.data.detection import EDGE_TOLERANCE, DataIssues, DetectionRecord, check_box, inspect_images
+from bigbatch.data.formats import train_images_given
 from bigbatch.errors import UserError
+from bigbatch.registry import DATASETS
+
+if TYPE_CHECKING:
+    from bigbatch.config import DataConfig, RunConfig
 
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")  # unsupported ones get reported
 IMAGE_FOLDERS = ("images", "JPEGImages")
@@ -208,3 +218,64 @@ def load_yolo(source: str | os.PathLike, issues: DataIssues, keep_empty: bool, s
                                        boxes=np.array(found[0], np.float32).reshape(-1, 4),
                                        labels=np.array(found[1], np.int64)))
     return records, list(class_names)
+
+
+# ----------------------------------------------------------------------------- the ``yolo`` dataset format
+
+
+def yolo_splits(path: Path) -> tuple[Path, Path, str, str]:
+    """(train source, val source, and the split of each) of a YOLO ``data.path``: a Darknet ``.data`` file (its
+    ``train`` and ``valid`` lists), a folder with ``train/`` and ``val/`` (each with ``images/`` and ``labels/``),
+    or Ultralytics' layout, ``images/train``, ``images/val`` beside ``labels/train``, ``labels/val``."""
+    if path.is_file():
+        return path, path, "train", "valid"
+    for train, val in ((path / "train", path / "val"), (path / "images" / "train", path / "images" / "val")):
+        if train.is_dir() and val.is_dir():
+            return train, val, "train", "train"  # a folder is one split; "train" only names the folder's role
+    raise UserError(f"data.path: {path} is neither a Darknet .data file nor a folder with train/ and val/ (or "
+                    f"images/train and images/val) beside their labels")
+
+
+def _subset(records: list[DetectionRecord], names: list[str], classes: list[str]
+            ) -> tuple[list[DetectionRecord], list[str]]:
+    """Records restricted to ``classes`` (by name, in that order), labels renumbered (COCO's rule:
+    ``class_mapping`` with the names file's lines as categories)."""
+    classes, new_label = class_mapping(dict(enumerate(names)), classes, "the names file")
+    kept = []
+    for r in records:
+        keep = np.array([int(label) in new_label for label in r.labels], dtype=bool)
+        labels = np.array([new_label[int(label)] for label in r.labels[keep]], np.int64)
+        kept.append(DetectionRecord(path=r.path, width=r.width, height=r.height, image_id=r.image_id,
+                                    boxes=r.boxes[keep], labels=labels))
+    return kept, classes
+
+
+def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
+         ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
+    data = cfg.data
+    train_source, val_source, train_split, val_split = yolo_splits(Path(data.path))
+    train, names = load_yolo(train_source, issues, keep_empty=False, split=train_split)
+    val, val_names = load_yolo(val_source, issues, keep_empty=True, split=val_split)
+    if val_names != names:
+        raise UserError(f"data.path: the validation images of {data.path} have other class names than the training")
+    if data.classes is not None:
+        train, names = _subset(train, names, data.classes)
+        val, _ = _subset(val, val_names, data.classes)
+    return train, val, names
+
+
+def train_images(cfg: RunConfig) -> int:
+    """The training images' count (their labels read; no image decoded), or ``data.train_images``."""
+    path = Path(cfg.data.path)
+    if path.exists():
+        source, _, split, _ = yolo_splits(path)
+        return len(load_yolo(source, DataIssues(strict=cfg.data.strict), keep_empty=False, split=split)[0])
+    return train_images_given(path, cfg.data)
+
+
+def _path_given(data: DataConfig) -> None:
+    if data.path is None:
+        raise ValueError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
+
+
+DATASETS.register("yolo", load, task="detection", count=train_images, check=_path_given)

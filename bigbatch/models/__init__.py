@@ -1,5 +1,7 @@
 """Models by name: the built-in ``small_cnn`` and torchvision's classification models; detectors in
-``models/detectors.py``.
+``models/detectors.py``. Each registers itself in ``MODELS`` (info ``task``; ``min_input_size`` where a model
+has one; ``size_key``, the key that sets its size, where it is not ``model.name``); ``build_model`` looks the name
+up.
 
 Every model is built from scratch (random weights): nothing is downloaded.
 """
@@ -7,12 +9,16 @@ Every model is built from scratch (random weights): nothing is downloaded.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
 
-from bigbatch.config import ModelConfig
 from bigbatch.errors import UserError
 from bigbatch.models.small_cnn import SmallCNN, norm_layer
+from bigbatch.registry import MODELS
+
+if TYPE_CHECKING:
+    from bigbatch.config import ModelConfig
 
 
 @functools.cache
@@ -22,21 +28,23 @@ def torchvision_classifiers() -> tuple[str, ...]:
     return tuple(torchvision.models.list_models(module=torchvision.models))
 
 
-def known_models() -> list[str]:
-    from bigbatch.models.detectors import known_detectors
-
-    return ["small_cnn", *torchvision_classifiers(), *known_detectors()]
-
-
-def is_detector(name: str) -> bool:
-    from bigbatch.models.detectors import known_detectors
-
-    return name in known_detectors()
+def build_model(cfg: ModelConfig, num_classes: int, **shape: int) -> nn.Module:
+    """The model ``cfg.name`` as registered in ``MODELS``, for ``num_classes`` classes: ``obj(cfg, num_classes,
+    **shape)``, ``shape`` being ``in_channels`` for a classifier, ``min_size`` and ``max_size`` for a detector."""
+    return MODELS.get(cfg.name).obj(cfg, num_classes, **shape)
 
 
 def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-    if cfg.name == "small_cnn":
-        return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm, dropout=cfg.dropout)
+    """The classifier ``cfg.name`` for ``num_classes`` classes of ``in_channels``-channel images."""
+    return build_model(cfg, num_classes, in_channels=in_channels)
+
+
+def small_cnn(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+    return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm, dropout=cfg.dropout)
+
+
+def torchvision_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+    """torchvision's ``cfg.name`` with ``num_classes`` outputs (three input channels, whatever ``in_channels``)."""
     import torchvision.models
 
     kwargs: dict = {"weights": None, "num_classes": num_classes}
@@ -53,3 +61,9 @@ def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -
             if argument in kwargs and argument in str(e):
                 raise UserError(f"model.{key}: {cfg.name} takes no {argument} argument; expected {expected}") from None
         raise
+
+
+MODELS.register("small_cnn", small_cnn, task="classification", min_input_size=8,  # three 2x poolings
+                size_key="model.width")
+MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification")
+MODELS.register("inception_v3", torchvision_classifier, task="classification", min_input_size=75)  # its stem

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
 import torchvision.models
@@ -39,6 +40,10 @@ from torchvision.ops import FeaturePyramidNetwork
 
 from bigbatch.errors import UserError
 from bigbatch.models.small_cnn import norm_layer
+from bigbatch.registry import MODELS
+
+if TYPE_CHECKING:
+    from bigbatch.config import ModelConfig
 
 SCORE_THRESH = 0.01
 DETECTIONS_PER_IMAGE = 100
@@ -177,6 +182,15 @@ def build_detector(name: str, num_classes: int, *, min_size: int, max_size: int,
     if weights is not None:
         load_detector_weights(model, weights, name, num_classes)
     return model
+
+
+def detector_from_config(cfg: ModelConfig, num_classes: int, *, min_size: int, max_size: int) -> nn.Module:
+    """``MODELS``' builder of the detectors here: :func:`build_detector` with ``model.weights`` and ``model.norm``."""
+    return build_detector(cfg.name, num_classes, min_size=min_size, max_size=max_size, weights=cfg.weights,
+                          norm=cfg.norm)
+
+
+MODELS.register_family(known_detectors, detector_from_config, task="detection", reads_weights=True)
 
 
 def load_detector_weights(model: Detector, path: str | Path, name: str, num_classes: int) -> None:

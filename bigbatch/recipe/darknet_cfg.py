@@ -23,6 +23,7 @@ from typing import Any
 
 from bigbatch.darknet_text import read_options
 from bigbatch.errors import UserError
+from bigbatch.registry import CONFIG_FORMATS
 
 
 def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
@@ -102,3 +103,6 @@ def net_recipe(path: Path) -> dict[str, Any]:
     if max_batches:
         recipe["steps"] = max_batches
     return recipe
+
+
+CONFIG_FORMATS.register(".cfg", net_recipe)

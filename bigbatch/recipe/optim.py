@@ -1,6 +1,7 @@
 """Optimizers by name, and the learning-rate setter that keeps LR-in-buffer momentum consistent.
 
-``build_optimizer`` turns :class:`~bigbatch.config.OptimConfig` into an optimizer; ``set_lr`` is called
+``build_optimizer`` turns :class:`~bigbatch.config.OptimConfig` into the optimizer registered under its
+``name`` (``OPTIMIZERS``; each below registers itself: obj(param_groups, lr, cfg)); ``set_lr`` is called
 before every step. Four optimizers are written out here (small, one loop each, no timm at run time):
 
 * :class:`MomentumSGD` -- Caffe2 / Goyal et al. 2017 momentum, the LR inside the buffer;
@@ -23,6 +24,7 @@ import torch.nn as nn
 
 from bigbatch.config import OptimConfig
 from bigbatch.errors import UserError
+from bigbatch.registry import OPTIMIZERS
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -276,34 +278,60 @@ def param_groups(cfg: OptimConfig, model: nn.Module) -> list[dict[str, Any]]:
 
 
 def build_optimizer(cfg: OptimConfig, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
-    """The optimizer ``cfg.name`` over ``model``'s trainable parameters, at learning rate ``lr``.
+    """The optimizer ``cfg.name`` (as registered in ``OPTIMIZERS``) over ``model``'s trainable parameters, at
+    learning rate ``lr``.
 
     ``lr`` is the LR for the global batch (already scaled by the caller); None: ``cfg.lr`` as it is.
     """
     lr = cfg.lr if lr is None else lr
-    groups = param_groups(cfg, model)
-    if cfg.nesterov and cfg.momentum == 0 and cfg.name in ("sgd", "momentum", "lars"):
+    return OPTIMIZERS.get(cfg.name).obj(param_groups(cfg, model), lr, cfg)
+
+
+def _momentum_for_nesterov(cfg: OptimConfig) -> None:
+    if cfg.nesterov and cfg.momentum == 0:
         raise UserError("optim.nesterov: Nesterov momentum needs optim.momentum > 0")
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay)
-    if cfg.name == "momentum":
-        return MomentumSGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                           nesterov=cfg.nesterov, momentum_correction=cfg.momentum_correction)
-    if cfg.name == "rmsprop_tf":
-        return RMSpropTF(groups, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.momentum,
-                         eps=1.0 if cfg.eps is None else cfg.eps, weight_decay=cfg.weight_decay,
-                         momentum_correction=cfg.momentum_correction)
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=1e-8 if cfg.eps is None else cfg.eps,
-                                 weight_decay=cfg.weight_decay)
-    if cfg.name == "lars":
-        return Lars(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
-                    trust_coeff=cfg.trust_coefficient, eps=1e-8 if cfg.eps is None else cfg.eps)
-    if cfg.name == "lamb":
-        return Lamb(groups, lr=lr, betas=cfg.betas, eps=1e-6 if cfg.eps is None else cfg.eps,
-                    weight_decay=cfg.weight_decay)
-    raise AssertionError(f"unhandled optimizer {cfg.name!r}")  # the config only admits known names
+
+
+@OPTIMIZERS.register("sgd")
+def _sgd(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """torch.optim.SGD: v = m v + g; w -= lr v (the LR outside the momentum buffer)."""
+    _momentum_for_nesterov(cfg)
+    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
+
+
+@OPTIMIZERS.register("momentum")
+def _momentum(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
+    _momentum_for_nesterov(cfg)
+    return MomentumSGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
+                       momentum_correction=cfg.momentum_correction)
+
+
+@OPTIMIZERS.register("rmsprop_tf")
+def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """eps 1.0 unless given, as the Inception seed."""
+    return RMSpropTF(groups, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.momentum,
+                     eps=1.0 if cfg.eps is None else cfg.eps, weight_decay=cfg.weight_decay,
+                     momentum_correction=cfg.momentum_correction)
+
+
+@OPTIMIZERS.register("adamw")
+def _adamw(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=1e-8 if cfg.eps is None else cfg.eps,
+                             weight_decay=cfg.weight_decay)
+
+
+@OPTIMIZERS.register("lars")
+def _lars(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
+    _momentum_for_nesterov(cfg)
+    return Lars(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
+                trust_coeff=cfg.trust_coefficient, eps=1e-8 if cfg.eps is None else cfg.eps)
+
+
+@OPTIMIZERS.register("lamb")
+def _lamb(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """eps 1e-6 unless given, as timm."""
+    return Lamb(groups, lr=lr, betas=cfg.betas, eps=1e-6 if cfg.eps is None else cfg.eps,
+                weight_decay=cfg.weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -20,6 +20,10 @@ The composed schedule (``schedule.preset: none``):
 
 Presets reproduce the seeds' own code, quirks included: ``inception_tpu`` and ``darknet``.
 Every length may be given in steps, epochs or images and is converted through the batch plan.
+
+Each preset registers itself in ``SCHEDULES`` (obj(cfg, plan) -> lr) and each decay kind in ``DECAYS``
+(obj(decay_cfg, plan, start, floor) -> factor; ``check`` names a field the kind needs, ``rates`` a field that is a
+per-step rate); ``build_schedule`` looks the preset up.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import (
+    SLOPE,
     DarknetScheduleConfig,
     DecayConfig,
     InceptionTPUConfig,
@@ -40,6 +45,7 @@ from bigbatch.config import (
     parse_length,
 )
 from bigbatch.errors import UserError
+from bigbatch.registry import DECAYS, SCHEDULES
 
 Schedule = Callable[[int], float]
 
@@ -63,12 +69,15 @@ def length_in_steps(length: int | float | str, plan: BatchPlan) -> float:
 
 
 def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
+    """lr(step) of the preset ``schedule.preset`` (as registered in ``SCHEDULES``) for the batch plan."""
+    return SCHEDULES.get(cfg.schedule.preset).obj(cfg, plan)
+
+
+@SCHEDULES.register("none")
+def composed(cfg: RunConfig, plan: BatchPlan) -> Schedule:
+    """lr(t) = lr_B * warmup(t) * max(decay(t), floor): ``schedule.warmup``, then the ``schedule.decay`` kind."""
     base = scaled_lr(cfg.optim, plan.batch)
     sched = cfg.schedule
-    if sched.preset == "inception_tpu":
-        return inception_tpu(base, plan.batch, sched.inception_tpu)
-    if sched.preset == "darknet":
-        return darknet(base, sched.darknet, plan.steps)
     warmup, warmup_end = _warmup(sched.warmup, base, plan)
     if sched.min_lr is not None:
         if sched.min_lr > base:
@@ -77,7 +86,7 @@ def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
         floor = sched.min_lr / base
     else:
         floor = sched.min_lr_ratio or 0.0
-    decay = _decay(sched.decay, plan, warmup_end, floor)
+    decay = DECAYS.get(sched.decay.kind).obj(sched.decay, plan, warmup_end, floor)
 
     def lr(step: int) -> float:
         return base * warmup(step) * max(decay(step), floor)
@@ -125,40 +134,92 @@ def _warmup(phases: list[WarmupPhase], base: float, plan: BatchPlan) -> tuple[Ca
 # ----------------------------------------------------------------------------- decay
 
 
-def _decay(cfg: DecayConfig, plan: BatchPlan, warmup_end: float, floor: float) -> Callable[[int], float]:
-    steps = lambda length: length_in_steps(length, plan)  # noqa: E731
-    kind = cfg.kind
-    if kind == "constant":
-        return lambda t: 1.0
-    if kind == "step":
-        every = steps(cfg.every)
+def _required(key: str) -> Callable[[DecayConfig], None]:
+    """A decay kind's check that ``schedule.decay.<key>`` is given."""
+
+    def check(cfg: DecayConfig) -> None:
+        if getattr(cfg, key) in (None, []):
+            raise ValueError(f"schedule.decay.{key}: required for decay kind {cfg.kind!r}")
+
+    return check
+
+
+@DECAYS.register("constant")
+def _constant(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
+    return lambda t: 1.0
+
+
+@DECAYS.register("step", check=_required("every"))
+def _step(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
+    """gamma ** floor(t / every)."""
+    every = length_in_steps(cfg.every, plan)
+    return lambda t: cfg.gamma ** math.floor(t / every)
+
+
+def _milestones_and_scales(cfg: DecayConfig) -> None:
+    _required("milestones")(cfg)
+    if cfg.scales is not None and len(cfg.scales) != len(cfg.milestones):
+        raise ValueError("schedule.decay.scales: expected one scale per milestone")
+
+
+@DECAYS.register("multistep", check=_milestones_and_scales)
+def _multistep(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
+    """The product of the scales (default ``gamma``) of the milestones passed."""
+    milestones = [length_in_steps(m, plan) for m in cfg.milestones]
+    scales = cfg.scales if cfg.scales is not None else [cfg.gamma] * len(milestones)
+    return lambda t: math.prod(s for m, s in zip(milestones, scales, strict=True) if t >= m)
+
+
+@DECAYS.register("exponential", check=_required("every"))
+def _exponential(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
+    """gamma ** (t / every), the exponent floored when ``staircase``."""
+    every = length_in_steps(cfg.every, plan)
+    if cfg.staircase:
         return lambda t: cfg.gamma ** math.floor(t / every)
-    if kind == "multistep":
-        milestones = [steps(m) for m in cfg.milestones]
-        scales = cfg.scales if cfg.scales is not None else [cfg.gamma] * len(milestones)
-        return lambda t: math.prod(s for m, s in zip(milestones, scales, strict=True) if t >= m)
-    if kind == "exponential":
-        every = steps(cfg.every)
-        if cfg.staircase:
-            return lambda t: cfg.gamma ** math.floor(t / every)
-        return lambda t: cfg.gamma ** (t / every)
-    if kind == "sigmoid":
-        center = steps(cfg.center)
-        return lambda t: 1.0 / (1.0 + math.exp(cfg.gamma * (t - center)))
-    # cosine / poly: anneal from 1 at start to the floor at end
-    start = steps(cfg.start) if cfg.start is not None else warmup_end
-    end = steps(cfg.end) if cfg.end is not None else float(plan.steps)
-    span = max(end - start, 1e-12)
+    return lambda t: cfg.gamma ** (t / every)
 
-    def progress(t: int) -> float:
-        return min(max((t - start) / span, 0.0), 1.0)
 
-    if kind == "cosine":
-        return lambda t: floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress(t)))
+def _progress(cfg: DecayConfig, plan: BatchPlan, start: float) -> Callable[[int], float]:
+    """How far step t is from ``start`` (default: the end of the warmup) to ``end`` (default: the run's end), in
+    [0, 1]."""
+    begin = length_in_steps(cfg.start, plan) if cfg.start is not None else start
+    end = length_in_steps(cfg.end, plan) if cfg.end is not None else float(plan.steps)
+    span = max(end - begin, 1e-12)
+    return lambda t: min(max((t - begin) / span, 0.0), 1.0)
+
+
+@DECAYS.register("cosine")
+def _cosine(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
+    """floor + (1 - floor) * (1 + cos(pi * progress)) / 2, as torch's CosineAnnealingLR with eta_min."""
+    progress = _progress(cfg, plan, start)
+    return lambda t: floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress(t)))
+
+
+@DECAYS.register("poly")
+def _poly(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
+    """floor + (1 - floor) * (1 - progress) ** power."""
+    progress = _progress(cfg, plan, start)
     return lambda t: floor + (1.0 - floor) * (1.0 - progress(t)) ** cfg.power
 
 
+@DECAYS.register("sigmoid", check=_required("center"), rates={"gamma": SLOPE})
+def _sigmoid(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
+    """1 / (1 + exp(gamma * (t - center))), Darknet's ``sig`` policy."""
+    center = length_in_steps(cfg.center, plan)
+    return lambda t: 1.0 / (1.0 + math.exp(cfg.gamma * (t - center)))
+
+
 # ----------------------------------------------------------------------------- presets
+
+
+@SCHEDULES.register("inception_tpu")
+def _inception_tpu_preset(cfg: RunConfig, plan: BatchPlan) -> Schedule:
+    return inception_tpu(scaled_lr(cfg.optim, plan.batch), plan.batch, cfg.schedule.inception_tpu)
+
+
+@SCHEDULES.register("darknet")
+def _darknet_preset(cfg: RunConfig, plan: BatchPlan) -> Schedule:
+    return darknet(scaled_lr(cfg.optim, plan.batch), cfg.schedule.darknet, plan.steps)
 
 
 def inception_tpu(initial: float, batch: int, p: InceptionTPUConfig) -> Schedule:

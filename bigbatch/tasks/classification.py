@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from bigbatch.config import RunConfig
 from bigbatch.data.loader import eval_batches
+from bigbatch.registry import DATASETS, TASKS
 
 
 @dataclass
@@ -25,13 +26,10 @@ class ClassificationTask:
     """Classification exports no predictions (``bigbatch eval`` reports the metrics)."""
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> ClassificationTask:
-        if cfg.data.name == "digits":
-            from bigbatch.data.digits import NUM_CLASSES, load_digits_split
-
-            train, val = load_digits_split(cfg.data.size)
-            return cls(train, val, NUM_CLASSES)
-        raise AssertionError(f"unhandled dataset {cfg.data.name!r}")  # the config only admits known sets
+    def from_config(cls, cfg: RunConfig, rank: int = 0) -> ClassificationTask:
+        """The task on the sets of the dataset format ``data.name`` (as registered in ``DATASETS``)."""
+        train, val, num_classes = DATASETS.get(cfg.data.name).obj(cfg)
+        return cls(train, val, num_classes)
 
     def build_model(self, cfg: RunConfig) -> nn.Module:
         from bigbatch.models import build_classifier
@@ -100,3 +98,6 @@ class ClassificationTask:
     @staticmethod
     def report(metrics: dict[str, float]) -> str:
         return "  ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k != "images")
+
+
+TASKS.register("classification", ClassificationTask, metrics=("top1", "top5", "loss"), model_kind="classifier")

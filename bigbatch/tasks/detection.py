@@ -13,7 +13,6 @@ them with faster-coco-eval (``tasks/coco_eval.py``); the metrics go back to ever
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from bigbatch.config import RunConfig
-from bigbatch.data.coco import CATEGORY_ID_OFFSET, class_mapping, coco_ground_truth, load_coco
+from bigbatch.data.coco import CATEGORY_ID_OFFSET, coco_ground_truth
 from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
-from bigbatch.data.detection import DataIssues, DetectionDataset, DetectionRecord
+from bigbatch.data.detection import DataIssues, DetectionDataset
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.multiscale import MultiScale, default_sizes
 from bigbatch.errors import UserError
+from bigbatch.registry import DATASETS, TASKS
 from bigbatch.tasks.coco_eval import (
     darknet_line,
     detections_to_coco,
@@ -38,8 +38,6 @@ from bigbatch.tasks.coco_eval import (
     format_table,
     save_detections,
 )
-
-DEFAULT_SHAPES_PATH = "data/shapes"
 
 
 @dataclass
@@ -58,9 +56,10 @@ class DetectionTask:
     # --- data --------------------------------------------------------------------------------
     @classmethod
     def from_config(cls, cfg: RunConfig, rank: int = 0) -> DetectionTask:
+        """The task on the records of the dataset format ``data.name`` (as registered in ``DATASETS``)."""
         data = cfg.data
         issues = DataIssues(strict=data.strict)
-        train_records, val_records, names = load_records(cfg, issues, rank)
+        train_records, val_records, names = DATASETS.get(data.name).obj(cfg, issues, rank)
         if not train_records:
             raise UserError("data: the training set holds no usable image with a box")
         if not val_records:
@@ -186,110 +185,5 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def load_records(cfg: RunConfig, issues: DataIssues, rank: int = 0
-                 ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
-    """(train records, val records, class names) of ``cfg.data``; the same classes in both splits."""
-    data = cfg.data
-    if data.name == "shapes":
-        root = ensure_shapes(Path(data.path or DEFAULT_SHAPES_PATH), data.shapes_images, cfg.seed, rank)
-        splits = [(root / split, root / "annotations" / f"{split}.json") for split in ("train", "val")]
-        return _coco_splits(splits, data.classes, issues)
-    if data.name == "coco":
-        splits = [(Path(s.images), Path(s.annotations)) for s in (data.train, data.val)]
-        for key, (images, annotations) in zip(("data.train", "data.val"), splits, strict=True):
-            if not images.is_dir():
-                raise UserError(f"{key}.images: {images} is not a folder")
-            if not annotations.is_file():
-                raise UserError(f"{key}.annotations: {annotations} does not exist")
-        return _coco_splits(splits, data.classes, issues)
-    from bigbatch.data.yolo import load_yolo
-
-    train_source, val_source, train_split, val_split = yolo_splits(Path(data.path))
-    train, names = load_yolo(train_source, issues, keep_empty=False, split=train_split)
-    val, val_names = load_yolo(val_source, issues, keep_empty=True, split=val_split)
-    if val_names != names:
-        raise UserError(f"data.path: the validation images of {data.path} have other class names than the training")
-    if data.classes is not None:
-        train, names = _subset(train, names, data.classes)
-        val, _ = _subset(val, val_names, data.classes)
-    return train, val, names
-
-
-def yolo_splits(path: Path) -> tuple[Path, Path, str, str]:
-    """(train source, val source, and the split of each) of a YOLO ``data.path``: a Darknet ``.data`` file (its
-    ``train`` and ``valid`` lists), a folder with ``train/`` and ``val/`` (each with ``images/`` and ``labels/``),
-    or Ultralytics' layout, ``images/train``, ``images/val`` beside ``labels/train``, ``labels/val``."""
-    if path.is_file():
-        return path, path, "train", "valid"
-    for train, val in ((path / "train", path / "val"), (path / "images" / "train", path / "images" / "val")):
-        if train.is_dir() and val.is_dir():
-            return train, val, "train", "train"  # a folder is one split; "train" only names the folder's role
-    raise UserError(f"data.path: {path} is neither a Darknet .data file nor a folder with train/ and val/ (or "
-                    f"images/train and images/val) beside their labels")
-
-
-def _coco_splits(splits: list[tuple[Path, Path]], classes: list[str] | None, issues: DataIssues
-                 ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
-    (train_images, train_json), (val_images, val_json) = splits
-    train, names = load_coco(train_images, train_json, classes, issues, keep_empty=False)
-    val, val_names = load_coco(val_images, val_json, names, issues, keep_empty=True)
-    if val_names != names:
-        raise UserError(f"data.val: {val_json} has other categories than {train_json}")
-    return train, val, names
-
-
-def _subset(records: list[DetectionRecord], names: list[str], classes: list[str]
-            ) -> tuple[list[DetectionRecord], list[str]]:
-    """YOLO records restricted to ``classes`` (by name, in that order), labels renumbered (COCO's rule:
-    ``class_mapping`` with the names file's lines as categories)."""
-    classes, new_label = class_mapping(dict(enumerate(names)), classes, "the names file")
-    kept = []
-    for r in records:
-        keep = np.array([int(label) in new_label for label in r.labels], dtype=bool)
-        labels = np.array([new_label[int(label)] for label in r.labels[keep]], np.int64)
-        kept.append(DetectionRecord(path=r.path, width=r.width, height=r.height, image_id=r.image_id,
-                                    boxes=r.boxes[keep], labels=labels))
-    return kept, classes
-
-
-def count_train_images(cfg: RunConfig) -> int:
-    """The training set's image count from its annotation file (before any image is checked), from
-    ``data.train_images`` when the data is not at hand, or for a shapes set not generated yet from its size."""
-    data = cfg.data
-    if data.name == "shapes":
-        path = Path(data.path or DEFAULT_SHAPES_PATH) / "annotations" / "train.json"
-        if not path.is_file():
-            from bigbatch.data.shapes import split_sizes
-
-            return split_sizes(data.shapes_images)[0]
-    elif data.name == "coco":
-        path = Path(data.train.annotations)
-    else:
-        from bigbatch.data.yolo import load_yolo
-
-        path = Path(data.path)
-        if path.exists():
-            source, _, split, _ = yolo_splits(path)
-            return len(load_yolo(source, DataIssues(strict=data.strict), keep_empty=False, split=split)[0])
-    if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            return len(json.load(f).get("images", []))
-    if data.train_images is not None:
-        return data.train_images
-    raise UserError(f"data.train_images: {path} is not at hand; set data.train_images (the training set's size) to "
-                    f"plan without the data")
-
-
-def ensure_shapes(root: Path, images: int, seed: int, rank: int = 0) -> Path:
-    """The generated shapes set at ``root``, written first (by rank 0; the other ranks wait) when it is not there.
-    A folder that is neither empty nor a set bigbatch generated is never touched: it is an error naming it."""
-    complete = (root / "annotations" / "val.json").is_file()
-    if not complete and rank == 0:
-        from bigbatch.data.shapes import generate_shapes, shapes_target
-
-        target = shapes_target(root, "data.path")
-        print(f"generating the shapes set ({images} images) in {target}", flush=True)
-        generate_shapes(target, images, seed, key="data.path")
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-    return root
+TASKS.register("detection", DetectionTask, metrics=("mAP", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large"),
+               metric_prefixes=("AP/", "AP50/"), model_kind="detector")

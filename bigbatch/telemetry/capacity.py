@@ -4,7 +4,8 @@ Only what is known before the run and what no out-of-memory recovery (halving mi
 and no ``subdivisions: auto`` can shrink is counted, so a run refused here could never have run:
 
     data order      8 bytes x batch               the int64 dataset indices of one global batch, on every process
-    training set    images x size² x 4 bytes      digits only: held in memory as float32 grey images
+    training set    what the dataset format holds in memory (its ``held_in_memory``; digits: images x
+                    size² x 4 bytes, float32 grey images)
     one image       3 x size x size x 4 bytes     the input tensor of a micro-batch of one (float32), at the
                                                   largest size the run uses (detection: multi-scale sizes), square
     parameters      count x 4 bytes               the float32 weights, counted on torch's ``meta`` device
@@ -25,6 +26,7 @@ import torch
 from bigbatch.batching import INT64_MAX
 from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
+from bigbatch.registry import DATASETS
 
 FLOAT32 = 4
 
@@ -72,18 +74,18 @@ def largest_input(cfg: RunConfig) -> tuple[int, int]:
 def parameter_count(cfg: RunConfig) -> int | None:
     """The model's parameter count, built on the meta device (no memory); None when it cannot be counted so.
     A model too large to describe at all (torch's size arithmetic overflows) is a ``UserError``."""
-    key = "model.width" if cfg.model.name == "small_cnn" else "model.name"
+    from bigbatch.models import build_model
+
+    key = cfg.model.part().info.get("size_key", "model.name")
+    model_cfg = cfg.model.model_copy(update={"weights": None})  # the size only: no weights file is read
+    if cfg.task == "detection":
+        classes, shape = len(cfg.data.classes or ["object"]), {"min_size": cfg.data.size,
+                                                               "max_size": max(largest_input(cfg))}
+    else:
+        classes, shape = 10, {"in_channels": 3}
     try:
         with torch.device("meta"):
-            if cfg.task == "detection":
-                from bigbatch.models.detectors import build_detector
-
-                model = build_detector(cfg.model.name, len(cfg.data.classes or ["object"]), min_size=cfg.data.size,
-                                       max_size=max(largest_input(cfg)), norm=cfg.model.norm)
-            else:
-                from bigbatch.models import build_classifier
-
-                model = build_classifier(cfg.model, 10)
+            model = build_model(model_cfg, classes, **shape)
     except RuntimeError as e:
         if "overflow" in str(e).lower():
             raise UserError(f"{key}: the model would have more than 2^63 bytes of parameters "
@@ -112,14 +114,12 @@ def check_capacity(cfg: RunConfig, world: int = 1) -> None:
     if order > host:
         raise UserError(f"batch: {cfg.batch} images per step need {format_bytes(order)} for the data order alone "
                         f"(8 bytes an image), more than this machine's {format_bytes(host)} of memory")
-    if cfg.data.name == "digits":
-        from bigbatch.data.digits import TOTAL_IMAGES
-
-        held = TOTAL_IMAGES * cfg.data.size**2 * FLOAT32
+    held_in_memory = DATASETS.get(cfg.data.name).info.get("held_in_memory")
+    if held_in_memory is not None:
+        held, what = held_in_memory(cfg)
         if held > host:
-            raise UserError(f"data.size: the digits set at {cfg.data.size} px needs {format_bytes(held)} in memory "
-                            f"({TOTAL_IMAGES} images of {cfg.data.size}x{cfg.data.size} float32), more than this "
-                            f"machine's {format_bytes(host)}")
+            raise UserError(f"data.size: the {cfg.data.name} set at {cfg.data.size} px needs {format_bytes(held)} in "
+                            f"memory ({what}), more than this machine's {format_bytes(host)}")
     height, width = largest_input(cfg)
     image = 3 * height * width * FLOAT32
     if image > memory:
@@ -129,7 +129,7 @@ def check_capacity(cfg: RunConfig, world: int = 1) -> None:
     count = parameter_count(cfg)
     if count is not None:
         weights = count * FLOAT32
-        key = "model.width" if cfg.model.name == "small_cnn" else "model.name"
+        key = cfg.model.part().info.get("size_key", "model.name")
         if weights + image > memory:
             raise UserError(f"{key}: {cfg.model.name} has {count:.3g} parameters, {format_bytes(weights)} of float32 "
                             f"weights (with one input image {format_bytes(weights + image)}), more than {where} "
