@@ -4,29 +4,56 @@ From batch B to batch B' (ratio r = B' / B):
 
 - the LR follows ``optim.scaling`` from ``optim.ref_batch`` (set to B when it was unset, so the
   LR stated for B is scaled rather than reused);
-- lengths stay constant in images: every length given in steps (warmup phases, decay points,
-  ``steps``, ``eval.every``, ``checkpoint.every``, ``clip.start_step``, Darknet's burn_in, steps,
-  step and max_batches) is multiplied by 1 / r; a length that is no longer a whole number of
-  steps is written in images (``"12800 images"``), an integer-only field is rounded;
-- per-step rates keep their effect per image: Darknet's ``exp`` gamma' = gamma ** r, the sigmoid
-  slopes gamma' = gamma * r;
-- the EMA keeps its half-life in images: decay' = decay ** r;
-- the BatchNorm momentum per step likewise: (1 - m') = (1 - m) ** r;
+- lengths stay constant in images: every field typed as a length (``config.Length``, ``Interval``: warmup
+  phases, decay points, ``eval.every``, ``checkpoint.every``) given in steps is multiplied by 1 / r, and written
+  in images (``"12800 images"``) when it is no longer a whole number of steps; every field typed as a whole
+  number of steps (``config.StepCount``, ``Steps``: ``steps``, ``clip.start_step``, Darknet's burn_in, steps, step
+  and max_batches) is rounded;
+- per-step rates (``config.PerStep``, or a registered part's ``rates``) keep their effect per image:
+  ``POWER`` x' = x ** r (the EMA decay: the same half-life in images; Darknet's ``exp`` gamma),
+  ``COMPLEMENT`` (1 - x') = (1 - x) ** r (the BatchNorm momentum), ``SLOPE`` x' = x * r (sigmoid slopes);
 - the micro-batch stays the same where it can (subdivisions' = B' / (world x micro-batch)),
   so memory does not change.
-Lengths in epochs or images, and ``norm.half_life_images``, need no change.
+Lengths in epochs or images, and ``norm.half_life_images``, need no change. The fields are found from the
+config's types (sections, lists of sections, and the fields parts add), not from a list: a new field typed as a
+length is rescaled. A sub-section marked ``UsedWhen`` is left alone unless its choice is made.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from bigbatch.config import RunConfig, parse_length, validate_config
+from pydantic import BaseModel
+
+from bigbatch.config import (
+    COMPLEMENT,
+    POWER,
+    SLOPE,
+    InImages,
+    PartSection,
+    PerStep,
+    RunConfig,
+    Section,
+    Steps,
+    UsedWhen,
+    parse_length,
+    validate_config,
+)
 from bigbatch.recipe.schedule import scaled_lr
 
 Change = tuple[str, Any, Any]
+
+RATE_RULES: dict[str, Callable[[float, float], float]] = {
+    POWER: lambda x, r: x**r,
+    COMPLEMENT: lambda x, r: 1.0 - (1.0 - x) ** r,
+    SLOPE: lambda x, r: x * r,
+}
+"""How a per-step rate x becomes x' for the batch ratio r = B' / B."""
 
 
 def _whole(x: float) -> bool:
@@ -44,12 +71,69 @@ def scale_length(value: Any, old_batch: int, new_batch: int) -> Any:
     return f"{number * old_batch:g} images"
 
 
+def scale_steps(value: int, marker: Steps, old_batch: int, new_batch: int) -> int:
+    """A whole number of steps scaled to keep its images: rounded to the nearest (or up), at least the minimum."""
+    steps = value * old_batch / new_batch
+    return max(marker.minimum, math.ceil(steps - 1e-9) if marker.up else int(round(steps)))
+
+
+def _markers(annotation: Any) -> list[Any]:
+    """The ``Annotated`` metadata of ``annotation`` and of what it holds (``X | None``, ``list[X]``)."""
+    if get_origin(annotation) is Annotated:
+        base, *metadata = get_args(annotation)
+        return metadata + _markers(base)
+    return [m for arg in get_args(annotation) for m in _markers(arg)]
+
+
+def _item(annotation: Any) -> Any:
+    """The annotation of one item when ``annotation`` is a list (``list[Length]``, ``list[X] | None``), else None."""
+    if get_origin(annotation) is Annotated:
+        return _item(get_args(annotation)[0])
+    if get_origin(annotation) is list:
+        return get_args(annotation)[0]
+    if get_origin(annotation) in (Union, UnionType):
+        return next((item for arg in get_args(annotation) if (item := _item(arg)) is not None), None)
+    return None
+
+
+@dataclass(frozen=True)
+class Rescaling:
+    """From global batch ``old`` to ``new``: the new value of every marked field of a config."""
+
+    old: int
+    new: int
+
+    def fields(self, section: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        """(dotted key, new value) for every length, step count and per-step rate in ``section`` and what it
+        holds: its sections, lists of sections, and the fields its parts add."""
+        rates = section.part().info.get("rates", {}) if isinstance(section, PartSection) else {}
+        for key, annotation in type(section).keys().items():
+            value, path, markers = getattr(section, key), f"{prefix}{key}", _markers(annotation)
+            if value is None or any(getattr(section, m.field) != m.value for m in markers if isinstance(m, UsedWhen)):
+                continue
+            if isinstance(value, list):
+                for i, element in enumerate(value):
+                    yield from self._value(element, _markers(_item(annotation)), None, f"{path}.{i}")
+            else:
+                rule = rates.get(key) or next(
+                    (rule for m in markers if isinstance(m, PerStep) and (rule := m.rule_in(section))), None)
+                yield from self._value(value, markers, rule, path)
+
+    def _value(self, value: Any, markers: list[Any], rule: str | None, path: str) -> Iterator[tuple[str, Any]]:
+        if isinstance(value, Section):
+            yield from self.fields(value, f"{path}.")
+        elif any(isinstance(m, InImages) for m in markers):
+            yield path, scale_length(value, self.old, self.new)
+        elif steps := next((m for m in markers if isinstance(m, Steps)), None):
+            yield path, scale_steps(value, steps, self.old, self.new)
+        elif rule is not None:
+            yield path, RATE_RULES[rule](value, self.new / self.old)
+
+
 def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, list[Change]]:
     """The recipe for ``new_batch`` and the list of (key, before, after) it changed."""
     old_batch = cfg.batch
-    ratio = new_batch / old_batch
-    data = cfg.model_dump(mode="json")
-    new = copy.deepcopy(data)
+    new = copy.deepcopy(cfg.model_dump(mode="json"))
     changes: list[Change] = []
 
     def put(path: str, value: Any) -> None:
@@ -57,21 +141,10 @@ def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, 
         *parents, last = path.split(".")
         for key in parents:
             node = node[int(key)] if isinstance(node, list) else node[key]
-        before = node[int(last)] if isinstance(node, list) else node[last]
-        if before != value:
-            if isinstance(node, list):
-                node[int(last)] = value
-            else:
-                node[last] = value
-            changes.append((path, before, value))
-
-    def length(path: str, value: Any) -> None:
-        if value is not None:
-            put(path, scale_length(value, old_batch, new_batch))
-
-    def count(path: str, value: int | None, minimum: int = 0) -> None:
-        if value is not None:
-            put(path, max(minimum, int(round(value * old_batch / new_batch))))
+        index = int(last) if isinstance(node, list) else last
+        if node[index] != value:
+            changes.append((path, node[index], value))
+            node[index] = value
 
     put("batch", new_batch)
     micro = old_batch // (world * cfg.subdivisions)
@@ -79,34 +152,8 @@ def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, 
         put("subdivisions", new_batch // (world * micro))
     if cfg.optim.ref_batch is None and cfg.optim.scaling != "none":
         put("optim.ref_batch", old_batch)
-    if cfg.steps is not None:
-        put("steps", max(1, math.ceil(cfg.steps * old_batch / new_batch - 1e-9)))
-    length("eval.every", cfg.eval.every)
-    length("checkpoint.every", cfg.checkpoint.every)
-    count("clip.start_step", cfg.clip.start_step)
-    sched = cfg.schedule
-    for i, phase in enumerate(sched.warmup):
-        length(f"schedule.warmup.{i}.length", phase.length)
-    for key in ("every", "center", "start", "end"):
-        length(f"schedule.decay.{key}", getattr(sched.decay, key))
-    for i, milestone in enumerate(sched.decay.milestones):
-        length(f"schedule.decay.milestones.{i}", milestone)
-    if sched.preset == "darknet":
-        count("schedule.darknet.burn_in", sched.darknet.burn_in)
-        count("schedule.darknet.step", sched.darknet.step, minimum=1)
-        count("schedule.darknet.max_batches", sched.darknet.max_batches, minimum=1)
-        for i, boundary in enumerate(sched.darknet.steps):
-            count(f"schedule.darknet.steps.{i}", boundary)
-        if sched.darknet.policy == "exp":  # gamma ** batch_num: the same decay per image
-            put("schedule.darknet.gamma", sched.darknet.gamma**ratio)
-        if sched.darknet.policy == "sig":  # exp(gamma * (batch_num - step)): the same slope per image
-            put("schedule.darknet.gamma", sched.darknet.gamma * ratio)
-    if sched.decay.kind == "sigmoid":
-        put("schedule.decay.gamma", sched.decay.gamma * ratio)
-    if cfg.ema.decay is not None:
-        put("ema.decay", cfg.ema.decay**ratio)
-    if cfg.norm.momentum is not None:
-        put("norm.momentum", 1.0 - (1.0 - cfg.norm.momentum) ** ratio)
+    for path, value in Rescaling(old_batch, new_batch).fields(cfg):
+        put(path, value)
 
     rescaled = validate_config(new)
     before_lr, after_lr = scaled_lr(cfg.optim, old_batch), scaled_lr(rescaled.optim, new_batch)
