@@ -1,0 +1,124 @@
+"""The package's import graph, read from the source with ``ast`` (every import, inside functions too; those under
+``if TYPE_CHECKING:`` excepted): the config and the registries are leaves, and no module imports itself through
+others. (The registries import their parts by name, at run time, which is what keeps them leaves.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "bigbatch"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (its ``else`` branch is kept)."""
+    found, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def imports_of(name: str) -> set[str]:
+    """The bigbatch modules ``name`` imports: ``import a.b.c`` is the module ``a.b.c``; ``from a.b import c`` is
+    ``a.b.c`` when that is a module, else ``a.b``; relative imports are resolved."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    imported = set()
+    for node in _nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                imported.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {m for m in imported if m == "bigbatch" or m.startswith("bigbatch.")} - {name}
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def test_the_source_is_read():
+    """The reading itself: known edges are found, including an import inside a function, and a TYPE_CHECKING
+    import is not one."""
+    assert "bigbatch.config" in GRAPH["bigbatch.recipe.optim"]
+    assert "bigbatch.models.small_cnn" in GRAPH["bigbatch.models"]
+    assert "bigbatch.models" in GRAPH["bigbatch.telemetry.capacity"]  # inside parameter_count
+    assert "bigbatch.config" not in GRAPH["bigbatch.data.digits"]  # under TYPE_CHECKING only
+
+
+def test_the_config_imports_only_the_errors_and_the_registries():
+    assert GRAPH["bigbatch.config"] <= {"bigbatch.errors", "bigbatch.registry"}
+
+
+def test_the_registries_import_nothing_of_bigbatch():
+    assert GRAPH["bigbatch.registry"] == set()
+
+
+def test_the_darknet_text_reader_imports_only_the_errors():
+    assert GRAPH["bigbatch.darknet_text"] <= {"bigbatch.errors"}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycles_are_found():
+    """The oracle of the next test, on a graph with one cycle of three and a self-contained chain."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle():
+    assert cycles(GRAPH) == []
