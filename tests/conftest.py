@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import socket
 import subprocess
@@ -14,9 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 # One intra-op thread per process (a developer's own OMP_NUM_THREADS wins). ``make test`` already runs two tests at a
-# time on a 2-core machine, most of them in subprocesses, and torch's OpenMP threads spin-wait for one another: with
-# more threads than free cores a run is several times slower (the 60-step digits run of test_train_cli, beside other
-# work: 25 s with one thread, 109 s with torch's default of two). Set before torch is imported, for every subprocess.
+# time on a 2-core machine, and torch's OpenMP threads spin-wait for one another: with more threads than free cores a
+# run is several times slower (the 60-step digits run of test_train_cli, beside other work: 25 s with one thread,
+# 109 s with torch's default of two). Set before torch is imported: for the test process itself (its CLI runs in
+# process, ``run_main``) and for every subprocess.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 HANG_GUARD_S = 900
@@ -38,6 +41,39 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = HANG_GUARD_S) 
     env.pop("WORLD_SIZE", None)
     return subprocess.run(bigbatch_command(*args), cwd=cwd or ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def run_main(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``run_cli`` in this process: ``bigbatch.cli.main(args)`` with its stdout and stderr captured, in ``cwd``
+    (default: the project's root) and without ``WORLD_SIZE`` or ``RANK`` in the environment, all restored after.
+
+    For tests of what a command does, where the process itself is not what is tested: it saves a Python start and
+    torch's import (seconds each on the 2-core machine). A test keeps ``run_cli`` where the real process matters: a
+    signal, torchrun, the ``python -m bigbatch`` entry point and its exit status, an environment variable read
+    before torch is imported, or a fresh interpreter (global torch state, a DataLoader worker's own stderr).
+    Only what Python writes to ``sys.stdout``/``sys.stderr`` is captured (tqdm draws only on a terminal); an
+    exception that ``main`` lets through is raised here, with its traceback, rather than turned into exit status 1.
+    """
+    from bigbatch.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    removed = {key: os.environ.pop(key) for key in ("WORLD_SIZE", "RANK") if key in os.environ}
+    previous = os.getcwd()
+    os.chdir(cwd or ROOT)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                returncode = main(list(args))
+            except SystemExit as e:  # argparse's usage errors, as the process would exit
+                if e.code is None or isinstance(e.code, int):
+                    returncode = e.code
+                else:
+                    print(e.code, file=sys.stderr)
+                    returncode = 1
+    finally:
+        os.chdir(previous)
+        os.environ.update(removed)
+    return subprocess.CompletedProcess(bigbatch_command(*args), returncode or 0, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.fixture
