@@ -10,12 +10,13 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_main
 
 
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
-    """The digits recipe (batch 256, subdivisions 8), shortened to 60 steps."""
+    """The digits recipe (batch 256, subdivisions 8), shortened to 60 steps: ``python -m bigbatch train`` in a real
+    process, the suite's smoke test of the entry point (the other tests call ``main`` in process)."""
     out = tmp_path_factory.mktemp("runs") / "digits"
     result = run_cli("train", "digits", "--out", str(out), "--set", "steps=60", "eval.every=25",
                      "checkpoint.every=20", "memory.interval=0.5")
@@ -69,7 +70,7 @@ def test_run_directory_layout(digits_run):
 
 def test_eval_reproduces_the_final_metrics(digits_run):
     out, _ = digits_run
-    result = run_cli("eval", str(out), "--set", "eval.batch=7")
+    result = run_main("eval", str(out), "--set", "eval.batch=7")
     assert result.returncode == 0, result.stderr
     written = json.loads((out / "eval-last.json").read_text())
     final = [r for r in records(out) if r.get("split") == "val"][-1]
@@ -81,8 +82,8 @@ def test_eval_reproduces_the_final_metrics(digits_run):
 
 def test_out_dir_with_another_run_refuses_to_overwrite(digits_run):
     out, _ = digits_run
-    result = run_cli("train", "digits", "--out", str(out), "--set", "steps=1", "eval.every=25",
-                     "checkpoint.every=20", "memory.interval=0.5")
+    result = run_main("train", "digits", "--out", str(out), "--set", "steps=1", "eval.every=25",
+                      "checkpoint.every=20", "memory.interval=0.5")
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: --out: {out} already holds a run of another config (steps: 60 there, "
                                     f"1 here)")
@@ -93,8 +94,8 @@ def test_out_dir_with_this_run_resumes_it(digits_run, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(digits_run[0], out)
     before = [r for r in records(out) if "lr" in r]
-    result = run_cli("train", "digits", "--out", str(out), "--set", "steps=60", "eval.every=25",
-                     "checkpoint.every=20", "memory.interval=0.5", "subdivisions=4")
+    result = run_main("train", "digits", "--out", str(out), "--set", "steps=60", "eval.every=25",
+                      "checkpoint.every=20", "memory.interval=0.5", "subdivisions=4")
     assert result.returncode == 0, result.stderr
     assert f"resuming the run in {out}" in result.stdout
     assert [r for r in records(out) if "lr" in r] == before, "nothing trained again"
@@ -102,7 +103,7 @@ def test_out_dir_with_this_run_resumes_it(digits_run, tmp_path):
 
 def test_resume_with_another_batch_is_refused(digits_run):
     out, _ = digits_run
-    result = run_cli("train", "--resume", str(out), "--set", "batch=128")
+    result = run_main("train", "--resume", str(out), "--set", "batch=128")
     assert result.returncode == 2
     assert result.stderr.startswith("error: batch: the checkpoint was trained with batch 256")
 
@@ -111,14 +112,14 @@ def test_resume_or_eval_with_another_model_is_refused(digits_run):
     out, _ = digits_run
     for command in (["train", "--resume", str(out), "--set", "model.width=16", "steps=61"],
                     ["eval", str(out), "--set", "model.width=16"]):
-        result = run_cli(*command)
+        result = run_main(*command)
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("error: model: the checkpoint does not fit this model"), result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_show_prints_config_and_plan():
-    result = run_cli("show", "digits", "--set", "subdivisions=4", "epochs=10")
+    result = run_main("show", "digits", "--set", "subdivisions=4", "epochs=10")
     assert result.returncode == 0, result.stderr
     assert "subdivisions: 4" in result.stdout
     assert "micro-batch     64 images (= 256 / (1 x 4))" in result.stdout
@@ -128,8 +129,8 @@ def test_show_prints_config_and_plan():
 
 def test_torchvision_model_trains_from_scratch(tmp_path):
     out = tmp_path / "resnet"
-    result = run_cli("train", "digits", "--out", str(out), "--set", "model.name=resnet18", "steps=2", "batch=16",
-                     "subdivisions=2", "eval.batch=120", "log.tensorboard=false")
+    result = run_main("train", "digits", "--out", str(out), "--set", "model.name=resnet18", "steps=2", "batch=16",
+                      "subdivisions=2", "eval.batch=120", "log.tensorboard=false")
     assert result.returncode == 0, result.stderr
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     assert "layer4.1.bn2.running_mean" in state["model"]
