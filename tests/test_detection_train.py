@@ -14,7 +14,7 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from tests.conftest import HANG_GUARD_S, free_port, run_cli
+from tests.conftest import HANG_GUARD_S, free_port, run_cli, run_main
 from tests.test_restart import clean_env
 
 IMAGES = 500
@@ -29,7 +29,7 @@ def records(out: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shapes") / "set"
-    result = run_cli("data", "shapes", "--out", str(root), "--images", str(IMAGES), "--seed", "3")
+    result = run_main("data", "shapes", "--out", str(root), "--images", str(IMAGES), "--seed", "3")
     assert result.returncode == 0, result.stderr
     assert "400 train images" in result.stdout and "100 val images" in result.stdout
     return root
@@ -38,7 +38,7 @@ def shapes(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def short_run(shapes, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "shapes"
-    result = run_cli("train", "shapes-detect", "--out", str(out), "--set", f"data.path={shapes}", *SHORT)
+    result = run_main("train", "shapes-detect", "--out", str(out), "--set", f"data.path={shapes}", *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result
 
@@ -57,7 +57,7 @@ def test_short_shapes_run_learns_and_reports_coco_metrics(short_run):
 def test_saved_detections_score_the_same_with_pycocotools(short_run, shapes, tmp_path):
     out, _ = short_run
     saved = tmp_path / "detections.json"
-    result = run_cli("eval", str(out), "--save-detections", str(saved))
+    result = run_main("eval", str(out), "--save-detections", str(saved))
     assert result.returncode == 0, result.stderr
     ours = json.loads((out / "eval-last.json").read_text())
     final = [r for r in records(out) if r.get("split") == "val"][-1]
@@ -97,6 +97,7 @@ def broken_copy(shapes: Path, root: Path) -> tuple[Path, str, str, str]:
 def test_bad_data_is_reported_and_skipped_or_stops_in_strict_mode(shapes, tmp_path):
     root, corrupt, missing, train_json = broken_copy(shapes, tmp_path / "broken")
     settings = ["--set", f"data.path={root}", "steps=2", "eval.every=2", "log.tensorboard=false"]
+    # A real process: its DataLoader worker, a child, prints the warnings of what it decodes to the stderr it inherits.
     lenient = run_cli("train", "shapes-detect", "--out", str(tmp_path / "lenient"), *settings, "data.workers=1")
     assert lenient.returncode == 0, lenient.stderr[-2000:]
     warnings = [line for line in lenient.stderr.splitlines() if line.startswith("warning: ")]
@@ -113,7 +114,7 @@ def test_bad_data_is_reported_and_skipped_or_stops_in_strict_mode(shapes, tmp_pa
     assert summaries[-1] == (f"data: {problems} problems in {problems} files: 2 images and 1 box skipped; "
                              f"{len(replaced)} {images} replaced"), lenient.stdout[-3000:]
 
-    strict = run_cli("train", "shapes-detect", "--out", str(tmp_path / "strict"), *settings, "data.strict=true")
+    strict = run_main("train", "shapes-detect", "--out", str(tmp_path / "strict"), *settings, "data.strict=true")
     assert strict.returncode == 2
     assert strict.stderr.startswith("error: data: ") and strict.stderr.count("\n") == 1
     assert any(name in strict.stderr for name in (missing, train_json, corrupt))
@@ -124,11 +125,11 @@ def test_resume_is_exact_with_augmentation_and_multiscale(shapes, tmp_path):
     settings = [f"data.path={shapes}", "data.crop=true", "data.color_jitter=0.4", "data.multiscale.sizes=[96, 128]",
                 "data.multiscale.every=1", "schedule.warmup=[]", "schedule.decay={kind: constant}", "batch=8",
                 "eval.every=100", "checkpoint.every=2", "log.tensorboard=false"]
-    whole = run_cli("train", "shapes-detect", "--out", str(tmp_path / "whole"), "--set", *settings, "steps=4")
+    whole = run_main("train", "shapes-detect", "--out", str(tmp_path / "whole"), "--set", *settings, "steps=4")
     assert whole.returncode == 0, whole.stderr[-2000:]
-    part = run_cli("train", "shapes-detect", "--out", str(tmp_path / "part"), "--set", *settings, "steps=2")
+    part = run_main("train", "shapes-detect", "--out", str(tmp_path / "part"), "--set", *settings, "steps=2")
     assert part.returncode == 0, part.stderr[-2000:]
-    resumed = run_cli("train", "--resume", str(tmp_path / "part"), "--set", "steps=4")
+    resumed = run_main("train", "--resume", str(tmp_path / "part"), "--set", "steps=4")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "part" / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -151,7 +152,7 @@ def test_evaluation_sharded_over_two_processes_equals_one(shapes, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     final = [r for r in records(out) if r.get("split") == "val"][-1]
     assert final["images"] == 100
-    single = run_cli("eval", str(out))  # eval.batch=1 from the run's config: no batch padding differs
+    single = run_main("eval", str(out))  # eval.batch=1 from the run's config: no batch padding differs
     assert single.returncode == 0, single.stderr
     alone = json.loads((out / "eval-last.json").read_text())
     for key in ("mAP", "mAP50", "mAP75"):
@@ -197,8 +198,8 @@ def write_yolo_copy(shapes: Path, root: Path) -> Path:
 def test_yolo_folder_trains_and_evaluates_every_val_image(shapes, tmp_path):
     root = write_yolo_copy(shapes, tmp_path / "yolo")
     out = tmp_path / "run"
-    result = run_cli("train", "shapes-detect", "--out", str(out), "--set", "data.name=yolo", f"data.path={root}",
-                     "steps=2", "eval.every=2", "log.tensorboard=false", "data.classes=[star, circle]")
+    result = run_main("train", "shapes-detect", "--out", str(out), "--set", "data.name=yolo", f"data.path={root}",
+                      "steps=2", "eval.every=2", "log.tensorboard=false", "data.classes=[star, circle]")
     assert result.returncode == 0, result.stderr[-2000:]
     final = [r for r in records(out) if r.get("split") == "val"][-1]
     assert final["images"] == 100
@@ -207,7 +208,7 @@ def test_yolo_folder_trains_and_evaluates_every_val_image(shapes, tmp_path):
 
 
 def test_megdet_recipe_shows_without_the_data():
-    result = run_cli("show", "configs/megdet-r50-fpn.yaml")
+    result = run_main("show", "configs/megdet-r50-fpn.yaml")
     assert result.returncode == 0, result.stderr
     assert "fasterrcnn_resnet50_fpn" in result.stdout and "sync: bigbatch" in result.stdout
     assert "epochs          11.00 (of 118287 training images)" in result.stdout
@@ -232,7 +233,7 @@ def test_detection_config_mistakes_name_the_field(overrides, message):
 
 
 def test_coco_paths_that_do_not_exist_are_named(tmp_path):
-    result = run_cli("train", "megdet-r50-fpn", "--out", str(tmp_path / "run"), "--set", "steps=1",
-                     f"data.train.images={tmp_path}", f"data.train.annotations={tmp_path / 'nope.json'}")
+    result = run_main("train", "megdet-r50-fpn", "--out", str(tmp_path / "run"), "--set", "steps=1",
+                      f"data.train.images={tmp_path}", f"data.train.annotations={tmp_path / 'nope.json'}")
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: data.train.annotations: {tmp_path / 'nope.json'} does not exist")
