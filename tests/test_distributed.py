@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import HANG_GUARD_S, ROOT, free_port, run_cli
+from tests.conftest import HANG_GUARD_S, ROOT, free_port, run_main
 
 COMMON = ["batch=64", "steps=3", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.batch=50",
           "schedule.warmup=[]"]
@@ -45,7 +45,7 @@ def assert_same_weights(a, b, atol: float = 1e-4) -> None:
     ids=["groupnorm-4-vs-2x2", "batchnorm-2-vs-2x1", "cross-device-bn-1-vs-2x1"],
 )
 def test_layout_does_not_change_the_weights(tmp_path, one_process, two_processes):
-    single = run_cli("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, *one_process)
+    single = run_main("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, *one_process)
     assert single.returncode == 0, single.stderr
     multi = torchrun(tmp_path / "two", *two_processes)
     assert multi.returncode == 0, multi.stderr[-3000:]
@@ -56,7 +56,7 @@ def test_layout_does_not_change_the_weights(tmp_path, one_process, two_processes
 @pytest.mark.parametrize("running_stats", ["per_microbatch", "per_step"])
 def test_cross_device_bn_running_statistics_match_one_process(tmp_path, running_stats):
     stats = f"norm.running_stats={running_stats}"
-    single = run_cli("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, "subdivisions=1", stats)
+    single = run_main("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, "subdivisions=1", stats)
     assert single.returncode == 0, single.stderr
     multi = torchrun(tmp_path / "two", "subdivisions=1", "norm.sync=bigbatch", stats)
     assert multi.returncode == 0, multi.stderr[-3000:]

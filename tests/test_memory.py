@@ -11,7 +11,7 @@ from bigbatch.config import load_config, parse_size
 from bigbatch.data.loader import split_batch
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import train
-from tests.conftest import run_cli
+from tests.conftest import run_main
 
 SMALL = ["batch=64", "subdivisions=4", "data.size=16", "model.width=8", "log.tensorboard=false", "log.every=1",
          "norm.momentum=0.2"]  # BatchNorm, with a momentum that depends on the number of micro-batches
@@ -35,7 +35,7 @@ def test_out_of_memory_doubles_subdivisions_and_loses_nothing(tmp_path):
 
 
 def test_a_run_that_cannot_fit_stops_with_one_error_line(tmp_path):
-    result = run_cli("train", "digits", "--out", str(tmp_path / "r"), "--set", *SMALL, "steps=2", "memory.limit=1MiB")
+    result = run_main("train", "digits", "--out", str(tmp_path / "r"), "--set", *SMALL, "steps=2", "memory.limit=1MiB")
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: out of memory at step 0 with micro-batches of 1 image")
@@ -49,7 +49,7 @@ def test_sizes(text, size):
 
 
 def test_bad_size_is_a_config_error():
-    result = run_cli("show", "digits", "--set", "memory.limit=lots")
+    result = run_main("show", "digits", "--set", "memory.limit=lots")
     assert result.returncode == 2 and result.stderr.startswith("error: memory.limit: expected a size")
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from bigbatch.engine.planner import Measurement, candidates, fit_line
-from tests.conftest import run_cli
+from tests.conftest import run_main
 
 TINY = ["data.size=16", "model.width=8", "log.tensorboard=false"]
 
@@ -25,7 +25,7 @@ def test_fit_is_least_squares():
 
 
 def test_plan_with_room_for_the_whole_batch_chooses_one_subdivision():
-    result = run_cli("plan", "digits", "--set", "batch=8", *TINY, "--memory-limit", "100GiB")
+    result = run_main("plan", "digits", "--set", "batch=8", *TINY, "--memory-limit", "100GiB")
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert [int(r[0]) for r in rows] == [1, 2, 4, 8]
@@ -34,15 +34,15 @@ def test_plan_with_room_for_the_whole_batch_chooses_one_subdivision():
 
 
 def test_plan_that_cannot_fit_is_a_clear_error():
-    result = run_cli("plan", "digits", "--set", "batch=8", *TINY, "--memory-limit", "1MiB")
+    result = run_main("plan", "digits", "--set", "batch=8", *TINY, "--memory-limit", "1MiB")
     assert result.returncode == 2
     assert result.stderr.startswith("error: memory.limit: even a micro-batch of 1 image needs")
 
 
 def test_auto_subdivisions_are_chosen_before_training(tmp_path):
     out = tmp_path / "run"
-    result = run_cli("train", "digits", "--out", str(out), "--set", "batch=4", "subdivisions=auto", "steps=1",
-                     "memory.limit=100GiB", *TINY)
+    result = run_main("train", "digits", "--out", str(out), "--set", "batch=4", "subdivisions=auto", "steps=1",
+                      "memory.limit=100GiB", *TINY)
     assert result.returncode == 0, result.stderr
     assert "subdivisions: auto -> 1 (micro-batch 4)" in result.stdout
     assert yaml.safe_load((out / "config.yaml").read_text())["subdivisions"] == 1

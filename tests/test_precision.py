@@ -14,7 +14,7 @@ from bigbatch.config import load_config
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import train
 from bigbatch.recipe.precision import DynamicLossScaler, UpdateRatioLossScaler, build_scaler
-from tests.conftest import run_cli
+from tests.conftest import run_main
 
 
 def scripted_events(n: int, seed: int) -> list[float]:
@@ -119,8 +119,8 @@ def test_a_skipped_step_leaves_step_lr_and_ema_unchanged(tmp_path, loss_scale):
 
 def test_persistent_nonfinite_gradients_stop_the_run(tmp_path):
     out = tmp_path / "run"
-    result = run_cli("train", "digits", "--out", str(out), "--set", *SMALL, "checkpoint.every=1",
-                     "debug.nonfinite_at_step=3", "debug.nonfinite_repeats=100", "precision.max_skipped=4")
+    result = run_main("train", "digits", "--out", str(out), "--set", *SMALL, "checkpoint.every=1",
+                      "debug.nonfinite_at_step=3", "debug.nonfinite_repeats=100", "precision.max_skipped=4")
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: 4 optimizer steps in a row had non-finite gradients")
@@ -140,7 +140,7 @@ def test_bf16_autocast_trains_on_the_cpu(tmp_path):
 
 
 def test_fp16_on_the_cpu_is_a_clear_error(tmp_path):
-    result = run_cli("train", "digits", "--out", str(tmp_path / "r"), "--set", "precision=fp16")
+    result = run_main("train", "digits", "--out", str(tmp_path / "r"), "--set", "precision=fp16")
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: precision.dtype: fp16 needs a CUDA device (this run is on the CPU); "
                                      "use bf16 on the CPU")

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from tests.conftest import HANG_GUARD_S, ROOT, run_cli
+from tests.conftest import HANG_GUARD_S, ROOT, run_main
 
 STEPS = 60
 ARGS = [
@@ -53,7 +53,7 @@ def metrics_steps(path) -> list[int]:
 
 
 def test_sigkill_then_resume_is_bit_identical(tmp_path):
-    reference = run_cli("train", *ARGS, "--out", str(tmp_path / "reference"))
+    reference = run_main("train", *ARGS, "--out", str(tmp_path / "reference"))
     assert reference.returncode == 0, reference.stderr
 
     run_dir = tmp_path / "killed"
@@ -73,7 +73,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     killed_at = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"]
     assert killed_at == 10
 
-    resumed = run_cli("train", "--resume", str(run_dir))
+    resumed = run_main("train", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr
 
     expected = torch.load(tmp_path / "reference" / "checkpoints" / "last.pt", weights_only=True)
