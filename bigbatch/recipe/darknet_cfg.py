@@ -13,6 +13,9 @@ as Darknet's ``parse_net_options`` reads it (same defaults):
 
 The input size (width, height) and the network layers are read by the Darknet model support
 (a later piece of work); until then the model and data are bigbatch's defaults.
+
+``net_recipe`` is registered as the reader of the ``.cfg`` config format (``registry.CONFIG_FORMATS``), so that
+``bigbatch train yolov3.cfg`` reads it; the ``key=value`` lines are read by ``darknet_text.read_options``.
 """
 
 from __future__ import annotations

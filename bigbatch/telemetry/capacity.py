@@ -4,8 +4,8 @@ Only what is known before the run and what no out-of-memory recovery (halving mi
 and no ``subdivisions: auto`` can shrink is counted, so a run refused here could never have run:
 
     data order      8 bytes x batch               the int64 dataset indices of one global batch, on every process
-    training set    what the dataset format holds in memory (its ``held_in_memory``; digits: images x
-                    size² x 4 bytes, float32 grey images)
+    training set    held_in_memory(cfg)           what the dataset format registered it holds in memory (digits:
+                                                  images x size² x 4 bytes, float32 grey images)
     one image       3 x size x size x 4 bytes     the input tensor of a micro-batch of one (float32), at the
                                                   largest size the run uses (detection: multi-scale sizes), square
     parameters      count x 4 bytes               the float32 weights, counted on torch's ``meta`` device
