@@ -38,6 +38,7 @@ import torch.nn as nn
 
 from bigbatch.config import PrecisionConfig, ScheduleConfig
 from bigbatch.errors import UserError
+from bigbatch.registry import SCHEDULES
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FP32_MAX = torch.finfo(torch.float32).max
@@ -181,8 +182,10 @@ class UpdateRatioLossScaler(DynamicLossScaler):
 
 
 def schedule_burn_in(schedule: ScheduleConfig) -> int:
-    """The steps of the schedule's burn-in (Darknet's ``burn_in``; 0 without one): ``update_ratio``'s default."""
-    return schedule.darknet.burn_in if schedule.preset == "darknet" else 0
+    """The steps of the schedule's burn-in, ``update_ratio``'s default: what the preset registered as its ``burn_in``
+    (Darknet's ``burn_in``), else 0."""
+    burn_in = SCHEDULES.get(schedule.preset).info.get("burn_in")
+    return burn_in(schedule) if burn_in is not None else 0
 
 
 def build_scaler(cfg: PrecisionConfig, schedule_burn_in: int = 0) -> LossScaler:

@@ -217,7 +217,7 @@ def _inception_tpu_preset(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     return inception_tpu(scaled_lr(cfg.optim, plan.batch), plan.batch, cfg.schedule.inception_tpu)
 
 
-@SCHEDULES.register("darknet")
+@SCHEDULES.register("darknet", burn_in=lambda schedule: schedule.darknet.burn_in)
 def _darknet_preset(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     return darknet(scaled_lr(cfg.optim, plan.batch), cfg.schedule.darknet, plan.steps)
 

@@ -6,13 +6,12 @@ Each task registers its class in ``registry.TASKS``; the data of a run comes fro
 
 from __future__ import annotations
 
-from typing import Any
-
 from bigbatch.config import RunConfig
 from bigbatch.registry import DATASETS, TASKS
+from bigbatch.tasks.base import Task
 
 
-def build_task(cfg: RunConfig, rank: int = 0) -> Any:
+def build_task(cfg: RunConfig, rank: int = 0) -> Task:
     """The task ``cfg.task`` (as registered in ``TASKS``), its data loaded."""
     return TASKS.get(cfg.task).obj.from_config(cfg, rank)
 

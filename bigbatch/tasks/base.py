@@ -2,8 +2,10 @@
 
 A task is the only place that knows what a batch and a model output look like. It registers its class in
 ``bigbatch.registry.TASKS`` under the ``task`` name, with ``metrics`` (the names ``eval.metric`` may take, the
-default first) and optionally ``metric_prefixes`` (per-class metrics such as detection's ``AP/<class>``). The
-engine never asks which task it runs.
+default first), optionally ``metric_prefixes`` (per-class metrics such as detection's ``AP/<class>``), and
+``model_kind`` (what its models are called in an error: "classifier", "detector"). Its data comes from a dataset
+format and its model from a model family registered for the same task (``DATASETS``, ``MODELS``). The engine
+never asks which task it runs.
 """
 
 from __future__ import annotations

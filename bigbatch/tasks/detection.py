@@ -91,12 +91,12 @@ class DetectionTask:
 
     # --- model and loss ---------------------------------------------------------------------
     def build_model(self, cfg: RunConfig) -> nn.Module:
-        from bigbatch.models.detectors import build_detector
+        """The detector ``model.name`` (as registered in ``MODELS``) for these classes and input sizes."""
+        from bigbatch.models import build_model
 
         largest = max(self.multiscale.sizes) if self.multiscale is not None else cfg.data.size
-        return build_detector(cfg.model.name, len(self.class_names), min_size=cfg.data.size,
-                              max_size=max(cfg.data.longest_side, largest), weights=cfg.model.weights,
-                              norm=cfg.model.norm)
+        return build_model(cfg.model, len(self.class_names), min_size=cfg.data.size,
+                           max_size=max(cfg.data.longest_side, largest))
 
     def synthetic_batch(self, cfg: RunConfig, micro_batch: int, device: torch.device
                         ) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
