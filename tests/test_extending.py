@@ -5,9 +5,7 @@ about itself (its task, its own config keys, its smallest input, its per-step ra
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import math
 import re
@@ -20,7 +18,6 @@ import yaml
 from pydantic import Field
 
 from bigbatch.batching import make_plan
-from bigbatch.cli import main
 from bigbatch.config import (
     Interval,
     Length,
@@ -34,6 +31,7 @@ from bigbatch.errors import UserError
 from bigbatch.recipe.rescale import rescale
 from bigbatch.recipe.schedule import build_schedule, scaled_lr
 from bigbatch.registry import DATASETS, DECAYS, MODELS, OPTIMIZERS
+from tests.conftest import run_main
 
 TINY = ["batch=32", "subdivisions=2", "data.size=8", "model.width=4", "log.tensorboard=false", "eval.every=2",
         "checkpoint.every=2", "memory.interval=60"]
@@ -41,10 +39,8 @@ TINY = ["batch=32", "subdivisions=2", "data.size=8", "model.width=4", "log.tenso
 
 def run(*argv: str) -> tuple[int, str, str]:
     """``bigbatch ARGV`` in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(list(argv))
-    return rc, out.getvalue(), err.getvalue()
+    result = run_main(*argv)
+    return result.returncode, result.stdout, result.stderr
 
 
 def final_weights(out) -> dict[str, torch.Tensor]:
