@@ -162,6 +162,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.engine import checkpoint
     from bigbatch.engine.state import load_weights
+    from bigbatch.registry import TASKS
     from bigbatch.tasks import build_task
 
     path: Path = args.checkpoint
@@ -172,8 +173,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = validate_config(apply_overrides(state["config"], args.overrides))
     task = build_task(cfg)
     if args.save_detections is not None and task.prediction_format is None:
-        raise UserError(f"--save-detections: the checkpoint's task, {cfg.task}, exports no predictions; "
-                        f"detections exist for detectors only")
+        kind = TASKS.get(cfg.task).info.get("model_kind", cfg.task)
+        raise UserError(f"--save-detections: the checkpoint is a {kind}; detections exist for detectors only")
     model = task.build_model(cfg)
     use_ema = state.get("ema") is not None and cfg.ema.evaluate
     load_weights(model, state["ema"]["module"] if use_ema else state["model"], "model")

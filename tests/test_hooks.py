@@ -103,3 +103,37 @@ def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments)
         model.zero_grad()
         (F.cross_entropy(model(images), labels) / 2).backward()
         torch.testing.assert_close(moments.micro_grads[(0, i)], next(model.parameters()).grad, rtol=1e-5, atol=1e-7)
+
+
+class LateRecord(Hook):
+    """Ordered after the writers, puts a record at the end: the writers are still open (they close after)."""
+
+    def after_train(self, run):
+        run.events.event(run.state.step, "late", {"value": 1.0})
+
+
+class FailsToClose(Hook):
+    def after_train(self, run):
+        raise RuntimeError("this hook failed to close")
+
+
+def test_a_record_put_at_the_end_by_a_late_hook_is_written(tmp_path):
+    HOOKS.register("toy_late", lambda run: LateRecord(), order=200)
+    try:
+        assert main(["train", "digits", "--out", str(tmp_path / "run"), "--set", *SETTINGS]) == 0
+    finally:
+        HOOKS.unregister("toy_late")
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last == {"step": 4, "event": "late", "value": 1.0}
+
+
+def test_a_hook_failing_at_the_end_of_a_failed_run_does_not_hide_its_error(tmp_path, capsys):
+    HOOKS.register("toy_fails", lambda run: FailsToClose())
+    try:
+        rc = main(["train", "digits", "--out", str(tmp_path / "run"), "--set", *SETTINGS, "debug.nonfinite_at_step=1",
+                   "debug.nonfinite_repeats=5", "precision.max_skipped=2"])
+    finally:
+        HOOKS.unregister("toy_fails")
+    err = capsys.readouterr().err
+    assert rc == 1 and "error: 2 optimizer steps in a row had non-finite gradients" in err, err
+    assert "warning: FailsToClose.after_train failed: this hook failed to close" in err

@@ -1,14 +1,8 @@
 """Checkpoints: the full training state, written atomically, loaded without running code.
 
-A checkpoint is a plain dict that ``torch.load(path, weights_only=True)`` reads:
-
-    model       the model's state dict
-    optimizer   the optimizer's state dict
-    step        optimizer steps completed
-    rng         every random generator: torch (CPU and CUDA), Python, NumPy
-    data        the position in the data order (the step; the order is a function of it)
-    best        the best evaluation so far: metric, value, step
-    config      the resolved run config (JSON-able)
+A checkpoint is a plain dict that ``torch.load(path, weights_only=True)`` reads; its layout is the training
+state's (``engine/state.py``, where it is written down). This module writes, reads and checks such files, and
+gathers and restores the random generators' states.
 
 Writing: a temporary file in the same folder, flushed and fsync'ed, then renamed over the
 target and the folder fsync'ed. A crash at any point leaves either the old or the new file,

@@ -4,7 +4,9 @@ Each measurement runs in a fresh process (``python -m bigbatch.engine.planner``)
 allocator cache or earlier peak leaks into the next: it builds the model and optimizer from the
 config with the training run's own parts and step (``engine/parts.py``, ``engine/step.py``: EMA copy, loss
 scaler, BatchNorm statistics, clipping), and times two training steps on random images of the largest
-training input size, in the configured precision. The peak is the process's maximum RSS on
+training input size, in the configured precision. It runs as one process, so what only several processes
+have is not measured: ``norm.sync``'s cross-device BatchNorm layers and DDP's gradient buckets (about one more
+copy of the gradients). The peak is the process's maximum RSS on
 the CPU (``ru_maxrss``: what ``memory.limit`` compares against) and
 ``torch.cuda.max_memory_reserved`` on CUDA (what the allocator holds at its worst).
 

@@ -5,7 +5,7 @@ subdivisions reached and skipped count, every random generator, the position in 
 evaluation) is read by :meth:`TrainingState.state_dict` and restored by :meth:`TrainingState.load_state_dict`.
 Saving and resuming both go through them, so the checkpoint's layout is written down once, here:
 
-    format      CHECKPOINT_FORMAT (checkpoints of a newer format are refused, older ones read)
+    format      ``checkpoint.FORMAT`` (checkpoints of a newer format are refused, older ones read)
     step        optimizer steps completed
     model       the model's state dict (the raw weights; ``bigbatch eval`` and exports read this key)
     ema         the weight EMA's state (``module``: its weights; ``updates``), or None

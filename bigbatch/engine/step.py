@@ -138,6 +138,8 @@ class TrainStep:
         """Out of memory: cut finer and re-run (else the error propagates, as ``bigbatch plan`` wants)."""
         self.skipped = 0
         """Optimizer steps not applied (non-finite gradients), over the whole run."""
+        self.attempt_micro_batches = 0
+        """Micro-batches of the attempt being run (the subdivisions, unless an out-of-memory re-cut is pending)."""
         self.before_forward: MicroBatchHook = _nothing
         self.after_backward: MicroBatchHook = _nothing
         self.last_good = lambda: ""
@@ -162,10 +164,11 @@ class TrainStep:
         in_a_row = 0
         while True:
             bn_before = RunningStatsSnapshot(unwrap(self.model)) if self.has_batchnorm else None
+            cut = split_micro_batches(micro_batches, self.split)
+            self.attempt_micro_batches = len(cut)
             try:
-                result = train_step(self.model, self.optimizer, split_micro_batches(micro_batches, self.split),
-                                    self.loss_fn, lambda: self.clip(step), self.scaler, self.autocast,
-                                    self.before_forward, self.after_backward)
+                result = train_step(self.model, self.optimizer, cut, self.loss_fn, lambda: self.clip(step),
+                                    self.scaler, self.autocast, self.before_forward, self.after_backward)
             except OUT_OF_MEMORY as error:
                 if not self.recut_on_oom:
                     raise

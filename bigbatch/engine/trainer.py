@@ -88,8 +88,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     steps = train_steps(task.train_set, order, state.step, plan.steps, proc.rank, proc.world, plan.subdivisions,
                         cfg.data.workers, task.sample_keys)
     model.train()
-    hooks.before_train()
     try:
+        hooks.before_train()
         for step, micro_batches in enumerate(steps, start=state.step):
             run.step = step
             task.observe(micro_batches)
@@ -100,8 +100,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             state.step = step + 1
             hooks.after_step()
         metrics = run.metrics or run.evaluate(raw_too=False)[0]  # a finished run resumed: report, log nothing
-    finally:
-        hooks.after_train()
+    except BaseException:
+        hooks.after_train(failing=True)  # the run's own error is the one raised
+        raise
+    hooks.after_train()
     # Free DDP before the process group goes: a DDP left alive until the interpreter's exit can abort a Gloo
     # process ("terminate called without an active exception": 5 of 20 runs of a minimal torchrun script
     # here, 0 of 20 when it was freed first). The collection catches any reference cycle that would keep it.

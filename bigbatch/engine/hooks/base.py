@@ -11,17 +11,24 @@ training state, events, ...):
                                  it is this device's own (DDP all-reduces during the last backward only)
     after_step                   after each applied step (``run.state.step``: steps done; ``run.result``)
     after_eval(split, metrics)   after each evaluation
-    after_train                  once at the end, also when the run stops with an error
+    after_train                  once at the end, also when the run stops with an error (for every hook whose
+                                 ``before_train`` had finished); it may still put records
     write(record)                every record put in ``run.events`` (writers: ``metrics.jsonl``, TensorBoard, ...)
+    close                        after every hook's ``after_train``: where a writer closes its files
 
 A hook registers a factory in ``bigbatch.registry.HOOKS``: ``factory(run) -> Hook | None`` (None: not wanted by
 this config or on this process), with ``order`` (lower runs first; default 100). Every run builds every
-registered hook. Built-in order: training log 10, evaluation 20, checkpoints 30, memory 40, faults 50,
-writers 60-62.
+registered hook. Built-in order: memory log 5, progress display 6, training log 10, evaluation 20, checkpoints
+30, fault injection 35, memory limit 41, metrics.jsonl 60, TensorBoard 61.
+
+When the run stops with an error, a hook's own error in ``after_train`` or ``close`` is printed as a warning and
+the run's error is the one raised. A hook must not keep ``run.model`` beyond the run (under torchrun it is the
+DDP wrapper, which has to be freed before the process group goes).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from bigbatch.batching import BatchPlan
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
     from bigbatch.engine.run import Run
 
 MOMENTS = ("before_train", "before_step", "before_forward", "after_backward", "after_step", "after_eval",
-           "after_train", "write")
+           "after_train", "write", "close")
 
 
 class Hook:
@@ -61,6 +68,9 @@ class Hook:
     def write(self, record: Record) -> None:
         pass
 
+    def close(self, run: Run) -> None:
+        pass
+
 
 class Hooks:
     """The hooks of one run, called in order. Each moment calls only the hooks that override it, so a moment
@@ -70,6 +80,7 @@ class Hooks:
         self.run, self.hooks = run, hooks
         self._by_moment = {m: [getattr(h, m) for h in hooks if getattr(type(h), m) is not getattr(Hook, m)]
                            for m in MOMENTS}
+        self._started: list[Hook] = []
 
     def uses(self, moment: str) -> bool:
         return bool(self._by_moment[moment])
@@ -79,7 +90,10 @@ class Hooks:
             method(self.run, *args)
 
     def before_train(self) -> None:
-        self._call("before_train")
+        """Each hook's ``before_train``, in order; a hook counts as started once its own has finished."""
+        for hook in self.hooks:
+            hook.before_train(self.run)
+            self._started.append(hook)
 
     def before_step(self) -> None:
         self._call("before_step")
@@ -96,15 +110,22 @@ class Hooks:
     def after_eval(self, split: str, metrics: dict[str, float]) -> None:
         self._call("after_eval", split, metrics)
 
-    def after_train(self) -> None:
-        """Every hook's ``after_train``, even when one of them fails (the first error is raised after all ran)."""
+    def after_train(self, failing: bool = False) -> None:
+        """``after_train`` then ``close`` of every started hook, even when one of them fails. The first such error
+        is raised after all ran, unless the run is ``failing`` already: then it is printed as a warning, so that
+        the run's own error is the one the user sees."""
         error: BaseException | None = None
-        for method in self._by_moment["after_train"]:
-            try:
-                method(self.run)
-            except BaseException as e:  # noqa: BLE001 - re-raised below, after the other hooks closed their files
-                error = error or e
-        if error is not None:
+        for moment in ("after_train", "close"):
+            for hook in self._started:
+                if getattr(type(hook), moment) is getattr(Hook, moment):
+                    continue
+                try:
+                    getattr(hook, moment)(self.run)
+                except Exception as e:  # noqa: BLE001 - raised or reported below, after the other hooks closed
+                    if failing:
+                        print(f"warning: {type(hook).__name__}.{moment} failed: {e}", file=sys.stderr, flush=True)
+                    error = error or e
+        if error is not None and not failing:
             raise error
 
     def write(self, record: Record) -> None:

@@ -34,9 +34,9 @@ class Console(Hook):
         else:
             self.bar.write(record.message)
 
-    def after_train(self, run: Run) -> None:
+    def close(self, run: Run) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-HOOKS.register("console", lambda run: Console() if run.proc.is_main else None, order=62)
+HOOKS.register("console", lambda run: Console() if run.proc.is_main else None, order=6)  # the bar moves before eval

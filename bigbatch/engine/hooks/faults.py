@@ -21,9 +21,11 @@ class Faults(Hook):
             raise MemoryLimitExceeded("debug.oom_at_step")
 
     def after_backward(self, run: Run, index: int) -> None:
-        """``debug.nonfinite_at_step``: every gradient NaN, in ``debug.nonfinite_repeats`` attempts at that step."""
+        """``debug.nonfinite_at_step``: every gradient NaN, in ``debug.nonfinite_repeats`` attempts at that step
+        (an attempt counts once its last micro-batch's backward is done: one cut short by out-of-memory does not)."""
         debug = self.debug
-        if run.step == debug.nonfinite_at_step and index == 0 and self.nonfinite_done < debug.nonfinite_repeats:
+        last = index == run.train_step.attempt_micro_batches - 1
+        if run.step == debug.nonfinite_at_step and last and self.nonfinite_done < debug.nonfinite_repeats:
             self.nonfinite_done += 1
             for p in run.model.parameters():
                 if p.grad is not None:
@@ -35,4 +37,4 @@ def _wanted(run: Run) -> Faults | None:
     return Faults(run) if debug.oom_at_step is not None or debug.nonfinite_at_step is not None else None
 
 
-HOOKS.register("faults", _wanted, order=50)
+HOOKS.register("faults", _wanted, order=35)  # before memory_limit: an injected fault comes first, as it used to

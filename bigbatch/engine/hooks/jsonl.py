@@ -29,7 +29,7 @@ class JsonLines(Hook):
         self.file.write(json.dumps(record.values) + "\n")
         self.file.flush()
 
-    def after_train(self, run: Run) -> None:
+    def close(self, run: Run) -> None:
         self.file.close()
 
 

@@ -40,6 +40,7 @@ class MemoryLimit(Hook):
                                       f"{self.limit / 2**20:.0f} MiB")
 
 
-HOOKS.register("memory_log", lambda run: MemoryLog() if run.proc.is_main else None, order=40)
+# Early, so that samples taken while a step is evaluated or saved carry that step.
+HOOKS.register("memory_log", lambda run: MemoryLog() if run.proc.is_main else None, order=5)
 HOOKS.register("memory_limit", lambda run: MemoryLimit(parse_size(run.cfg.memory.limit))
                if run.cfg.memory.limit is not None else None, order=41)

@@ -8,7 +8,8 @@ from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
 
-NOT_PLOTTED = ("step", "images", "epoch", "split")
+NOT_PLOTTED = {"train": ("step", "images", "epoch"), "eval": ("step", "split")}
+"""Keys of a record that are its position, not a curve."""
 
 
 class TensorBoard(Hook):
@@ -24,10 +25,10 @@ class TensorBoard(Hook):
             return
         prefix = "train" if record.kind == "train" else record.values["split"]
         for key, value in record.values.items():
-            if key not in NOT_PLOTTED:
+            if key not in NOT_PLOTTED[record.kind]:
                 self.writer.add_scalar(f"{prefix}/{key}", value, record.values["step"])
 
-    def after_train(self, run: Run) -> None:
+    def close(self, run: Run) -> None:
         self.writer.close()
 
 
