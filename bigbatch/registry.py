@@ -178,8 +178,8 @@ DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.recipe.schedule",))
 absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: the factor's lower bound, applied by
 the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of the section that is a per-step rate
 (``config.SLOPE``, ``config.POWER``, ``config.COMPLEMENT``), which ``bigbatch scale`` adapts to the new batch."""
-DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.shapes", "bigbatch.data.coco",
-                                             "bigbatch.data.yolo"))
+DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.folder", "bigbatch.data.shapes",
+                                             "bigbatch.data.coco", "bigbatch.data.yolo"))
 """``data.name``: info ``task`` names the task whose data it is; ``count(cfg) -> int`` is the training set's size
 found without loading it (``show``, ``schedule``, ``scale``, the batch plan); ``held_in_memory(cfg) -> (bytes,
 what)`` (optional) is the memory the loaded set holds whatever the layout, checked against the machine's before
@@ -191,7 +191,8 @@ any work. obj loads it, by task:
   ``data.detection.DetectionRecord`` (labels ``0..C-1`` in ``class_names``' order, the same classes in both
   splits); ``issues`` (``data.detection.DataIssues``) collects the data problems; ``rank`` 0 alone prepares shared
   files (the other ranks wait at a barrier)."""
-MODELS = Registry("model", "model.name", ("bigbatch.models", "bigbatch.models.detectors"))
+MODELS = Registry("model", "model.name",
+                  ("bigbatch.models", "bigbatch.models.timm_models", "bigbatch.models.detectors"))
 """``model.name``: info ``task``; ``min_input_size`` (optional: the smallest square input in pixels);
 ``reads_weights`` (optional: ``model.weights`` names a local weights file it loads); ``size_key`` (optional: the key
 that sets its size, named when it is too large; default ``model.name``). obj builds the model, random

@@ -67,11 +67,14 @@ def train_steps(
         generator=own_generator(order.seed, start),
     )
     step_batches: list[Any] = []
+    done = start
     for micro in loader:
         step_batches.append(micro)
         if len(step_batches) == subdivisions:
             yield step_batches
-            step_batches = []
+            step_batches, done = [], done + 1
+    if done != stop:  # a StopIteration raised in a worker's __getitem__ ends a DataLoader quietly
+        raise RuntimeError(f"the data loader ended after step {done} of {stop} (a dataset raised StopIteration?)")
 
 
 def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, workers: int = 0) -> DataLoader:

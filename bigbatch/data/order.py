@@ -52,3 +52,9 @@ class GlobalBatchOrder:
         """The ``subdivisions`` micro-batches of ``rank`` at ``step``: chunks ``j * world + rank``."""
         chunks = self.global_batch(step).chunk(world * subdivisions)
         return [chunks[j * world + rank] for j in range(subdivisions)]
+
+
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """A sample's augmentation seed, from (run seed, step, dataset index) alone (numpy's SeedSequence mixing): the
+    same crop and colours for that image at that step whatever the devices, subdivisions, workers or a resume."""
+    return int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0] >> 1)

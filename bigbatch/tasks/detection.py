@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -29,6 +28,7 @@ from bigbatch.data.det_transforms import boxes_to_original, eval_transform, trai
 from bigbatch.data.detection import DataIssues, DetectionDataset
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.multiscale import MultiScale, default_sizes
+from bigbatch.data.order import sample_seed
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS, TASKS
 from bigbatch.tasks.coco_eval import (
@@ -178,11 +178,6 @@ class DetectionTask:
         count (those found while loading and those found while decoding during training and evaluation)."""
         summary = f"\n{self.issues.summary()}" if self.issues.problems else ""
         return f"{format_table(metrics, self.class_names)}\n{darknet_line(metrics)}{summary}"
-
-
-def sample_seed(seed: int, step: int, index: int) -> int:
-    """A sample's augmentation seed, from (run seed, step, dataset index) alone (numpy's SeedSequence mixing)."""
-    return int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
 TASKS.register("detection", DetectionTask, metrics=("mAP", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large"),

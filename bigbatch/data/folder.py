@@ -1,0 +1,239 @@
+"""Image classification from a folder of class folders (``data.name: folder``): ImageNet's layout.
+
+    DIR/train/CLASS/*.jpg|*.jpeg|*.png      the training images (sub-folders of a class folder too)
+    DIR/val/CLASS/*                          the validation images, the same class names
+
+Classes and files are listed as torchvision's ``ImageFolder`` lists them: class folders sorted by name
+(label = position), then each class's files in sorted ``os.walk`` order; a file counts by its suffix
+(``.jpg``, ``.jpeg``, ``.png``, any case). Nothing is read when the set is listed.
+
+Each sample is decoded crop first (``CropFirst``): the crop box is chosen from the size in the file's header,
+then a JPEG is decoded at the smallest DCT scale (1/1, 1/2, 1/4, 1/8; PIL's ``draft``, libjpeg's scaled
+decoding) that still gives the crop at least the output's size, as TensorFlow's ``decode_and_crop_jpeg`` saves
+work, and only then cropped, resized and augmented. ``docs/data.md`` states the difference to a full decode.
+
+A sample's augmentation is drawn from its own seed (``data/order.py``'s ``sample_seed``: run seed, step,
+index), so an image gets the same crop whatever the devices, subdivisions, workers or a resume.
+
+A file that cannot be decoded (corrupt, truncated, not an image) is reported once, with its path and the reason,
+and the next readable image of the set stands in for it (a batch keeps its size, the data order its shape);
+``data.strict: true`` instead decodes every image before training and stops at the first bad one, naming it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from bigbatch.data.detection import DataIssues, inspect_images
+from bigbatch.errors import UserError
+from bigbatch.registry import DATASETS
+
+if TYPE_CHECKING:
+    from bigbatch.config import DataConfig, RunConfig
+
+SUFFIXES = (".jpg", ".jpeg", ".png")
+SPLITS = ("train", "val")
+JPEG_SCALES = (8, 4, 2, 1)
+"""The reductions libjpeg decodes at directly (1/8, 1/4, 1/2, 1/1 of each side), largest first."""
+
+
+# ----------------------------------------------------------------------------- listing
+
+
+def find_classes(split_dir: Path) -> list[str]:
+    """The class folders of a split, sorted by name as torchvision's ``ImageFolder.find_classes``."""
+    return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
+
+
+def list_samples(split_dir: Path, classes: Sequence[str]) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image file of each class, in torchvision's ``make_dataset`` order."""
+    samples = []
+    for label, name in enumerate(classes):
+        class_dir = split_dir / name
+        if not class_dir.is_dir():
+            continue
+        for root, _, files in sorted(os.walk(class_dir, followlinks=True)):
+            samples += [(os.path.join(root, f), label) for f in sorted(files) if f.lower().endswith(SUFFIXES)]
+    return samples
+
+
+def split_dir(data: DataConfig, split: str) -> Path:
+    root = Path(data.path)
+    path = root / split
+    if not path.is_dir():
+        raise UserError(f"data.path: {root} has no {split}/ folder (expected {root}/train/CLASS/*.jpg and "
+                        f"{root}/val/CLASS/*.jpg, ImageNet's layout)")
+    return path
+
+
+def list_split(data: DataConfig, split: str, classes: Sequence[str]) -> list[tuple[str, int]]:
+    samples = list_samples(split_dir(data, split), classes)
+    if not samples:
+        raise UserError(f"data.path: {split_dir(data, split)} holds no .jpg, .jpeg or .png file in a class folder")
+    return samples
+
+
+# ----------------------------------------------------------------------------- crop first, then decode
+
+
+class CropFirst(Protocol):
+    """A preprocessing that chooses its crop from the image's size alone, then finishes on the cropped pixels."""
+
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(top, left, h, w)`` of the crop in the full image (may draw from torch's RNG)."""
+
+    def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
+        """The smallest ``(h, w)`` the crop may be decoded at without losing what the output keeps."""
+
+    def finish(self, crop: torch.Tensor) -> torch.Tensor:
+        """The uint8 CHW crop -> the float CHW sample (resize, flip, colour, normalise)."""
+
+
+def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> int:
+    """The largest of libjpeg's reductions (8, 4, 2, 1) that leaves the crop at least ``needed`` pixels; 1 when the
+    crop is smaller than that already (it is then enlarged)."""
+    return next((r for r in JPEG_SCALES if box_height / r >= needed[0] and box_width / r >= needed[1]), 1)
+
+
+def decode_crop(path: str, preprocess: CropFirst) -> torch.Tensor:
+    """Decode the crop ``preprocess`` chooses, a JPEG at reduced size when the crop allows it; uint8 CHW RGB."""
+    with Image.open(path) as image:
+        width, height = image.size
+        top, left, h, w = preprocess.box(height, width)
+        if image.format == "JPEG" and (reduction := jpeg_reduction(h, w, preprocess.needed(h, w))) > 1:
+            # PIL's draft takes the largest scale 1/s with s <= min(width // w', height // h'): ask for width // r.
+            image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
+        rgb = image.convert("RGB")
+    if rgb.size != (width, height):  # decoded at 1/r: the box in the reduced pixels, widened to whole pixels
+        ry, rx = height / rgb.size[1], width / rgb.size[0]  # r, or nearly (libjpeg rounds the sides up)
+        top, left = math.floor(top / ry), math.floor(left / rx)
+        h = min(math.ceil(h / ry), rgb.size[1] - top)
+        w = min(math.ceil(w / rx), rgb.size[0] - left)
+    pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
+    return preprocess.finish(pixels.contiguous())
+
+
+# ----------------------------------------------------------------------------- the dataset
+
+
+class FolderImages(Dataset):
+    """``(path, label)`` samples decoded through a ``CropFirst`` preprocessing.
+
+    A key is an index or ``(index, sample_seed)``; with a seed the preprocessing draws from torch's RNG seeded
+    with it, in a forked RNG (the global one is left as it was). A sample is ``(image, label, problems)``,
+    ``problems`` being the ``(path, message)`` of each unreadable file it stands in for (a DataLoader worker's
+    findings reach the training process through it, ``DataIssues.absorb``)."""
+
+    augments = True
+    """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], preprocess: CropFirst, issues: DataIssues) -> None:
+        self.samples, self.preprocess, self.issues = list(samples), preprocess, issues
+        self._unreadable: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        if seed is None:
+            return self._sample(int(index))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            return self._sample(int(index))
+
+    def _sample(self, index: int) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+        """The image at ``index``, or the next readable one (wrapping around)."""
+        count, found = len(self.samples), []
+        for i in itertools.chain(range(index, count), range(index)):
+            if i in self._unreadable:
+                continue
+            path, label = self.samples[i]
+            try:
+                return decode_crop(path, self.preprocess), label, found
+            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+                message = f"unreadable image ({error}); the next readable sample is used instead"
+            self._unreadable.add(i)
+            self.issues.report(path, None, message, action="replaced")
+            found.append((path, message))
+        raise UserError(f"data: none of the {count} images can be decoded")
+
+    @staticmethod
+    def collate(batch: Sequence[tuple[torch.Tensor, int, list[tuple[str, str]]]]
+                ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]:
+        """``(images, labels, problems)``: a task reads images and labels, and counts the problems."""
+        return (torch.stack([image for image, _, _ in batch]), torch.tensor([label for _, label, _ in batch]),
+                [problem for _, _, problems in batch for problem in problems])
+
+
+# ----------------------------------------------------------------------------- the format
+
+
+@dataclass
+class Preprocessing:
+    """The training and evaluation ``CropFirst`` of ``data.preprocessing`` at ``data.size``."""
+
+    train: CropFirst
+    eval: CropFirst
+
+
+def preprocessing(data: DataConfig) -> Preprocessing:
+    from bigbatch.data import crops
+
+    if data.preprocessing == "inception":
+        return Preprocessing(crops.InceptionTrainCrop(data.size), crops.InceptionEvalCrop(data.size))
+    return Preprocessing(crops.StandardTrainCrop(data.size), crops.StandardEvalCrop(data.size))
+
+
+def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
+    """(train, val, number of classes); with ``data.strict`` every image is decoded once first."""
+    data = cfg.data
+    classes = find_classes(split_dir(data, "train"))
+    if not classes:
+        raise UserError(f"data.path: {split_dir(data, 'train')} holds no class folder")
+    extra = sorted(set(find_classes(split_dir(data, "val"))) - set(classes))
+    if extra:
+        raise UserError(f"data.path: {split_dir(data, 'val')} has class folders the training set lacks: "
+                        f"{', '.join(extra[:5])}")
+    train, val = list_split(data, "train", classes), list_split(data, "val", classes)
+    issues = DataIssues(strict=data.strict)
+    if data.strict:
+        paths = [path for path, _ in train + val]
+        for path, (_, problem) in zip(paths, inspect_images(paths, decode=True), strict=True):
+            if problem is not None:
+                issues.report(path, None, problem)
+    chosen = preprocessing(data)
+    return FolderImages(train, chosen.train, issues), FolderImages(val, chosen.eval, issues), len(classes)
+
+
+def train_images(cfg: RunConfig) -> int:
+    """The training images, listed (not read); ``data.train_images`` when the folder is not at hand (``show``,
+    ``schedule`` and ``scale`` work before the data is copied)."""
+    data = cfg.data
+    if not (Path(data.path) / "train").is_dir() and data.train_images is not None:
+        return data.train_images
+    return len(list_split(data, "train", find_classes(split_dir(data, "train"))))
+
+
+def _check(data: DataConfig) -> None:
+    if data.path is None:
+        raise ValueError("data.path: missing; folder needs the folder holding train/CLASS/* and val/CLASS/*")
+
+
+PREPROCESSING = Literal["inception", "standard"]
+"""``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/inception.py``), or
+``standard``, torchvision's ImageNet recipe (``data/crops.py``)."""
+
+DATASETS.register("folder", load, task="classification", count=train_images, check=_check,
+                  fields={"preprocessing": (PREPROCESSING, "inception")})

@@ -1,0 +1,187 @@
+"""Classification from a folder of real JPEGs (``data.name: folder``): timm and torchvision models train on it,
+resume bit-identically, two processes take the images one process takes, bad files are reported or stop a
+strict run, and a JPEG is decoded at reduced size only as far as the crop allows."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bigbatch.config import load_config
+from bigbatch.data.folder import decode_crop, find_classes, jpeg_reduction, list_samples
+from bigbatch.engine.hooks import Hook
+from bigbatch.registry import HOOKS
+from tests.conftest import run_main
+from tests.test_distributed import assert_same_weights, torchrun, weights
+
+PHOTOS = ("china.jpg", "flower.jpg")
+"""The two photographs (427 x 640 JPEG) that ship with scikit-learn: one class each, plus a third class of
+crops of both turned upside down."""
+TINY = ["batch=8", "subdivisions=2", "steps=4", "data.size=32", "eval.every=2", "checkpoint.every=2",
+        "log.tensorboard=false", "model.width=4", "schedule.warmup=[]"]
+
+
+def write_photo_folder(root: Path, train: int = 8, val: int = 3, seed: int = 0) -> Path:
+    """``root/{train,val}/{china,flower,upside_down}/`` with JPEG crops (and one PNG) of the sample photos."""
+    from sklearn.datasets import load_sample_image
+
+    rng = np.random.default_rng(seed)
+    photos = [load_sample_image(name) for name in PHOTOS]
+    for split, count in (("train", train), ("val", val)):
+        for name in ("china", "flower", "upside_down"):
+            (root / split / name).mkdir(parents=True)
+        for i in range(count):
+            for label, photo in enumerate(photos):
+                h, w = int(rng.integers(60, 200)), int(rng.integers(60, 200))
+                top, left = int(rng.integers(0, 427 - h)), int(rng.integers(0, 640 - w))
+                crop = Image.fromarray(photo[top:top + h, left:left + w])
+                crop.save(root / split / PHOTOS[label].removesuffix(".jpg") / f"{i:03d}.jpg", quality=90)
+                flipped = crop.transpose(Image.Transpose.ROTATE_180)
+                suffix = "png" if i == 0 else "JPEG"  # a PNG, and ImageNet's upper-case suffix
+                flipped.save(root / split / "upside_down" / f"{label}{i:03d}.{suffix}",
+                             format="PNG" if suffix == "png" else "JPEG")
+    return root
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return write_photo_folder(tmp_path_factory.mktemp("photos") / "set")
+
+
+def train(out: Path, data: Path, *settings: str):
+    return run_main("train", "digits", "--out", str(out), "--set", "data.name=folder", f"data.path={data}", *TINY,
+                    *settings)
+
+
+def test_classes_and_files_are_listed_as_torchvision_imagefolder_lists_them(photos):
+    from torchvision.datasets import ImageFolder
+
+    reference = ImageFolder(str(photos / "train"), is_valid_file=lambda p: p.lower().endswith((".jpg", ".jpeg",
+                                                                                               ".png")))
+    classes = find_classes(photos / "train")
+    assert classes == reference.classes == ["china", "flower", "upside_down"]
+    assert list_samples(photos / "train", classes) == reference.samples
+
+
+@pytest.mark.parametrize("model", ["timm/resnet10t", "resnet18"])
+def test_a_timm_and_a_torchvision_model_train_on_the_folder(tmp_path, photos, model):
+    result = train(tmp_path / "run", photos, f"model.name={model}")
+    assert result.returncode == 0, result.stderr
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["step"] == 4 and "top1" in result.stdout
+
+
+class StopAfter(Hook):
+    """Interrupts the run after the given step (the checkpoint of an earlier step is on disk)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_step(self, run) -> None:
+        if run.state.step == self.step:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("preprocessing", ["inception", "standard"])
+def test_an_interrupted_run_resumes_bit_identically(tmp_path, photos, preprocessing):
+    settings = [f"data.preprocessing={preprocessing}", "model.dropout=0.2"]
+    reference = train(tmp_path / "reference", photos, *settings)
+    assert reference.returncode == 0, reference.stderr
+    HOOKS.register("stop_after_3", lambda run: StopAfter(3))
+    try:  # workers in the interrupted run: a sample's augmentation depends on its seed alone
+        stopped = train(tmp_path / "stopped", photos, *settings, "data.workers=2")
+    finally:
+        HOOKS.unregister("stop_after_3")
+    assert stopped.returncode == 130
+    resumed = run_main("train", "--resume", str(tmp_path / "stopped"))
+    assert resumed.returncode == 0, resumed.stderr
+    expected, actual = weights(tmp_path / "reference"), weights(tmp_path / "stopped")
+    assert all(torch.equal(expected[k], actual[k]) for k in expected)
+
+
+def test_two_processes_take_the_images_one_process_takes(tmp_path, photos):
+    settings = ["data.name=folder", f"data.path={photos}", "model.norm=group", "batch=16"]
+    single = run_main("train", "digits", "--out", str(tmp_path / "one"), "--set", "batch=64", "steps=3",
+                      "data.size=16", "model.width=8", "log.tensorboard=false", "eval.batch=50", "schedule.warmup=[]",
+                      *settings, "subdivisions=4")
+    assert single.returncode == 0, single.stderr
+    multi = torchrun(tmp_path / "two", *settings, "subdivisions=2")
+    assert multi.returncode == 0, multi.stderr[-3000:]
+    assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"), atol=1e-5)
+
+
+@pytest.fixture
+def damaged(tmp_path, photos) -> tuple[Path, list[Path]]:
+    root = tmp_path / "damaged"
+    shutil.copytree(photos, root)
+    truncated = root / "train" / "china" / "000.jpg"
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    not_an_image = root / "train" / "flower" / "notes.jpg"
+    not_an_image.write_text("not an image\n")
+    return root, [truncated, not_an_image]
+
+
+def test_bad_files_are_reported_once_and_replaced(tmp_path, damaged):
+    root, bad = damaged
+    result = train(tmp_path / "run", root, "steps=6")
+    assert result.returncode == 0, result.stderr
+    for path in bad:
+        assert result.stderr.count(f"warning: {path}: unreadable image") == 1, result.stderr
+    assert "data: 2 problems in 2 files: 2 images replaced" in result.stdout
+
+
+def test_a_strict_run_stops_at_the_first_bad_file_naming_it(tmp_path, damaged):
+    root, bad = damaged
+    result = train(tmp_path / "run", root, "data.strict=true")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: data: {bad[0]}: "), result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+class Box:
+    """A preprocessing that crops a fixed box and keeps it (``CropFirst``)."""
+
+    def __init__(self, box, needed) -> None:
+        self._box, self._needed = box, needed
+
+    def box(self, height, width):
+        return self._box
+
+    def needed(self, box_height, box_width):
+        return self._needed
+
+    def finish(self, crop):
+        return crop
+
+
+def test_a_jpeg_is_decoded_at_reduced_size_only_as_far_as_the_crop_allows(photos):
+    path = str(photos / "train" / "china" / "001.jpg")
+    with Image.open(path) as image:
+        width, height = image.size
+    full = decode_crop(path, Box((0, 0, height, width), (height, width)))
+    assert full.shape == (3, height, width) and full.dtype == torch.uint8
+    assert jpeg_reduction(height, width, (height // 4, width // 4)) == 4
+    reduced = decode_crop(path, Box((0, 0, height, width), (height // 4, width // 4)))
+    assert reduced.shape == (3, -(-height // 4), -(-width // 4))  # libjpeg's 1/4 scale rounds the sides up
+    # The reduced decode is the full image's 4x4 block means, up to the DCT's own rounding.
+    blocks = full[:, : height // 4 * 4, : width // 4 * 4].float()
+    means = torch.nn.functional.avg_pool2d(blocks[None], 4)[0]
+    assert (reduced[:, : height // 4, : width // 4].float() - means).abs().mean() < 3.0
+    assert jpeg_reduction(height, width, (height, width)) == 1  # a crop as large as the output: full decode
+
+
+def test_the_recipe_trains_inception_v3_with_its_auxiliary_head_on_a_folder(tmp_path):
+    cfg = load_config("inception-v3-tpu", [f"data.path={tmp_path}"])
+    assert (cfg.data.name, cfg.data.size, cfg.model.aux_logits, cfg.loss.label_smoothing) == ("folder", 299, True, 0.1)
+    assert (cfg.optim.weight_decay, cfg.optim.no_decay_norm_bias) == (4e-5, True)
+    result = run_main("show", "inception-v3-tpu")
+    assert result.returncode == 2 and result.stderr.startswith("error: data.path: missing"), result.stderr
+    small = run_main("show", "inception-v3-tpu", "--set", f"data.path={tmp_path}", "data.size=224")
+    assert small.returncode == 2
+    assert small.stderr.startswith("error: data.size: inception_v3 with model.aux_logits needs images of at least "
+                                   "299 px"), small.stderr
