@@ -232,20 +232,21 @@ class DataConfig(PartSection):
     parts = DATASETS
 
     name: Annotated[str, _registered(DATASETS)] = "digits"
-    """The dataset. ``digits``: scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB (classification).
-    Detection: ``shapes`` (bigbatch's generated set, written to ``path`` when absent), ``coco`` (COCO JSON,
-    ``train`` and ``val``) or ``yolo`` (Darknet/YOLO text labels: a ``.data`` file or a folder, ``path``)."""
+    """The dataset. Classification: ``digits`` (scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB)
+    or ``folder`` (image files in ``path``/train/CLASS/ and ``path``/val/CLASS/, ImageNet's layout). Detection:
+    ``shapes`` (bigbatch's generated set, written to ``path`` when absent), ``coco`` (COCO JSON, ``train`` and
+    ``val``) or ``yolo`` (Darknet/YOLO text labels: a ``.data`` file or a folder, ``path``)."""
     size: int = Field(32, gt=0)
-    """digits: side of the square images. Detection: the shorter side after resizing (``shorter_side``) or the
-    square side (``letterbox``), for evaluation and, without multi-scale, for training."""
+    """Classification: side of the square input images. Detection: the shorter side after resizing
+    (``shorter_side``) or the square side (``letterbox``), for evaluation and, without multi-scale, for training."""
     max_size: int | None = Field(None, gt=0)
     """Detection, ``shorter_side``: the longer side's cap (detectron's 1333 for 800); unset: size x 1333 / 800."""
     resize: Literal["shorter_side", "letterbox"] = "shorter_side"
     """Detection: scale the shorter side to ``size`` (longer side at most ``max_size``; Faster R-CNN, RetinaNet,
     FCOS), or letterbox into a ``size`` x ``size`` square (square-input detectors: SSD, YOLO)."""
     path: str | None = None
-    """``shapes``: the folder of the generated set (default ``data/shapes``); ``yolo``: the ``.data`` file or the
-    dataset folder."""
+    """``folder``: the folder holding ``train/`` and ``val/``; ``shapes``: the folder of the generated set (default
+    ``data/shapes``); ``yolo``: the ``.data`` file or the dataset folder."""
     train: SplitPaths | None = None
     """``coco``: the training split."""
     val: SplitPaths | None = None
@@ -253,11 +254,12 @@ class DataConfig(PartSection):
     classes: list[str] | None = None
     """Detection: train and evaluate on these classes only, by name, in this order (e.g. ``[cat, dog]``)."""
     strict: bool = False
-    """Detection: stop before training (exit code 2) at the first bad image, box or label line, naming the file;
-    by default each is reported once and skipped, and a summary printed."""
+    """Image files (``folder``, detection): stop before training (exit code 2) at the first bad image, box or label
+    line, naming the file (every image is decoded once first); by default each is reported once and skipped (an
+    unreadable image is replaced by the next readable one), and a summary printed."""
     train_images: int | None = Field(None, gt=0)
-    """Detection: the training set's size, used by ``show``, ``schedule`` and ``scale`` only when the data is not
-    at hand (e.g. ``118287`` for COCO train2017); training always counts the images it loads."""
+    """The training set's size (``folder``, detection), used by ``show``, ``schedule`` and ``scale`` only when the
+    data is not at hand (e.g. ``118287`` for COCO train2017); training always counts the images it loads."""
     shapes_images: int = Field(2000, gt=0)
     """``shapes``: images to generate (train and val together) when ``path`` holds no set yet."""
     flip: float = Field(0.5, ge=0, le=1)
@@ -561,6 +563,16 @@ class DebugConfig(Section):
     """How many attempts at that step get NaN gradients (each retry of a skipped step is an attempt)."""
 
 
+class LossConfig(Section):
+    """Classification loss: cross-entropy with label smoothing, plus an auxiliary head's
+    (``tasks/classification.py``)."""
+
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    """s: the target puts 1 - s on the true class and s / classes on each (Inception v3 TPU recipe: 0.1)."""
+    aux_weight: float = Field(0.4, ge=0)
+    """Weight of the auxiliary head's loss, for models built with one (``model.aux_logits``; Inception v3: 0.4)."""
+
+
 class EvalConfig(Section):
     every: Interval = 50
     """Evaluate every this many optimizer steps (or epochs, images), and always at the end."""
@@ -649,6 +661,7 @@ class RunConfig(Section):
     precision: PrecisionConfig = PrecisionConfig()
     memory: MemoryConfig = MemoryConfig()
     debug: DebugConfig = DebugConfig()
+    loss: LossConfig = LossConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
@@ -656,8 +669,11 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _input_large_enough(self) -> RunConfig:
         smallest = self.model.part().info.get("min_input_size")
+        if callable(smallest):  # depends on the model's own keys (e.g. an auxiliary head)
+            smallest = smallest(self.model)
         if smallest is not None and self.data.size < smallest:
-            raise ValueError(f"data.size: {self.model.name} needs images of at least {smallest} px, "
+            with_aux = " with model.aux_logits" if getattr(self.model, "aux_logits", False) else ""
+            raise ValueError(f"data.size: {self.model.name}{with_aux} needs images of at least {smallest} px, "
                              f"got {self.data.size}")
         return self
 

@@ -170,8 +170,8 @@ def test_a_dataset_format_key_is_typed_defaulted_and_listed(toy_blobs):
     with pytest.raises(UserError, match=r"^data.name: 'toy_blobs' is not a detection dataset; expected shapes, coco "
                                         r"or yolo$"):
         load_config("shapes-detect", ["data.name=toy_blobs"])
-    with pytest.raises(UserError, match=r"^data.name: 'shapes' is not a classification dataset; expected digits or "
-                                        r"toy_blobs$"):
+    with pytest.raises(UserError, match=r"^data.name: 'shapes' is not a classification dataset; expected digits, "
+                                        r"folder or toy_blobs$"):
         load_config("digits", ["data.name=shapes"])
     DATASETS.unregister("toy_blobs")
     with pytest.raises(UserError, match=r"^data.toy_count: unknown key"):

@@ -48,8 +48,10 @@ def torchvision_classifier(cfg: ModelConfig, num_classes: int, in_channels: int 
     import torchvision.models
 
     kwargs: dict = {"weights": None, "num_classes": num_classes}
-    if cfg.name in ("inception_v3", "googlenet"):  # the auxiliary heads return tuples in training
-        kwargs.update(aux_logits=False, init_weights=True)
+    if cfg.name in AUX_HEADS:  # with auxiliary heads the model returns (logits, aux_logits, ...) in training
+        kwargs.update(aux_logits=cfg.aux_logits, init_weights=True)
+    elif cfg.aux_logits:
+        raise UserError(f"model.aux_logits: {cfg.name} has no auxiliary head (those that do: {', '.join(AUX_HEADS)})")
     if cfg.norm != "batch":  # the torchvision default; other norms need a norm_layer argument
         kwargs["norm_layer"] = functools.partial(norm_layer, cfg.norm)
     if cfg.dropout:
@@ -65,5 +67,11 @@ def torchvision_classifier(cfg: ModelConfig, num_classes: int, in_channels: int 
 
 MODELS.register("small_cnn", small_cnn, task="classification", min_input_size=8,  # three 2x poolings
                 size_key="model.width")
-MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification")
-MODELS.register("inception_v3", torchvision_classifier, task="classification", min_input_size=75)  # its stem
+AUX_HEADS = ("inception_v3", "googlenet")
+"""torchvision classifiers with auxiliary heads (``model.aux_logits``; their loss: ``loss.aux_weight``)."""
+
+MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification",
+                       fields={"aux_logits": (bool, False)})
+# Inception v3's stem needs 75 px; its auxiliary head, on the 17x17 grid, needs 299 (298 leaves 16x16: too small).
+MODELS.register("inception_v3", torchvision_classifier, task="classification",
+                min_input_size=lambda model: 299 if model.aux_logits else 75)

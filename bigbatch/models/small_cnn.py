@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
 
-def norm_layer(kind: str, channels: int) -> nn.Module:
-    """``batch``: BatchNorm2d; ``group``: GroupNorm with up to 8 groups; ``none``: identity."""
+def norm_layer(kind: str, channels: int, **factory: Any) -> nn.Module:
+    """``batch``: BatchNorm2d; ``group``: GroupNorm with up to 8 groups; ``none``: identity. ``factory``: the
+    ``device``/``dtype`` a model builder passes (timm's do)."""
     if kind == "batch":
-        return nn.BatchNorm2d(channels)
+        return nn.BatchNorm2d(channels, **factory)
     if kind == "group":
         groups = next(g for g in (8, 4, 2, 1) if channels % g == 0)
-        return nn.GroupNorm(groups, channels)
+        return nn.GroupNorm(groups, channels, **factory)
     if kind == "none":
         return nn.Identity()
     raise ValueError(f"unknown norm {kind!r}")

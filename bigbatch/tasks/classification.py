@@ -1,4 +1,16 @@
-"""Image classification: cross-entropy loss, top-1 / top-5 accuracy."""
+"""Image classification: cross-entropy loss (label smoothing, an auxiliary head), top-1 / top-5 accuracy.
+
+A batch is ``(images, labels)``, or ``(images, labels, problems)`` from image files (``data/folder.py``: the
+unreadable files a DataLoader worker replaced, counted here).
+
+The loss, as the Inception v3 TPU code has it (``loss.*``):
+
+    L = CE_s(logits, y) + aux_weight * CE_s(aux_logits, y)     (the second term with an auxiliary head only)
+
+where CE_s is cross-entropy against labels smoothed by s = ``loss.label_smoothing``: the target puts 1 - s on the
+true class and s / K on every class (``torch.nn.functional.cross_entropy(label_smoothing=s)``, TF's
+``softmax_cross_entropy(label_smoothing=s)``).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +24,9 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from bigbatch.config import RunConfig
+from bigbatch.data.detection import DataIssues
 from bigbatch.data.loader import eval_batches
+from bigbatch.data.order import sample_seed
 from bigbatch.registry import DATASETS, TASKS
 
 
@@ -22,6 +36,13 @@ class ClassificationTask:
     val_set: Dataset
     num_classes: int
     in_channels: int = 3
+    label_smoothing: float = 0.0
+    aux_weight: float = 0.0
+    """The auxiliary head's share of the loss (used when the model returns auxiliary logits in training)."""
+    seed: int = 0
+    """The run's seed, from which each sample's augmentation seed is drawn."""
+    issues: DataIssues | None = None
+    """Problems with the data (unreadable files), when the set is read from files."""
     prediction_format = None
     """Classification exports no predictions (``bigbatch eval`` reports the metrics)."""
 
@@ -29,21 +50,27 @@ class ClassificationTask:
     def from_config(cls, cfg: RunConfig, rank: int = 0) -> ClassificationTask:
         """The task on the sets of the dataset format ``data.name`` (as registered in ``DATASETS``)."""
         train, val, num_classes = DATASETS.get(cfg.data.name).obj(cfg)
-        return cls(train, val, num_classes)
+        return cls(train, val, num_classes, label_smoothing=cfg.loss.label_smoothing, aux_weight=cfg.loss.aux_weight,
+                   seed=cfg.seed, issues=getattr(train, "issues", None))
 
     def build_model(self, cfg: RunConfig) -> nn.Module:
         from bigbatch.models import build_classifier
 
         return build_classifier(cfg.model, self.num_classes, self.in_channels)
 
-    @staticmethod
-    def sample_keys(step: int, indices: list[int]) -> list[int]:
-        """A micro-batch is read by its indices alone."""
-        return indices
+    def sample_keys(self, step: int, indices: list[int]) -> list[Any]:
+        """A micro-batch's keys: the indices, each with its augmentation seed when the set augments (its crop
+        and colours then depend on (seed, step, index) alone)."""
+        if not getattr(self.train_set, "augments", False):
+            return indices
+        return [(i, sample_seed(self.seed, step, i)) for i in indices]
 
-    @staticmethod
-    def observe(micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Nothing to count: the images are in memory and checked when loaded."""
+    def observe(self, micro_batches: list[tuple[Any, ...]]) -> None:
+        """Count the unreadable files DataLoader workers replaced in this step's samples."""
+        if self.issues is not None:
+            for batch in micro_batches:
+                if len(batch) > 2:
+                    self.issues.absorb(batch[2])
 
     def synthetic_batch(self, cfg: RunConfig, micro_batch: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """Random images and labels of the training shape (for measuring memory: ``bigbatch plan``)."""
@@ -51,11 +78,18 @@ class ClassificationTask:
         images = torch.randn(micro_batch, self.in_channels, size, size, device=device)
         return images, torch.randint(0, self.num_classes, (micro_batch,), device=device)
 
-    @staticmethod
-    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Mean cross-entropy over the micro-batch."""
-        images, labels = batch
-        return F.cross_entropy(model(images), labels)
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Mean (label-smoothed) cross-entropy over the micro-batch, plus the auxiliary head's, weighted."""
+        images, labels = batch[0], batch[1]
+        output = model(images)
+        if not hasattr(output, "logits"):
+            return F.cross_entropy(output, labels, label_smoothing=self.label_smoothing)
+        # torchvision's InceptionOutputs (logits, aux_logits) or GoogLeNetOutputs (logits, aux_logits2, aux_logits1)
+        loss = F.cross_entropy(output.logits, labels, label_smoothing=self.label_smoothing)
+        for aux in output[1:]:
+            if aux is not None:
+                loss = loss + self.aux_weight * F.cross_entropy(aux, labels, label_smoothing=self.label_smoothing)
+        return loss
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1) -> dict[str, float]:
@@ -65,7 +99,8 @@ class ClassificationTask:
         k = min(5, self.num_classes)
         device = next(model.parameters()).device
         totals = torch.zeros(4, dtype=torch.float64)  # images, top1 hits, top5 hits, loss sum
-        for images, labels in eval_batches(self.val_set, batch_size, rank, world):
+        for batch in eval_batches(self.val_set, batch_size, rank, world):
+            images, labels = batch[0], batch[1]
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             logits = model(images)
             topk = logits.topk(k, dim=1).indices
@@ -95,9 +130,10 @@ class ClassificationTask:
     def save_predictions(self, path: Path, predictions: list[Any]) -> None:
         raise NotImplementedError("classification exports no predictions")
 
-    @staticmethod
-    def report(metrics: dict[str, float]) -> str:
-        return "  ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k != "images")
+    def report(self, metrics: dict[str, float]) -> str:
+        """The final metrics and, when files could not be read, their count."""
+        line = "  ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k != "images")
+        return f"{line}\n{self.issues.summary()}" if self.issues is not None and self.issues.problems else line
 
 
 TASKS.register("classification", ClassificationTask, metrics=("top1", "top5", "loss"), model_kind="classifier")
