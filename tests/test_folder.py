@@ -185,3 +185,32 @@ def test_the_recipe_trains_inception_v3_with_its_auxiliary_head_on_a_folder(tmp_
     assert small.returncode == 2
     assert small.stderr.startswith("error: data.size: inception_v3 with model.aux_logits needs images of at least "
                                    "299 px"), small.stderr
+
+
+def test_the_recipe_command_trains_on_a_folder(tmp_path):
+    """``bigbatch train inception-v3-tpu --set data.path=DIR``, cut to two steps of 4 images at 299 px."""
+    data = write_photo_folder(tmp_path / "set", train=2, val=1)
+    result = run_main("train", "inception-v3-tpu", "--out", str(tmp_path / "run"), "--set", f"data.path={data}",
+                      "batch=4", "subdivisions=2", "steps=2", "eval.every=2", "checkpoint.every=2", "eval.batch=4",
+                      "log.tensorboard=false")
+    assert result.returncode == 0, result.stderr
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
+
+
+def test_the_loss_smooths_the_labels_of_the_main_and_the_auxiliary_logits():
+    """L = CE_s(logits) + 0.4 CE_s(aux), CE_s(z, y) = -(1 - s) log p_y - (s / K) sum_k log p_k, s = 0.1."""
+    from torchvision.models.inception import InceptionOutputs
+
+    from bigbatch.tasks.classification import ClassificationTask
+
+    logits, aux = torch.randn(2, 6, 5, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 1, 2, 3, 4, 0])
+
+    def smoothed(z: torch.Tensor) -> torch.Tensor:
+        log_p = z.log_softmax(dim=1)
+        return (-(0.9 * log_p[torch.arange(6), labels]) - 0.1 / 5 * log_p.sum(dim=1)).mean()
+
+    task = ClassificationTask(None, None, 5, label_smoothing=0.1, aux_weight=0.4)
+    loss = task.loss(lambda images: InceptionOutputs(logits, aux), (torch.zeros(6), labels))
+    torch.testing.assert_close(loss, smoothed(logits) + 0.4 * smoothed(aux))
+    torch.testing.assert_close(task.loss(lambda images: logits, (torch.zeros(6), labels)), smoothed(logits))
