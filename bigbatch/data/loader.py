@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.data.order import DataOrder
 
 SampleKeys = Callable[[int, list[int]], list[Any]]
 """``keys(step, indices)``: the dataset keys of one micro-batch of optimizer step ``step`` (e.g. each index
@@ -25,7 +25,7 @@ class MicroBatchSampler(Sampler[list[Any]]):
     """Yields this rank's micro-batches (lists of dataset indices, or of ``keys(step, indices)``) for steps
     ``start``..``stop - 1``."""
 
-    def __init__(self, order: GlobalBatchOrder, start: int, stop: int, rank: int, world: int, subdivisions: int,
+    def __init__(self, order: DataOrder, start: int, stop: int, rank: int, world: int, subdivisions: int,
                  keys: SampleKeys | None = None):
         self.order, self.start, self.stop = order, start, stop
         self.rank, self.world, self.subdivisions = rank, world, subdivisions
@@ -47,7 +47,7 @@ def _collate_of(dataset: Dataset) -> Any:
 
 def train_steps(
     dataset: Dataset,
-    order: GlobalBatchOrder,
+    order: DataOrder,
     start: int,
     stop: int,
     rank: int,

@@ -15,8 +15,26 @@ Each global batch is cut into ``world * subdivisions`` equal chunks in order; ch
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 import torch
+
+
+class DataOrder(Protocol):
+    """Which dataset indices make each micro-batch: ``GlobalBatchOrder`` for every map-style set; a dataset may
+    bring its own (``dataset.order(batch, seed, world)``), as sharded data does, read in shard order."""
+
+    seed: int
+
+    def micro_batches(self, step: int, rank: int, world: int, subdivisions: int) -> list[torch.Tensor]:
+        """The ``subdivisions`` micro-batches (dataset indices) of ``rank`` at optimizer step ``step``."""
+
+
+def order_of(dataset: Any, batch: int, seed: int, world: int) -> DataOrder:
+    """The dataset's own order when it has one, else the global batch order (layout-free, see above)."""
+    own = getattr(dataset, "order", None)
+    return own(batch, seed, world) if own is not None else GlobalBatchOrder(len(dataset), batch, seed)
 
 
 class GlobalBatchOrder:

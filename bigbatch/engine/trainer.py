@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.batching import make_plan
 from bigbatch.config import RunConfig, config_to_yaml
 from bigbatch.data.loader import train_steps
-from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.data.order import order_of
 from bigbatch.engine import checkpoint, distributed
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.hooks import build_hooks
@@ -84,7 +84,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
         train_step.after_backward = hooks.after_backward
 
     # --- the loop ---------------------------------------------------------------------------
-    order = GlobalBatchOrder(len(task.train_set), plan.batch, cfg.seed)
+    order = order_of(task.train_set, plan.batch, cfg.seed, proc.world)
     steps = train_steps(task.train_set, order, state.step, plan.steps, proc.rank, proc.world, plan.subdivisions,
                         cfg.data.workers, task.sample_keys)
     model.train()
