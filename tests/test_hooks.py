@@ -80,7 +80,7 @@ def test_a_writer_hook_gets_every_record_of_metrics_jsonl(tmp_path, moments):
     out = tmp_path / "run"
     assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS]) == 0
     written = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert moments.records == written and len(written) == 4 + 2 + 1  # train records, evaluations, memory peaks
+    assert moments.records == written and len(written) == 4 + 2 + 2  # train records, evaluations, memory, input
 
 
 def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments):
@@ -137,3 +137,33 @@ def test_a_hook_failing_at_the_end_of_a_failed_run_does_not_hide_its_error(tmp_p
     err = capsys.readouterr().err
     assert rc == 1 and "error: 2 optimizer steps in a row had non-finite gradients" in err, err
     assert "warning: FailsToClose.after_train failed: this hook failed to close" in err
+
+
+def test_the_run_ends_with_the_share_of_step_time_spent_waiting_for_data(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["t_data"] >= 0 for r in records if "loss" in r and "split" not in r)
+    event = next(r for r in records if r.get("event") == "input_pipeline")
+    assert 0 <= event["share"] <= 1 and event["waited_s"] <= event["step_s"]
+    assert f"input pipeline: waited {event['share']:.1%} of step time" in capsys.readouterr().out
+
+
+def test_an_input_bound_run_is_told_what_to_change():
+    from types import SimpleNamespace
+
+    from bigbatch.config import load_config
+    from bigbatch.engine.events import EventStorage
+    from bigbatch.engine.hooks.input_pipeline import InputPipeline
+
+    records = []
+    run = SimpleNamespace(cfg=load_config("digits", ["data.workers=0"]), state=SimpleNamespace(step=10),
+                          events=EventStorage([records.append]))
+    hook = InputPipeline()
+    hook.before_train(run)
+    hook.waited, hook.total, hook.steps = 3.0, 10.0, 10  # 30 % of the step time spent waiting
+    hook.after_train(run)
+    assert records[0].values == {"step": 10, "event": "input_pipeline", "waited_s": 3.0, "step_s": 10.0,
+                                 "share": 0.3}
+    assert records[0].message.startswith("input pipeline: waited 30.0% of step time (3.0 s of 10.0 s); the run is "
+                                         "input-bound: try more DataLoader workers (data.workers=0;")

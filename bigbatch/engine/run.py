@@ -37,6 +37,8 @@ class Run:
     """The optimizer step being run (0-based); after it, ``state.step`` (steps done) is ``step + 1``."""
     lr: float = 0.0
     """The learning rate of this step."""
+    t_data: float = 0.0
+    """Seconds this step waited for its micro-batches (the input pipeline's share of the step)."""
     result: StepResult | None = None
     """The last applied step's loss and gradient norm."""
     metrics: dict[str, float] = field(default_factory=dict)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import gc
 import random
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     model.train()
     try:
         hooks.before_train()
-        for step, micro_batches in enumerate(steps, start=state.step):
+        for step, (run.t_data, micro_batches) in enumerate(waited(steps), start=state.step):
             run.step = step
             task.observe(micro_batches)
             hooks.before_step()
@@ -111,6 +113,17 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     gc.collect()
     distributed.teardown()
     return TrainResult(out_dir, plan.steps, metrics, state.best, run.extras.get("memory", {}), task.report(metrics))
+
+
+def waited(items: Iterator[Any]) -> Iterator[tuple[float, Any]]:
+    """Each item with the seconds spent waiting for it (the data loader's share of a step: ``t_data``)."""
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield time.perf_counter() - start, item
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

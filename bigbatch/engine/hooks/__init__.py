@@ -5,6 +5,7 @@ from bigbatch.engine.hooks import (  # noqa: F401 - imported to register
     console,
     evaluation,
     faults,
+    input_pipeline,
     jsonl,
     memory,
     tensorboard,

@@ -18,8 +18,8 @@ training state, events, ...):
 
 A hook registers a factory in ``bigbatch.registry.HOOKS``: ``factory(run) -> Hook | None`` (None: not wanted by
 this config or on this process), with ``order`` (lower runs first; default 100). Every run builds every
-registered hook. Built-in order: memory log 5, progress display 6, training log 10, evaluation 20, checkpoints
-30, fault injection 35, memory limit 41, metrics.jsonl 60, TensorBoard 61.
+registered hook. Built-in order: memory log 5, progress display 6, input pipeline 8, training log 10, evaluation
+20, checkpoints 30, fault injection 35, memory limit 41, metrics.jsonl 60, TensorBoard 61.
 
 When the run stops with an error, a hook's own error in ``after_train`` or ``close`` is printed as a warning and
 the run's error is the one raised. A hook must not keep ``run.model`` beyond the run (under torchrun it is the

@@ -12,8 +12,8 @@ from bigbatch.registry import HOOKS
 
 class TrainingLog(Hook):
     """Puts a ``train`` record: ``step``, ``images``, ``epoch``, ``lr``, ``loss`` (the step's mean micro-batch
-    loss), ``images_per_s`` (since the previous record), ``skipped``, and ``grad_norm`` (when clipping by norm)
-    and ``loss_scale`` (when one is used)."""
+    loss), ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step waited for its
+    data), and ``grad_norm`` (when clipping by norm) and ``loss_scale`` (when one is used)."""
 
     def before_train(self, run: Run) -> None:
         self.first = run.state.step + 1
@@ -28,7 +28,7 @@ class TrainingLog(Hook):
         self.last_time, self.last_step = now, done
         epoch, loss, scaler = plan.epoch_at(done), result.loss.item(), run.train_step.scaler
         values = {"step": done, "images": done * plan.batch, "epoch": round(epoch, 4), "lr": run.lr, "loss": loss,
-                  "images_per_s": round(rate, 1), "skipped": run.train_step.skipped}
+                  "images_per_s": round(rate, 1), "skipped": run.train_step.skipped, "t_data": round(run.t_data, 6)}
         if result.grad_norm is not None:
             values["grad_norm"] = result.grad_norm
         if type(scaler) is not LossScaler or scaler.scale != 1.0:
