@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--save-detections", type=Path, metavar="FILE.json",
                           help="detectors: also write the detections in the COCO results format")
 
-    data = sub.add_parser("data", help="datasets: generate the shapes detection set")
+    data = sub.add_parser("data", help="datasets: generate the shapes detection set; measure the input pipeline")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     shapes = data_sub.add_parser("shapes", help="write the generated shapes detection set (JPEG + COCO JSON)")
     shapes.add_argument("--out", type=Path, required=True,
@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--images", type=int, default=2000, help="images, train and val together "
                         "(default: %(default)s; 20%% go to val)")
     shapes.add_argument("--seed", type=int, default=0, help="the generator's seed (default: %(default)s)")
+    data_bench = data_sub.add_parser("bench", help="measure the input pipeline alone (no model): images/s per "
+                                     "number of DataLoader workers")
+    _add_config_args(data_bench)
+    data_bench.add_argument("--images", type=int, default=512,
+                            help="images to read per measurement, after a first untimed step (default: %(default)s)")
 
     show = sub.add_parser("show", help="print the resolved config and the batch plan")
     _add_config_args(show)
@@ -326,11 +331,29 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    if args.data_command == "bench":
+        return cmd_data_bench(args)
     from bigbatch.data.shapes import generate_shapes
 
     counts = generate_shapes(args.out, args.images, args.seed, key="--out")
     print(f"shapes set written to {args.out}: {counts['train_images']} train images ({counts['train_boxes']} boxes), "
           f"{counts['val_images']} val images ({counts['val_boxes']} boxes); classes {', '.join(counts['classes'])}")
+    return 0
+
+
+def cmd_data_bench(args: argparse.Namespace) -> int:
+    import os
+
+    from bigbatch.data.bench import bench, table
+    from bigbatch.tasks import build_task
+
+    if args.images <= 0:
+        raise UserError(f"--images: expected a positive number of images, got {args.images}")
+    cfg = load_checked(args.config, args.overrides)
+    task = build_task(cfg)
+    print(f"input pipeline of {cfg.name}: data {cfg.data.name}, {len(task.train_set)} training images, "
+          f"{args.images} images a measurement, {os.cpu_count()} cores")
+    print(table(bench(cfg, task, args.images)))
     return 0
 
 

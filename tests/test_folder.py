@@ -4,6 +4,7 @@ strict run, and a JPEG is decoded at reduced size only as far as the crop allows
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -214,3 +215,18 @@ def test_the_loss_smooths_the_labels_of_the_main_and_the_auxiliary_logits():
     loss = task.loss(lambda images: InceptionOutputs(logits, aux), (torch.zeros(6), labels))
     torch.testing.assert_close(loss, smoothed(logits) + 0.4 * smoothed(aux))
     torch.testing.assert_close(task.loss(lambda images: logits, (torch.zeros(6), labels)), smoothed(logits))
+
+
+def test_data_bench_prints_images_per_second_per_number_of_workers(photos):
+    from bigbatch.data.bench import worker_counts
+
+    assert worker_counts(16) == [0, 1, 2, 4, 8, 16] and worker_counts(6) == [0, 1, 2, 4, 6]
+    assert worker_counts(2) == [0, 1, 2] and worker_counts(1) == [0, 1]
+    result = run_main("data", "bench", "digits", "--set", "data.name=folder", f"data.path={photos}", "data.size=32",
+                      "batch=8", "--images", "16")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = lines.index("workers   images/s  vs 0 workers")
+    rows = [line.split() for line in lines[header + 1:]]
+    assert [int(r[0]) for r in rows] == worker_counts(os.cpu_count() or 1)
+    assert all(float(r[1]) > 0 for r in rows) and rows[0][2] == "1.00"
