@@ -398,11 +398,16 @@ def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int]) -> Tensor:
 
     y0, y1, yl = axis(oh, ih)
     x0, x1, xl = axis(ow, iw)
-    top_rows, bottom_rows = x.index_select(-2, y0), x.index_select(-2, y1)
-    tl, tr = top_rows.index_select(-1, x0), top_rows.index_select(-1, x1)
-    bl, br = bottom_rows.index_select(-1, x0), bottom_rows.index_select(-1, x1)
-    top = tl + (tr - tl) * xl
-    bottom = bl + (br - bl) * xl
+    if ih <= 2 * oh:  # fewer source rows than the two per output row: lerp every source row along x once
+        left, right = x.index_select(-1, x0), x.index_select(-1, x1)
+        along_x = left + (right - left) * xl  # row y of it is ``tl + (tr - tl) * x_lerp`` for any y0 or y1 = y
+        top, bottom = along_x.index_select(-2, y0), along_x.index_select(-2, y1)
+    else:
+        top_rows, bottom_rows = x.index_select(-2, y0), x.index_select(-2, y1)
+        tl, tr = top_rows.index_select(-1, x0), top_rows.index_select(-1, x1)
+        bl, br = bottom_rows.index_select(-1, x0), bottom_rows.index_select(-1, x1)
+        top = tl + (tr - tl) * xl
+        bottom = bl + (br - bl) * xl
     return top + (bottom - top) * yl[:, None]
 
 
