@@ -201,7 +201,7 @@ def check_box(box: Sequence[float], width: int, height: int) -> tuple[tuple[floa
     return kept, f"box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] (xyxy) extends {overshoot:g} px beyond {image}; clipped"
 
 
-def _reason(error: Exception) -> str:
+def error_reason(error: Exception) -> str:
     """torchvision's message without its C++ source location (``decode_jpeg, /path/file.cpp:171, ...``)."""
     return re.sub(r"^\w+, \S+:\d+, ", "", str(error)).strip()
 
@@ -229,7 +229,7 @@ def inspect_image(path: str, decode: bool = False) -> tuple[tuple[int, int] | No
         try:
             pixels = decode_rgb(path)
         except RuntimeError as error:
-            return None, f"corrupt image: {_reason(error)}"
+            return None, f"corrupt image: {error_reason(error)}"
         if (pixels.shape[2], pixels.shape[1]) != size:
             return None, f"decodes to {pixels.shape[2]}x{pixels.shape[1]}, its header says {size[0]}x{size[1]}"
     return size, None
@@ -293,7 +293,7 @@ class DetectionDataset(Dataset):
             try:
                 pixels = decode_rgb(record.path)
             except RuntimeError as error:
-                problem = f"corrupt image: {_reason(error)}"
+                problem = f"corrupt image: {error_reason(error)}"
             else:
                 if pixels.shape[1:] == (record.height, record.width):
                     image, target = self._pack(record, pixels, None if i == index else self.records[index].image_id)
