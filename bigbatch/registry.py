@@ -178,8 +178,8 @@ DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.recipe.schedule",))
 absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: the factor's lower bound, applied by
 the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of the section that is a per-step rate
 (``config.SLOPE``, ``config.POWER``, ``config.COMPLEMENT``), which ``bigbatch scale`` adapts to the new batch."""
-DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.folder", "bigbatch.data.shapes",
-                                             "bigbatch.data.coco", "bigbatch.data.yolo"))
+DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.folder", "bigbatch.data.shards",
+                                             "bigbatch.data.shapes", "bigbatch.data.coco", "bigbatch.data.yolo"))
 """``data.name``: info ``task`` names the task whose data it is; ``count(cfg) -> int`` is the training set's size
 found without loading it (``show``, ``schedule``, ``scale``, the batch plan); ``held_in_memory(cfg) -> (bytes,
 what)`` (optional) is the memory the loaded set holds whatever the layout, checked against the machine's before

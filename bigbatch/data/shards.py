@@ -1,0 +1,427 @@
+"""Image classification from tar shards (``data.name: shards``, ``data.path: DIR``), as ``bigbatch pack`` writes them.
+
+    bigbatch pack /data/imagenet --out /data/imagenet-shards --shard-size 256MB
+    bigbatch train inception-v3-tpu --set data.name=shards data.path=/data/imagenet-shards
+
+``DIR`` holds ``train-000000.tar, ...``, ``val-000000.tar, ...`` (the WebDataset layout: ``KEY.jpg`` or ``KEY.png``
+and ``KEY.cls`` per sample) and ``index.json`` (the classes, and where each sample's bytes lie in its shard;
+``data/pack.py`` describes it). Images are decoded as ``folder`` decodes them (crop first, ``data.preprocessing``,
+each sample's augmentation drawn from its own seed) and a bad image is reported and replaced the same way (by the
+next sample of the set); ``data.strict: true`` decodes every image once before training and stops at the first bad
+one.
+
+How the training data is read, as the Inception TPU code's input pipeline does (``parallel_interleave`` over the
+files, then a shuffle buffer), for each process (rank ``r`` of ``W``) and each epoch ``e``:
+
+1. the training shards are put in a random order drawn from ``(seed, e)``; rank ``r`` takes shards ``r, r + W,
+   r + 2W, ...`` of that order (so each process reads only its own share of the files: at least one shard per
+   process is needed);
+2. it reads ``CYCLE_LENGTH`` (4) of its shards at once, one sample from each in turn (round-robin, each shard's
+   samples in their stored order); when one ends, the next shard of its share takes its place;
+3. the samples pass through a shuffle buffer of ``BUFFER`` (256) samples: the buffer is filled, then each next sample
+   is one picked at random from it (an RNG drawn from ``(seed, e, r)``) and its place taken by the next sample read.
+
+Rank ``r``'s stream is its epoch 0, then its epoch 1, and so on, without end; optimizer step ``k`` takes samples
+``[k * b, (k + 1) * b)`` of it (``b = batch / W``), cut into ``subdivisions`` equal micro-batches. Shards differ in
+size, so one process's epoch may end a few samples before another's: each simply goes on into its next epoch, and
+every process always has its ``b`` samples.
+
+What is guaranteed:
+
+- **Every image once per epoch**: over its epoch ``e``, rank ``r`` reads each image of its shards exactly once, and
+  the ranks' shares of epoch ``e`` together are the whole training set (an epoch of a process is its share).
+- **The order is a pure function of (seed, epoch, world size)** (and the packed set): not of the number of
+  DataLoader workers, nor of ``subdivisions``.
+- **Resume is exact**: the reader's position (which shards, where in them) and the shuffle buffer's contents are
+  recomputed from the step (nothing is read to do so: the order is simulated over the sample ids of
+  ``index.json``), so they are part of the training state by construction, and a resumed run is bit-identical to one
+  never stopped.
+
+What is **not** promised: the same training whatever the number of processes. The order depends on the world size
+(each process reads its own shards), so 8 processes and 1 process with 8 times the subdivisions see the images in
+different batches. ``data.name: folder`` promises that (its order is one global order, cut among the processes);
+choose it when a run must not depend on its layout.
+
+Reading: each sample's bytes are read at its offset in its shard (``os.pread``; open files are kept per process, at
+most ``OPEN_FILES``, and opened anew in a DataLoader worker after the fork). A process reads its ``CYCLE_LENGTH``
+current shards front to back, so the reads are nearly sequential.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import io
+import json
+import math
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_image
+
+from bigbatch.data.detection import DataIssues, error_reason
+from bigbatch.data.folder import PREPROCESSING, CropFirst, FolderImages, jpeg_reduction, preprocessing
+from bigbatch.data.pack import FORMAT, INDEX, VERSION
+from bigbatch.errors import UserError
+from bigbatch.registry import DATASETS
+
+if TYPE_CHECKING:
+    from bigbatch.config import DataConfig, RunConfig
+
+CYCLE_LENGTH = 4
+"""Shards a process reads at once (the seed's ``parallel_interleave`` ``cycle_length``)."""
+BUFFER = 256
+"""Samples in a process's shuffle buffer."""
+OPEN_FILES = 32
+"""Open shard files kept per process (least recently used closed first)."""
+EPOCHS_CACHED = 4
+"""Per-epoch streams kept (a step spans at most a few epochs)."""
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+@dataclass
+class SplitIndex:
+    """One split of ``index.json``: sample ``i`` is ``size[i]`` bytes at ``offset[i]`` of ``paths[shard[i]]``;
+    samples are numbered shard by shard, in the order written (a training sample's number is its key)."""
+
+    split: str
+    paths: list[str]
+    shard_sizes: list[int]
+    shard: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    label: np.ndarray
+    member: np.ndarray
+    """``KEY.ext`` of each image member (bytes), for messages."""
+    source: np.ndarray
+    """Each sample's original file (bytes), for messages."""
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+
+def read_index(root: Path) -> dict[str, Any]:
+    """``root/index.json``, checked to be one ``bigbatch pack`` wrote (a ``UserError`` naming ``data.path``)."""
+    path = root / INDEX
+    if not path.is_file():
+        what = f"{root} is not a folder" if not root.is_dir() else f"{root} holds no {INDEX}"
+        raise UserError(f"data.path: {what}: shards are read from a folder that `bigbatch pack` wrote (shards "
+                        f"without {INDEX} are an unfinished pack)")
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise UserError(f"data.path: {path} cannot be read ({error})") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise UserError(f"data.path: {path} is not the index of shards `bigbatch pack` wrote")
+    if index.get("version") != VERSION:
+        raise UserError(f"data.path: {path} is of version {index.get('version')!r}; this bigbatch reads version "
+                        f"{VERSION}: pack the images again")
+    return index
+
+
+def split_index(root: Path, index: dict[str, Any], split: str) -> SplitIndex:
+    """A split's samples as arrays; each shard must be there, of the size it was written at."""
+    shards = index["splits"][split]["shards"]
+    paths = [str(root / shard["name"]) for shard in shards]
+    for path, shard in zip(paths, shards, strict=True):
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            raise UserError(f"data.path: {path} is missing (listed in {root / INDEX})") from None
+        if size != shard["bytes"]:
+            raise UserError(f"data.path: {path} is {size} bytes, {shard['bytes']} when it was written: the shard "
+                            f"has changed since `bigbatch pack` wrote it")
+    counts = [shard["samples"] for shard in shards]
+
+    def column(name: str, dtype: Any) -> np.ndarray:
+        return np.array([v for shard in shards for v in shard[name]], dtype=dtype)
+
+    members = [f"{k}.{e}".encode() for shard in shards for k, e in zip(shard["keys"], shard["image_ext"], strict=True)]
+    prefix = f"{index['source']}/{split}/"
+    return SplitIndex(split, paths, counts, np.repeat(np.arange(len(shards), dtype=np.int32), counts),
+                      column("image_offset", np.int64), column("image_size", np.int64), column("labels", np.int64),
+                      np.array(members, dtype=bytes),
+                      np.array([(prefix + s).encode() for shard in shards for s in shard["sources"]], dtype=bytes))
+
+
+# ----------------------------------------------------------------------------- the order
+
+
+def interleave(shards: Sequence[np.ndarray], cycle_length: int) -> np.ndarray:
+    """The samples of ``shards`` read ``cycle_length`` shards at once, round-robin, one sample at a time: slot ``j``
+    (``0 <= j < cycle_length``) starts with shard ``j``; in each round the slots give their next sample in slot order;
+    a slot whose shard has ended takes the next shard not yet read (the slot that ended first, the lower slot on a tie)
+    and gives its first sample in the next round; an empty slot is passed over. (tf.data's ``interleave`` with
+    ``block_length=1``, non-sloppy.)"""
+    if not shards:
+        return np.empty(0, dtype=np.int64)
+    rounds: list[tuple[int, int]] = []  # (the round at which the slot is free, slot), a heap
+    keys = []
+    for k, samples in enumerate(shards):
+        if k < cycle_length:
+            start, slot = 0, k
+        else:
+            start, slot = heapq.heappop(rounds)
+        heapq.heappush(rounds, (start + len(samples), slot))
+        keys.append((start + np.arange(len(samples), dtype=np.int64)) * cycle_length + slot)
+    order = np.argsort(np.concatenate(keys), kind="stable")
+    return np.concatenate(shards).astype(np.int64)[order]
+
+
+def shuffle_buffer(stream: np.ndarray, buffer: int, rng: np.random.Generator) -> np.ndarray:
+    """``stream`` through a shuffle buffer of ``buffer`` samples (tf.data's ``shuffle``): the buffer is filled with
+    the first samples, then each output is the sample at a uniformly drawn place of the buffer, and that place takes
+    the next sample of the stream; once the stream has ended, the buffer empties the same way."""
+    n = len(stream)
+    items = stream.tolist()
+    held = items[:buffer]
+    following = len(held)
+    # The buffer holds min(buffer, n - k) samples when output k is drawn: all the draws at once.
+    picks = rng.integers(0, np.minimum(len(held), n - np.arange(n))).tolist() if n else []
+    out = [0] * n
+    for k, j in enumerate(picks):
+        out[k] = held[j]
+        if following < n:
+            held[j] = items[following]
+            following += 1
+        else:
+            held[j] = held[-1]
+            held.pop()
+    return np.array(out, dtype=np.int64)
+
+
+class ShardOrder:
+    """The data order of sharded training data (``DataOrder``); see the module's docstring for its definition.
+
+    ``shard_sizes``: the samples of each training shard, in ``index.json``'s order; the samples of shard ``s`` are
+    the dataset indices ``sum(shard_sizes[:s]) ...`` in stored order. Nothing is read: the order is computed from
+    these counts alone."""
+
+    def __init__(self, shard_sizes: Sequence[int], batch: int, seed: int, world: int,
+                 cycle_length: int = CYCLE_LENGTH, buffer: int = BUFFER) -> None:
+        if batch % world:
+            raise ValueError(f"batch {batch} is not a multiple of the world size {world}")
+        if len(shard_sizes) < world:
+            raise UserError(f"data.path: {len(shard_sizes)} training shard(s) for {world} processes: each process "
+                            f"reads shards of its own; pack with a smaller --shard-size so that there are at least "
+                            f"{world}")
+        self.sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+        self.batch, self.seed, self.world = batch, seed, world
+        self.cycle_length, self.buffer = cycle_length, buffer
+        self._streams: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._ends: dict[int, list[int]] = {}  # rank -> where each of its epochs ends in its stream
+
+    def shards_of(self, epoch: int, rank: int) -> np.ndarray:
+        """The shards rank ``rank`` reads in epoch ``epoch``, in the order it opens them."""
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.sizes))[rank :: self.world]
+
+    def epoch_length(self, epoch: int, rank: int) -> int:
+        return int(self.sizes[self.shards_of(epoch, rank)].sum())
+
+    def stream(self, epoch: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s samples (dataset indices) of epoch ``epoch``, in the order it reads them."""
+        key = (epoch, rank)
+        if key in self._streams:
+            self._streams.move_to_end(key)
+            return self._streams[key]
+        shards = [np.arange(self.starts[s], self.starts[s] + self.sizes[s]) for s in self.shards_of(epoch, rank)]
+        mixed = interleave(shards, self.cycle_length)
+        result = shuffle_buffer(mixed, self.buffer, np.random.default_rng([self.seed, epoch, rank]))
+        self._streams[key] = result
+        if len(self._streams) > EPOCHS_CACHED:
+            self._streams.popitem(last=False)
+        return result
+
+    def _locate(self, rank: int, position: int) -> tuple[int, int]:
+        """``(epoch, offset in it)`` of place ``position`` of rank ``rank``'s endless stream."""
+        ends = self._ends.setdefault(rank, [])
+        while not ends or ends[-1] <= position:
+            ends.append((ends[-1] if ends else 0) + self.epoch_length(len(ends), rank))
+        epoch = bisect.bisect_right(ends, position)
+        return epoch, position - (ends[epoch - 1] if epoch else 0)
+
+    def samples(self, rank: int, start: int, count: int) -> torch.Tensor:
+        """Places ``start .. start + count - 1`` of rank ``rank``'s stream (its epochs one after the other)."""
+        parts = []
+        while count > 0:
+            epoch, offset = self._locate(rank, start)
+            piece = self.stream(epoch, rank)[offset : offset + count]
+            parts.append(piece)
+            start, count = start + len(piece), count - len(piece)
+        return torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, dtype=torch.int64)
+
+    def micro_batches(self, step: int, rank: int, world: int, subdivisions: int) -> list[torch.Tensor]:
+        """Rank ``rank``'s ``b = batch / world`` samples of step ``step``, in ``subdivisions`` equal pieces."""
+        if world != self.world:
+            raise ValueError(f"this order is for {self.world} processes, asked for {world}")
+        share = self.batch // world
+        return list(self.samples(rank, step * share, share).chunk(subdivisions))
+
+
+# ----------------------------------------------------------------------------- the dataset
+
+
+def decode_crop_bytes(data: bytearray, preprocess: CropFirst) -> torch.Tensor:
+    """``folder.decode_crop`` on an image file's bytes: the same decoders, the same pixels."""
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        top, left, h, w = preprocess.box(height, width)
+        reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if image.format == "JPEG" else 1
+        if reduction > 1:
+            image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
+            rgb = image.convert("RGB")
+    if reduction == 1:
+        pixels = decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
+        return preprocess.finish(pixels[:, top:top + h, left:left + w])
+    ry, rx = height / rgb.size[1], width / rgb.size[0]
+    top, left = math.floor(top / ry), math.floor(left / rx)
+    h, w = min(math.ceil(h / ry), rgb.size[1] - top), min(math.ceil(w / rx), rgb.size[0] - left)
+    pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
+    return preprocess.finish(pixels.contiguous())
+
+
+class ShardImages(Dataset):
+    """The samples of one split of the shards, decoded through a ``CropFirst`` preprocessing; keys, samples,
+    bad images and ``collate`` are ``FolderImages``'s (a key is an index or ``(index, sample_seed)``; a sample is
+    ``(image, label, problems)``)."""
+
+    augments = True
+    """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
+    collate = staticmethod(FolderImages.collate)
+
+    def __init__(self, index: SplitIndex, preprocess: CropFirst, issues: DataIssues) -> None:
+        self.index, self.preprocess, self.issues = index, preprocess, issues
+        self._unreadable: set[int] = set()
+        self._files: OrderedDict[int, io.FileIO] = OrderedDict()  # shard -> its open file, this process's
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getstate__(self) -> dict[str, Any]:  # a spawned worker opens its own files
+        return {**self.__dict__, "_files": OrderedDict(), "_pid": None}
+
+    def read(self, index: int) -> bytearray:
+        """The image file's bytes of sample ``index``, read at its offset in its shard."""
+        if self._pid != os.getpid():  # a forked DataLoader worker opens its own (the parent's stay open there)
+            self._files, self._pid = OrderedDict(), os.getpid()
+        shard = int(self.index.shard[index])
+        file = self._files.get(shard)
+        if file is None:
+            file = self._files[shard] = io.FileIO(self.index.paths[shard], "r")
+            if len(self._files) > OPEN_FILES:
+                self._files.popitem(last=False)[1].close()
+        else:
+            self._files.move_to_end(shard)
+        size, offset = int(self.index.size[index]), int(self.index.offset[index])
+        data = bytearray(size)  # writable: torchvision decodes from it without a copy
+        got = os.preadv(file.fileno(), [data], offset)
+        if got != size:
+            raise OSError(f"the shard ends {size - got} bytes before the image does")
+        return data
+
+    def where(self, index: int) -> str:
+        """``SHARD:KEY.ext`` of sample ``index``, for messages."""
+        return f"{self.index.paths[int(self.index.shard[index])]}:{self.index.member[index].decode()}"
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        if seed is None:
+            return self._sample(int(index))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            return self._sample(int(index))
+
+    def _sample(self, index: int) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+        """The image at ``index``, or the next readable one (wrapping around), as ``FolderImages`` does."""
+        count, found = len(self), []
+        for i in (*range(index, count), *range(index)):
+            if i in self._unreadable:
+                continue
+            try:
+                return decode_crop_bytes(self.read(i), self.preprocess), int(self.index.label[i]), found
+            except DECODE_ERRORS as error:
+                message = (f"unreadable image ({error_reason(error)}; packed from {self.index.source[i].decode()}); "
+                           f"the next readable sample is used instead")
+            self._unreadable.add(i)
+            where = self.where(i)
+            self.issues.report(where, None, message, action="replaced")
+            found.append((where, message))
+        raise UserError(f"data: none of the {count} images can be decoded")
+
+    def inspect_shard(self, shard: int) -> list[tuple[int, str]]:
+        """``(index, problem)`` of each sample of ``shard`` that does not decode whole (``data.strict``); the shard
+        is read front to back with a file of its own (one thread a shard)."""
+        problems = []
+        with open(self.index.paths[shard], "rb") as file:
+            for index in np.flatnonzero(self.index.shard == shard).tolist():
+                try:
+                    file.seek(int(self.index.offset[index]))
+                    data = bytearray(file.read(int(self.index.size[index])))
+                    if len(data) != self.index.size[index]:
+                        raise OSError("the shard ends before the image does")
+                    with Image.open(io.BytesIO(data)):
+                        pass
+                    decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
+                except DECODE_ERRORS as error:
+                    problems.append((index, f"unreadable image ({error_reason(error)}; packed from "
+                                            f"{self.index.source[index].decode()})"))
+        return problems
+
+
+class TrainShards(ShardImages):
+    """The training split: it brings its own data order (``data/order.py``'s ``order_of``)."""
+
+    def order(self, batch: int, seed: int, world: int) -> ShardOrder:
+        return ShardOrder(self.index.shard_sizes, batch, seed, world)
+
+
+# ----------------------------------------------------------------------------- the format
+
+
+def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, int]:
+    """(train, val, number of classes); with ``data.strict`` every image is decoded once first."""
+    root = Path(cfg.data.path)
+    index = read_index(root)
+    issues = DataIssues(strict=cfg.data.strict)
+    chosen = preprocessing(cfg.data)
+    train = TrainShards(split_index(root, index, "train"), chosen.train, issues)
+    val = ShardImages(split_index(root, index, "val"), chosen.eval, issues)
+    if cfg.data.strict:
+        for dataset in (train, val):
+            with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
+                found = pool.map(dataset.inspect_shard, range(len(dataset.index.paths)))
+                for index, problem in sorted(p for problems in found for p in problems):
+                    issues.report(dataset.where(index), None, problem)
+    return train, val, len(index["classes"])
+
+
+def train_images(cfg: RunConfig) -> int:
+    """The training samples, from ``index.json``; ``data.train_images`` when the shards are not at hand (``show``,
+    ``schedule``, ``scale``)."""
+    data = cfg.data
+    if not (Path(data.path) / INDEX).is_file() and data.train_images is not None:
+        return data.train_images
+    return int(read_index(Path(data.path))["splits"]["train"]["samples"])
+
+
+def _check(data: DataConfig) -> None:
+    if data.path is None:
+        raise ValueError("data.path: missing; shards needs the folder `bigbatch pack` wrote (index.json and the tars)")
+
+
+DATASETS.register("shards", load, task="classification", count=train_images, check=_check,
+                  fields={"preprocessing": (PREPROCESSING, "inception")})
