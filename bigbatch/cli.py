@@ -60,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     data_bench.add_argument("--images", type=int, default=512,
                             help="images to read per measurement, after a first untimed step (default: %(default)s)")
 
+    pack = sub.add_parser("pack", help="write an image folder (SRC/train/CLASS/*, SRC/val/CLASS/*) as tar shards "
+                          "(WebDataset layout) with an index, for data.name: shards")
+    pack.add_argument("src", type=Path, metavar="SRC", help="the image folder, ImageNet's layout")
+    pack.add_argument("--out", type=Path, required=True, help="the folder to write: new or empty")
+    pack.add_argument("--shard-size", default="256MB", metavar="SIZE",
+                      help="the largest shard, e.g. 256MB, 1GiB (default: %(default)s)")
+    pack.add_argument("--seed", type=int, default=0, help="the seed of the training samples' shuffle (default: "
+                      "%(default)s)")
+
     show = sub.add_parser("show", help="print the resolved config and the batch plan")
     _add_config_args(show)
 
@@ -341,6 +350,24 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    from bigbatch.config import parse_size
+    from bigbatch.data.pack import pack
+
+    try:
+        shard_size = parse_size(args.shard_size)
+    except ValueError as e:
+        raise UserError(f"--shard-size: {e}") from None
+    if args.seed < 0:
+        raise UserError(f"--seed: expected a whole number >= 0, got {args.seed}")
+    counts = pack(args.src, args.out, shard_size, args.seed)
+    train, val = counts["train"], counts["val"]
+    print(f"shards written to {args.out}: {train['samples']} train images in {train['shards']} shards, "
+          f"{val['samples']} val images in {val['shards']} shards, {counts['classes']} classes, "
+          f"{counts['bytes'] / 1e6:.1f} MB; train with data.name=shards data.path={args.out}")
+    return 0
+
+
 def cmd_data_bench(args: argparse.Namespace) -> int:
     import os
 
@@ -358,7 +385,7 @@ def cmd_data_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale,
-            "plan": cmd_plan, "data": cmd_data}
+            "plan": cmd_plan, "data": cmd_data, "pack": cmd_pack}
 
 
 def main(argv: list[str] | None = None) -> int:

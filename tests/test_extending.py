@@ -171,7 +171,7 @@ def test_a_dataset_format_key_is_typed_defaulted_and_listed(toy_blobs):
                                         r"or yolo$"):
         load_config("shapes-detect", ["data.name=toy_blobs"])
     with pytest.raises(UserError, match=r"^data.name: 'shapes' is not a classification dataset; expected digits, "
-                                        r"folder or toy_blobs$"):
+                                        r"folder, shards or toy_blobs$"):
         load_config("digits", ["data.name=shapes"])
     DATASETS.unregister("toy_blobs")
     with pytest.raises(UserError, match=r"^data.toy_count: unknown key"):

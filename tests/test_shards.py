@@ -227,3 +227,15 @@ def test_two_processes_train_on_their_own_shares_of_the_shards(tmp_path, shards)
                       "data.size=32", "model.width=4", "model.norm=group", "steps=6", "eval.every=3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "world size      2" in result.stdout and "images 12" in result.stdout
+
+
+def test_bigbatch_pack_writes_shards_that_train(tmp_path, photos):
+    out = tmp_path / "packed"
+    result = run_main("pack", str(photos), "--out", str(out), "--shard-size", "64KB")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"shards written to {out}: 32 train images in ")
+    index = json.loads((out / "index.json").read_text())
+    assert sum(s["samples"] for s in index["splits"]["train"]["shards"]) == 32
+    refused = run_main("pack", str(photos), "--out", str(tmp_path / "other"), "--shard-size", "big")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --shard-size: expected a size")
+    assert train(tmp_path / "run", out).returncode == 0

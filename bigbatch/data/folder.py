@@ -22,6 +22,7 @@ and the next readable image of the set stands in for it (a batch keeps its size,
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import os
@@ -107,13 +108,14 @@ def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> 
     return next((r for r in JPEG_SCALES if box_height / r >= needed[0] and box_width / r >= needed[1]), 1)
 
 
-def decode_crop(path: str, preprocess: CropFirst) -> torch.Tensor:
-    """Decode the crop ``preprocess`` chooses, a JPEG at reduced size when the crop allows it; uint8 CHW RGB.
+def decode_crop(source: str | bytearray, preprocess: CropFirst) -> torch.Tensor:
+    """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), a JPEG
+    at reduced size when the crop allows it; uint8 CHW RGB.
 
     The header is read with PIL. A JPEG the crop lets shrink is decoded by PIL at that DCT scale (``draft``);
     any other image by torchvision (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and
     straight into a CHW tensor), then cropped by slicing."""
-    with Image.open(path) as image:
+    with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
         width, height = image.size
         top, left, h, w = preprocess.box(height, width)
         reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if image.format == "JPEG" else 1
@@ -122,7 +124,8 @@ def decode_crop(path: str, preprocess: CropFirst) -> torch.Tensor:
             image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
             rgb = image.convert("RGB")
     if reduction == 1:
-        pixels = decode_image(path, mode=ImageReadMode.RGB)
+        encoded = source if isinstance(source, str) else torch.frombuffer(source, dtype=torch.uint8)
+        pixels = decode_image(encoded, mode=ImageReadMode.RGB)
         return preprocess.finish(pixels[:, top:top + h, left:left + w])
     ry, rx = height / rgb.size[1], width / rgb.size[0]  # r, or nearly (libjpeg rounds the sides up)
     top, left = math.floor(top / ry), math.floor(left / rx)  # the box in the reduced pixels, widened to whole ones

@@ -53,7 +53,6 @@ import bisect
 import heapq
 import io
 import json
-import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -69,7 +68,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.detection import DataIssues, error_reason
-from bigbatch.data.folder import PREPROCESSING, CropFirst, FolderImages, jpeg_reduction, preprocessing
+from bigbatch.data.folder import PREPROCESSING, CropFirst, FolderImages, decode_crop, preprocessing
 from bigbatch.data.pack import FORMAT, INDEX, VERSION
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
@@ -274,25 +273,6 @@ class ShardOrder:
 # ----------------------------------------------------------------------------- the dataset
 
 
-def decode_crop_bytes(data: bytearray, preprocess: CropFirst) -> torch.Tensor:
-    """``folder.decode_crop`` on an image file's bytes: the same decoders, the same pixels."""
-    with Image.open(io.BytesIO(data)) as image:
-        width, height = image.size
-        top, left, h, w = preprocess.box(height, width)
-        reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if image.format == "JPEG" else 1
-        if reduction > 1:
-            image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
-            rgb = image.convert("RGB")
-    if reduction == 1:
-        pixels = decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
-        return preprocess.finish(pixels[:, top:top + h, left:left + w])
-    ry, rx = height / rgb.size[1], width / rgb.size[0]
-    top, left = math.floor(top / ry), math.floor(left / rx)
-    h, w = min(math.ceil(h / ry), rgb.size[1] - top), min(math.ceil(w / rx), rgb.size[0] - left)
-    pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
-    return preprocess.finish(pixels.contiguous())
-
-
 class ShardImages(Dataset):
     """The samples of one split of the shards, decoded through a ``CropFirst`` preprocessing; keys, samples,
     bad images and ``collate`` are ``FolderImages``'s (a key is an index or ``(index, sample_seed)``; a sample is
@@ -352,7 +332,7 @@ class ShardImages(Dataset):
             if i in self._unreadable:
                 continue
             try:
-                return decode_crop_bytes(self.read(i), self.preprocess), int(self.index.label[i]), found
+                return decode_crop(self.read(i), self.preprocess), int(self.index.label[i]), found
             except DECODE_ERRORS as error:
                 message = (f"unreadable image ({error_reason(error)}; packed from {self.index.source[i].decode()}); "
                            f"the next readable sample is used instead")
