@@ -232,8 +232,9 @@ class DataConfig(PartSection):
     parts = DATASETS
 
     name: Annotated[str, _registered(DATASETS)] = "digits"
-    """The dataset. Classification: ``digits`` (scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB)
-    or ``folder`` (image files in ``path``/train/CLASS/ and ``path``/val/CLASS/, ImageNet's layout). Detection:
+    """The dataset. Classification: ``digits`` (scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB),
+    ``folder`` (image files in ``path``/train/CLASS/ and ``path``/val/CLASS/, ImageNet's layout) or ``shards``
+    (the same packed by ``bigbatch pack``: tar shards and an index in ``path``). Detection:
     ``shapes`` (bigbatch's generated set, written to ``path`` when absent), ``coco`` (COCO JSON, ``train`` and
     ``val``) or ``yolo`` (Darknet/YOLO text labels: a ``.data`` file or a folder, ``path``)."""
     size: int = Field(32, gt=0)
