@@ -137,23 +137,40 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst) -> torch.Tensor:
 # ----------------------------------------------------------------------------- the dataset
 
 
-class FolderImages(Dataset):
-    """``(path, label)`` samples decoded through a ``CropFirst`` preprocessing.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
+"""What PIL and torchvision raise for a file that is not a readable image."""
+
+
+class EncodedImages(Dataset):
+    """Encoded images with labels, decoded through a ``CropFirst`` preprocessing; a subclass says where sample
+    ``i``'s bytes are (``source``), its ``label`` and how to name it in a message (``where``, ``origin``).
 
     A key is an index or ``(index, sample_seed)``; with a seed the preprocessing draws from torch's RNG seeded
     with it, in a forked RNG (the global one is left as it was). A sample is ``(image, label, problems)``,
-    ``problems`` being the ``(path, message)`` of each unreadable file it stands in for (a DataLoader worker's
-    findings reach the training process through it, ``DataIssues.absorb``)."""
+    ``problems`` being the ``(where, message)`` of each unreadable image it stands in for (a DataLoader worker's
+    findings reach the training process through it, ``DataIssues.absorb``). An unreadable image is reported once
+    and replaced by the next readable one (wrapping around)."""
 
     augments = True
     """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
 
-    def __init__(self, samples: Sequence[tuple[str, int]], preprocess: CropFirst, issues: DataIssues) -> None:
-        self.samples, self.preprocess, self.issues = list(samples), preprocess, issues
+    def __init__(self, preprocess: CropFirst, issues: DataIssues) -> None:
+        self.preprocess, self.issues = preprocess, issues
         self._unreadable: set[int] = set()
 
-    def __len__(self) -> int:
-        return len(self.samples)
+    def source(self, index: int) -> str | bytearray:
+        raise NotImplementedError
+
+    def label(self, index: int) -> int:
+        raise NotImplementedError
+
+    def where(self, index: int) -> str:
+        """The image's name in a message (a path)."""
+        raise NotImplementedError
+
+    def origin(self, index: int) -> str:
+        """More about where the image came from, for a message ("" when ``where`` says it all)."""
+        return ""
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         index, seed = key if isinstance(key, tuple) else (key, None)
@@ -165,18 +182,19 @@ class FolderImages(Dataset):
 
     def _sample(self, index: int) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         """The image at ``index``, or the next readable one (wrapping around)."""
-        count, found = len(self.samples), []
+        count, found = len(self), []
         for i in itertools.chain(range(index, count), range(index)):
             if i in self._unreadable:
                 continue
-            path, label = self.samples[i]
             try:
-                return decode_crop(path, self.preprocess), label, found
-            except (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError) as error:
-                message = f"unreadable image ({error_reason(error)}); the next readable sample is used instead"
+                return decode_crop(self.source(i), self.preprocess), self.label(i), found
+            except DECODE_ERRORS as error:
+                message = (f"unreadable image ({error_reason(error)}{self.origin(i)}); the next readable sample is "
+                           f"used instead")
             self._unreadable.add(i)
-            self.issues.report(path, None, message, action="replaced")
-            found.append((path, message))
+            where = self.where(i)
+            self.issues.report(where, None, message, action="replaced")
+            found.append((where, message))
         raise UserError(f"data: none of the {count} images can be decoded")
 
     @staticmethod
@@ -185,6 +203,26 @@ class FolderImages(Dataset):
         """``(images, labels, problems)``: a task reads images and labels, and counts the problems."""
         return (torch.stack([image for image, _, _ in batch]), torch.tensor([label for _, label, _ in batch]),
                 [problem for _, _, problems in batch for problem in problems])
+
+
+class FolderImages(EncodedImages):
+    """``(path, label)`` samples: image files."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], preprocess: CropFirst, issues: DataIssues) -> None:
+        super().__init__(preprocess, issues)
+        self.samples = list(samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def source(self, index: int) -> str:
+        return self.samples[index][0]
+
+    def label(self, index: int) -> int:
+        return self.samples[index][1]
+
+    def where(self, index: int) -> str:
+        return self.samples[index][0]
 
 
 # ----------------------------------------------------------------------------- the format

@@ -64,11 +64,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.detection import DataIssues, error_reason
-from bigbatch.data.folder import PREPROCESSING, CropFirst, FolderImages, decode_crop, preprocessing
+from bigbatch.data.folder import DECODE_ERRORS, PREPROCESSING, CropFirst, EncodedImages, preprocessing
 from bigbatch.data.pack import FORMAT, INDEX, VERSION
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
@@ -84,7 +83,6 @@ OPEN_FILES = 32
 """Open shard files kept per process (least recently used closed first)."""
 EPOCHS_CACHED = 4
 """Per-epoch streams kept (a step spans at most a few epochs)."""
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
 
 
 # ----------------------------------------------------------------------------- the index
@@ -273,18 +271,13 @@ class ShardOrder:
 # ----------------------------------------------------------------------------- the dataset
 
 
-class ShardImages(Dataset):
-    """The samples of one split of the shards, decoded through a ``CropFirst`` preprocessing; keys, samples,
-    bad images and ``collate`` are ``FolderImages``'s (a key is an index or ``(index, sample_seed)``; a sample is
-    ``(image, label, problems)``)."""
-
-    augments = True
-    """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
-    collate = staticmethod(FolderImages.collate)
+class ShardImages(EncodedImages):
+    """The samples of one split of the shards: each image's bytes read at its offset in its shard (keys, samples,
+    bad images and ``collate``: ``EncodedImages``)."""
 
     def __init__(self, index: SplitIndex, preprocess: CropFirst, issues: DataIssues) -> None:
-        self.index, self.preprocess, self.issues = index, preprocess, issues
-        self._unreadable: set[int] = set()
+        super().__init__(preprocess, issues)
+        self.index = index
         self._files: OrderedDict[int, io.FileIO] = OrderedDict()  # shard -> its open file, this process's
         self._pid = os.getpid()
 
@@ -317,30 +310,14 @@ class ShardImages(Dataset):
         """``SHARD:KEY.ext`` of sample ``index``, for messages."""
         return f"{self.index.paths[int(self.index.shard[index])]}:{self.index.member[index].decode()}"
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
-        index, seed = key if isinstance(key, tuple) else (key, None)
-        if seed is None:
-            return self._sample(int(index))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(seed))
-            return self._sample(int(index))
+    def source(self, index: int) -> bytearray:
+        return self.read(index)
 
-    def _sample(self, index: int) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
-        """The image at ``index``, or the next readable one (wrapping around), as ``FolderImages`` does."""
-        count, found = len(self), []
-        for i in (*range(index, count), *range(index)):
-            if i in self._unreadable:
-                continue
-            try:
-                return decode_crop(self.read(i), self.preprocess), int(self.index.label[i]), found
-            except DECODE_ERRORS as error:
-                message = (f"unreadable image ({error_reason(error)}; packed from {self.index.source[i].decode()}); "
-                           f"the next readable sample is used instead")
-            self._unreadable.add(i)
-            where = self.where(i)
-            self.issues.report(where, None, message, action="replaced")
-            found.append((where, message))
-        raise UserError(f"data: none of the {count} images can be decoded")
+    def label(self, index: int) -> int:
+        return int(self.index.label[index])
+
+    def origin(self, index: int) -> str:
+        return f"; packed from {self.index.source[index].decode()}"
 
     def inspect_shard(self, shard: int) -> list[tuple[int, str]]:
         """``(index, problem)`` of each sample of ``shard`` that does not decode whole (``data.strict``); the shard
