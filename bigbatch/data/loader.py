@@ -55,8 +55,12 @@ def train_steps(
     subdivisions: int,
     workers: int = 0,
     keys: SampleKeys | None = None,
+    pin_memory: bool = False,
 ) -> Iterator[list[Any]]:
-    """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches."""
+    """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches.
+
+    ``pin_memory`` (training on CUDA): batches arrive in page-locked memory, so that their copies to the device
+    (``non_blocking``) return at once and the host goes on while they run."""
     sampler = MicroBatchSampler(order, start, stop, rank, world, subdivisions, keys)
     loader = DataLoader(
         dataset,
@@ -65,6 +69,7 @@ def train_steps(
         collate_fn=_collate_of(dataset),
         persistent_workers=False,
         generator=own_generator(order.seed, start),
+        pin_memory=pin_memory,
     )
     step_batches: list[Any] = []
     done = start

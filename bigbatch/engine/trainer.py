@@ -88,7 +88,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     # --- the loop ---------------------------------------------------------------------------
     order = order_of(task.train_set, plan.batch, cfg.seed, proc.world)
     steps = train_steps(task.train_set, order, state.step, plan.steps, proc.rank, proc.world, plan.subdivisions,
-                        cfg.data.workers, task.sample_keys)
+                        cfg.data.workers, task.sample_keys, pin_memory=proc.device.type == "cuda")
     model.train()
     try:
         hooks.before_train()
