@@ -26,6 +26,7 @@ import io
 import itertools
 import math
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,7 +142,7 @@ DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.Decompres
 """What PIL and torchvision raise for a file that is not a readable image."""
 
 
-class EncodedImages(Dataset):
+class EncodedImages(Dataset, ABC):
     """Encoded images with labels, decoded through a ``CropFirst`` preprocessing; a subclass says where sample
     ``i``'s bytes are (``source``), its ``label`` and how to name it in a message (``where``, ``origin``).
 
@@ -158,15 +159,17 @@ class EncodedImages(Dataset):
         self.preprocess, self.issues = preprocess, issues
         self._unreadable: set[int] = set()
 
+    @abstractmethod
     def source(self, index: int) -> str | bytearray:
-        raise NotImplementedError
+        """The encoded image: a file's path, or its bytes."""
 
+    @abstractmethod
     def label(self, index: int) -> int:
-        raise NotImplementedError
+        """The image's class."""
 
+    @abstractmethod
     def where(self, index: int) -> str:
         """The image's name in a message (a path)."""
-        raise NotImplementedError
 
     def origin(self, index: int) -> str:
         """More about where the image came from, for a message ("" when ``where`` says it all)."""

@@ -259,7 +259,7 @@ def pack(src: Path, out: Path, shard_size: int, seed: int = 0) -> dict:
             raise UserError(f"--out: cannot write {error.filename or folder}: {error.strerror or error}") from None
     except BaseException:
         if new:
-            shutil.rmtree(folder, ignore_errors=True)  # the partial folder is ours alone
+            shutil.rmtree(folder, ignore_errors=True)  # ours alone: made by this call (mkdir, exist_ok=False)
         else:
             for path in reversed(written):
                 path.unlink(missing_ok=True)

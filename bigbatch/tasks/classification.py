@@ -128,7 +128,7 @@ class ClassificationTask:
         return self.evaluate(model, batch_size), []
 
     def save_predictions(self, path: Path, predictions: list[Any]) -> None:
-        raise NotImplementedError("classification exports no predictions")
+        raise TypeError("classification exports no predictions (prediction_format is None); callers check it first")
 
     def report(self, metrics: dict[str, float]) -> str:
         """The final metrics and, when files could not be read, their count."""
