@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.io import ImageReadMode, decode_image
 
+from bigbatch.data.order import sample_rng
 from bigbatch.errors import UserError
 
 EDGE_TOLERANCE = 1.0  # px a box may overshoot the image by (annotation rounding): clipped without a report
@@ -247,7 +248,7 @@ class DetectionDataset(Dataset):
     """Records decoded into ``(image, target)``, optionally through ``transform(image, target, size)``.
 
     A key is an index, or ``(index, size, sample_seed)``: ``size`` is passed to the transform (multi-scale
-    training), and with a ``sample_seed`` the transform runs under ``torch.manual_seed(sample_seed)`` in a
+    training), and with a ``sample_seed`` the transform runs with torch's CPU RNG seeded with it in a
     forked RNG, so a sample's augmentation depends only on its seed (whatever the worker, layout or resume)
     and the global RNG is left untouched.
 
@@ -278,8 +279,7 @@ class DetectionDataset(Dataset):
             return image, target
         if sample_seed is None:
             return self.transform(image, target, size)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(sample_seed))
+        with sample_rng(sample_seed):
             return self.transform(image, target, size)
 
     def _sample(self, index: int) -> tuple[tv_tensors.Image, dict[str, Any]]:

@@ -39,6 +39,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.detection import DataIssues, error_reason, inspect_images
+from bigbatch.data.order import sample_rng
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -179,8 +180,7 @@ class EncodedImages(Dataset, ABC):
         index, seed = key if isinstance(key, tuple) else (key, None)
         if seed is None:
             return self._sample(int(index))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(seed))
+        with sample_rng(seed):
             return self._sample(int(index))
 
     def _sample(self, index: int) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:

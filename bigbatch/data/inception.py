@@ -33,7 +33,7 @@ factors than TF, from the same distributions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -233,26 +233,28 @@ def _rewrap(out: Tensor, like: Any) -> Any:
     return tv_tensors.wrap(out, like=like) if isinstance(like, tv_tensors.TVTensor) else out
 
 
-def _to_float_rgb(image: Any) -> Tensor:
-    """uint8 or float CHW tensor / PIL image -> float32 RGB CHW in [0, 1].
+def _rgb_tensor(image: Any) -> Tensor:
+    """uint8 or float CHW tensor / PIL image -> a three-channel CHW tensor of the same values (not yet float).
 
-    uint8 follows TF's ``convert_image_dtype``: ``float(x) * float32(1 / 255)``. A float tensor is taken to be in
-    [0, 1] already. One grey channel is repeated to three (TF decodes with ``channels=3``).
-    """
+    One grey channel is repeated to three (TF decodes with ``channels=3``)."""
     if isinstance(image, PIL.Image.Image):
         image = F.pil_to_tensor(image if image.mode == "RGB" else image.convert("RGB"))
     if not isinstance(image, Tensor):
         raise TypeError(f"expected an image tensor or a PIL image, got {type(image).__name__}")
     x = image.as_subclass(Tensor)
-    if x.dtype == torch.uint8:
-        x = x.to(torch.float32) * float(_f32(1.0 / 255.0))
-    elif x.is_floating_point():
-        x = x.to(torch.float32)
-    else:
+    if x.dtype != torch.uint8 and not x.is_floating_point():
         raise TypeError(f"expected a uint8 or float image, got dtype {x.dtype}")
     if x.ndim != 3 or x.shape[0] not in (1, 3):
         raise ValueError(f"expected one image of shape (3, H, W) or (1, H, W), got {tuple(x.shape)}")
     return x.expand(3, -1, -1) if x.shape[0] == 1 else x
+
+
+def _unit_float(x: Tensor) -> Tensor:
+    """uint8 -> float32 in [0, 1] as TF's ``convert_image_dtype``: ``float(x) * float32(1 / 255)``; a float tensor
+    is taken to be in [0, 1] already (made float32)."""
+    if x.dtype == torch.uint8:
+        return x.to(torch.float32) * float(_f32(1.0 / 255.0))
+    return x.to(torch.float32)
 
 
 class _GeneratorTransform(v2.Transform):
@@ -366,8 +368,9 @@ def _legacy_source(out_size: int, in_size: int, device: torch.device) -> Tensor:
     return torch.arange(out_size, dtype=torch.float32, device=device) * float(scale)
 
 
-def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int]) -> Tensor:
-    """TensorFlow 1's ``resize_bilinear(align_corners=False)`` on a float (N)CHW tensor; float32 out.
+def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int],
+                        convert: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """TensorFlow 1's ``resize_bilinear(align_corners=False)`` on a (N)CHW tensor; float32 out.
 
     Source: ``core/kernels/image/resize_bilinear_op.cc`` with ``LegacyScaler``. Per axis, in float32:
     ``src = dst * (in / out)``, ``lower = max(floor(src), 0)``, ``upper = min(ceil(src), in - 1)``,
@@ -375,6 +378,12 @@ def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int]) -> Tensor:
     ``out = top + (bottom - top) * y_lerp`` (the kernel's operations in its order). The source grid is anchored
     at the top-left pixel, so the image shifts by half a source pixel against the half-pixel mapping
     ``src = (dst + 0.5) * in / out - 0.5`` of TF2 and of torch, and the last rows/columns repeat on upsampling.
+
+    ``convert`` turns the input's values into the float32 the kernel reads (default: ``.to(float32)``); it is
+    applied to the gathered samples only, so a uint8 image is gathered as bytes (a conversion is elementwise:
+    converting before or after a gather gives the same values). Columns are gathered as rows of the transposed
+    image (a gather along the last dimension is several times slower in torch), and every operation after
+    a gather runs in place; the arithmetic is the kernel's, bit for bit.
 
     Measured against torch's ``F.interpolate(mode='bilinear', align_corners=False, antialias=False)`` on
     scikit-learn's ``china.jpg`` (427x640, float in [0, 1]) resized to 299x299: max |difference| 0.419, mean
@@ -384,10 +393,11 @@ def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int]) -> Tensor:
     oh, ow = _size2(size)
     if image.ndim < 2:
         raise ValueError(f"tf1_resize_bilinear expects a (N)CHW tensor, got shape {tuple(image.shape)}")
-    x = image.as_subclass(Tensor).to(torch.float32)
+    convert = convert or (lambda v: v.to(torch.float32))
+    x = image.as_subclass(Tensor)
     ih, iw = x.shape[-2:]
     if (oh, ow) == (ih, iw):
-        return x.clone()  # the kernel's no-op shortcut (the legacy mapping is the identity there anyway)
+        return convert(x).clone()  # the kernel's no-op shortcut (the legacy mapping is the identity there anyway)
 
     def axis(out_size: int, in_size: int) -> tuple[Tensor, Tensor, Tensor]:
         src = _legacy_source(out_size, in_size, x.device)
@@ -398,17 +408,21 @@ def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int]) -> Tensor:
 
     y0, y1, yl = axis(oh, ih)
     x0, x1, xl = axis(ow, iw)
+    columns = x.transpose(-1, -2).contiguous()  # (..., W, H): column j of the image is row j of this
     if ih <= 2 * oh:  # fewer source rows than the two per output row: lerp every source row along x once
-        left, right = x.index_select(-1, x0), x.index_select(-1, x1)
-        along_x = left + (right - left) * xl  # row y of it is ``tl + (tr - tl) * x_lerp`` for any y0 or y1 = y
-        top, bottom = along_x.index_select(-2, y0), along_x.index_select(-2, y1)
+        along_x = convert(columns.index_select(-2, x0))
+        right = convert(columns.index_select(-2, x1))
+        along_x.add_(right.sub_(along_x).mul_(xl[:, None]))  # tl + (tr - tl) * x_lerp for every source row
+        rows = along_x.transpose(-1, -2).contiguous()
+        top, bottom = rows.index_select(-2, y0), rows.index_select(-2, y1)
     else:
-        top_rows, bottom_rows = x.index_select(-2, y0), x.index_select(-2, y1)
-        tl, tr = top_rows.index_select(-1, x0), top_rows.index_select(-1, x1)
-        bl, br = bottom_rows.index_select(-1, x0), bottom_rows.index_select(-1, x1)
-        top = tl + (tr - tl) * xl
-        bottom = bl + (br - bl) * xl
-    return top + (bottom - top) * yl[:, None]
+        left = columns.index_select(-2, x0).transpose(-1, -2)
+        right = columns.index_select(-2, x1).transpose(-1, -2)
+        top, top_right = convert(left.index_select(-2, y0)), convert(right.index_select(-2, y0))
+        bottom, bottom_right = convert(left.index_select(-2, y1)), convert(right.index_select(-2, y1))
+        top.add_(top_right.sub_(top).mul_(xl))
+        bottom.add_(bottom_right.sub_(bottom).mul_(xl))
+    return top.add_(bottom.sub_(top).mul_(yl[:, None]))
 
 
 def _resize_nearest(x: Tensor, oh: int, ow: int) -> Tensor:
@@ -765,8 +779,12 @@ class InceptionTrain(_GeneratorTransform):
         flip = torch.rand((), generator=generator, device=_device(generator)).item() < 0.5
         return {"method": method, "flip": flip, "color": self.color.draw_params(generator)}
 
-    def _finish(self, x: Tensor, params: dict[str, Any]) -> Tensor:
-        x = tf1_resize(x, self.size, params["method"])
+    def _finish(self, image: Tensor, params: dict[str, Any]) -> Tensor:
+        """Resize (gathering from the crop's own values), flip, colour, scale to [-1, 1]."""
+        if params["method"] == "bilinear":
+            x = tf1_resize_bilinear(image, self.size, convert=_unit_float)
+        else:
+            x = tf1_resize(_unit_float(image), self.size, params["method"])
         if params["flip"]:
             x = x.flip(-1)
         x = self.color.apply(x, params["color"])
@@ -774,7 +792,7 @@ class InceptionTrain(_GeneratorTransform):
 
     def after_crop(self, image: Any, generator: torch.Generator | None = None) -> Tensor:
         """Everything after the crop, on an already cropped image (uint8 / float CHW tensor or PIL)."""
-        return self._finish(_to_float_rgb(image), self.draw_params(generator))
+        return self._finish(_rgb_tensor(image), self.draw_params(generator))
 
     def check_inputs(self, flat_inputs: list[Any]) -> None:
         _check_classification_inputs(flat_inputs, "InceptionTrain")
@@ -786,7 +804,7 @@ class InceptionTrain(_GeneratorTransform):
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         top, left, h, w = params["box"]
-        return _rewrap(self._finish(_to_float_rgb(F.crop(inpt, top, left, h, w)), params), inpt)
+        return _rewrap(self._finish(_rgb_tensor(F.crop(inpt, top, left, h, w)), params), inpt)
 
 
 class InceptionEval(v2.Transform):
@@ -812,7 +830,7 @@ class InceptionEval(v2.Transform):
 
     def after_crop(self, image: Any) -> Tensor:
         """Resize and scale an already cropped image (uint8 / float CHW tensor or PIL)."""
-        return (tf1_resize_bilinear(_to_float_rgb(image), self.size) - 0.5) * 2.0
+        return (tf1_resize_bilinear(_rgb_tensor(image), self.size, convert=_unit_float) - 0.5) * 2.0
 
     def check_inputs(self, flat_inputs: list[Any]) -> None:
         _check_classification_inputs(flat_inputs, "InceptionEval")
