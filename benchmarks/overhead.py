@@ -37,7 +37,7 @@ from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.parts import build_parts
-from bigbatch.engine.trainer import to_device
+from bigbatch.engine.transfer import to_device
 from bigbatch.recipe.optim import build_optimizer, set_lr
 from bigbatch.tasks import build_task
 

@@ -75,7 +75,7 @@ def test_no_second_copy_of_the_data_on_the_cpu():
     from bigbatch.data.digits import load_digits_split
     from bigbatch.data.loader import train_steps
     from bigbatch.data.order import GlobalBatchOrder
-    from bigbatch.engine.trainer import to_device
+    from bigbatch.engine.transfer import to_device
 
     train_set, _ = load_digits_split(8)
     steps = train_steps(train_set, GlobalBatchOrder(len(train_set), 16, 0), 0, 1, 0, 1, 2)

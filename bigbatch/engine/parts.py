@@ -16,6 +16,7 @@ from bigbatch.config import RunConfig
 from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.step import TrainStep
+from bigbatch.engine.transfer import DeviceFeed
 from bigbatch.errors import UserError
 from bigbatch.recipe.clip import clip_gradients
 from bigbatch.recipe.ema import WeightEMA
@@ -41,7 +42,7 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
     parameters = [p for p in model.parameters() if p.requires_grad]
     step = TrainStep(model, optimizer, task.loss, scaler, functools.partial(autocast, cfg.precision, proc.device),
                      functools.partial(clip_gradients, cfg.clip, parameters), plan, cfg.norm, running_stats, ema,
-                     cfg.precision.max_skipped, events)
+                     cfg.precision.max_skipped, events, feed=DeviceFeed(proc.device))
     return model, step, ema, lr_at
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +76,7 @@ def _nothing(index: int) -> None:
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    micro_batches: list[Any],
+    micro_batches: Sequence[Any],
     loss_fn: LossFn,
     clip: Callable[[], float | None] | None = None,
     scaler: LossScaler | None = None,
@@ -127,11 +127,14 @@ class TrainStep:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, scaler: LossScaler,
                  autocast: Callable[[], contextlib.AbstractContextManager], clip: Callable[[int], float | None],
                  plan: BatchPlan, norm: NormConfig, running_stats: PerStepRunningStats | None,
-                 ema: WeightEMA | None, max_skipped: int, events: EventStorage) -> None:
+                 ema: WeightEMA | None, max_skipped: int, events: EventStorage,
+                 feed: Callable[[Sequence[Any]], Sequence[Any]] | None = None) -> None:
         self.model, self.optimizer, self.loss_fn, self.scaler = model, optimizer, loss_fn, scaler
         self.autocast, self.clip, self.plan, self.norm = autocast, clip, plan, norm
         self.running_stats, self.ema, self.max_skipped, self.events = running_stats, ema, max_skipped, events
         self.has_batchnorm = bool(running_buffers(unwrap(model)))
+        self.feed = feed or (lambda micro_batches: micro_batches)
+        """Puts an attempt's micro-batches on the model's device (``engine/transfer.py``'s ``DeviceFeed``)."""
         self.split = 1
         """Each micro-batch of the plan is cut into this many (doubled on out-of-memory)."""
         self.recut_on_oom = True
@@ -160,11 +163,12 @@ class TrainStep:
         set_momentum(unwrap(self.model), self.norm, dataclasses.replace(self.plan, subdivisions=self.subdivisions))
 
     def __call__(self, step: int, micro_batches: list[Any]) -> StepResult:
-        """Optimizer step ``step`` (0-based) on this device's micro-batches, applied."""
+        """Optimizer step ``step`` (0-based) on this device's micro-batches (on the host, or already on the
+        device), applied."""
         in_a_row = 0
         while True:
             bn_before = RunningStatsSnapshot(unwrap(self.model)) if self.has_batchnorm else None
-            cut = split_micro_batches(micro_batches, self.split)
+            cut = self.feed(split_micro_batches(micro_batches, self.split))  # cut on the host, then moved
             self.attempt_micro_batches = len(cut)
             try:
                 result = train_step(self.model, self.optimizer, cut, self.loss_fn, lambda: self.clip(step),

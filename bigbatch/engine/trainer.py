@@ -98,7 +98,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
             hooks.before_step()
             run.lr = lr_at(step)
             set_lr(train_step.optimizer, run.lr)
-            run.result = train_step(step, to_device(micro_batches, proc.device))
+            run.result = train_step(step, micro_batches)  # moved to the device inside (engine/transfer.py)
             state.step = step + 1
             hooks.after_step()
         metrics = run.metrics or run.evaluate(raw_too=False)[0]  # a finished run resumed: report, log nothing
@@ -124,19 +124,6 @@ def waited(items: Iterator[Any]) -> Iterator[tuple[float, Any]]:
         except StopIteration:
             return
         yield time.perf_counter() - start, item
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move a (nested) batch to ``device``; on the CPU nothing is copied."""
-    if device.type == "cpu":
-        return batch
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
 
 
 def seed_everything(seed: int) -> None:
