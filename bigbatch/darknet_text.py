@@ -1,19 +1,58 @@
 """Darknet's text files: ``key=value`` lines, under ``[section]`` headers in a ``.cfg``.
 
-One reader for the ``.cfg`` (``recipe/darknet_cfg.py``) and the ``.data`` file (``data/yolo.py``), as Darknet
-reads both (``read_option`` in src/option_list.c, ``read_cfg`` in src/parser.c): each line is stripped; an empty
-line, or one starting with ``#`` or ``;``, is skipped; in a ``.cfg``, ``[name]`` starts a section; every other line
-is ``key=value``, both sides stripped (a later key replaces an earlier one). Lines are numbered from 1, as given.
+One reader for the ``.cfg`` (``recipe/darknet_cfg.py``, ``models/darknet/cfg.py``) and the ``.data`` file
+(``data/yolo.py``), as Darknet reads both (``read_option`` in src/option_list.c, ``read_cfg`` in src/parser.c): each
+line is stripped; an empty line, or one starting with ``#`` or ``;``, is skipped; in a ``.cfg``, ``[name]`` starts a
+section; every other line is ``key=value``, both sides stripped (a later key replaces an earlier one). Lines are
+numbered from 1, as given.
+
+``read_keyed_sections`` is the same reading that also keeps the line of every key (for messages naming a key's
+line); ``read_options`` is it without those lines. ``parse_number`` reads one number as ``atoi``/``atof`` would be
+asked to, but strictly: the caller words the message when it is not one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from bigbatch.errors import UserError
 
 Section = tuple[str, dict[str, str], int]
 """(name, options, line number of the header)."""
+
+
+class KeyedSection(NamedTuple):
+    """A section with the lines of its keys: ``key_lines[key]`` is every line ``key`` was given on, in order."""
+
+    name: str
+    options: dict[str, str]
+    line: int
+    key_lines: dict[str, list[int]]
+
+
+def read_keyed_sections(lines: Iterable[str], where: str, expected: str = "key=value", sections: bool = False
+                        ) -> list[KeyedSection]:
+    """The sections of ``lines`` in order, with the line of every key; errors as :func:`read_options`."""
+    found: list[KeyedSection] = [] if sections else [KeyedSection("", {}, 0, {})]
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if sections and line.startswith("["):
+            if not line.endswith("]"):
+                raise UserError(f"{where}:{number}: malformed section header {line!r}")
+            found.append(KeyedSection(line[1:-1].strip(), {}, number, {}))
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise UserError(f"{where}:{number}: expected {expected}, got {line!r}")
+        if not found:
+            raise UserError(f"{where}:{number}: option {key.strip()!r} before any [section]")
+        found[-1].options[key.strip()] = value.strip()
+        found[-1].key_lines.setdefault(key.strip(), []).append(number)
+    return found
 
 
 def read_options(lines: Iterable[str], where: str, expected: str = "key=value", sections: bool = False
@@ -23,20 +62,25 @@ def read_options(lines: Iterable[str], where: str, expected: str = "key=value", 
     A mistake is a :class:`UserError` ``"{where}:{line}: ..."``: a line without ``=`` ("expected {expected}"), a
     malformed header, an option before the first header (``sections`` only).
     """
-    found: list[Section] = [] if sections else [("", {}, 0)]
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if sections and line.startswith("["):
-            if not line.endswith("]"):
-                raise UserError(f"{where}:{number}: malformed section header {line!r}")
-            found.append((line[1:-1].strip(), {}, number))
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise UserError(f"{where}:{number}: expected {expected}, got {line!r}")
-        if not found:
-            raise UserError(f"{where}:{number}: option {key.strip()!r} before any [section]")
-        found[-1][1][key.strip()] = value.strip()
-    return found
+    return [(s.name, s.options, s.line) for s in read_keyed_sections(lines, where, expected, sections)]
+
+
+INT_MAX = 2**31 - 1
+"""Darknet reads its integer options into C ints."""
+
+
+def parse_number(value: str, kind: type) -> int | float | None:
+    """``value`` as a finite ``kind`` (``int`` or ``float``), or None when it is not one.
+
+    An ``int`` may be written with a fraction (``"1.5"`` is 1, as C's ``atoi`` reads it) and must lie within a C
+    int (``|n| <= INT_MAX``); a ``float`` must be finite.
+    """
+    try:
+        number = kind(float(value)) if kind is int and "." in value else kind(value)
+    except (ValueError, OverflowError):  # OverflowError: an integer written as 1.5e999
+        return None
+    if kind is int and abs(number) > INT_MAX:
+        return None
+    if not math.isfinite(number):
+        return None
+    return number

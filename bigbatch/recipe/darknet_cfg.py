@@ -11,8 +11,9 @@ as Darknet's ``parse_net_options`` reads it (same defaults):
     burn_in, power, policy, steps, scales, step, scale, gamma, max_batches
                                   -> schedule.darknet (preset ``darknet``); steps = max_batches
 
-The input size (width, height) and the network layers are read by the Darknet model support
-(a later piece of work); until then the model and data are bigbatch's defaults.
+The input size (width, height, channels) and the network layers are read by ``models/darknet/cfg.py``
+(through ``read_cfg_sections``, the same reading with the line of each key); the recipe keys are
+``NET_RECIPE_KEYS``.
 
 ``net_recipe`` is registered as the reader of the ``.cfg`` config format (``registry.CONFIG_FORMATS``), so that
 ``bigbatch train yolov3.cfg`` reads it; the ``key=value`` lines are read by ``darknet_text.read_options``.
@@ -20,38 +21,42 @@ The input size (width, height) and the network layers are read by the Darknet mo
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
-from bigbatch.darknet_text import read_options
+from bigbatch.darknet_text import INT_MAX, KeyedSection, parse_number, read_keyed_sections
 from bigbatch.errors import UserError
 from bigbatch.registry import CONFIG_FORMATS
 
 
-def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
-    """The sections of a ``.cfg`` file in order: (name, options, line number of the header)."""
+def read_cfg_sections(path: Path, prefix: str = "config: ") -> list[KeyedSection]:
+    """The sections of a ``.cfg`` file in order, with the line of each key; errors begin ``{prefix}{path}``."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
-        raise UserError(f"config: cannot read {path}: {e.strerror}") from None
+        raise UserError(f"{prefix}cannot read {path}: {e.strerror}") from None
     lines = text.split("\n")  # lines as Darknet and editors count them
-    return read_options(lines, f"config: {path}", sections=True)
+    return read_keyed_sections(lines, f"{prefix}{path}", sections=True)
 
 
-INT_MAX = 2**31 - 1
-"""Darknet reads its integer options into C ints."""
+def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
+    """The sections of a ``.cfg`` file in order: (name, options, line number of the header)."""
+    return [(s.name, s.options, s.line) for s in read_cfg_sections(path)]
+
+
+NET_RECIPE_KEYS = frozenset({
+    "batch", "subdivisions", "learning_rate", "momentum", "decay", "burn_in", "power", "policy", "steps", "scales",
+    "step", "scale", "gamma", "max_batches"})
+"""The ``[net]`` keys ``net_recipe`` reads (the network's own, width, height and channels, are read in
+``models/darknet/cfg.py``)."""
 
 
 def _number(path: Path, line: int, key: str, value: str, kind: type) -> Any:
-    try:
-        number = kind(float(value)) if kind is int and "." in value else kind(value)
-    except (ValueError, OverflowError):  # OverflowError: an integer written as 1.5e999
-        number = None
-    if kind is int and (number is None or abs(number) > INT_MAX):
+    number = parse_number(value, kind)
+    if kind is int and number is None:
         raise UserError(f"config: {path}:{line}: [net] {key}: expected an integer between -{INT_MAX} and {INT_MAX}, "
                         f"got {value!r}")
-    if number is None or not math.isfinite(number):
+    if number is None:
         raise UserError(f"config: {path}:{line}: [net] {key}: expected a finite number, got {value!r}")
     return number
 
