@@ -48,4 +48,6 @@ echo "== 4. bigbatch plan on CUDA, fp32 and fp16, budget 4 GiB"
 for dtype in ${PLAN_DTYPES-fp32 fp16}; do
   python3 -m bigbatch plan digits --set $RESNET precision=$dtype --memory-limit 4GiB
 done
+echo "== 5. issue 14: bigbatch train vs a bare loop on the same pipeline (ResNet-50 224 bf16, batch 256, 16 workers)"
+python3 benchmarks/gpu_train_step.py --workers 16 --precision bf16
 echo "== done"
