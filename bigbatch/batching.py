@@ -79,16 +79,20 @@ def check_batch(cfg: RunConfig, world: int) -> None:
         )
 
 
+def total_steps(cfg: RunConfig, train_images: int) -> int:
+    """The run's optimizer steps: ``steps``, or ``ceil(epochs * train_images / batch)``."""
+    if cfg.steps is not None:
+        return cfg.steps
+    assert cfg.epochs is not None  # the config guarantees one of them
+    return math.ceil(cfg.epochs * train_images / cfg.batch - 1e-9)  # 1.1 epochs of 1000 at 100: 11, not 12
+
+
 def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
     """Check that the batch divides evenly and turn ``epochs`` into steps."""
     check_batch(cfg, world)
     if train_images <= 0:
         raise UserError(f"data.name: the {cfg.data.name!r} training set is empty")
-    if cfg.steps is not None:
-        steps = cfg.steps
-    else:
-        assert cfg.epochs is not None  # the config guarantees one of them
-        steps = math.ceil(cfg.epochs * train_images / cfg.batch - 1e-9)  # 1.1 epochs of 1000 at 100: 11, not 12
+    steps = total_steps(cfg, train_images)
     if steps * cfg.batch > INT64_MAX:
         key = "steps" if cfg.steps is not None else "epochs"
         raise UserError(f"{key}: {steps} steps of {cfg.batch} images are {steps * cfg.batch:.3g} images, more than a "

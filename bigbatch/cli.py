@@ -235,6 +235,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(config_to_yaml(cfg).rstrip())
     print()
     print(plan.describe())
+    settings = cfg.data.multiscale
+    if cfg.data.is_detection and settings.sizes is not None:
+        from bigbatch.data.multiscale import draw_for
+
+        sizes = draw_for(settings.sizes, cfg.data.size, settings.range).sizes
+        rule = "Darknet's rule" if settings.sizes == "auto" else "drawn uniformly"
+        print(f"multi-scale     {', '.join(map(str, sizes))} ({rule}, a new size every {settings.every} steps; the "
+              f"first {settings.every} and the last {min(settings.final, plan.steps)} at {max(sizes)})")
     return 0
 
 

@@ -222,10 +222,15 @@ class MultiScaleConfig(Section):
     rank and after a resume (drawn from the seed and the step); the first steps run at the largest size."""
 
     sizes: list[Annotated[int, Field(gt=0, multiple_of=32)]] | Literal["auto"] | None = None
-    """Training sizes (``data.size`` for each step); ``auto``: the multiples of 32 from size / 1.4 to
-    size x 1.4; unset: multi-scale training is off."""
+    """Training sizes (``data.size`` for each step): a list, drawn uniformly; ``auto``: Darknet's rule around
+    ``data.size`` with ``range`` (``round(r * size / 32 + 1) * 32``, r in [1/range, range]: 416 takes 320..608;
+    ``data/multiscale.py``); unset: multi-scale training is off."""
     every: int = Field(10, gt=0)
     """Steps between two size changes."""
+    range: float = Field(1.4, ge=1)
+    """``auto``: the range of the drawn scale (Darknet's ``random`` in the last ``[yolo]`` layer: 1 means 1.4)."""
+    final: int = Field(100, ge=0)
+    """The last steps of the run at the largest size, as Darknet's last 100 (BatchNorm statistics settle at it)."""
 
 
 class DataConfig(PartSection):

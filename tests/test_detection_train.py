@@ -123,7 +123,8 @@ def test_bad_data_is_reported_and_skipped_or_stops_in_strict_mode(shapes, tmp_pa
 
 def test_resume_is_exact_with_augmentation_and_multiscale(shapes, tmp_path):
     settings = [f"data.path={shapes}", "data.crop=true", "data.color_jitter=0.4", "data.multiscale.sizes=[96, 128]",
-                "data.multiscale.every=1", "schedule.warmup=[]", "schedule.decay={kind: constant}", "batch=8",
+                "data.multiscale.every=1", "data.multiscale.final=0", "schedule.warmup=[]",
+                "schedule.decay={kind: constant}", "batch=8",
                 "eval.every=100", "checkpoint.every=2", "log.tensorboard=false"]
     whole = run_main("train", "shapes-detect", "--out", str(tmp_path / "whole"), "--set", *settings, "steps=4")
     assert whole.returncode == 0, whole.stderr[-2000:]

@@ -1,35 +1,57 @@
-"""Multi-scale sizes: multiples of 32 within [base / 1.4, base * 1.4], a new size every N steps, the
-largest first, and a pure function of (seed, step): the same on every rank and after a resume."""
+"""Multi-scale sizes: Darknet's rule (AlexeyAB's detector.c) or a list, a new size every N steps, the largest
+first and for the last steps, and a pure function of (seed, step): the same on every rank and after a resume."""
 
+import collections
+import math
+
+import numpy as np
 import pytest
 
-from bigbatch.data.multiscale import MultiScale, default_sizes
+from bigbatch.data.multiscale import DarknetDraw, ListDraw, MultiScale, c_round, darknet_size, darknet_sizes
 
 
-def test_default_sizes_exact_lists():
-    # 416 / 1.4 = 297.1 -> 320; 416 * 1.4 = 582.4 -> 576 (Darknet's own range is 320..608)
-    assert default_sizes(416) == [320, 352, 384, 416, 448, 480, 512, 544, 576]
-    # 608 / 1.4 = 434.3 -> 448; 608 * 1.4 = 851.2 -> 832
-    assert default_sizes(608) == list(range(448, 833, 32))
-    assert default_sizes(608)[0] == 448 and default_sizes(608)[-1] == 832
-    # 800 / 1.4 = 571.4 -> 576; 800 * 1.4 = 1120 exactly, included
-    assert default_sizes(800) == [576 + 32 * i for i in range(18)]
-    assert default_sizes(800)[-1] == 1120
+def test_darknet_sizes_are_the_seeds_numbers():
+    assert darknet_sizes(320) == list(range(256, 481, 32))  # the seed: 256..480
+    assert darknet_sizes(416) == list(range(320, 609, 32))  # 320..608, as pjreddie's (rand() % 10 + 10) * 32
+    assert darknet_sizes(416, 1.25) == list(range(352, 545, 32))  # random=1.25 is the range itself
+    assert darknet_sizes(608) == list(range(480, 897, 32))
+    assert darknet_sizes(300) == [256, 288, 300, 320, 352, 384, 416, 448]  # a base off the grid is kept
 
 
-@pytest.mark.parametrize("base", [96, 224, 320, 416, 512, 608, 640, 800, 1024])
-def test_default_sizes_are_multiples_of_32_within_range(base):
-    sizes = default_sizes(base)
-    assert all(s % 32 == 0 for s in sizes)
-    assert all(base / 1.4 <= s <= base * 1.4 for s in sizes)
-    # rounded inwards and complete: the next multiple outside each end is out of range
-    assert sizes[0] - 32 < base / 1.4 and sizes[-1] + 32 > base * 1.4
-    assert sizes == list(range(sizes[0], sizes[-1] + 1, 32))
+def test_darknet_size_rounds_as_c_and_keeps_the_base_below_one():
+    assert [c_round(x) for x in (2.5, 3.5, -2.5, 2.49)] == [3, 4, -3, 2]
+    assert darknet_size(1.0, 416) == 448  # the rule's "+1": r = 1 gives one step above the base
+    assert darknet_size(0.99, 416) == 416  # below 1 but rounds to 448: stays at the base
+    assert darknet_size(0.9, 416) == 416  # 0.9 * 13 + 1 = 12.7 -> 13 -> 416
+    assert darknet_size(0.8, 416) == 352  # 11.4 -> 11
+    assert darknet_size(1 / 1.4, 320) == 256 and darknet_size(1.4, 320) == 480
+    assert darknet_size(0.1, 64) == 32  # never below one stride
 
 
-def test_default_sizes_rejects_an_empty_range():
-    with pytest.raises(ValueError, match="no multiple of 32"):
-        default_sizes(20)
+def test_darknet_draw_follows_rand_scale():
+    """r = u or 1/u with even odds, u ~ U[1, s]: half the draws are >= the size at r = 1."""
+    draw, rng = DarknetDraw(416), np.random.default_rng(0)
+    drawn = [draw(rng) for _ in range(20000)]
+    assert sorted(set(drawn)) == darknet_sizes(416)
+    assert abs(sum(d >= 448 for d in drawn) / len(drawn) - 0.5) < 0.02
+    counts = collections.Counter(drawn)
+    # sizes above: r in [1, 1.4] uniform, each 32 px step is 1/(0.4 * 13) of it (608 only half a step)
+    for size in (480, 512, 544, 576):
+        assert abs(counts[size] / len(drawn) - 0.5 / (0.4 * 13)) < 0.01
+
+
+def test_the_first_period_and_the_last_steps_run_at_the_largest():
+    ms = MultiScale(DarknetDraw(320), every=10, seed=0, stop=1000, final=100)
+    sizes = [ms.size_at(s) for s in range(1000)]
+    assert sizes[:10] == [480] * 10 and sizes[900:] == [480] * 100
+    assert len(set(sizes[10:900])) > 4
+    assert MultiScale([96, 128], every=1, seed=0, stop=10, final=0).size_at(9) in (96, 128)
+
+
+def test_list_draw_is_uniform_over_the_list():
+    draw, rng = ListDraw([320, 352, 384]), np.random.default_rng(1)
+    counts = collections.Counter(draw(rng) for _ in range(9000))
+    assert all(math.isclose(counts[s] / 9000, 1 / 3, abs_tol=0.03) for s in (320, 352, 384))
 
 
 @pytest.mark.parametrize(
@@ -43,7 +65,7 @@ def test_validation(sizes, every, match):
 
 
 def test_first_period_is_the_largest_and_size_is_constant_within_a_period():
-    sizes = default_sizes(416)
+    sizes = [320, 352, 384, 416, 448, 480, 512, 544, 576]
     ms = MultiScale(sizes, every=7, seed=3)
     seq = [ms.size_at(step) for step in range(7 * 200)]
     assert seq[:7] == [576] * 7
@@ -57,20 +79,18 @@ def test_first_period_is_the_largest_and_size_is_constant_within_a_period():
 
 
 def test_two_ranks_agree_and_resume_out_of_order_matches():
-    sizes = default_sizes(608)
-    rank0, rank1 = MultiScale(sizes, every=10, seed=42), MultiScale(list(sizes), every=10, seed=42)
+    rank0, rank1 = MultiScale(DarknetDraw(608), every=10, seed=42), MultiScale(DarknetDraw(608), every=10, seed=42)
     in_order = [rank0.size_at(s) for s in range(400)]
     assert in_order == [rank1.size_at(s) for s in range(400)]
-    resumed = MultiScale(sizes, every=10, seed=42)  # a fresh object, as after a restart at step 137
+    resumed = MultiScale(DarknetDraw(608), every=10, seed=42)  # a fresh object, as after a restart at step 137
     assert [resumed.size_at(s) for s in range(137, 400)] == in_order[137:]
     assert [resumed.size_at(s) for s in reversed(range(400))] == in_order[::-1]
 
 
 def test_different_seed_gives_a_different_sequence():
-    sizes = default_sizes(416)
-    a = [MultiScale(sizes, every=10, seed=0).size_at(s) for s in range(0, 1000, 10)]
-    b = [MultiScale(sizes, every=10, seed=1).size_at(s) for s in range(0, 1000, 10)]
-    assert a[0] == b[0] == 576  # both start at the largest
+    a = [MultiScale(DarknetDraw(416), every=10, seed=0).size_at(s) for s in range(0, 1000, 10)]
+    b = [MultiScale(DarknetDraw(416), every=10, seed=1).size_at(s) for s in range(0, 1000, 10)]
+    assert a[0] == b[0] == 608  # both start at the largest
     assert a != b
 
 
@@ -79,3 +99,14 @@ def test_single_size_is_constant_and_negative_step_rejected():
     assert {ms.size_at(s) for s in range(50)} == {800}
     with pytest.raises(ValueError, match="step"):
         ms.size_at(-1)
+
+
+def test_show_lists_the_sizes_a_run_can_take(tmp_path):
+    from tests.conftest import run_main
+
+    shown = run_main("show", "shapes-detect", "--set", "data.multiscale.sizes=auto", "data.size=320",
+                     "data.max_size=null", f"data.path={tmp_path / 'not-written'}")
+    assert shown.returncode == 0, shown.stderr
+    assert ("multi-scale     256, 288, 320, 352, 384, 416, 448, 480 (Darknet's rule, a new size every 10 steps; "
+            "the first 10 and the last 100 at 480)") in shown.stdout
+    assert not (tmp_path / "not-written").exists()

@@ -237,7 +237,7 @@ def test_the_capacity_check_counts_the_smallest_input_of_the_largest_detection_s
     assert largest_input(cfg) == (800, 800)  # a lower bound: an elongated image would be up to 800 x 1333
     cfg = load_config("shapes-detect", ["data.resize=letterbox", "data.size=416", "data.max_size=null",
                                         "data.multiscale.sizes=auto"])
-    assert largest_input(cfg) == (576, 576)  # Darknet-style sizes 320..576 around 416
+    assert largest_input(cfg) == (608, 608)  # Darknet's rule around 416: 320..608
 
 
 # --- 5. checkpoints with missing parts, of a future format, or holding code ----------------------------------------

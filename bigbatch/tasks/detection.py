@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from bigbatch.batching import total_steps
 from bigbatch.config import RunConfig
 from bigbatch.data.coco import CATEGORY_ID_OFFSET, coco_ground_truth
 from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
 from bigbatch.data.detection import DataIssues, DetectionDataset
 from bigbatch.data.loader import eval_batches
-from bigbatch.data.multiscale import MultiScale, default_sizes
+from bigbatch.data.multiscale import MultiScale, draw_for
 from bigbatch.data.order import sample_seed
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS, TASKS
@@ -72,11 +73,12 @@ class DetectionTask:
                                                                 flip=data.flip, crop=data.crop,
                                                                 color_jitter=data.color_jitter), issues)
         val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues)
-        sizes = data.multiscale.sizes
         multiscale = None
-        if sizes is not None:
-            multiscale = MultiScale(default_sizes(data.size) if sizes == "auto" else sizes, data.multiscale.every,
-                                    cfg.seed)
+        if data.multiscale.sizes is not None:
+            settings = data.multiscale
+            draw = draw_for(settings.sizes, data.size, settings.range)
+            multiscale = MultiScale(draw, settings.every, cfg.seed, stop=total_steps(cfg, len(train_records)),
+                                    final=settings.final)
         return cls(train, val, names, coco_ground_truth(val_records, names), cfg.seed, data.size, multiscale,
                    issues)
 

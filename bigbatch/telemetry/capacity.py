@@ -61,10 +61,10 @@ def largest_input(cfg: RunConfig) -> tuple[int, int]:
         return data.size, data.size
     sizes = data.multiscale.sizes
     if sizes == "auto":
-        from bigbatch.data.multiscale import default_sizes
+        from bigbatch.data.multiscale import darknet_sizes
 
         try:
-            sizes = default_sizes(data.size)
+            sizes = darknet_sizes(data.size, data.multiscale.range)
         except ValueError:  # no size to draw from: the run says so itself
             sizes = None
     largest = max([data.size, *(sizes or [])])
