@@ -659,6 +659,7 @@ YOLO = ("\n[convolutional]\nfilters=14\nsize=1\nactivation=linear\n"
     ("\n[upsample]\nstride=-2\n", "stride=-2", "[upsample] stride: expected an integer >= 1"),
     ("\n[dropout]\nprobability=1\n", "probability=1", "[dropout] probability: expected a number in [0, 1)"),
     ("", "[net]", "[net]: the cfg has no layers"),
+    (CONV + "\n[network]\n", "[network]", "[network]: a second [net] section"),
     ("\nwidht=8\n" + CONV, "widht=8", "[net] widht: unknown key"),
     ("\n[conv\n" + CONV, "[conv", "malformed section header '[conv'"),
 ])

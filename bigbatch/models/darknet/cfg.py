@@ -222,7 +222,7 @@ NET_KEYS = NET_RECIPE_KEYS | {
     "min_crop", "max_ratio", "min_ratio", "center", "clip", "notruth", "flip", "blur", "gaussian_noise", "mixup",
     "cutmix", "mosaic", "letter_box", "mosaic_bound", "contrastive", "contrastive_jit_flip", "contrastive_color",
     "unsupervised", "label_smooth_eps", "resize_step", "attention", "adversarial_lr", "max_chart_loss", "angle",
-    "aspect", "saturation", "exposure", "hue", "show_receptive_field", "random", "gpu_index", "noadjust"}
+    "aspect", "saturation", "exposure", "hue", "show_receptive_field", "random"}
 """Every ``[net]`` key Darknet reads (pjreddie and AlexeyAB): the recipe's, the input's, and the rest (ignored)."""
 
 NET_INPUT_KEYS = frozenset({"width", "height", "channels"})
@@ -562,14 +562,14 @@ def read_darknet_cfg(path: str | Path) -> DarknetCfg:
     net = _net_input(path, sections[0], ignored)
     layers: list[LayerSpec] = []
     for index, section in enumerate(sections[1:]):
+        if section.name in ("net", "network"):
+            raise UserError(f"{path}:{section.line}: [{section.name}]: a second [net] section")
         kind = SECTION_KINDS.get(section.name)
         if kind is None:
             what = ("a Darknet layer bigbatch does not build" if section.name in OTHER_DARKNET_SECTIONS
                     else "unknown section")
             raise UserError(f"{path}:{section.line}: [{section.name}]: {what} (bigbatch builds: "
                             f"{', '.join(sorted(set(SECTION_KINDS.values())))})")
-        if section.name in ("net", "network"):
-            raise UserError(f"{path}:{section.line}: [{section.name}]: a second [net] section")
         s = _Section(path, section, index)
         common = {"index": index, "section": section.name, "line": section.line, "lines": s.lines()}
         layers.append(PARSERS[kind](s, common))
