@@ -272,6 +272,9 @@ class DataConfig(PartSection):
     """Detection: probability of a horizontal flip."""
     crop: bool = False
     """Detection: a random crop (boxes leaving it dropped, the rest clipped) before resizing."""
+    crop_size: int | None = Field(None, gt=0)
+    """Detection: after the resize, a random ``crop_size`` x ``crop_size`` window of the training image (a shorter
+    side is kept whole) that keeps at least one box: MegDet's 800 x 800 after the shorter side is resized to 800."""
     color_jitter: float = Field(0.0, ge=0, le=1)
     """Detection: brightness, contrast and saturation jitter of +-this (MegDet: 0.4)."""
     multiscale: MultiScaleConfig = MultiScaleConfig()
@@ -380,6 +383,10 @@ class NormConfig(Section):
     sync: Literal["none", "bigbatch", "torch"] = "none"
     """Cross-device BatchNorm under torchrun: ``bigbatch`` (one packed fp32 all-reduce per layer and direction,
     CPU and GPU), ``torch`` (torch.nn.SyncBatchNorm, CUDA only), ``none`` (each device its own statistics)."""
+    freeze_during_warmup: bool = False
+    """BatchNorm layers in eval mode (normalising with the running statistics, which stay as they are) until the
+    schedule's warmup ends, as MegDet's training loop (``if iter < warmup_iters: bn.eval()``); the scales and
+    shifts still learn."""
 
     @model_validator(mode="after")
     def _one_momentum(self) -> NormConfig:

@@ -172,7 +172,8 @@ OPTIMIZERS = Registry("optimizer", "optim.name", ("bigbatch.recipe.optim",))
 SCHEDULES = Registry("schedule", "schedule.preset", ("bigbatch.recipe.schedule",))
 """``schedule.preset``: obj(cfg, plan) -> lr(step), the LR of each 0-based optimizer step for the batch plan;
 ``none`` composes ``schedule.warmup`` and ``schedule.decay``. Optional info ``burn_in(schedule_cfg) -> steps``: the
-schedule's burn-in, which the ``update_ratio`` loss scaler follows by default."""
+schedule's burn-in, which the ``update_ratio`` loss scaler follows by default; ``warmup_steps(cfg, plan) -> steps``:
+where its warmup ends (``norm.freeze_during_warmup``)."""
 DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.recipe.schedule",))
 """``schedule.decay.kind``: obj(decay_cfg, plan, start, floor) -> factor(step), the factor on the scaled LR at
 absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: the factor's lower bound, applied by

@@ -10,6 +10,7 @@ from torchvision.transforms import v2
 
 from bigbatch.data.det_transforms import (
     PAD_VALUE,
+    RandomFixedCrop,
     RandomRelativeCrop,
     boxes_from_coco,
     boxes_to_original,
@@ -348,3 +349,45 @@ def test_property_random_overlapping_boxes_with_jitter():
         assert torch.all(out_boxes >= 0) and torch.all(out_boxes[:, [0, 2]] <= out.shape[2])
         assert torch.all(out_boxes[:, [1, 3]] <= out.shape[1])
         assert torch.all(out_boxes[:, 2:] - out_boxes[:, :2] >= 1)
+
+
+def test_fixed_crop_is_at_most_size_by_size_and_keeps_a_box():
+    """MegDet's 800 x 800 after the shorter-side 800 resize, at a small scale: a 64 x 160 image gives a 64 x 64
+    window at a uniform offset; every sampled window keeps a box; the pixels are the image's own."""
+    image, target = sample(64, 160, [[10, 10, 30, 30], [120, 20, 150, 50]])
+    crop = RandomFixedCrop(64)
+    lefts = set()
+    for seed in range(60):
+        torch.manual_seed(seed)
+        top, left, h, w = crop.make_params([image, target["boxes"]])["window"]
+        assert (top, h, w) == (0, 64, 64) and 0 <= left <= 96
+        lefts.add(left)
+        torch.manual_seed(seed)  # the same draw again, inside the transform
+        out, out_target = clamp_and_sanitize()(*crop(image, target))
+        assert out.shape[-2:] == (64, 64) and len(out_target["boxes"]) >= 1
+        assert torch.equal(out, image[:, :, left:left + 64])
+    assert len(lefts) > 20  # offsets spread over the image, not one fixed window
+
+
+def test_fixed_crop_keeps_small_sides_whole_and_falls_back_to_a_box():
+    image, target = sample(40, 50, [[1, 1, 5, 5]])
+    out, _ = RandomFixedCrop(64)(image, target)
+    assert out.shape[-2:] == (40, 50)  # both sides below the crop: the image as it is
+    image, target = sample(64, 400, [[390, 30, 398, 40]])  # one box at the far right edge
+    crop = RandomFixedCrop(64, tries=0)  # no random window: straight to the fallback
+    torch.manual_seed(0)
+    top, left, h, w = crop.make_params([image, target["boxes"]])["window"]
+    assert (top, left, h, w) == (0, 336, 64, 64)  # centred on the box, clamped to the image
+    out, out_target = clamp_and_sanitize()(*crop(image, target))
+    assert plain(out_target["boxes"]).tolist() == [[54.0, 30.0, 62.0, 40.0]]
+
+
+def test_train_transform_crops_after_the_resize():
+    image, target = sample(100, 150, [[10, 10, 90, 90], [100, 20, 140, 80]])
+    transform = train_transform("shorter_side", 64, max_size_ratio=1333 / 800, crop_size=64, flip=0.0)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        out, out_target = transform(image, target)
+        assert out.shape[-2:] == (64, 64) and out.dtype == torch.float32  # 64 x 96 cropped to 64 x 64
+        boxes = plain(out_target["boxes"])
+        assert len(boxes) >= 1 and (boxes >= 0).all() and (boxes <= 64).all()

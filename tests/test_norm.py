@@ -257,3 +257,44 @@ def test_remove_restores_torch_behaviour():
     expected = F.batch_norm(x, torch.zeros(4), torch.ones(4), training=True, momentum=0.1)
     torch.testing.assert_close(hooked(x), expected, rtol=0, atol=1e-6)
     assert math.isclose(hooked.momentum, 0.1)
+
+
+@pytest.mark.parametrize("running_stats", ["per_microbatch", "per_step"])
+def test_freeze_during_warmup_keeps_batchnorm_in_eval_mode_until_the_warmup_ends(tmp_path, running_stats):
+    """MegDet's ``if iter < warmup_iters: bn.eval()``: running statistics untouched for the 3 warmup steps (while
+    the scales and shifts learn), updated from the 4th step on."""
+    from bigbatch.config import load_config
+    from bigbatch.engine.trainer import train
+
+    settings = ["batch=32", "subdivisions=2", "data.size=8", "model.width=4", "log.tensorboard=false",
+                "eval.every=100", "checkpoint.every=1", "schedule.warmup=[{kind: linear, length: 3, start_factor: 0.1}]",
+                "norm.freeze_during_warmup=true", f"norm.running_stats={running_stats}"]
+
+    def weights(steps: int) -> dict[str, torch.Tensor]:
+        out = tmp_path / f"{running_stats}-{steps}"
+        train(load_config("digits", [*settings, f"steps={steps}"]), out)
+        return torch.load(out / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+    frozen, thawed = weights(3), weights(4)
+    means = [k for k in frozen if k.endswith("running_mean")]
+    assert means
+    for key in means:
+        assert torch.equal(frozen[key], torch.zeros_like(frozen[key])), key  # as initialised
+        assert torch.equal(frozen[key.replace("mean", "var")], torch.ones_like(frozen[key])), key
+        assert not torch.equal(thawed[key], frozen[key]), key  # the 4th step updates them
+    scales = [k for k in frozen if k.replace("weight", "running_mean") in frozen and k.endswith("weight")]
+    assert any(not torch.equal(frozen[k], torch.ones_like(frozen[k])) for k in scales)  # the scales learned
+
+
+def test_warmup_steps_of_each_schedule_preset():
+    from bigbatch.config import load_config
+    from bigbatch.recipe.schedule import warmup_steps
+
+    plan = BatchPlan(batch=256, world=1, subdivisions=1, steps=5000, train_images=118287)
+    megdet = load_config("megdet-r50-fpn")
+    assert warmup_steps(megdet, plan) == 500
+    two_phases = load_config("digits", ["schedule.warmup=[{kind: constant, length: 2 epochs, factor: 0.1}, "
+                                        "{kind: linear, length: '1000 images'}]"])
+    assert warmup_steps(two_phases, plan) == math.ceil(2 * 118287 / 256 + 1000 / 256)
+    darknet = load_config("digits", ["schedule.preset=darknet", "schedule.darknet.burn_in=1000"])
+    assert warmup_steps(darknet, plan) == 1000

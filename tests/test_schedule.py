@@ -127,16 +127,19 @@ def test_darknet_policies(policy, extra, closed_form):
 
 def test_megdet_recipe_warmup_and_steps():
     cfg, plan, lr = schedule_of("megdet-r50-fpn")
-    peak = 0.02 * 256 / 16
+    peak = 0.02  # the seed's numbers: 0.001 -> 0.02 over 500 iterations at batch 256
     per_epoch = 118_287 / 256
     for step in range(plan.steps):
         if step < 500:
-            expected = peak * (0.05 + 0.95 * step / 500)  # 0.001 -> 0.02 per 16 images, per iteration
+            expected = peak * (0.05 + 0.95 * step / 500)  # linear per iteration
         else:
             expected = peak * 0.1 ** ((step >= 8 * per_epoch) + (step >= 10 * per_epoch))
         assert lr(step) == pytest.approx(expected, rel=1e-12), step
-    assert lr(0) == pytest.approx(0.001 * 16)
+    assert lr(0) == pytest.approx(0.001) and lr(500) == pytest.approx(0.02)
     assert cfg.clip.max_norm == 3.0 and cfg.clip.start_step == 300
+    assert cfg.norm.freeze_during_warmup and cfg.data.crop_size == 800
+    _, _, paper = schedule_of("megdet-r50-fpn", "optim.ref_batch=16")  # the paper's "0.02 per 16 images"
+    assert paper(500) == pytest.approx(0.32) and paper(0) == pytest.approx(0.016)
 
 
 # ----------------------------------------------------------------------------- components

@@ -165,6 +165,42 @@ class RandomRelativeCrop(v2.Transform):
         return F.crop(inpt, *params["window"])
 
 
+class RandomFixedCrop(RandomRelativeCrop):
+    """A random ``size x size`` window (a side shorter than ``size`` is kept whole), at a uniform position: MegDet's
+    800 x 800 training crop after the shorter side is resized to 800 (seed ``megdet-large-minibatch-detector``).
+
+    As :class:`RandomRelativeCrop`, a window must keep at least one box ``min_size`` wide and high (up to ``tries``
+    draws); after that the window is centred on a box (clamped to the image), so the output is never larger than
+    ``size`` (the planned memory) and never loses every box."""
+
+    def __init__(self, size: int, tries: int = 10, min_size: float = 1.0):
+        super().__init__(1.0, p=1.0, tries=tries, min_size=min_size)
+        if size < 1:
+            raise ValueError(f"crop size must be >= 1, got {size}")
+        self.size = int(size)
+
+    def sample_window(self, height: int, width: int) -> tuple[int, int, int, int]:
+        crop_h, crop_w = min(height, self.size), min(width, self.size)
+        top = int(torch.randint(height - crop_h + 1, ()))
+        left = int(torch.randint(width - crop_w + 1, ()))
+        return top, left, crop_h, crop_w
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        params = super().make_params(flat_inputs)
+        if params["window"] is not None:
+            return params
+        height, width = _canvas_size(flat_inputs)
+        boxes = _boxes(flat_inputs)
+        if boxes is None or len(boxes) == 0:
+            return {"window": self.sample_window(height, width)}
+        boxes = F.convert_bounding_box_format(boxes, new_format=tv_tensors.BoundingBoxFormat.XYXY)
+        x1, y1, x2, y2 = (float(v) for v in boxes[int(torch.randint(len(boxes), ()))])
+        crop_h, crop_w = min(height, self.size), min(width, self.size)
+        top = min(max(0, round((y1 + y2 - crop_h) / 2)), height - crop_h)
+        left = min(max(0, round((x1 + x2 - crop_w) / 2)), width - crop_w)
+        return {"window": (top, left, crop_h, crop_w)}
+
+
 def _per_box_entries(inputs: Any) -> tuple[torch.Tensor, ...]:
     """The target's tensors indexed like its boxes, for ``SanitizeBoundingBoxes(labels_getter=...)``."""
     target = inputs[1]
@@ -200,11 +236,12 @@ def boxes_from_coco(xywh: Sequence[Sequence[float]] | torch.Tensor, canvas_size:
 
 class TrainTransform:
     """``(image, target, size=None) -> (image, target)``: crop, colour jitter, resize (to this step's
-    ``size``), horizontal flip, clamp + sanitize, float32 in [0, 1]. See :func:`train_transform`."""
+    ``size``), fixed-size crop, horizontal flip, clamp + sanitize, float32 in [0, 1]. See :func:`train_transform`."""
 
     def __init__(self, resize: ResizeMode, size: int, max_size: int | None = None,
                  max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
-                 crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0):
+                 crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
+                 crop_size: int | None = None):
         if max_size is not None and max_size_ratio is not None:
             raise ValueError("give max_size or max_size_ratio, not both")
         resize_transform(resize, size)  # validates the mode
@@ -217,7 +254,8 @@ class TrainTransform:
             # before the letterbox, so the padding stays grey 114
             before.append(v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter))
         self.before = v2.Compose(before) if before else None
-        after: list[v2.Transform] = [v2.RandomHorizontalFlip(flip)] if flip else []
+        after: list[v2.Transform] = [RandomFixedCrop(crop_size, min_size=min_box_size)] if crop_size else []
+        after += [v2.RandomHorizontalFlip(flip)] if flip else []
         after += [clamp_and_sanitize(min_box_size), v2.ToDtype(torch.float32, scale=True)]
         self.after = v2.Compose(after)
 
@@ -239,8 +277,8 @@ class TrainTransform:
 
 def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
                     max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
-                    crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0
-                    ) -> TrainTransform:
+                    crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
+                    crop_size: int | None = None) -> TrainTransform:
     """The training pipeline, a callable ``(image, target, size=None) -> (image, target)``.
 
     In order: :class:`RandomRelativeCrop` with probability ``crop_prob`` (``crop``: ``False`` none,
@@ -248,11 +286,12 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     contrast and saturation ``color_jitter`` (MegDet: 0.4); the resize to ``size`` (the step's multi-scale
     size; default the ``size`` given here): ``"shorter_side"`` with the longer side capped by ``max_size``
     (fixed, detectron2) or ``size * max_size_ratio`` (MegDet 1333 / 800, scaling with the size), or
-    ``"letterbox"`` to ``size x size``; ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize`
+    ``"letterbox"`` to ``size x size``; with ``crop_size``, :class:`RandomFixedCrop` (MegDet's 800 x 800);
+    ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize`
     (boxes under ``min_box_size`` pixels dropped with their labels); ``v2.ToDtype(float32, scale=True)``.
     """
     return TrainTransform(resize, size, max_size, max_size_ratio, flip, crop, crop_prob, color_jitter,
-                          min_box_size)
+                          min_box_size, crop_size)
 
 
 class EvalTransform:

@@ -73,7 +73,27 @@ def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     return SCHEDULES.get(cfg.schedule.preset).obj(cfg, plan)
 
 
-@SCHEDULES.register("none")
+def warmup_steps(cfg: RunConfig, plan: BatchPlan) -> int:
+    """The optimizer steps before the schedule's warmup ends (rounded up): what the preset registered as its
+    ``warmup_steps(cfg, plan)`` (``schedule.warmup``'s phases; the Inception guide's cold and warmup epochs;
+    Darknet's ``burn_in``)."""
+    steps = SCHEDULES.get(cfg.schedule.preset).info.get("warmup_steps")
+    if steps is None:
+        raise UserError(f"schedule.preset: {cfg.schedule.preset!r} does not say where its warmup ends (register it "
+                        "with warmup_steps=...)")
+    return math.ceil(steps(cfg, plan) - 1e-9)
+
+
+def _phases_steps(cfg: RunConfig, plan: BatchPlan) -> float:
+    return sum(max(0.0, length_in_steps(phase.length, plan)) for phase in cfg.schedule.warmup)
+
+
+def _inception_warmup_steps(cfg: RunConfig, plan: BatchPlan) -> float:
+    p = cfg.schedule.inception_tpu
+    return (p.warmup_epochs + p.cold_epochs) * p.num_train_images / plan.batch if p.warmup else 0.0
+
+
+@SCHEDULES.register("none", warmup_steps=_phases_steps)
 def composed(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     """lr(t) = lr_B * warmup(t) * max(decay(t), floor): ``schedule.warmup``, then the ``schedule.decay`` kind."""
     base = scaled_lr(cfg.optim, plan.batch)
@@ -212,12 +232,13 @@ def _sigmoid(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> C
 # ----------------------------------------------------------------------------- presets
 
 
-@SCHEDULES.register("inception_tpu")
+@SCHEDULES.register("inception_tpu", warmup_steps=_inception_warmup_steps)
 def _inception_tpu_preset(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     return inception_tpu(scaled_lr(cfg.optim, plan.batch), plan.batch, cfg.schedule.inception_tpu)
 
 
-@SCHEDULES.register("darknet", burn_in=lambda schedule: schedule.darknet.burn_in)
+@SCHEDULES.register("darknet", burn_in=lambda schedule: schedule.darknet.burn_in,
+                    warmup_steps=lambda cfg, plan: cfg.schedule.darknet.burn_in)
 def _darknet_preset(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     return darknet(scaled_lr(cfg.optim, plan.batch), cfg.schedule.darknet, plan.steps)
 

@@ -71,7 +71,8 @@ class DetectionTask:
         ratio = data.longest_side / data.size if data.resize == "shorter_side" else None
         train = DetectionDataset(train_records, train_transform(data.resize, data.size, max_size_ratio=ratio,
                                                                 flip=data.flip, crop=data.crop,
-                                                                color_jitter=data.color_jitter), issues)
+                                                                color_jitter=data.color_jitter,
+                                                                crop_size=data.crop_size), issues)
         val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues)
         multiscale = None
         if data.multiscale.sizes is not None:
@@ -103,9 +104,12 @@ class DetectionTask:
     def synthetic_batch(self, cfg: RunConfig, micro_batch: int, device: torch.device
                         ) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
         """Random images of the largest training input (the largest multi-scale size; with ``shorter_side``, the
-        longer side at its cap), each with 4 random boxes: the peak memory ``bigbatch plan`` measures."""
+        longer side at its cap; both sides at most ``data.crop_size``), each with 4 random boxes: the peak memory
+        ``bigbatch plan`` measures."""
         short = max(self.multiscale.sizes) if self.multiscale is not None else cfg.data.size
         long = short if cfg.data.resize == "letterbox" else round(short * cfg.data.longest_side / cfg.data.size)
+        if cfg.data.crop_size is not None:  # the training crop bounds both sides
+            short, long = min(short, cfg.data.crop_size), min(long, cfg.data.crop_size)
         gen = torch.Generator().manual_seed(0)
         images, targets = [], []
         for _ in range(micro_batch):

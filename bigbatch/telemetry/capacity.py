@@ -67,7 +67,10 @@ def largest_input(cfg: RunConfig) -> tuple[int, int]:
             sizes = darknet_sizes(data.size, data.multiscale.range)
         except ValueError:  # no size to draw from: the run says so itself
             sizes = None
-    largest = max([data.size, *(sizes or [])])
+    training = max(sizes or [data.size])
+    if data.crop_size is not None:  # training inputs are cropped; evaluation's (at data.size) are not
+        training = min(training, data.crop_size)
+    largest = max(data.size, training)
     return largest, largest
 
 

@@ -1,0 +1,34 @@
+"""``norm.freeze_during_warmup``: BatchNorm layers in eval mode until the schedule's warmup ends.
+
+MegDet's loop (seed ``megdet-large-minibatch-detector``: ``if iter < warmup_iters: bn.eval()``): while the learning
+rate ramps up, each BN layer normalises with its running statistics and leaves them as they are; its scale and
+shift still learn. From the step the warmup ends on, the layers train as usual. Every process freezes the same steps
+(the warmup is a function of the config), so cross-device BN stays in step; evaluation puts the model in eval mode
+and back, and this hook sets the layers again before every step.
+"""
+
+from __future__ import annotations
+
+from bigbatch.engine.hooks.base import Hook
+from bigbatch.engine.run import Run
+from bigbatch.engine.step import unwrap
+from bigbatch.recipe.norm import batchnorm_layers
+from bigbatch.recipe.schedule import warmup_steps
+from bigbatch.registry import HOOKS
+
+
+class FreezeNormDuringWarmup(Hook):
+    def before_train(self, run: Run) -> None:
+        self.until, self.first = warmup_steps(run.cfg, run.plan), run.state.step
+
+    def before_step(self, run: Run) -> None:
+        train = run.step >= self.until
+        if run.step == self.first and not train and run.proc.is_main:  # said here: every writer is open by now
+            run.events.event(run.step, "norm_frozen", {"until_step": self.until},
+                             f"BatchNorm frozen (eval mode) until the warmup ends at step {self.until}")
+        for layer in batchnorm_layers(unwrap(run.model)):
+            layer.train(train)
+
+
+HOOKS.register("freeze_norm", lambda run: FreezeNormDuringWarmup() if run.cfg.norm.freeze_during_warmup else None,
+               order=3)
