@@ -788,7 +788,7 @@ class InceptionTrain(_GeneratorTransform):
         if params["flip"]:
             x = x.flip(-1)
         x = self.color.apply(x, params["color"])
-        return (x - 0.5) * 2.0
+        return x.sub_(0.5).mul_(2.0)  # (x - 0.5) * 2, on the tensor the colour step just made
 
     def after_crop(self, image: Any, generator: torch.Generator | None = None) -> Tensor:
         """Everything after the crop, on an already cropped image (uint8 / float CHW tensor or PIL)."""
