@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--images", type=int, default=2000, help="images, train and val together "
                         "(default: %(default)s; 20%% go to val)")
     shapes.add_argument("--seed", type=int, default=0, help="the generator's seed (default: %(default)s)")
+    shapes.add_argument("--format", choices=("coco", "yolo"), default="coco",
+                        help="coco: JPEG + COCO JSON; yolo: the Darknet/YOLO layout as well (a label file beside "
+                        "each image, train.txt, val.txt, shapes.names, shapes.data) (default: %(default)s)")
     data_bench = data_sub.add_parser("bench", help="measure the input pipeline alone (no model): images/s per "
                                      "number of DataLoader workers")
     _add_config_args(data_bench)
@@ -352,9 +355,11 @@ def cmd_data(args: argparse.Namespace) -> int:
         return cmd_data_bench(args)
     from bigbatch.data.shapes import generate_shapes
 
-    counts = generate_shapes(args.out, args.images, args.seed, key="--out")
+    counts = generate_shapes(args.out, args.images, args.seed, key="--out", yolo=args.format == "yolo")
     print(f"shapes set written to {args.out}: {counts['train_images']} train images ({counts['train_boxes']} boxes), "
           f"{counts['val_images']} val images ({counts['val_boxes']} boxes); classes {', '.join(counts['classes'])}")
+    if args.format == "yolo":
+        print(f"YOLO layout: train with --set data.name=yolo data.path={args.out / 'shapes.data'}")
     return 0
 
 

@@ -243,3 +243,33 @@ def test_a_place_that_cannot_be_written_is_one_error_line(where: str, tmp_path: 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --out: cannot ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_yolo_layout_holds_the_same_boxes_as_the_coco_files(tmp_path):
+    """``bigbatch data shapes --format yolo``: read through the ``yolo`` format (the ``.data`` file, Darknet's
+    label-beside-image rule), every split has the COCO files' images, labels and boxes (to the 6 decimals)."""
+    import numpy as np
+
+    from bigbatch.cli import main
+    from bigbatch.config import load_config
+    from bigbatch.data.detection import DataIssues
+    from bigbatch.registry import DATASETS
+
+    out = tmp_path / "set"
+    assert main(["data", "shapes", "--out", str(out), "--images", "30", "--format", "yolo"]) == 0
+    assert (out / "shapes.names").read_text().split() == list(CLASSES)
+    coco = load_config("shapes-detect", [f"data.path={out}"])
+    yolo = load_config("shapes-detect", ["data.name=yolo", f"data.path={out / 'shapes.data'}"])
+    from_coco = DATASETS.get("shapes").obj(coco, DataIssues(), 0)
+    from_yolo = DATASETS.get("yolo").obj(yolo, DataIssues(), 0)
+    assert from_yolo[2] == from_coco[2] == list(CLASSES)
+    for split in (0, 1):
+        a = sorted(from_coco[split], key=lambda r: r.path)
+        b = sorted(from_yolo[split], key=lambda r: r.path)
+        assert [Path(r.path).resolve() for r in a] == [Path(r.path).resolve() for r in b]
+        for ra, rb in zip(a, b, strict=True):
+            assert np.array_equal(ra.labels, rb.labels)
+            np.testing.assert_allclose(ra.boxes, rb.boxes, atol=1e-6 * 200)
+    # the set, YOLO files included, is the generator's own: generating again replaces it
+    assert main(["data", "shapes", "--out", str(out), "--images", "10"]) == 0
+    assert not (out / "shapes.data").exists() and len(list((out / "train").iterdir())) == 8

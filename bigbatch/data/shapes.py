@@ -209,11 +209,25 @@ def split_sizes(images: int, val_fraction: float = 0.2) -> tuple[int, int]:
     return images - val_count, val_count
 
 
-def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val_fraction: float = 0.2) -> dict:
+def yolo_line(label: int, bbox: list[float], width: int, height: int) -> str:
+    """A Darknet label line ``<class> <xc> <yc> <w> <h>`` for a COCO ``[x, y, w, h]`` box in pixels, normalised
+    by the image's size, six decimals as Darknet's ``voc_label.py`` writes them."""
+    x, y, w, h = bbox
+    return f"{label} {(x + w / 2) / width:.6f} {(y + h / 2) / height:.6f} {w / width:.6f} {h / height:.6f}"
+
+
+def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val_fraction: float = 0.2,
+                 yolo: bool = False) -> dict:
     """Write ``images`` generated images: ``out_dir/train/*.jpg``, ``out_dir/val/*.jpg`` and the COCO files
     ``out_dir/annotations/train.json`` and ``val.json``. Image ``i`` has COCO id ``i + 1`` and file
     ``{i:06d}.jpg``; the last ``round(images * val_fraction)`` images (at least one, when there are two or
-    more) are the validation set. Returns the image and box counts of each split."""
+    more) are the validation set. Returns the image and box counts of each split.
+
+    With ``yolo`` the Darknet/YOLO layout is written as well: a label file beside each image
+    (``train/{i:06d}.txt``, Darknet's rule for a path without an ``images`` folder; empty for an image without
+    shapes), the image lists ``train.txt`` and ``val.txt`` (paths relative to the set's folder), ``shapes.names``
+    and ``shapes.data`` (``classes``, ``train``, ``valid``, ``names``): ``data.name: yolo`` with
+    ``data.path: DIR/shapes.data`` reads it, as Darknet does."""
     if images < 1:
         raise UserError(f"--images: expected a positive number of images, got {images}")
     if size < 32:
@@ -227,7 +241,7 @@ def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val
     if any(out_dir.iterdir()):
         raise UserError(f"--out: {out_dir} is not empty; the shapes set is written into a new or empty folder only")
     marker = {"written_by": MARKER_SIGNATURE, "images": images, "seed": seed, "size": size,
-              "val_fraction": val_fraction}
+              "val_fraction": val_fraction, "yolo": yolo}
     (out_dir / MARKER).write_text(json.dumps(marker) + "\n")
     (out_dir / "annotations").mkdir()
     counts: dict = {"classes": list(CLASSES)}
@@ -244,11 +258,20 @@ def write_shapes(out_dir: Path, images: int, seed: int = 0, size: int = 128, val
                 annotations.append({"id": len(annotations) + 1, "image_id": index + 1,
                                     "category_id": CATEGORY_IDS[obj["label"]], "bbox": obj["bbox"],
                                     "area": obj["area"], "iscrowd": 0})
+            if yolo:
+                lines = [yolo_line(obj["label"], obj["bbox"], width, height) + "\n" for obj in objects]
+                (out_dir / split / f"{index:06d}.txt").write_text("".join(lines))
+        if yolo:
+            (out_dir / f"{split}.txt").write_text("".join(f"{split}/{e['file_name']}\n" for e in entries))
         final = out_dir / "annotations" / f"{split}.json"  # val.json, written last, marks the set complete
         partial = final.with_name(f".{final.name}.tmp")
         partial.write_text(json.dumps(_coco(entries, annotations)))
         os.replace(partial, final)
         counts[f"{split}_images"], counts[f"{split}_boxes"] = len(entries), len(annotations)
+    if yolo:
+        (out_dir / "shapes.names").write_text("".join(f"{name}\n" for name in CLASSES))
+        (out_dir / "shapes.data").write_text(f"classes={len(CLASSES)}\ntrain=train.txt\nvalid=val.txt\n"
+                                             f"names=shapes.names\n")
     return counts
 
 
@@ -256,7 +279,8 @@ MARKER = ".bigbatch-shapes.json"
 """The file that marks a folder as a shapes set bigbatch wrote (JSON: ``written_by`` and the generator's
 arguments)."""
 MARKER_SIGNATURE = "bigbatch shapes generator"
-_GENERATED = re.compile(r"^(?:(?:train|val)/\d{6,}\.jpg|annotations/\.?(?:train|val)\.json(?:\.tmp)?)$")
+_GENERATED = re.compile(r"^(?:(?:train|val)/\d{6,}\.(?:jpg|txt)|annotations/\.?(?:train|val)\.json(?:\.tmp)?"
+                        r"|(?:train|val)\.txt|shapes\.(?:names|data))$")
 """Paths (relative to the set's folder) of the files ``write_shapes`` writes, besides the marker."""
 _GENERATED_DIRS = ("train", "val", "annotations")
 
@@ -319,7 +343,7 @@ def shapes_target(root: Path, key: str = "--out") -> Path:
     return root
 
 
-def generate_shapes(root: Path, images: int, seed: int = 0, key: str = "--out") -> dict:
+def generate_shapes(root: Path, images: int, seed: int = 0, key: str = "--out", yolo: bool = False) -> dict:
     """Write the shapes set at ``root`` (checked by :func:`shapes_target`).
 
     An absent ``root`` is written as a sibling ``<root>.partial-<pid>`` folder, then renamed, so that an
@@ -334,10 +358,10 @@ def generate_shapes(root: Path, images: int, seed: int = 0, key: str = "--out") 
         if root.is_dir():
             if any(root.iterdir()):
                 remove_generated_set(root, key, keep_folder=True)
-            return write_shapes(root, images, seed)
+            return write_shapes(root, images, seed, yolo=yolo)
         partial = root.with_name(f"{root.name}.partial-{os.getpid()}")
         try:
-            counts = write_shapes(partial, images, seed)
+            counts = write_shapes(partial, images, seed, yolo=yolo)
         except BaseException:
             if partial.is_dir() and foreign_entry(partial) is None:
                 remove_generated_set(partial, key)  # ours, just made: nothing half-written is left behind
