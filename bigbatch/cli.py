@@ -235,6 +235,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     cfg = load_resolved(args.config, args.overrides)
     world = distributed.world_size_from_env()
     plan = make_plan(cfg, world, train_set_size(cfg))
+    network = None
+    if cfg.model.name == "darknet":  # read (and checked) before anything is printed
+        from bigbatch.models.darknet_models import describe_network
+
+        network = describe_network(cfg.model.cfg, cfg.data.size)
     print(config_to_yaml(cfg).rstrip())
     print()
     print(plan.describe())
@@ -246,6 +251,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         rule = "Darknet's rule" if settings.sizes == "auto" else "drawn uniformly"
         print(f"multi-scale     {', '.join(map(str, sizes))} ({rule}, a new size every {settings.every} steps; the "
               f"first {settings.every} and the last {min(settings.final, plan.steps)} at {max(sizes)})")
+    if network is not None:
+        print()
+        print(network)
     return 0
 
 

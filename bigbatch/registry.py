@@ -193,7 +193,8 @@ any work. obj loads it, by task:
   splits); ``issues`` (``data.detection.DataIssues``) collects the data problems; ``rank`` 0 alone prepares shared
   files (the other ranks wait at a barrier)."""
 MODELS = Registry("model", "model.name",
-                  ("bigbatch.models", "bigbatch.models.timm_models", "bigbatch.models.detectors"))
+                  ("bigbatch.models", "bigbatch.models.timm_models", "bigbatch.models.detectors",
+                   "bigbatch.models.darknet_models"))
 """``model.name``: info ``task``; ``min_input_size`` (optional: the smallest square input in pixels);
 ``reads_weights`` (optional: ``model.weights`` names a local weights file it loads); ``size_key`` (optional: the key
 that sets its size, named when it is too large; default ``model.name``). obj builds the model, random
@@ -204,6 +205,6 @@ weights unless ``model.weights``, nothing downloaded, by task:
   contract (labels ``0..C-1``; a dict of losses in train mode, detections in eval mode)."""
 HOOKS = Registry("hook", "", ("bigbatch.engine.hooks",))
 """Hooks every run builds: obj(run) -> a ``Hook`` or None (not wanted by this config)."""
-CONFIG_FORMATS = Registry("config format", "", ("bigbatch.recipe.darknet_cfg",))
+CONFIG_FORMATS = Registry("config format", "", ("bigbatch.models.darknet_models",))
 """Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
 a mistake in the file is a ``UserError`` naming it."""

@@ -15,8 +15,9 @@ The input size (width, height, channels) and the network layers are read by ``mo
 (through ``read_cfg_sections``, the same reading with the line of each key); the recipe keys are
 ``NET_RECIPE_KEYS``.
 
-``net_recipe`` is registered as the reader of the ``.cfg`` config format (``registry.CONFIG_FORMATS``), so that
-``bigbatch train yolov3.cfg`` reads it; the ``key=value`` lines are read by ``darknet_text.read_options``.
+``models/darknet_models.py``'s ``darknet_config``, the reader of the ``.cfg`` config format
+(``registry.CONFIG_FORMATS``: ``bigbatch train yolov3.cfg``), takes this recipe and adds the network; the
+``key=value`` lines are read by ``darknet_text.read_options``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import Any
 
 from bigbatch.darknet_text import INT_MAX, KeyedSection, parse_number, read_keyed_sections
 from bigbatch.errors import UserError
-from bigbatch.registry import CONFIG_FORMATS
 
 
 def read_cfg_sections(path: Path, prefix: str = "config: ") -> list[KeyedSection]:
@@ -112,5 +112,3 @@ def net_recipe(path: Path) -> dict[str, Any]:
         recipe["steps"] = max_batches
     return recipe
 
-
-CONFIG_FORMATS.register(".cfg", net_recipe)

@@ -1,0 +1,147 @@
+"""``model.name: darknet``: the network of a Darknet ``.cfg`` (``model.cfg``), as a bigbatch detector.
+
+The network is built by ``models/darknet`` at the run's input size (``data.size``), for the dataset's classes: when
+they differ from the cfg's, each ``[yolo]`` layer takes the dataset's number and the convolution before it
+``len(mask) * (classes + 5)`` filters, as a Darknet user edits a cfg for a new dataset. ``model.weights`` starts it
+from a Darknet ``.weights`` file (:func:`load_darknet_weights`) or from a state dict or bigbatch checkpoint of the
+same network. The detector (training losses, decoding) is ``models/darknet/detector.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from bigbatch.errors import UserError
+from bigbatch.registry import CONFIG_FORMATS, MODELS
+
+if TYPE_CHECKING:
+    from bigbatch.config import ModelConfig
+    from bigbatch.models.darknet import DarknetNetwork
+
+NETWORK_PREFIX = "network."
+"""Where the network's keys sit in the detector's state dict."""
+
+
+def darknet_network(cfg_path: str | None, classes: int | None = None, size: int | None = None) -> DarknetNetwork:
+    """The network of the ``.cfg`` at ``cfg_path`` for ``classes`` classes (default: the cfg's) and a ``size`` x
+    ``size`` input (default: its ``[net]``)."""
+    from bigbatch.models.darknet import load_network
+
+    if not cfg_path:
+        raise UserError("model.cfg: missing; model.name darknet builds the network of a Darknet .cfg file "
+                        "(model.cfg: path/to/net.cfg)")
+    if not Path(cfg_path).is_file():
+        raise UserError(f"model.cfg: {cfg_path} does not exist (expected a Darknet .cfg file)")
+    return load_network(cfg_path, size, size, classes)
+
+
+def network_state(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A network's own state dict out of a detector's (``network.*`` keys), a bigbatch checkpoint's ``model``, or
+    a bare network state dict."""
+    if isinstance(state.get("model"), dict):
+        state = state["model"]
+    if any(key.startswith(NETWORK_PREFIX) for key in state):
+        state = {key[len(NETWORK_PREFIX):]: value for key, value in state.items() if key.startswith(NETWORK_PREFIX)}
+    return state
+
+
+def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "model.weights") -> int:
+    """Load ``path`` into ``network``: a Darknet ``.weights`` file, or a state dict / bigbatch checkpoint holding
+    this network's weights; -> images seen (the ``.weights`` header's ``seen``; 0 for a state dict). A missing or
+    non-matching file is one ``UserError`` naming ``key``."""
+    from bigbatch.engine.checkpoint import load_tensors
+    from bigbatch.models.darknet import read_weights
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{key}: {path} does not exist (expected a Darknet .weights file, a state dict or a "
+                        "bigbatch checkpoint)")
+    if path.suffix == ".weights":
+        return read_weights(network, path)
+    state = load_tensors(path, key)
+    if not isinstance(state, dict):
+        raise UserError(f"{key}: {path} holds no state dict (a dict of tensors)")
+    state = network_state(state)
+    try:
+        network.load_state_dict(state)
+    except RuntimeError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        raise UserError(f"{key}: {path} does not fit the network of {network.cfg.path} ({detail})") from None
+    return 0
+
+
+def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_size: int) -> nn.Module:
+    """``MODELS``' builder for ``darknet``: the network of ``model.cfg`` at ``data.size`` for the dataset's
+    classes, from ``model.weights`` when given, as a detector."""
+    from bigbatch.models.darknet.detector import DarknetDetector
+
+    network = darknet_network(cfg.cfg, num_classes, min_size)
+    if cfg.weights is not None:
+        load_darknet_weights(network, cfg.weights)
+    return DarknetDetector(network)
+
+
+# min_input_size: one cell of the deepest stride of YOLO networks (32)
+MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True, min_input_size=32,
+                fields={"cfg": (str | None, None)})
+
+
+# ----------------------------------------------------------------------------- a .cfg as the CONFIG
+
+
+def darknet_config(path: Path) -> dict[str, Any]:
+    """A Darknet ``.cfg`` given as the CONFIG (``bigbatch train yolov3.cfg``): the ``[net]`` recipe
+    (``recipe/darknet_cfg.py``: batch, subdivisions, optimizer, schedule), and the network: ``model.name: darknet``
+    with ``model.cfg`` this file (absolute), square inputs of the ``[net]`` width, letterboxed, and Darknet's
+    multi-scale when the last ``[yolo]`` layer has ``random`` (1: the range 1.4; a fraction such as 1.25: that
+    range). The data default to bigbatch's generated shapes set; ``--set data.name=yolo data.path=obj.data`` trains
+    on a Darknet dataset. Evaluation reports mAP@0.5, as Darknet's ``map``."""
+    import os
+
+    from bigbatch.models.darknet import read_darknet_cfg
+    from bigbatch.models.darknet.shapes import layer_shapes
+    from bigbatch.recipe.darknet_cfg import net_recipe
+
+    recipe = net_recipe(path)
+    cfg = read_darknet_cfg(path)
+    net = cfg.net
+    if not cfg.yolo_layers:
+        raise UserError(f"config: {path}: the network has no [yolo] layer; bigbatch trains Darknet detectors")
+    for key in ("width", "height"):
+        if not getattr(net, key):
+            raise UserError(f"config: {path}:{net.line}: [net] {key}: missing; expected the input size")
+    if net.width != net.height:
+        raise UserError(f"config: {path}:{net.lines.get('height', net.line)}: [net] height: {net.height} differs from "
+                        f"width {net.width}; bigbatch trains square inputs")
+    layer_shapes(cfg, net.channels or 3, net.height, net.width)  # every layer fits its input: checked before any work
+    data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox"}
+    random = cfg.yolo_layers[-1].random
+    if random:
+        data["multiscale"] = {"sizes": "auto", "range": 1.4 if random == 1 else random}
+    recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)}, data=data,
+                  eval={"metric": "mAP50"})
+    return recipe
+
+
+CONFIG_FORMATS.register(".cfg", darknet_config)
+
+
+def describe_network(cfg_path: str, size: int) -> str:
+    """``bigbatch show``'s part for a Darknet network: the cfg's layer table at ``size`` (as Darknet lists its layers
+    when it loads a cfg) with the parameter count, and the keys bigbatch does not use. Built on the meta device: no
+    memory, no weights."""
+    from bigbatch.models.darknet import ignored_keys, layer_table
+
+    with torch.device("meta"):
+        network = darknet_network(cfg_path, None, size)
+    lines = [f"network of {cfg_path} ({size} x {size} input; the run gives each [yolo] layer the dataset's "
+             f"classes):", layer_table(network)]
+    ignored = ignored_keys(network.cfg)
+    if ignored:
+        lines.append(f"keys Darknet uses and bigbatch ignores: {', '.join(ignored)}")
+    return "\n".join(lines)
