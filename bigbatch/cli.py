@@ -72,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--seed", type=int, default=0, help="the seed of the training samples' shuffle (default: "
                       "%(default)s)")
 
+    export = sub.add_parser("export", help="write a Darknet network's weights (from a run, a checkpoint or a .cfg) as "
+                            "Darknet .weights and/or a checkpoint")
+    export.add_argument("source", type=Path, metavar="SOURCE",
+                        help="a run directory, a checkpoint, or a Darknet .cfg (a new network, or --weights)")
+    export.add_argument("--darknet-weights", type=Path, metavar="OUT.weights", help="write Darknet's .weights format")
+    export.add_argument("--checkpoint", type=Path, metavar="OUT.pt", help="write the network's weights for "
+                        "model.weights")
+    export.add_argument("--weights", type=Path, metavar="IN.weights", help="with a .cfg SOURCE: start from these "
+                        "weights (Darknet .weights or a state dict): a conversion")
+    export.add_argument("--seed", type=int, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
+                        "fresh network (default: %(default)s)")
+
     show = sub.add_parser("show", help="print the resolved config and the batch plan")
     _add_config_args(show)
 
@@ -371,6 +383,14 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from bigbatch.export import export
+
+    for line in export(args.source, args.darknet_weights, args.checkpoint, args.weights, args.seed):
+        print(line)
+    return 0
+
+
 def cmd_pack(args: argparse.Namespace) -> int:
     from bigbatch.config import parse_size
     from bigbatch.data.pack import pack
@@ -406,7 +426,8 @@ def cmd_data_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale,
-            "plan": cmd_plan, "data": cmd_data, "pack": cmd_pack}
+            "plan": cmd_plan, "data": cmd_data, "pack": cmd_pack,
+            "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -267,7 +267,8 @@ def test_freeze_during_warmup_keeps_batchnorm_in_eval_mode_until_the_warmup_ends
     from bigbatch.engine.trainer import train
 
     settings = ["batch=32", "subdivisions=2", "data.size=8", "model.width=4", "log.tensorboard=false",
-                "eval.every=100", "checkpoint.every=1", "schedule.warmup=[{kind: linear, length: 3, start_factor: 0.1}]",
+                "eval.every=100", "checkpoint.every=1",
+                "schedule.warmup=[{kind: linear, length: 3, start_factor: 0.1}]",
                 "norm.freeze_during_warmup=true", f"norm.running_stats={running_stats}"]
 
     def weights(steps: int) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ def test_cuda_micro_batches_arrive_intact_one_ahead():
             for i in range(4)]
     fed = DeviceFeed(device)(host)
     assert len(fed) == 4
-    for attempt in range(2):  # a re-run copies again
+    for _ in range(2):  # a re-run copies again
         seen = 0
         for i, (images, labels, extra) in enumerate(fed):
             assert images.device.type == "cuda" and extra["id"].device.type == "cuda"

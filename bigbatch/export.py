@@ -1,0 +1,109 @@
+"""``bigbatch export``: a Darknet network's weights, out of a run, a checkpoint or a ``.cfg``, as a Darknet
+``.weights`` file and/or a checkpoint that ``model.weights`` reads.
+
+    SOURCE = a run directory (its ``checkpoints/last.pt``) or a checkpoint: the network of the run's ``model.cfg``
+             for the classes it was trained on, with the weights the run evaluates (the EMA's when the run keeps one
+             and evaluates it, as ``bigbatch eval``); ``seen`` = steps x batch.
+    SOURCE = a ``.cfg``: the network as written, freshly initialised as Darknet does (seeded, ``--seed``), or with
+             ``--weights IN.weights`` (or a state dict) loaded: a conversion; ``seen`` from that file.
+
+Nothing existing is overwritten: each output must be a new file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bigbatch.errors import UserError
+
+
+@dataclass
+class Exported:
+    network: torch.nn.Module
+    seen: int
+    """Images the weights were trained on (Darknet's ``seen``)."""
+    origin: str
+    """What the weights are, for the printed line."""
+
+
+def classes_in(state: dict[str, torch.Tensor], cfg_path: str) -> int:
+    """The classes a network's state dict was trained on: the filters of the convolution before its first ``[yolo]``
+    are ``len(mask) * (classes + 5)``."""
+    from bigbatch.models.darknet import read_darknet_cfg
+
+    cfg = read_darknet_cfg(cfg_path)
+    yolo = cfg.yolo_layers[0]
+    key = f"layers.{yolo.index - 1}.conv.weight"
+    if key not in state:
+        raise UserError(f"SOURCE: the saved network has no {key}: it is not the network of {cfg_path}")
+    return state[key].shape[0] // len(yolo.mask) - 5
+
+
+def from_checkpoint(path: Path) -> Exported:
+    """The network of a bigbatch checkpoint (or a run directory's ``last.pt``) with the weights it evaluates."""
+    from bigbatch.config import validate_config
+    from bigbatch.engine import checkpoint
+    from bigbatch.models.darknet_models import darknet_network, network_state
+
+    if path.is_dir():
+        path = path / "checkpoints" / "last.pt"
+    state = checkpoint.load(path, checkpoint.EVAL_KEYS)
+    cfg = validate_config(state["config"])
+    if cfg.model.name != "darknet":
+        raise UserError(f"SOURCE: {path} holds a {cfg.model.name} model; export writes Darknet networks "
+                        "(model.name: darknet) only")
+    use_ema = state.get("ema") is not None and cfg.ema.evaluate
+    weights = network_state(state["ema"]["module"] if use_ema else state["model"])
+    network = darknet_network(cfg.model.cfg, classes_in(weights, cfg.model.cfg), cfg.data.size)
+    network.load_state_dict(weights)
+    return Exported(network, int(state["step"]) * cfg.batch,
+                    f"{'EMA' if use_ema else 'raw'} weights of {path} (step {state['step']})")
+
+
+def from_cfg(path: Path, weights: Path | None, seed: int) -> Exported:
+    """The network of a ``.cfg``: initialised as Darknet does under ``seed``, or loaded from ``weights``."""
+    from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
+
+    torch.manual_seed(seed)
+    network = darknet_network(str(path))
+    if weights is None:
+        return Exported(network, 0, f"{path}, freshly initialised (seed {seed})")
+    seen = load_darknet_weights(network, weights, key="--weights")
+    return Exported(network, seen, f"{path} with {weights}")
+
+
+def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | None, weights: Path | None = None,
+           seed: int = 0) -> list[str]:
+    """Write the outputs asked for; -> the lines to print. Every output is checked before anything is written."""
+    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.models.darknet import write_weights
+
+    if darknet_weights is None and checkpoint_out is None:
+        raise UserError("export: nothing to write; give --darknet-weights OUT.weights and/or --checkpoint OUT.pt")
+    for key, out in (("--darknet-weights", darknet_weights), ("--checkpoint", checkpoint_out)):
+        if out is not None and out.exists():
+            raise UserError(f"{key}: {out} exists; bigbatch does not overwrite it (choose a new file)")
+        if out is not None and not out.parent.is_dir():
+            raise UserError(f"{key}: the folder {out.parent} does not exist")
+    if not source.exists():
+        raise UserError(f"SOURCE: {source} does not exist (expected a run directory, a checkpoint or a .cfg)")
+    if source.suffix == ".cfg":
+        exported = from_cfg(source, weights, seed)
+    elif weights is not None:
+        raise UserError("--weights: loads weights into a .cfg SOURCE; a run or checkpoint has its own")
+    else:
+        exported = from_checkpoint(source)
+    lines = [f"network: {exported.origin}"]
+    if darknet_weights is not None:
+        write_weights(exported.network, darknet_weights, exported.seen)
+        lines.append(f"Darknet weights written to {darknet_weights} ({darknet_weights.stat().st_size:,} bytes, "
+                     f"seen {exported.seen:,})")
+    if checkpoint_out is not None:
+        state = {"model": exported.network.state_dict(), "darknet_cfg": str(exported.network.cfg.path),
+                 "seen": exported.seen}
+        atomic_write(checkpoint_out, lambda f: torch.save(state, f))
+        lines.append(f"checkpoint written to {checkpoint_out} (for model.weights)")
+    return lines

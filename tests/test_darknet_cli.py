@@ -1,0 +1,82 @@
+"""Darknet networks through the CLI: ``bigbatch show net.cfg`` lists the layers and counts the parameters as Darknet
+does, ``bigbatch export`` converts both ways, and a malformed cfg or weights file is one clear line."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from tests.conftest import run_main
+
+
+@pytest.mark.parametrize(("name", "layers", "parameters"), [("yolov3.cfg", 107, "61,949,149"),
+                                                             ("yolov3-tiny.cfg", 24, "8,852,366")])
+def test_show_counts_the_parameters_as_darknet(shared_data, name, layers, parameters):
+    shown = run_main("show", str(shared_data / "darknet" / name))
+    assert shown.returncode == 0, shown.stderr
+    assert f"; {layers} layers; {parameters} parameters" in shown.stdout
+    assert "model:\n  name: darknet" in shown.stdout and "resize: letterbox" in shown.stdout
+    assert "keys Darknet uses and bigbatch ignores: net:angle, net:saturation, net:exposure, net:hue" in shown.stdout
+    table = shown.stdout.split("layer  type")[1].splitlines()
+    assert table[1].split()[:3] == ["0", "conv", "16" if "tiny" in name else "32"]
+
+
+def test_export_writes_darknet_weights_that_read_back_bit_identically(shared_data, tmp_path):
+    """A fresh yolov3 as Darknet weights: exactly 248,007,048 bytes; converted back through --weights, the same bytes
+    and the same tensors in a checkpoint that model.weights reads."""
+    from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
+
+    cfg = shared_data / "darknet" / "yolov3.cfg"
+    first = tmp_path / "first.weights"
+    result = run_main("export", str(cfg), "--darknet-weights", str(first))
+    assert result.returncode == 0, result.stderr
+    assert first.stat().st_size == 248_007_048
+    again, checkpoint = tmp_path / "again.weights", tmp_path / "yolov3.pt"
+    result = run_main("export", str(cfg), "--weights", str(first), "--darknet-weights", str(again),
+                      "--checkpoint", str(checkpoint))
+    assert result.returncode == 0, result.stderr
+    assert first.read_bytes() == again.read_bytes()
+    from_weights, from_checkpoint = darknet_network(str(cfg)), darknet_network(str(cfg))
+    load_darknet_weights(from_weights, first)
+    load_darknet_weights(from_checkpoint, checkpoint)
+    a, b = from_weights.state_dict(), from_checkpoint.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    fresh = darknet_network(str(cfg))  # a different init: the weights really were loaded
+    assert not torch.equal(fresh.state_dict()["layers.0.conv.weight"], a["layers.0.conv.weight"])
+
+
+def test_export_refuses_to_overwrite_and_names_a_mismatched_file(shared_data, tmp_path):
+    tiny = shared_data / "darknet" / "yolov3-tiny.cfg"
+    kept = tmp_path / "kept.weights"
+    kept.write_bytes(b"mine")
+    result = run_main("export", str(tiny), "--darknet-weights", str(kept))
+    assert result.returncode == 2 and result.stderr.startswith(f"error: --darknet-weights: {kept} exists")
+    assert kept.read_bytes() == b"mine"
+    wrong = tmp_path / "wrong.weights"
+    wrong.write_bytes(struct.pack("<3iQ", 0, 2, 5, 0) + b"\0" * 400)  # a 0.2 header (64-bit seen), too few values
+    result = run_main("export", str(tiny), "--weights", str(wrong), "--darknet-weights", str(tmp_path / "o.weights"))
+    assert result.returncode == 2
+    assert result.stderr == (f"error: {wrong}: expected 35,434,956 bytes for {tiny} (20-byte header + 8,858,734 "
+                             f"float32 values), got 420 bytes\n")
+    assert not (tmp_path / "o.weights").exists()
+    result = run_main("export", str(tiny))
+    assert result.returncode == 2 and "nothing to write" in result.stderr
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[net]\nwidth=64\nheight=64\nchannels=3\n[convolutional]\nfilters=8\nsize=3\nactivation=leaky\n[yolo]\n",
+     "net.cfg:9: [yolo]"),
+    ("[net]\nwidth=64\nheight=64\n[convolution]\nfilters=8\n", "net.cfg:4:"),
+    ("[net]\nwidth=64\nheight=64\n[convolutional]\nfilters=eight\n", "net.cfg:5: [convolutional] filters:"),
+    ("[net]\nwidth=64\nheight=64\n[convolutional]\nfilters=8\nsize=3\n[route]\nlayers=-5\n", "net.cfg:8: [route]"),
+    ("[net]\nwidth=64\nheight=48\n[convolutional]\nfilters=18\nsize=1\n[yolo]\nmask=0\nanchors=1,1\nnum=1\nclasses=1\n",
+     "[net] height: 48 differs from width 64"),
+])
+def test_a_malformed_cfg_is_one_line_naming_file_and_line(tmp_path, text, message):
+    path = tmp_path / "net.cfg"
+    path.write_text(text)
+    shown = run_main("show", str(path))
+    assert shown.returncode == 2 and shown.stdout == ""
+    assert len(shown.stderr.splitlines()) == 1 and message in shown.stderr, shown.stderr
