@@ -272,6 +272,15 @@ class DataConfig(PartSection):
     """Detection: probability of a horizontal flip."""
     crop: bool = False
     """Detection: a random crop (boxes leaving it dropped, the rest clipped) before resizing."""
+    jitter: float = Field(0.0, ge=0, lt=0.5)
+    """Detection: Darknet's jitter crop: each side moved in or out by up to ``jitter`` x the side (outside: black),
+    the window then stretched to size x size (Darknet's ``letter_box=0``) in place of ``resize``; 0: off."""
+    hue: float = Field(0.0, ge=0, le=0.5)
+    """Detection: Darknet's hue shift, U(-hue, hue) turns of the colour circle."""
+    saturation: float = Field(1.0, ge=1)
+    """Detection: Darknet's saturation scale, u or 1/u with u ~ U[1, saturation]."""
+    exposure: float = Field(1.0, ge=1)
+    """Detection: Darknet's exposure (HSV value) scale, u or 1/u with u ~ U[1, exposure]."""
     crop_size: int | None = Field(None, gt=0)
     """Detection: after the resize, a random ``crop_size`` x ``crop_size`` window of the training image (a shorter
     side is kept whole) that keeps at least one box: MegDet's 800 x 800 after the shorter side is resized to 800."""
@@ -727,7 +736,8 @@ def _one_of(names: list[str]) -> str:
 
 
 def builtin_recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    """The recipes in ``bigbatch/configs/``: YAML files, and the Darknet ``.cfg`` files written for bigbatch."""
+    return sorted(p.stem for p in [*RECIPES_DIR.glob("*.yaml"), *RECIPES_DIR.glob("*.cfg")])
 
 
 class _Loader(yaml.SafeLoader):
@@ -782,9 +792,10 @@ def resolve_config_source(source: str) -> tuple[Path, str]:
     path = Path(source)
     if path.is_file():
         return path, path.stem
-    builtin = RECIPES_DIR / f"{source}.yaml"
-    if builtin.is_file():
-        return builtin, source
+    for suffix in (".yaml", ".cfg"):
+        builtin = RECIPES_DIR / f"{source}{suffix}"
+        if builtin.is_file():
+            return builtin, source
     raise UserError(
         f"config: {source!r} is neither a YAML file nor a built-in recipe "
         f"(built-in: {', '.join(builtin_recipes())})"

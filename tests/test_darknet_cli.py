@@ -18,7 +18,8 @@ def test_show_counts_the_parameters_as_darknet(shared_data, name, layers, parame
     assert shown.returncode == 0, shown.stderr
     assert f"; {layers} layers; {parameters} parameters" in shown.stdout
     assert "model:\n  name: darknet" in shown.stdout and "resize: letterbox" in shown.stdout
-    assert "keys Darknet uses and bigbatch ignores: net:angle, net:saturation, net:exposure, net:hue" in shown.stdout
+    assert "keys Darknet uses and bigbatch ignores: net:angle\n" in shown.stdout
+    assert "jitter: 0.3" in shown.stdout and "saturation: 1.5" in shown.stdout and "hue: 0.1" in shown.stdout
     table = shown.stdout.split("layer  type")[1].splitlines()
     assert table[1].split()[:3] == ["0", "conv", "16" if "tiny" in name else "32"]
 

@@ -145,8 +145,9 @@ def test_yolov3_tiny_weights_size_round_trip_and_other_classes(darknet, tmp_path
 
 def test_reference_cfgs_ignored_keys(darknet):
     for name in ("yolov3.cfg", "yolov3-tiny.cfg"):
-        assert ignored_keys(read_darknet_cfg(darknet / name)) == ["net:angle", "net:saturation", "net:exposure",
-                                                                   "net:hue"]
+        cfg = read_darknet_cfg(darknet / name)
+        assert ignored_keys(cfg) == ["net:angle"]  # saturation, exposure and hue are Darknet's augmentation: used
+        assert (cfg.net.saturation, cfg.net.exposure, cfg.net.hue, cfg.net.flip) == (1.5, 1.5, 0.1, True)
 
 
 # ----------------------------------------------------------------------------- .weights layout and errors
@@ -695,8 +696,7 @@ def test_ignored_keys_are_reported_once(tmp_path):
             + "\n[maxpool]\nsize=2\nstride=2\nstream=1\n"
             + YOLO.replace("num=2", "num=2\nshow_details=0\nbeta_nms=0.5"))
     cfg = read_darknet_cfg(write_cfg(tmp_path, text))
-    assert ignored_keys(cfg) == ["net:hue", "net:mosaic", "convolutional:stopbackward", "maxpool:stream",
-                                 "yolo:show_details"]
+    assert ignored_keys(cfg) == ["net:mosaic", "convolutional:stopbackward", "maxpool:stream", "yolo:show_details"]
     yolo = cfg.yolo_layers[0]
     assert yolo.beta_nms == 0.5 and yolo.masked_anchors == ((1, 2), (3, 4)) and yolo.filters == 14
 

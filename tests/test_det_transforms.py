@@ -10,6 +10,8 @@ from torchvision.transforms import v2
 
 from bigbatch.data.det_transforms import (
     PAD_VALUE,
+    DarknetColor,
+    DarknetJitter,
     RandomFixedCrop,
     RandomRelativeCrop,
     boxes_from_coco,
@@ -391,3 +393,47 @@ def test_train_transform_crops_after_the_resize():
         assert out.shape[-2:] == (64, 64) and out.dtype == torch.float32  # 64 x 96 cropped to 64 x 64
         boxes = plain(out_target["boxes"])
         assert len(boxes) >= 1 and (boxes >= 0).all() and (boxes <= 64).all()
+
+
+def test_darknet_jitter_moves_each_side_and_pads_black():
+    """pjreddie's load_data_detection: each side moves by an integer in (-jitter * side, jitter * side); the window is
+    stretched to the input; outside the image is black; boxes follow."""
+    image, target = sample(100, 200, [[20, 20, 180, 80]], value=200)
+    jitter = DarknetJitter(0.3)
+    for seed in range(30):
+        torch.manual_seed(seed)
+        top, left, h, w = jitter.make_params([image, target["boxes"]])["window"]
+        assert -30 < top < 30 and -60 < left < 60
+        assert 100 - 60 < h < 100 + 60 and 200 - 120 < w < 200 + 120
+        torch.manual_seed(seed)
+        out, out_target = clamp_and_sanitize()(*jitter(image, target))
+        assert out.shape[-2:] == (h, w)
+        if top < 0:  # rows above the image are black, the image's first row is not
+            assert (out[:, : -top] == 0).all() and (out[:, -top, max(0, -left)] == 200).all()
+        box = plain(out_target["boxes"])[0].tolist()
+        expected = [max(0, 20 - left), max(0, 20 - top), min(w, 180 - left), min(h, 80 - top)]
+        assert box == pytest.approx(expected)
+    transform = train_transform("letterbox", 64, flip=0.0, jitter=0.3)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        out, out_target = transform(image, target)
+        assert out.shape[-2:] == (64, 64)  # stretched, not letterboxed (Darknet's letter_box=0)
+        assert (plain(out_target["boxes"]) <= 64).all()
+
+
+def test_darknet_color_scales_value_and_saturation_and_keeps_grey_grey():
+    grey = tv_tensors.Image(torch.full((3, 4, 4), 0.4))
+    colour = DarknetColor(hue=0.1, saturation=1.5, exposure=1.5)
+    seen = set()
+    for seed in range(40):
+        torch.manual_seed(seed)
+        params = colour.make_params([grey])
+        assert -0.1 <= params["hue"] <= 0.1
+        assert 1 / 1.5 <= params["saturation"] <= 1.5 and 1 / 1.5 <= params["exposure"] <= 1.5
+        seen.add(params["exposure"] > 1)
+        out = colour.transform(grey, params)
+        assert torch.allclose(out, torch.full_like(grey, min(0.4 * params["exposure"], 1.0)), atol=1e-6)
+    assert seen == {True, False}  # a scale and its inverse, both drawn
+    red = tv_tensors.Image(torch.tensor([0.8, 0.4, 0.4]).view(3, 1, 1).expand(3, 2, 2).clone())
+    out = colour.transform(red, {"hue": 0.0, "saturation": 0.5, "exposure": 1.0})
+    assert torch.allclose(out[:, 0, 0], torch.tensor([0.8, 0.6, 0.6]), atol=1e-6)  # HSV saturation 0.5 -> 0.25

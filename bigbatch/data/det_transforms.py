@@ -201,6 +201,63 @@ class RandomFixedCrop(RandomRelativeCrop):
         return {"window": (top, left, crop_h, crop_w)}
 
 
+class DarknetJitter(v2.Transform):
+    """Darknet's jitter crop (``load_data_detection`` in pjreddie's ``src/data.c``): each side of the image moves by
+    an integer drawn in ``(-jitter * side, jitter * side)`` (``int pleft = rand_uniform(-dw, dw)``, likewise right, top,
+    bottom), inwards or outwards; outside the image is black (``get_pixel_extend``). The window is then stretched to
+    the network's input (Darknet's ``letter_box=0``): :class:`TrainTransform` follows it with a plain resize. Boxes
+    are shifted, clipped and dropped as by :func:`clamp_and_sanitize`."""
+
+    def __init__(self, jitter: float) -> None:
+        super().__init__()
+        if not 0.0 <= jitter < 0.5:
+            raise ValueError(f"jitter must be in [0, 0.5), got {jitter}")
+        self.jitter = jitter
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = _canvas_size(flat_inputs)
+        dw, dh = self.jitter * width, self.jitter * height
+        left, right, top, bottom = (int(float(torch.empty(()).uniform_(-d, d))) for d in (dw, dw, dh, dh))
+        return {"window": (top, left, max(1, height - top - bottom), max(1, width - left - right))}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return F.crop(inpt, *params["window"])  # beyond the image: zero-padded, boxes shifted
+
+
+def rand_scale(s: float) -> float:
+    """Darknet's ``rand_scale``: ``u ~ U[1, s]``, then ``u`` or ``1 / u`` with even odds."""
+    u = 1.0 + float(torch.rand(())) * (s - 1.0)
+    return u if float(torch.rand(())) < 0.5 else 1.0 / u
+
+
+class DarknetColor(v2.Transform):
+    """Darknet's colour distortion (``random_distort_image``): on a float RGB image in [0, 1], the HSV saturation
+    times ``rand_scale(saturation)`` (clipped at 1), the hue shifted by ``U(-hue, hue)`` turns (wrapped), the value
+    (exposure) times ``rand_scale(exposure)``, then clipped to [0, 1] (``constrain_image``). The HSV operations are
+    TF's exact kernels (``data/inception.py``); scaling the value is scaling R, G and B."""
+
+    _transformed_types = (tv_tensors.Image,)
+
+    def __init__(self, hue: float = 0.0, saturation: float = 1.0, exposure: float = 1.0) -> None:
+        super().__init__()
+        self.hue, self.saturation, self.exposure = hue, saturation, exposure
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        hue = float(torch.empty(()).uniform_(-self.hue, self.hue)) if self.hue else 0.0
+        return {"hue": hue, "saturation": rand_scale(self.saturation), "exposure": rand_scale(self.exposure)}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        from bigbatch.data.inception import adjust_hue, adjust_saturation
+
+        image = inpt.as_subclass(torch.Tensor)
+        if params["saturation"] != 1.0:
+            image = adjust_saturation(image, params["saturation"])
+        if params["hue"]:
+            image = adjust_hue(image, params["hue"])
+        image = (image * params["exposure"]).clamp_(0.0, 1.0)
+        return tv_tensors.wrap(image, like=inpt)
+
+
 def _per_box_entries(inputs: Any) -> tuple[torch.Tensor, ...]:
     """The target's tensors indexed like its boxes, for ``SanitizeBoundingBoxes(labels_getter=...)``."""
     target = inputs[1]
@@ -241,7 +298,8 @@ class TrainTransform:
     def __init__(self, resize: ResizeMode, size: int, max_size: int | None = None,
                  max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
                  crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
-                 crop_size: int | None = None):
+                 crop_size: int | None = None, jitter: float = 0.0, hue: float = 0.0, saturation: float = 1.0,
+                 exposure: float = 1.0):
         if max_size is not None and max_size_ratio is not None:
             raise ValueError("give max_size or max_size_ratio, not both")
         resize_transform(resize, size)  # validates the mode
@@ -253,10 +311,15 @@ class TrainTransform:
         if color_jitter:
             # before the letterbox, so the padding stays grey 114
             before.append(v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter))
+        if jitter:
+            before.append(DarknetJitter(jitter))
+        self.jitter = jitter
         self.before = v2.Compose(before) if before else None
         after: list[v2.Transform] = [RandomFixedCrop(crop_size, min_size=min_box_size)] if crop_size else []
         after += [v2.RandomHorizontalFlip(flip)] if flip else []
         after += [clamp_and_sanitize(min_box_size), v2.ToDtype(torch.float32, scale=True)]
+        if hue or saturation != 1.0 or exposure != 1.0:
+            after.append(DarknetColor(hue, saturation, exposure))
         self.after = v2.Compose(after)
 
     def max_size_for(self, size: int) -> int | None:
@@ -271,14 +334,18 @@ class TrainTransform:
         size = self.size if size is None else size
         if self.before is not None:
             image, target = self.before(image, target)
-        image, target = resize_transform(self.resize, size, self.max_size_for(size))(image, target)
+        if self.jitter:  # Darknet stretches the jittered window to the input (letter_box=0)
+            image, target = v2.Resize((size, size))(image, target)
+        else:
+            image, target = resize_transform(self.resize, size, self.max_size_for(size))(image, target)
         return self.after(image, target)
 
 
 def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
                     max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
                     crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
-                    crop_size: int | None = None) -> TrainTransform:
+                    crop_size: int | None = None, jitter: float = 0.0, hue: float = 0.0, saturation: float = 1.0,
+                    exposure: float = 1.0) -> TrainTransform:
     """The training pipeline, a callable ``(image, target, size=None) -> (image, target)``.
 
     In order: :class:`RandomRelativeCrop` with probability ``crop_prob`` (``crop``: ``False`` none,
@@ -287,11 +354,13 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     size; default the ``size`` given here): ``"shorter_side"`` with the longer side capped by ``max_size``
     (fixed, detectron2) or ``size * max_size_ratio`` (MegDet 1333 / 800, scaling with the size), or
     ``"letterbox"`` to ``size x size``; with ``crop_size``, :class:`RandomFixedCrop` (MegDet's 800 x 800);
-    ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize`
-    (boxes under ``min_box_size`` pixels dropped with their labels); ``v2.ToDtype(float32, scale=True)``.
+    ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize` (boxes under ``min_box_size`` pixels
+    dropped with their labels); ``v2.ToDtype(float32, scale=True)``. Darknet's options: with ``jitter``,
+    :class:`DarknetJitter` after the colour jitter, and the window stretched to ``size x size`` in place of the
+    resize; with ``hue``, ``saturation`` or ``exposure``, :class:`DarknetColor` on the float image, last.
     """
     return TrainTransform(resize, size, max_size, max_size_ratio, flip, crop, crop_prob, color_jitter,
-                          min_box_size, crop_size)
+                          min_box_size, crop_size, jitter, hue, saturation, exposure)
 
 
 class EvalTransform:

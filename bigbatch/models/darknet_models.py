@@ -99,8 +99,10 @@ def darknet_config(path: Path) -> dict[str, Any]:
     (``recipe/darknet_cfg.py``: batch, subdivisions, optimizer, schedule), and the network: ``model.name: darknet``
     with ``model.cfg`` this file (absolute), square inputs of the ``[net]`` width, letterboxed, and Darknet's
     multi-scale when the last ``[yolo]`` layer has ``random`` (1: the range 1.4; a fraction such as 1.25: that
-    range). The data default to bigbatch's generated shapes set; ``--set data.name=yolo data.path=obj.data`` trains
-    on a Darknet dataset. Evaluation reports mAP@0.5, as Darknet's ``map``."""
+    range). Darknet's augmentation as the cfg asks: the last ``[yolo]`` layer's ``jitter``, ``[net]`` ``hue``,
+    ``saturation``, ``exposure`` and ``flip``. The data default to bigbatch's generated shapes set;
+    ``--set data.name=yolo data.path=obj.data`` trains on a Darknet dataset. Evaluation reports mAP@0.5, as
+    Darknet's ``map``."""
     import os
 
     from bigbatch.models.darknet import read_darknet_cfg
@@ -119,8 +121,11 @@ def darknet_config(path: Path) -> dict[str, Any]:
         raise UserError(f"config: {path}:{net.lines.get('height', net.line)}: [net] height: {net.height} differs from "
                         f"width {net.width}; bigbatch trains square inputs")
     layer_shapes(cfg, net.channels or 3, net.height, net.width)  # every layer fits its input: checked before any work
-    data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox"}
-    random = cfg.yolo_layers[-1].random
+    last = cfg.yolo_layers[-1]  # Darknet reads jitter and random from its last detection layer
+    data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox", "jitter": last.jitter,
+                            "hue": net.hue, "saturation": max(net.saturation, 1 / net.saturation),
+                            "exposure": max(net.exposure, 1 / net.exposure), "flip": 0.5 if net.flip else 0.0}
+    random = last.random
     if random:
         data["multiscale"] = {"sizes": "auto", "range": 1.4 if random == 1 else random}
     recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)}, data=data,

@@ -72,7 +72,9 @@ class DetectionTask:
         train = DetectionDataset(train_records, train_transform(data.resize, data.size, max_size_ratio=ratio,
                                                                 flip=data.flip, crop=data.crop,
                                                                 color_jitter=data.color_jitter,
-                                                                crop_size=data.crop_size), issues)
+                                                                crop_size=data.crop_size, jitter=data.jitter,
+                                                                hue=data.hue, saturation=data.saturation,
+                                                                exposure=data.exposure), issues)
         val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues)
         multiscale = None
         if data.multiscale.sizes is not None:

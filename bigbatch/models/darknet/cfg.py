@@ -183,6 +183,13 @@ class NetInput:
     channels: int | None
     line: int
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+    hue: float = 0.0
+    """Darknet's colour augmentation (``parse_net_options``' defaults): a hue shift in [-hue, hue] turns,"""
+    saturation: float = 1.0
+    """saturation and exposure (HSV value) scaled by ``rand_scale``: in [1/s, s],"""
+    exposure: float = 1.0
+    flip: bool = True
+    """and a horizontal flip of half the images (AlexeyAB's ``flip``, 1 by default)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,8 @@ NET_KEYS = NET_RECIPE_KEYS | {
 """Every ``[net]`` key Darknet reads (pjreddie and AlexeyAB): the recipe's, the input's, and the rest (ignored)."""
 
 NET_INPUT_KEYS = frozenset({"width", "height", "channels"})
+NET_AUGMENT_KEYS = frozenset({"hue", "saturation", "exposure", "flip"})
+"""The ``[net]`` augmentation keys bigbatch uses (``data.hue``, ``saturation``, ``exposure``, ``flip``)."""
 
 LAYER_KEYS_IGNORED = frozenset({
     "clip", "onlyforward", "dont_update", "burnin_update", "stopbackward", "train_only_bn", "learning_rate",
@@ -542,12 +551,17 @@ def _net_input(path: Path, section: KeyedSection, ignored: list[str]) -> NetInpu
     for key in section.options:
         if key not in NET_KEYS:
             raise s.error(key, "unknown key (not one of Darknet's [net] keys)")
-        if key not in NET_INPUT_KEYS and key not in NET_RECIPE_KEYS:
+        if key not in NET_INPUT_KEYS and key not in NET_RECIPE_KEYS and key not in NET_AUGMENT_KEYS:
             ignored.append(f"{section.name}:{key}")
     width = s.integer("width", 0, 0)
     height = s.integer("height", 0, 0)
     channels = s.integer("channels", 0, 0)
-    return NetInput(width or None, height or None, channels or None, section.line, s.lines())
+    hue = s.number("hue", 0.0, 0, 0.5)
+    saturation = s.number("saturation", 1.0, above=0)
+    exposure = s.number("exposure", 1.0, above=0)
+    flip = bool(s.integer("flip", 1, 0, 1))
+    return NetInput(width or None, height or None, channels or None, section.line, s.lines(), hue, saturation,
+                    exposure, flip)
 
 
 def read_darknet_cfg(path: str | Path) -> DarknetCfg:
