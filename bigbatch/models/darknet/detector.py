@@ -1,0 +1,124 @@
+"""A Darknet YOLO network as a torchvision-style detector: Darknet's loss in training, Darknet's decoding in eval.
+
+    net = load_network("yolov3.cfg", 416, 416, classes=3)
+    model = DarknetDetector(net)
+    losses = model(images, targets)      # train mode: {"loss_box", "loss_obj", "loss_cls"}; sum = micro-batch loss
+    model.eval(); detections = model(images)   # [{"boxes", "scores", "labels"}] per image, input pixels
+
+``images`` are float ``[3, H, W]`` tensors in ``0..1`` (Darknet feeds the image as it is: no mean or std), all of one
+size (letterboxed squares, a multiple of 32; the size may change from step to step), stacked here. Targets: ``boxes``
+XYXY in input pixels, ``labels`` ``0..classes-1``. The loss is ``yolo_loss.py``'s (its docstring has the formulas).
+
+Decoding (yolo_layer.c get_yolo_detections, get_yolo_box): per cell ``(col, row)`` and masked anchor,
+``x = (col + s sigmoid(t_x) - (s - 1) / 2) / W`` (``s = scale_x_y``), ``w = exp(t_w) anchor_w / in_w`` (likewise y,
+h), ``score_c = sigmoid(t_obj) sigmoid(t_c)`` for every class (each class above the threshold is a detection, as
+Darknet's validation keeps every ``prob[j] > thresh``); kept where ``score > score_thresh`` (Darknet's mAP run uses
+0.005), then per-class NMS (``torchvision.ops.batched_nms`` at ``nms_thresh``, Darknet's do_nms_sort at 0.45; the
+cfg's ``nms_kind``/``beta_nms`` variants are not used), at most ``detections_per_image`` by score, boxes clipped to
+the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from torchvision.ops import batched_nms, box_convert, clip_boxes_to_image
+
+from bigbatch.models.darknet.cfg import Yolo
+from bigbatch.models.darknet.network import DarknetNetwork
+from bigbatch.models.darknet.yolo_loss import decode_boxes, yolo_loss
+
+UNSUPPORTED = {
+    "new_coords": "the scaled-YOLOv4 box coordinates",
+    "focal_loss": "the focal class loss",
+    "objectness_smooth": "the IoU-scaled objectness targets",
+    "counters_per_class": "the per-class loss multipliers",
+}
+"""[yolo] keys whose non-default values change the loss in ways bigbatch's YOLO loss does not implement."""
+
+
+def check_supported(network: DarknetNetwork) -> None:
+    """A :class:`UserError` naming the cfg line of the first ``[yolo]`` key in :data:`UNSUPPORTED` that is set."""
+    for spec in network.cfg.yolo_layers:
+        for key, what in UNSUPPORTED.items():
+            value = getattr(spec, key)
+            if value not in (0, None):
+                raise network.cfg.error(spec, key, f"{what} ({key}={value}) are not implemented by bigbatch's "
+                                                   "YOLO loss; remove the key to train this cfg")
+
+
+def decode_yolo_output(raw: Tensor, spec: Yolo, input_size: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """One ``[yolo]`` layer's raw input ``(N, A * (5 + C), H, W)`` decoded for an input of ``input_size = (height,
+    width)``: boxes ``(N, A * H * W, 4)`` XYXY in input pixels, objectness ``(N, A * H * W)`` and class probabilities
+    ``(N, A * H * W, C)`` (each a sigmoid), in Darknet's order (anchor, row, column)."""
+    n_images, _, height, width = raw.shape
+    n_anchors = len(spec.mask)
+    out = raw.reshape(n_images, n_anchors, 5 + spec.classes, height, width)
+    anchors = torch.tensor(spec.masked_anchors, dtype=raw.dtype, device=raw.device)
+    xywh = decode_boxes(out[:, :, :4], anchors, input_size, spec.scale_x_y).reshape(n_images, -1, 4)
+    in_h, in_w = input_size
+    xywh = xywh * torch.tensor([in_w, in_h, in_w, in_h], dtype=raw.dtype, device=raw.device)
+    objectness = torch.sigmoid(out[:, :, 4]).reshape(n_images, -1)
+    classes = torch.sigmoid(out[:, :, 5:]).permute(0, 1, 3, 4, 2).reshape(n_images, -1, spec.classes)
+    return box_convert(xywh, "cxcywh", "xyxy"), objectness, classes
+
+
+def postprocess(outputs: Sequence[Tensor], specs: Sequence[Yolo], input_size: tuple[int, int],
+                score_thresh: float = 0.005, nms_thresh: float = 0.45,
+                detections_per_image: int = 100) -> list[dict[str, Tensor]]:
+    """The detections of each image from the raw outputs of all ``[yolo]`` layers (see the module's docstring):
+    ``boxes`` XYXY in input pixels (clipped), ``scores``, ``labels`` (0-based int64), best first."""
+    outputs = [raw.float() if raw.dtype in (torch.float16, torch.bfloat16) else raw for raw in outputs]
+    decoded = [decode_yolo_output(raw, spec, input_size) for raw, spec in zip(outputs, specs, strict=True)]
+    boxes = torch.cat([d[0] for d in decoded], dim=1)
+    objectness = torch.cat([d[1] for d in decoded], dim=1)
+    classes = torch.cat([d[2] for d in decoded], dim=1)
+    results = []
+    for n in range(boxes.shape[0]):
+        scores = objectness[n, :, None] * classes[n]  # (P, C): objectness * class probability
+        index, label = (scores > score_thresh).nonzero(as_tuple=True)
+        kept_scores = scores[index, label]
+        kept_boxes = clip_boxes_to_image(boxes[n, index], input_size)
+        keep = batched_nms(kept_boxes, kept_scores, label, nms_thresh)[:detections_per_image]
+        results.append({"boxes": kept_boxes[keep], "scores": kept_scores[keep], "labels": label[keep]})
+    return results
+
+
+class DarknetDetector(nn.Module):
+    """A :class:`DarknetNetwork` with Darknet's YOLO loss (train mode) and decoding (eval mode); see the module's
+    docstring. ``ignore_needs_class`` (attribute, default False: pjreddie's v3 rule): AlexeyAB's ignore rule, where a
+    prediction's IoU with a truth counts only if some class probability is above 0.25."""
+
+    def __init__(self, network: DarknetNetwork, score_thresh: float = 0.005, nms_thresh: float = 0.45,
+                 detections_per_image: int = 100) -> None:
+        super().__init__()
+        if not network.yolo_heads:
+            raise ValueError(f"{network.cfg.path}: the network has no [yolo] layer")
+        check_supported(network)
+        self.network = network
+        self.score_thresh = score_thresh
+        self.nms_thresh = nms_thresh
+        self.detections_per_image = detections_per_image
+        self.ignore_needs_class = False
+
+    @property
+    def specs(self) -> list[Yolo]:
+        """The ``[yolo]`` specs, in the order of the network's outputs."""
+        return [head.spec for head in sorted(self.network.yolo_heads, key=lambda h: h.output)]
+
+    def forward(self, images: Sequence[Tensor], targets: Sequence[dict[str, Tensor]] | None = None):
+        sizes = {tuple(image.shape[-2:]) for image in images}
+        if len(sizes) != 1:
+            raise ValueError(f"DarknetDetector: the images of a call must have one size, got {sorted(sizes)}")
+        x = torch.stack([image.as_subclass(Tensor) for image in images])
+        input_size = (x.shape[-2], x.shape[-1])
+        outputs = self.network(x)
+        if self.training:
+            if targets is None:
+                raise ValueError("DarknetDetector: targets are needed in training mode")
+            return yolo_loss(outputs, self.specs, targets, input_size, ignore_needs_class=self.ignore_needs_class)
+        return postprocess(outputs, self.specs, input_size, self.score_thresh, self.nms_thresh,
+                           self.detections_per_image)
