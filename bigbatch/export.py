@@ -33,8 +33,9 @@ def classes_in(state: dict[str, torch.Tensor], cfg_path: str) -> int:
     """The classes a network's state dict was trained on: the filters of the convolution before its first ``[yolo]``
     are ``len(mask) * (classes + 5)``."""
     from bigbatch.models.darknet import read_darknet_cfg
+    from bigbatch.models.darknet_models import find_cfg
 
-    cfg = read_darknet_cfg(cfg_path)
+    cfg = read_darknet_cfg(find_cfg(cfg_path))
     yolo = cfg.yolo_layers[0]
     key = f"layers.{yolo.index - 1}.conv.weight"
     if key not in state:

@@ -34,9 +34,20 @@ def darknet_network(cfg_path: str | None, classes: int | None = None, size: int 
     if not cfg_path:
         raise UserError("model.cfg: missing; model.name darknet builds the network of a Darknet .cfg file "
                         "(model.cfg: path/to/net.cfg)")
-    if not Path(cfg_path).is_file():
-        raise UserError(f"model.cfg: {cfg_path} does not exist (expected a Darknet .cfg file)")
-    return load_network(cfg_path, size, size, classes)
+    return load_network(find_cfg(cfg_path), size, size, classes)
+
+
+def find_cfg(cfg_path: str) -> Path:
+    """``model.cfg`` as given (from the current folder), or else a ``.cfg`` of that name beside the built-in recipes
+    (``bigbatch/configs/``, where bigbatch's own cfgs live)."""
+    from bigbatch.config import RECIPES_DIR
+
+    path = Path(cfg_path)
+    if path.is_file():
+        return path
+    if not path.is_absolute() and (RECIPES_DIR / path).is_file():
+        return RECIPES_DIR / path
+    raise UserError(f"model.cfg: {cfg_path} does not exist (expected a Darknet .cfg file)")
 
 
 def network_state(state: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -128,6 +139,7 @@ def darknet_config(path: Path) -> dict[str, Any]:
     random = last.random
     if random:
         data["multiscale"] = {"sizes": "auto", "range": 1.4 if random == 1 else random}
+    recipe["optim"]["no_decay_norm_bias"] = True  # Darknet decays the convolution weights, not biases or BN scales
     recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)}, data=data,
                   eval={"metric": "mAP50"})
     return recipe
@@ -144,7 +156,7 @@ def describe_network(cfg_path: str, size: int) -> str:
 
     with torch.device("meta"):
         network = darknet_network(cfg_path, None, size)
-    lines = [f"network of {cfg_path} ({size} x {size} input; the run gives each [yolo] layer the dataset's "
+    lines = [f"network of {network.cfg.path} ({size} x {size} input; the run gives each [yolo] layer the dataset's "
              f"classes):", layer_table(network)]
     ignored = ignored_keys(network.cfg)
     if ignored:

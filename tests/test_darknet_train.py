@@ -1,0 +1,99 @@
+"""Training Darknet networks in bigbatch's engine: the same loss for any batch layout, .weights in and out of a run,
+mixed precision with the update_ratio loss scale and the memory log, and the yolov3-tiny-shapes recipe learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_main
+
+QUICK = ["log.tensorboard=false", "data.workers=0", "eval.batch=50"]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shapes") / "set"
+    result = run_main("data", "shapes", "--out", str(root), "--images", "250", "--seed", "5")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def network_weights(out: Path) -> dict[str, torch.Tensor]:
+    from bigbatch.models.darknet_models import network_state
+
+    return network_state(torch.load(out / "checkpoints" / "last.pt", weights_only=True))
+
+
+def test_the_loss_and_the_update_are_the_same_for_1_and_4_subdivisions(shapes, tmp_path):
+    """Darknet's batch/subdivisions meaning: one step of batch 16 as 1 micro-batch of 16 or 4 of 4 gives the same loss
+    and the same weights (BatchNorm frozen during a burn-in of 2 steps, so that its batch statistics do not depend on the
+    layout; the loss is per image)."""
+    outs = {}
+    for subdivisions in (1, 4):
+        out = outs[subdivisions] = tmp_path / f"s{subdivisions}"
+        result = run_main("train", "yolov3-tiny-shapes", "--out", str(out), "--set", f"data.path={shapes}", *QUICK,
+                          "batch=16", f"subdivisions={subdivisions}", "steps=2", "eval.every=100",
+                          "checkpoint.every=2", "norm.freeze_during_warmup=true", "data.jitter=0", "optim.lr=0.01",
+                          "schedule.darknet.burn_in=2")
+        assert result.returncode == 0, result.stderr[-2000:]
+    one, four = (records(outs[s]) for s in (1, 4))
+    losses = [[r["loss"] for r in rs if "loss" in r] for rs in (one, four)]
+    assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    a, b = network_weights(outs[1]), network_weights(outs[4])
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), key
+
+
+def test_weights_files_start_a_run_and_come_out_of_it(shapes, tmp_path):
+    """A .weights file written by ``export`` starts a run (model.weights); the run's weights, exported, read back
+    as the checkpoint holds them."""
+    from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
+
+    start = tmp_path / "start.weights"
+    assert run_main("export", "yolov3-tiny-shapes.cfg", "--darknet-weights", str(start)).returncode == 2  # no file
+    result = run_main("export", "bigbatch/configs/yolov3-tiny-shapes.cfg", "--darknet-weights", str(start),
+                      "--seed", "7")
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "run"
+    result = run_main("train", "yolov3-tiny-shapes", "--out", str(out), "--set", f"data.path={shapes}", *QUICK,
+                      "batch=8", "steps=1", "eval.every=100", f"model.weights={start}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = darknet_network("yolov3-tiny-shapes.cfg", size=128)
+    load_darknet_weights(loaded, start)
+    trained = network_weights(out)
+    # the first step's learning rate is lr * (1 / burn_in)^4 = 4e-11: the convolutions are still the file's
+    for key, value in loaded.state_dict().items():
+        if key.endswith("conv.weight"):
+            assert torch.allclose(trained[key], value, atol=1e-6), key
+    exported = tmp_path / "trained.weights"
+    result = run_main("export", str(out), "--darknet-weights", str(exported))
+    assert result.returncode == 0, result.stderr
+    assert "seen 8" in result.stdout
+    back = darknet_network("yolov3-tiny-shapes.cfg", size=128)
+    assert load_darknet_weights(back, exported) == 8
+    for key, value in back.state_dict().items():
+        if not key.endswith("num_batches_tracked"):  # Darknet's file has no such counter
+            assert torch.equal(value, trained[key]), key
+
+
+def test_mixed_precision_with_the_update_ratio_loss_scale_and_the_memory_log(shapes, tmp_path):
+    out = tmp_path / "bf16"
+    result = run_main("train", "yolov3-tiny-shapes", "--out", str(out), "--set", f"data.path={shapes}", *QUICK,
+                      "batch=8", "steps=3", "eval.every=3", "precision.dtype=bf16",
+                      "precision.loss_scale=update_ratio", "memory.interval=0.01")
+    assert result.returncode == 0, result.stderr[-2000:]
+    train = [r for r in records(out) if "loss" in r]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train) and "loss_scale" in train[-1]
+    assert train[-1]["skipped"] == 0
+    memory = (out / "memory.csv").read_text().splitlines()
+    assert len(memory) >= 2 and "rss" in memory[0]
+    val = [r for r in records(out) if r.get("split") == "val"][-1]
+    assert "mAP50" in val and val["images"] == 50
