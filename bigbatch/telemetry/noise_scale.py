@@ -1,0 +1,257 @@
+"""The gradient noise scale B_simple, measured for free from the micro-batches of an accumulated step.
+
+McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training", Appendix A.1. With G the
+true gradient and Sigma the per-example gradient covariance, a gradient averaged over a batch of B examples has
+E|G_B|^2 = |G|^2 + tr(Sigma) / B. Measured at two batch sizes B_small < B_big this gives the unbiased estimators
+
+    |G|^2     ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
+    tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
+
+and the noise scale B_simple = tr(Sigma) / |G|^2, the batch size above which larger batches stop paying off
+(linearly). Each estimate is noisy; as the paper advises, |G|^2 and tr(Sigma) are each smoothed by an exponential
+moving average over steps and B_simple is the ratio of the two averages (not an average of ratios).
+
+Within one accumulated step bigbatch already computes S micro-batch gradients of b images each (seed
+``darknet-batch-subdivisions``): micro-batch i's backward of ``loss_i * scale / S`` adds ``(scale / S) g_i`` to
+``.grad``, g_i being the gradient of micro-batch i's mean loss. :class:`MicroBatchGradients` reads g_i as the change
+of the accumulated gradient across that backward (one gradient-sized buffer: the previous accumulated gradient; no
+extra forward or backward) and gives
+
+    small_sq = mean_i |g_i|^2                (B_small = b)
+    big_sq   = |G_big|^2, G_big = mean_i g_i = (accumulated .grad after the last backward) / scale
+                                             (B_big = S b, times the world size under DDP)
+
+which :class:`NoiseScale` turns into the smoothed estimates. ``E[mean_i |g_i|^2] = E|G_b|^2``: averaging the S
+small measurements only lowers the variance.
+
+DDP. Micro-batches 0..S-2 run under ``no_sync``: their ``.grad`` is this process's own. The last backward
+all-reduces, so afterwards ``.grad`` is the average over the W processes and its change across that backward is not
+a micro-batch gradient. With ``world > 1`` the small estimate therefore uses micro-batches 0..S-2 only (local, b
+images each) and G_big is the final, all-reduced gradient, at B_big = W S b (see :func:`batch_sizes`). A step of a
+single micro-batch has no two batch sizes on one process (S = 1, or S = 1 per process under DDP): no measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import torch
+
+
+def batch_sizes(micro_batch: int, subdivisions: int, world: int = 1) -> tuple[int, int]:
+    """(B_small, B_big) of one step's measurement: (b, world * S * b), b images per micro-batch."""
+    return micro_batch, world * subdivisions * micro_batch
+
+
+def gradient_sq_estimate(small_sq: float, b_small: int, big_sq: float, b_big: int) -> float:
+    """|G|^2 ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) (McCandlish et al. 2018, eq. A.2)."""
+    return (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+
+
+def trace_sigma_estimate(small_sq: float, b_small: int, big_sq: float, b_big: int) -> float:
+    """tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big) (McCandlish et al. 2018, eq. A.3)."""
+    return (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
+
+
+class NoiseScale:
+    """Smoothed |G|^2 and tr(Sigma) and their ratio B_simple = tr(Sigma) / |G|^2 (see the module docstring).
+
+    Each of the two estimates is an exponential moving average ``m_t = decay m_(t-1) + (1 - decay) x_t``, read with
+    Adam's bias correction ``m_t / (1 - decay^t)`` so that the first steps are not pulled toward 0 (the correction
+    cancels in the ratio B_simple, it matters for ``gradient_sq`` and ``trace_sigma`` themselves).
+    """
+
+    def __init__(self, decay: float = 0.95) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"NoiseScale decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.steps = 0
+        """Measurements averaged so far."""
+        self.ignored = 0
+        """Measurements not averaged because they were not finite (a step whose gradient overflowed)."""
+        self._gradient_sq = 0.0  # the raw (biased) moving averages
+        self._trace_sigma = 0.0
+
+    def update(self, small_sq: float, b_small: int, big_sq: float, b_big: int) -> None:
+        """Add one step's measurement: ``small_sq`` = |G_small|^2 at batch ``b_small``, ``big_sq`` = |G_big|^2 at
+        batch ``b_big`` > ``b_small``. A measurement that is not finite (an overflowed fp16 gradient) is ignored
+        (counted in ``ignored``)."""
+        if not 1 <= b_small < b_big:
+            raise ValueError(f"NoiseScale.update needs 1 <= b_small < b_big, got b_small={b_small}, b_big={b_big}")
+        if not (math.isfinite(small_sq) and math.isfinite(big_sq)):
+            self.ignored += 1
+            return
+        g2 = gradient_sq_estimate(small_sq, b_small, big_sq, b_big)
+        tr = trace_sigma_estimate(small_sq, b_small, big_sq, b_big)
+        self._gradient_sq = self.decay * self._gradient_sq + (1.0 - self.decay) * g2
+        self._trace_sigma = self.decay * self._trace_sigma + (1.0 - self.decay) * tr
+        self.steps += 1
+
+    def _corrected(self, raw: float) -> float | None:
+        if self.steps == 0:
+            return None
+        return raw / (1.0 - self.decay**self.steps)
+
+    @property
+    def gradient_sq(self) -> float | None:
+        """The smoothed estimate of |G|^2 (None before the first measurement). It can be <= 0 early on: the
+        estimator is unbiased, not positive, and a few noisy steps can make it so."""
+        return self._corrected(self._gradient_sq)
+
+    @property
+    def trace_sigma(self) -> float | None:
+        """The smoothed estimate of tr(Sigma) (None before the first measurement)."""
+        return self._corrected(self._trace_sigma)
+
+    @property
+    def b_simple(self) -> float | None:
+        """B_simple = tr(Sigma) / |G|^2, ratio of the smoothed estimates. None before the first measurement, and
+        None while the smoothed |G|^2 is <= 0 or the smoothed tr(Sigma) < 0: both are true quantities >= 0 whose
+        unbiased estimates can come out negative from noise (typically in the first steps, or when the batch is far
+        below the noise scale); the ratio is then meaningless rather than merely imprecise."""
+        if self.steps == 0 or self._gradient_sq <= 0.0 or self._trace_sigma < 0.0:
+            return None
+        return self._trace_sigma / self._gradient_sq  # the bias corrections cancel
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "steps": self.steps, "ignored": self.ignored,
+                "gradient_sq": self._gradient_sq, "trace_sigma": self._trace_sigma}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.decay, self.steps, self.ignored = state["decay"], state["steps"], state["ignored"]
+        self._gradient_sq, self._trace_sigma = state["gradient_sq"], state["trace_sigma"]
+
+
+class GradientNorms(NamedTuple):
+    """One step's measurement, in the un-scaled gradient of the mean loss of a micro-batch."""
+
+    small_sq: float
+    """mean_i |g_i|^2 over the micro-batches measured (B_small = b)."""
+    big_sq: float
+    """|G_big|^2, G_big the step's gradient (B_big = world * S * b)."""
+
+
+class MicroBatchGradients:
+    """Measures mean_i |g_i|^2 and |mean_i g_i|^2 of an accumulated step from the change of ``.grad`` across each
+    micro-batch's backward (see the module docstring).
+
+    Per step: ``begin_step(scale, S)`` (before micro-batch 0's forward, each attempt), ``after_backward(params, i)``
+    after each micro-batch's backward, ``end_step()`` once the last backward ran (it reads no gradient: before or
+    after the optimizer step alike).
+
+    Memory: one float32 copy of the gradient (one buffer per parameter that gets a gradient, allocated at the first
+    step and reused; ``buffer_numel`` counts it). Time: per micro-batch a subtraction, a norm and a copy over the
+    gradient, as batched ``torch._foreach`` kernels on the gradients' device; the squared norms stay on the device
+    (float64) and ``end_step`` makes the only host transfer. The squared norms of the gradient as it is in ``.grad``
+    (times the loss scale) are formed in float32 per tensor, i.e. the scaled norm must stay below ~1.8e19.
+
+    Assumes ``.grad`` is zero or None when micro-batch 0's backward starts (``train_step`` sets it to None after
+    each attempt) and accumulates by addition, as autograd does.
+
+    ``world``: the number of DDP processes. With ``world > 1`` the last micro-batch (whose backward all-reduces) is
+    left out of the small estimate, which then needs S >= 2 micro-batches per process.
+    """
+
+    def __init__(self, world: int = 1) -> None:
+        if world < 1:
+            raise ValueError(f"MicroBatchGradients world must be >= 1, got {world}")
+        self.world = world
+        self._buffers: list[torch.Tensor | None] = []
+        self._begun = False
+        self.scale = 1.0
+        self.subdivisions = 1
+        self._next = 0
+        self._fresh: list[bool] = []
+        self._small: torch.Tensor | None = None  # sum over measured micro-batches of |scaled change|^2, float64
+        self._small_count = 0
+        self._big: torch.Tensor | None = None  # |scaled accumulated gradient|^2 after the last backward, float64
+
+    @property
+    def buffer_numel(self) -> int:
+        """Elements held by the tracker: one gradient (the parameters that have had a gradient)."""
+        return sum(b.numel() for b in self._buffers if b is not None)
+
+    def begin_step(self, scale: float, subdivisions: int) -> None:
+        """Start measuring a step (an attempt) of ``subdivisions`` micro-batches whose losses are multiplied by
+        ``scale / subdivisions`` before their backward."""
+        if subdivisions < 1 or not scale > 0:
+            raise ValueError(f"begin_step needs subdivisions >= 1 and scale > 0, got {subdivisions}, {scale}")
+        self.scale, self.subdivisions = float(scale), subdivisions
+        self._begun, self._next = True, 0
+        self._fresh = [True] * len(self._buffers)
+        self._small, self._small_count, self._big = None, 0, None
+
+    def _buffer(self, position: int, grad: torch.Tensor) -> torch.Tensor:
+        while len(self._buffers) <= position:
+            self._buffers.append(None)
+            self._fresh.append(True)
+        buffer = self._buffers[position]
+        if buffer is None or buffer.shape != grad.shape or buffer.device != grad.device:
+            buffer = self._buffers[position] = torch.empty(grad.shape, dtype=torch.float32, device=grad.device)
+        return buffer
+
+    @staticmethod
+    def _sum_sq(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """sum_k |t_k|^2 in float64 on ``device``, without a host sync."""
+        if not tensors:
+            return torch.zeros((), dtype=torch.float64, device=device)
+        norms = torch._foreach_norm(tensors)
+        return torch.stack([n.to(device=device, dtype=torch.float64) for n in norms]).square().sum()
+
+    def after_backward(self, params: Iterable[torch.Tensor], index: int) -> None:
+        """After micro-batch ``index``'s backward: measure |change of .grad|^2, and after the last one |.grad|^2.
+        ``params``: the model's parameters, in the same order every call."""
+        if not self._begun or index != self._next or index >= self.subdivisions:
+            raise RuntimeError(f"MicroBatchGradients.after_backward({index}) out of order: begin_step first, then "
+                               f"indices 0..{self.subdivisions - 1} in order (expected {self._next})")
+        self._next += 1
+        last = index == self.subdivisions - 1
+        positions, grads = [], []
+        for position, p in enumerate(params):
+            if p.grad is not None:
+                positions.append(position)
+                grads.append(p.grad.detach())
+        measured = self.subdivisions > 1 and not (last and self.world > 1)
+        if not grads:  # no gradient yet: this micro-batch's is zero
+            self._small_count += measured
+            return
+        device = grads[0].device
+        if measured:
+            # the change of .grad across this backward, (scale / S) g_i; a gradient seen for the first time this
+            # step changed from zero, so its change is itself
+            buffers = [self._buffer(position, g) for position, g in zip(positions, grads, strict=True)]
+            fresh = [self._fresh[position] for position in positions]
+            new = [g for g, f in zip(grads, fresh, strict=True) if f]
+            seen_buffers = [b for b, f in zip(buffers, fresh, strict=True) if not f]
+            seen_grads = [g for g, f in zip(grads, fresh, strict=True) if not f]
+            if seen_buffers:
+                torch._foreach_sub_(seen_buffers, seen_grads)  # previous - current = -change
+            change_sq = self._sum_sq(new, device) + self._sum_sq(seen_buffers, device)
+            self._small = change_sq if self._small is None else self._small + change_sq
+            self._small_count += 1
+            if index < self.subdivisions - (2 if self.world > 1 else 1):  # the next change is measured
+                torch._foreach_copy_(buffers, grads)
+                for position in positions:
+                    self._fresh[position] = False
+        if last:
+            self._big = self._sum_sq(grads, device)
+
+    def end_step(self) -> GradientNorms | None:
+        """(mean_i |g_i|^2, |G_big|^2) of the step, un-scaled: g_i = (S / scale) x (change of .grad across
+        micro-batch i's backward), G_big = .grad / scale after the last. None when the step had a single micro-batch
+        (per process), when no gradient was seen, or when the gradient was not finite. One host transfer."""
+        if not self._begun or self._next != self.subdivisions:
+            raise RuntimeError(f"MicroBatchGradients.end_step after {self._next} of {self.subdivisions} "
+                               f"micro-batches: call after_backward for each first")
+        self._begun = False
+        if self._big is None or self._small_count == 0:
+            return None
+        small_sum = self._small if self._small is not None else torch.zeros_like(self._big)
+        small, big = torch.stack([small_sum / self._small_count, self._big]).tolist()
+        small *= (self.subdivisions / self.scale) ** 2
+        big /= self.scale**2
+        if not (math.isfinite(small) and math.isfinite(big)):
+            return None
+        return GradientNorms(small, big)
