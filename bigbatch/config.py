@@ -620,6 +620,12 @@ class LogConfig(Section):
     every: int = Field(10, gt=0)
     """Write a training record to ``metrics.jsonl`` every this many steps (and the first and last)."""
     tensorboard: bool = True
+    noise_scale: bool = True
+    """Estimate the gradient noise scale (McCandlish et al. 2018) from the micro-batch gradients every step and put it
+    in the training records as ``noise_scale`` (images); absent when a step has one micro-batch in all."""
+    updates: bool = True
+    """Every ``every`` steps, each parameter tensor's largest update and relative update size, in ``updates.csv``
+    of the run directory, and the ten largest relative updates in the training record as ``top_updates``."""
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)

@@ -34,8 +34,8 @@ def network_weights(out: Path) -> dict[str, torch.Tensor]:
 
 def test_the_loss_and_the_update_are_the_same_for_1_and_4_subdivisions(shapes, tmp_path):
     """Darknet's batch/subdivisions meaning: one step of batch 16 as 1 micro-batch of 16 or 4 of 4 gives the same loss
-    and the same weights (BatchNorm frozen during a burn-in of 2 steps, so that its batch statistics do not depend on the
-    layout; the loss is per image)."""
+    and the same weights (BatchNorm frozen during a burn-in of 2 steps, so that its batch statistics do not depend
+    on the layout; the loss is per image)."""
     outs = {}
     for subdivisions in (1, 4):
         out = outs[subdivisions] = tmp_path / f"s{subdivisions}"

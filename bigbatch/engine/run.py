@@ -45,6 +45,9 @@ class Run:
     """The last evaluation's metrics (of the weights that count)."""
     extras: dict[str, Any] = field(default_factory=dict)
     """What hooks leave for the run's result (``memory``: the peaks)."""
+    record: dict[str, Any] = field(default_factory=dict)
+    """Values hooks ordered before the training record (``training_log``) add to this step's record
+    (``noise_scale``, ``top_updates``); emptied once the record is put."""
 
     @property
     def checkpoint_dir(self) -> Path:

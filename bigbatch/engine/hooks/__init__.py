@@ -9,8 +9,10 @@ from bigbatch.engine.hooks import (  # noqa: F401 - imported to register
     input_pipeline,
     jsonl,
     memory,
+    noise_scale,
     tensorboard,
     training_log,
+    update_sizes,
 )
 from bigbatch.engine.hooks.base import Hook, Hooks, build_hooks
 

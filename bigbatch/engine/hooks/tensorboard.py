@@ -1,5 +1,6 @@
 """TensorBoard events in ``tensorboard/`` (``log.tensorboard``, main process): ``train/<scalar>`` and
-``<split>/<metric>``, at the step of the record."""
+``<split>/<metric>``, at the step of the record; the relative update of each layer in ``top_updates`` as
+``updates/<layer>``."""
 
 from __future__ import annotations
 
@@ -24,9 +25,16 @@ class TensorBoard(Hook):
         if record.kind == "event":
             return
         prefix = "train" if record.kind == "train" else record.values["split"]
+        step = record.values["step"]
         for key, value in record.values.items():
-            if key not in NOT_PLOTTED[record.kind]:
-                self.writer.add_scalar(f"{prefix}/{key}", value, record.values["step"])
+            if key in NOT_PLOTTED[record.kind]:
+                continue
+            if key == "top_updates":  # a table: each listed layer's relative update as its own curve
+                for layer in value:
+                    if layer["relative"] is not None:
+                        self.writer.add_scalar(f"updates/{layer['name']}", layer["relative"], step)
+            elif isinstance(value, (int, float)):
+                self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def close(self, run: Run) -> None:
         self.writer.close()

@@ -22,6 +22,7 @@ class TrainingLog(Hook):
     def after_step(self, run: Run) -> None:
         done, plan, result = run.state.step, run.plan, run.result
         if not (is_due(done, run.cfg.log.every, plan.steps) or done == self.first):
+            run.record.clear()
             return
         now = time.perf_counter()
         rate = (done - self.last_step) * plan.batch / max(now - self.last_time, 1e-9)
@@ -33,6 +34,8 @@ class TrainingLog(Hook):
             values["grad_norm"] = result.grad_norm
         if type(scaler) is not LossScaler or scaler.scale != 1.0:
             values["loss_scale"] = scaler.scale
+        values.update(run.record)  # what earlier hooks measured at this step (noise scale, update sizes)
+        run.record.clear()
         run.events.train(values, f"step {done}/{plan.steps}  epoch {epoch:.2f}  loss {loss:.4f}  lr {run.lr:.4g}  "
                                  f"{rate:.0f} img/s")
 

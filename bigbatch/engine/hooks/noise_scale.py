@@ -1,0 +1,53 @@
+"""``log.noise_scale``: the gradient noise scale of the run, from the micro-batch gradients accumulation computes.
+
+McCandlish et al. 2018 (``telemetry/noise_scale.py`` has the estimators): at the first micro-batch of each attempt
+the tracker starts (the loss scale and the micro-batch count of that attempt), after every backward it reads the
+micro-batch's gradient as the change of the accumulated one, and after an applied step the two squared norms update
+the smoothed |G|^2 and tr(Sigma). The training record gets ``noise_scale`` = B_simple in images (absent until it is
+defined, and in runs whose steps have a single micro-batch per process). The run's end says where the batch stands.
+"""
+
+from __future__ import annotations
+
+from bigbatch.engine.hooks.base import Hook
+from bigbatch.engine.run import Run
+from bigbatch.registry import HOOKS
+from bigbatch.telemetry.noise_scale import MicroBatchGradients, NoiseScale, batch_sizes
+
+
+class NoiseScaleHook(Hook):
+    def before_train(self, run: Run) -> None:
+        self.tracker = MicroBatchGradients(world=run.plan.world)
+        self.noise = NoiseScale()
+
+    def before_forward(self, run: Run, index: int) -> None:
+        if index == 0:  # every attempt starts afresh: a re-run or re-cut step measures its own gradients
+            self.tracker.begin_step(run.train_step.scaler.scale, run.train_step.attempt_micro_batches)
+
+    def after_backward(self, run: Run, index: int) -> None:
+        self.tracker.after_backward(run.model.parameters(), index)
+
+    def after_step(self, run: Run) -> None:
+        norms = self.tracker.end_step()
+        if norms is None:
+            return
+        step = run.train_step
+        small, big = batch_sizes(run.plan.micro_batch // step.split, step.subdivisions, run.plan.world)
+        self.noise.update(norms.small_sq, small, norms.big_sq, big)
+        if self.noise.b_simple is not None:
+            run.record["noise_scale"] = round(self.noise.b_simple, 1)
+
+    def after_train(self, run: Run) -> None:
+        b_simple = self.noise.b_simple
+        if b_simple is None:
+            return
+        batch = run.plan.batch
+        where = ("below it: a larger batch would still cut the steps nearly in proportion" if batch < b_simple else
+                 "above it: a larger batch would cut the steps less than in proportion")
+        run.events.event(run.state.step, "noise_scale", {"noise_scale": round(b_simple, 1), "batch": batch},
+                         f"gradient noise scale: ~{b_simple:,.0f} images (the critical batch, McCandlish et al. "
+                         f"2018); this run's batch of {batch} is {where}")
+
+
+HOOKS.register("noise_scale", lambda run: NoiseScaleHook() if run.cfg.log.noise_scale and run.proc.is_main else None,
+               order=7)

@@ -1,0 +1,53 @@
+"""The run's instruments as a run uses them: the gradient noise scale in the training records and the run's
+summary, per-layer update sizes in updates.csv and the records, both switched off by their keys."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from bigbatch.cli import main
+
+SETTINGS = ["batch=64", "data.size=8", "model.width=4", "log.tensorboard=false", "eval.every=100",
+            "checkpoint.every=4", "log.every=2", "steps=6"]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_noise_scale_and_update_sizes_in_the_records(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS, "subdivisions=4"]) == 0
+    train = [r for r in records(out) if "lr" in r]
+    assert [r["step"] for r in train] == [1, 2, 4, 6]
+    assert all(r["noise_scale"] > 0 for r in train[1:])  # defined once the smoothed estimates are positive
+    for r in train:
+        top = r["top_updates"]
+        known = [u["relative"] for u in top if u["relative"] is not None]  # None: a tensor that was all zeros
+        assert 1 <= len(top) <= 10 and known == sorted(known, reverse=True) and known
+        assert all(u["relative"] is None for u in top[len(known):])
+    summary = [r for r in records(out) if r.get("event") == "noise_scale"]
+    assert len(summary) == 1 and summary[0]["batch"] == 64
+    assert "gradient noise scale: ~" in capsys.readouterr().out
+    with open(out / "updates.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {int(r["step"]) for r in rows} == {1, 2, 4, 6}
+    names = {r["name"] for r in rows}
+    assert "head.weight" in names and all(float(r["max_abs"]) >= 0 for r in rows)
+    # a resume appends to the run's own file
+    assert main(["train", "--resume", str(out), "--set", "steps=8"]) == 0
+    with open(out / "updates.csv", newline="") as f:
+        assert {int(r["step"]) for r in csv.DictReader(f)} == {1, 2, 4, 6, 8}
+
+
+def test_one_micro_batch_has_no_noise_scale_and_the_keys_switch_them_off(tmp_path):
+    single = tmp_path / "single"
+    assert main(["train", "digits", "--out", str(single), "--set", *SETTINGS, "subdivisions=1"]) == 0
+    assert not any("noise_scale" in r for r in records(single))
+    off = tmp_path / "off"
+    assert main(["train", "digits", "--out", str(off), "--set", *SETTINGS, "subdivisions=4",
+                 "log.noise_scale=false", "log.updates=false"]) == 0
+    assert not any("noise_scale" in r or "top_updates" in r for r in records(off))
+    assert not (off / "updates.csv").exists()
