@@ -110,3 +110,19 @@ def run_spawned(worker: Callable[[int, int, str], None], world: int, out_dir: Pa
                 p.kill()
             p.join()
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]
+
+
+def count_host_transfers(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the Python-level ways a tensor's value reaches the host (each one a device sync on CUDA)."""
+    import torch
+
+    calls = {"n": 0}
+    for method in ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy"):
+        original = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _original=original, **kwargs):
+            calls["n"] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    return calls

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.engine.step import train_step
 from bigbatch.recipe.precision import LossScaler
 from bigbatch.telemetry.noise_scale import GradientNorms, MicroBatchGradients, NoiseScale, batch_sizes
-from tests.conftest import HANG_GUARD_S, run_spawned
+from tests.conftest import HANG_GUARD_S, count_host_transfers, run_spawned
 
 SCALE = 1024.0
 
@@ -220,20 +220,6 @@ def test_out_of_order_calls_are_refused():
     tracker.after_backward(model.parameters(), 0)
     with pytest.raises(RuntimeError, match="1 of 2"):
         tracker.end_step()
-
-
-def count_host_transfers(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts the Python-level ways a tensor's value reaches the host (each one a device sync on CUDA)."""
-    calls = {"n": 0}
-    for method in ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy"):
-        original = getattr(torch.Tensor, method)
-
-        def counted(self, *args, _original=original, **kwargs):
-            calls["n"] += 1
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, method, counted)
-    return calls
 
 
 def test_one_host_transfer_per_step(monkeypatch):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bigbatch.telemetry.update_sizes import LayerUpdate, UpdatesCSV, UpdateSizes, top
+from tests.conftest import count_host_transfers
 
 LR = 0.1
 
@@ -78,20 +79,6 @@ def test_snapshot_is_one_copy_of_the_weights_and_is_reused():
     assert [s.data_ptr() for s in sizes._snapshots] == first
     assert sizes.snapshot_numel == sum(p.numel() for p in model.parameters())
     assert all(s.dtype == torch.float32 for s in sizes._snapshots)
-
-
-def count_host_transfers(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts the Python-level ways a tensor's value reaches the host (each one a device sync on CUDA)."""
-    calls = {"n": 0}
-    for method in ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy"):
-        original = getattr(torch.Tensor, method)
-
-        def counted(self, *args, _original=original, **kwargs):
-            calls["n"] += 1
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, method, counted)
-    return calls
 
 
 def test_one_host_transfer_for_all_parameters(monkeypatch):
