@@ -620,12 +620,22 @@ class LogConfig(Section):
     every: int = Field(10, gt=0)
     """Write a training record to ``metrics.jsonl`` every this many steps (and the first and last)."""
     tensorboard: bool = True
+    timing: Literal["off", "events", "exact"] = "events"
+    """Phase times of the logged steps in the training records (``t_data``, ``t_forward``, ``t_backward``, ``t_sync``,
+    ``t_update``, ``t_other``, ``t_step``) and the table of their shares at the end (``engine/phases.py``): ``events``
+    (the host clock; CUDA events on a GPU, read at the logged steps only), ``exact`` (the device synchronised at
+    every phase), ``off``."""
     noise_scale: bool = True
     """Estimate the gradient noise scale (McCandlish et al. 2018) from the micro-batch gradients every step and put it
     in the training records as ``noise_scale`` (images); absent when a step has one micro-batch in all."""
     updates: bool = True
     """Every ``every`` steps, each parameter tensor's largest update and relative update size, in ``updates.csv``
     of the run directory, and the ten largest relative updates in the training record as ``top_updates``."""
+
+    @field_validator("timing", mode="before")
+    @classmethod
+    def _off_is_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads an unquoted ``off`` as false
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)

@@ -7,6 +7,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from bigbatch.cli import main
 
 SETTINGS = ["batch=64", "data.size=8", "model.width=4", "log.tensorboard=false", "eval.every=100",
@@ -51,3 +53,21 @@ def test_one_micro_batch_has_no_noise_scale_and_the_keys_switch_them_off(tmp_pat
                  "log.noise_scale=false", "log.updates=false"]) == 0
     assert not any("noise_scale" in r or "top_updates" in r for r in records(off))
     assert not (off / "updates.csv").exists()
+
+
+def test_phase_times_add_up_to_the_step_and_the_run_prints_the_table(tmp_path, capsys):
+    out = tmp_path / "phases"
+    assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS, "subdivisions=2"]) == 0
+    train = [r for r in records(out) if "lr" in r]
+    phases = ("t_data", "t_forward", "t_backward", "t_sync", "t_update", "t_other")
+    for r in train:
+        assert all(r[p] >= 0 for p in phases)
+        assert sum(r[p] for p in phases) == pytest.approx(r["t_step"], rel=0.05, abs=1e-5)
+        assert r["t_forward"] > 0 and r["t_backward"] > 0 and r["t_sync"] == 0  # one process: nothing to wait for
+    table = [r for r in records(out) if r.get("event") == "phases"]
+    assert len(table) == 1 and table[0]["steps"] == len(train) - 1  # the first step warms up: not in the table
+    printed = capsys.readouterr().out
+    assert "where the step time went:" in printed and "forward" in printed and "100.0 %" in printed
+    off = tmp_path / "off"
+    assert main(["train", "digits", "--out", str(off), "--set", *SETTINGS, "log.timing=off"]) == 0
+    assert not any("t_forward" in r or r.get("event") == "phases" for r in records(off))

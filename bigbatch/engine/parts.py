@@ -15,6 +15,7 @@ from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
+from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.step import TrainStep
 from bigbatch.engine.transfer import DeviceFeed
 from bigbatch.errors import UserError
@@ -43,6 +44,7 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
     step = TrainStep(model, optimizer, task.loss, scaler, functools.partial(autocast, cfg.precision, proc.device),
                      functools.partial(clip_gradients, cfg.clip, parameters), plan, cfg.norm, running_stats, ema,
                      cfg.precision.max_skipped, events, feed=DeviceFeed(proc.device))
+    step.clock = PhaseClock(cfg.log.timing, proc.device)
     return model, step, ema, lr_at
 
 

@@ -32,6 +32,7 @@ from bigbatch.batching import BatchPlan
 from bigbatch.config import NormConfig
 from bigbatch.data.loader import split_micro_batches
 from bigbatch.engine.events import EventStorage
+from bigbatch.engine.phases import PhaseClock
 from bigbatch.recipe.ema import WeightEMA
 from bigbatch.recipe.norm import PerStepRunningStats, RunningStatsSnapshot, running_buffers, set_momentum
 from bigbatch.recipe.precision import LossScaler, first_nonfinite
@@ -83,6 +84,7 @@ def train_step(
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     before_forward: MicroBatchHook = _nothing,
     after_backward: MicroBatchHook = _nothing,
+    clock: PhaseClock | None = None,
 ) -> StepResult:
     """One attempt at an optimizer step over this device's micro-batches.
 
@@ -95,18 +97,24 @@ def train_step(
     micro-batch ``i`` (still scaled, and still local for every micro-batch but the last).
     """
     scaler = scaler or LossScaler(1.0)
+    clock = clock or PhaseClock("off")
     subdivisions = len(micro_batches)
+    distributed = isinstance(model, DistributedDataParallel)
     losses = []
     for i, micro_batch in enumerate(micro_batches):
         last = i == subdivisions - 1
-        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+        sync = contextlib.nullcontext() if last or not distributed else model.no_sync()
         before_forward(i)
         with sync:
+            clock.switch("forward")
             with autocast():
                 loss = loss_fn(model, micro_batch)
+            clock.switch("last_backward" if last and distributed and subdivisions > 1 else "backward")
             (loss * (scaler.scale / subdivisions)).backward()
+            clock.switch("other")
         after_backward(i)
         losses.append(loss.detach())
+    clock.switch("update")
     finite = scaler.unscale_(model.parameters())
     grad_norm, nonfinite_layer = None, None
     if finite:
@@ -134,6 +142,8 @@ class TrainStep:
         self.running_stats, self.ema, self.max_skipped, self.events = running_stats, ema, max_skipped, events
         self.has_batchnorm = bool(running_buffers(unwrap(model)))
         self.feed = feed or (lambda micro_batches: micro_batches)
+        self.clock = PhaseClock("off")
+        """Times the phases of each step (``engine/phases.py``; ``log.timing``)."""
         """Puts an attempt's micro-batches on the model's device (``engine/transfer.py``'s ``DeviceFeed``)."""
         self.split = 1
         """Each micro-batch of the plan is cut into this many (doubled on out-of-memory)."""
@@ -168,11 +178,12 @@ class TrainStep:
         in_a_row = 0
         while True:
             bn_before = RunningStatsSnapshot(unwrap(self.model)) if self.has_batchnorm else None
+            self.clock.switch("other")
             cut = self.feed(split_micro_batches(micro_batches, self.split))  # cut on the host, then moved
             self.attempt_micro_batches = len(cut)
             try:
                 result = train_step(self.model, self.optimizer, cut, self.loss_fn, lambda: self.clip(step),
-                                    self.scaler, self.autocast, self.before_forward, self.after_backward)
+                                    self.scaler, self.autocast, self.before_forward, self.after_backward, self.clock)
             except OUT_OF_MEMORY as error:
                 if not self.recut_on_oom:
                     raise

@@ -33,6 +33,7 @@ from bigbatch.engine import checkpoint, distributed
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.hooks import build_hooks
 from bigbatch.engine.parts import build_parts
+from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.run import Run
 from bigbatch.engine.state import Best, TrainingState
 from bigbatch.recipe.optim import set_lr
@@ -92,7 +93,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     model.train()
     try:
         hooks.before_train()
-        for step, (run.t_data, micro_batches) in enumerate(waited(steps), start=state.step):
+        for step, (run.t_data, micro_batches) in enumerate(waited(steps, train_step.clock), start=state.step):
             run.step = step
             task.observe(micro_batches)
             hooks.before_step()
@@ -115,15 +116,21 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     return TrainResult(out_dir, plan.steps, metrics, state.best, run.extras.get("memory", {}), task.report(metrics))
 
 
-def waited(items: Iterator[Any]) -> Iterator[tuple[float, Any]]:
-    """Each item with the seconds spent waiting for it (the data loader's share of a step: ``t_data``)."""
+def waited(items: Iterator[Any], clock: PhaseClock | None = None) -> Iterator[tuple[float, Any]]:
+    """Each item with the seconds spent waiting for it (the data loader's share of a step: ``t_data``); a step's
+    ``clock`` starts with that wait."""
     while True:
+        if clock is not None:
+            clock.begin("data")
         start = time.perf_counter()
         try:
             item = next(items)
         except StopIteration:
             return
-        yield time.perf_counter() - start, item
+        seconds = time.perf_counter() - start
+        if clock is not None:
+            clock.switch("other")
+        yield seconds, item
 
 
 def seed_everything(seed: int) -> None:

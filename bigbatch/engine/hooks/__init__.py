@@ -10,6 +10,7 @@ from bigbatch.engine.hooks import (  # noqa: F401 - imported to register
     jsonl,
     memory,
     noise_scale,
+    phase_timing,
     tensorboard,
     training_log,
     update_sizes,

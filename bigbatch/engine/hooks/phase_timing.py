@@ -1,0 +1,40 @@
+"""``log.timing``: the phases of the logged steps in their training records, and the run's table of phase shares.
+
+The step's clock (``engine/phases.py``) starts with the wait for data (the loop) and runs through the step
+(``TrainStep``); this hook, first of the ``after_step`` hooks, ends it: at the steps the training record is written
+(``log.every``, the first and the last) the phase times join the record (``t_data`` there is the clock's) and the
+totals; at other steps nothing is read. The run ends with the table (MegDet's breakdown of an iteration).
+"""
+
+from __future__ import annotations
+
+from bigbatch.engine.hooks.base import Hook, is_due
+from bigbatch.engine.phases import PhaseTotals
+from bigbatch.engine.run import Run
+from bigbatch.registry import HOOKS
+
+
+class PhaseTiming(Hook):
+    def before_train(self, run: Run) -> None:
+        self.first = run.state.step + 1
+        self.totals = PhaseTotals()
+
+    def after_step(self, run: Run) -> None:
+        done = run.state.step
+        measure = is_due(done, run.cfg.log.every, run.plan.steps) or done == self.first
+        times = run.train_step.clock.end(measure)
+        if times is None:
+            return
+        run.record.update({k: v for k, v in times.items() if k != "t_data"})  # the record's t_data is the loop's
+        if done != self.first:  # the first step warms up (allocations, first kernels): not in the table
+            self.totals.add(times)
+
+    def after_train(self, run: Run) -> None:
+        if self.totals.steps:
+            sums = {key: round(value / self.totals.steps, 6) for key, value in self.totals.sums.items()}
+            run.events.event(run.state.step, "phases", {"steps": self.totals.steps, **sums},
+                             "where the step time went:\n" + self.totals.table())
+
+
+HOOKS.register("phase_timing", lambda run: PhaseTiming() if run.cfg.log.timing != "off" and run.proc.is_main
+               else None, order=1)
