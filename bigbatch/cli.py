@@ -93,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--png", type=Path, help="plot the schedule to this PNG file")
     schedule.add_argument("--lines", type=int, default=40, help="about how many steps to print (default: %(default)s)")
 
+    profile = sub.add_parser("profile", help="profile training steps (torch.profiler): a Chrome trace and time by "
+                             "operator kind")
+    _add_config_args(profile)
+    profile.add_argument("--steps", type=int, default=5, help="steps profiled, after one warm-up step (default: "
+                         "%(default)s)")
+    profile.add_argument("--out", type=Path, help="the folder for trace.json: new or empty (default: "
+                         "runs/profile-<timestamp>)")
+
     plan = sub.add_parser("plan", help="measure memory per micro-batch and choose subdivisions")
     _add_config_args(plan)
     plan.add_argument("--memory-limit", metavar="SIZE",
@@ -330,6 +338,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    import time
+
+    from bigbatch.engine.profile import profile
+
+    if args.steps < 1:
+        raise UserError(f"--steps: expected at least 1 step to profile, got {args.steps}")
+    cfg = load_checked(args.config, args.overrides)
+    out: Path = args.out or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out: {out} exists and is not an empty folder; bigbatch writes its trace into a new or "
+                        "empty one")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out: cannot make {out}: {e.strerror}") from None
+    print(f"profiling {args.steps} training step(s) of {cfg.name} after one warm-up step: {cfg.precision.dtype}, "
+          f"batch {cfg.batch} in {cfg.subdivisions} micro-batch(es)")
+    trace, table = profile(cfg, args.steps, out)
+    print(table)
+    print(f"trace written to {trace} (chrome://tracing or https://ui.perfetto.dev)")
+    return 0
+
+
 def load_resolved(source: str, overrides: list[str]) -> RunConfig:
     """Load a config and, for ``subdivisions: auto``, measure and choose the subdivisions."""
     return resolve_auto(load_checked(source, overrides))
@@ -427,7 +459,7 @@ def cmd_data_bench(args: argparse.Namespace) -> int:
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale,
             "plan": cmd_plan, "data": cmd_data, "pack": cmd_pack,
-            "export": cmd_export}
+            "export": cmd_export, "profile": cmd_profile}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,3 +71,37 @@ def test_phase_times_add_up_to_the_step_and_the_run_prints_the_table(tmp_path, c
     off = tmp_path / "off"
     assert main(["train", "digits", "--out", str(off), "--set", *SETTINGS, "log.timing=off"]) == 0
     assert not any("t_forward" in r or r.get("event") == "phases" for r in records(off))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_profile_writes_a_trace_and_the_table_by_operator_kind(tmp_path, capsys, dtype):
+    out = tmp_path / dtype
+    assert main(["profile", "digits", "--steps", "1", "--out", str(out), "--set", "batch=64", "subdivisions=2",
+                 "data.size=16", "model.width=8", f"precision.dtype={dtype}"]) == 0
+    trace = json.loads((out / "trace.json").read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("conv" in name for name in names)
+    printed = capsys.readouterr().out
+    table = printed.split("kind")[1]
+    for kind in ("convolution", "normalisation", "elementwise"):
+        assert kind in table
+    assert f"trace written to {out / 'trace.json'}" in printed
+
+
+def test_profile_refuses_a_folder_with_files(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep")
+    assert main(["profile", "digits", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert "not an empty folder" in capsys.readouterr().err
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+def test_operator_kinds():
+    from bigbatch.engine.profile import kind_of
+
+    assert kind_of("aten::convolution_backward") == "convolution"
+    assert kind_of("aten::addmm") == "matmul" and kind_of("aten::mm") == "matmul"
+    assert kind_of("aten::native_batch_norm") == "normalisation"
+    assert kind_of("aten::copy_") == "copies"
+    assert kind_of("aten::leaky_relu") == "elementwise"
+    assert kind_of("c10d::allreduce_") == "communication"
+    assert kind_of("aten::empty") == "other"
