@@ -1,0 +1,88 @@
+"""``bigbatch report RUN [RUN ...]``: one self-contained HTML page of one or more run directories.
+
+The runs' headers and configs, and charts of loss, learning rate, evaluations, throughput, phase times, per-layer
+update sizes, the gradient noise scale against the batch, the loss scale and skipped steps, and memory; several runs
+overlaid in each chart (docs/report.md). The charts are matplotlib figures inlined as SVG: nothing is fetched when
+the page is opened.
+
+    runs.py    a run directory read: records, memory.csv, updates.csv, what is absent
+    charts.py  the figures (matplotlib's object API, no pyplot: no backend is chosen, no global figure kept)
+    page.py    the HTML
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from bigbatch.errors import UserError
+
+__all__ = ["write_report", "is_report"]
+
+DEFAULT_NAME = "report.html"
+_MARK = b'<meta name="generator" content="bigbatch report'
+
+
+def is_report(path: Path) -> bool:
+    """Whether ``path`` is a file a report wrote (its generator meta tag near the top)."""
+    try:
+        with open(path, "rb") as f:
+            return _MARK in f.read(4096)
+    except OSError:
+        return False
+
+
+def default_out(runs: list[Path]) -> Path:
+    """``RUN/report.html`` for one run, ``report.html`` in the current folder for several."""
+    return Path(runs[0]) / DEFAULT_NAME if len(runs) == 1 else Path.cwd() / DEFAULT_NAME
+
+
+def _check_out(out: Path) -> None:
+    if out.is_dir():
+        raise UserError(f"report: --out: {out} is a folder; give the HTML file to write, e.g. {out / DEFAULT_NAME}")
+    if out.exists() and not is_report(out):
+        raise UserError(f"report: --out: {out} already exists and is not a report bigbatch wrote; not overwritten "
+                        f"(choose another --out, or move the file away)")
+    if not out.parent.is_dir():
+        raise UserError(f"report: --out: the folder {out.parent} does not exist")
+
+
+def _write_atomically(out: Path, text: str) -> None:
+    """A temporary file in ``out``'s folder, fsync'ed, then renamed over ``out``: a reader sees the old report or
+    the new one, never part of one."""
+    mode = out.stat().st_mode & 0o777 if out.exists() else 0o644
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    except OSError as error:
+        raise UserError(f"report: --out: cannot write in {out.parent} ({error.strerror or error})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_report(runs: list[Path], out: Path | None = None) -> Path:
+    """Write the HTML report of the run directories ``runs`` to ``out`` (default: ``RUN/report.html`` for one run,
+    ``report.html`` in the current folder for several) and return the path written.
+
+    A file already at ``out`` is replaced only if it is a report written here (its generator meta tag); anything
+    else there, or a folder that is not a run (neither ``config.yaml`` nor ``metrics.jsonl``), is a
+    :class:`~bigbatch.errors.UserError` naming it, and nothing is written."""
+    from bigbatch.report.page import render
+    from bigbatch.report.runs import read_runs
+
+    if not runs:
+        raise UserError("report: give at least one run directory")
+    paths = [Path(run) for run in runs]
+    data = read_runs(paths)
+    out = Path(out) if out is not None else default_out(paths)
+    _check_out(out)
+    _write_atomically(out, render(data))
+    return out

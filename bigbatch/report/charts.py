@@ -1,0 +1,378 @@
+"""The report's charts: matplotlib figures rendered to inline SVG.
+
+Figures are made with matplotlib's object API (``matplotlib.figure.Figure``), never through ``pyplot``: no backend
+is selected, no window can open and no figure is left registered in a global list, whatever the caller's own
+matplotlib state (a notebook's inline backend stays as it was). Text stays text in the SVG
+(``svg.fonttype: none``): the browser's sans-serif font, and a file a fraction of the size.
+
+Every function takes the runs and returns one SVG string, or None when no run holds what it draws. A run keeps
+its colour in every chart.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import count
+
+import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, FuncFormatter, LogFormatter, MaxNLocator, NullFormatter
+
+from bigbatch.report.runs import PHASES, RunData
+
+WIDTH = 10.0
+"""Inches; the page scales the SVG to its column."""
+MAX_POINTS = 1500
+"""A longer series is thinned to every k-th point (its last kept) to keep the file light."""
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+           "#7f7f7f")
+PHASE_COLOURS = {"data": "#e15759", "forward": "#4e79a7", "backward": "#76b7b2", "sync": "#f28e2b",
+                 "update": "#59a14f", "other": "#bab0ac"}
+SPLIT_STYLES = ("-", "--", ":", "-.")
+_ids = count()
+
+RC = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "bigbatch-report",  # stable ids; each chart's ids get their own prefix below
+    "font.family": "sans-serif",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "lines.linewidth": 1.4,
+}
+
+
+def colour(index: int) -> str:
+    return PALETTE[index % len(PALETTE)]
+
+
+def legend_label(run: RunData) -> str:
+    return f"{run.label} (batch {run.batch})" if run.batch is not None else run.label
+
+
+@contextmanager
+def _style() -> Iterator[None]:
+    with matplotlib.rc_context(RC):
+        yield
+
+
+def _figure(rows: int = 1, cols: int = 2, height: float = 3.2) -> tuple[Figure, list[Axes]]:
+    fig = Figure(figsize=(WIDTH, height * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def to_svg(fig: Figure) -> str:
+    """``fig`` as an SVG element to inline in HTML: no XML prolog or DOCTYPE, and ids unique on the page."""
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buffer.getvalue()
+    svg = svg[svg.index("<svg"):]
+    prefix = f"c{next(_ids)}-"
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', svg)
+    svg = re.sub(r'(url\(#|href="#)([^)"]+)', lambda m: f"{m.group(1)}{prefix}{m.group(2)}", svg)
+    svg = svg.replace("<svg ", '<svg role="img" ', 1)
+    return svg.strip()
+
+
+def _thin(*columns: list[float]) -> tuple[list[float], ...]:
+    n = len(columns[0])
+    if n <= MAX_POINTS:
+        return columns
+    stride = math.ceil(n / MAX_POINTS)
+    keep = [*range(0, n - 1, stride), n - 1]
+    return tuple([column[i] for i in keep] for column in columns)
+
+
+def _images_axis(ax: Axes) -> None:
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlabel("images seen")
+
+
+def _log_y(ax: Axes, base: float = 10) -> None:
+    """A log y axis labelled in plain numbers (40, 100, 300; 1,024, 65,536), not powers (4 x 10^1)."""
+    ax.set_yscale("log", base=base)
+    if base == 2:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.yaxis.set_major_formatter(LogFormatter(base=base))
+        ax.yaxis.set_minor_formatter(LogFormatter(base=base, labelOnlyBase=False, minor_thresholds=(1.5, 0.8)))
+
+
+def _log_if_wide(ax: Axes, values: list[float]) -> None:
+    """A log scale where positive values span more than 30x (a loss from 2.3 to 0.01)."""
+    positive = [v for v in values if v > 0]
+    if positive and len(positive) == len(values) and max(positive) / min(positive) > 30:
+        _log_y(ax)
+
+
+def _legend(fig: Figure, axes: list[Axes]) -> None:
+    """One legend for the figure, below it, of the labels of all its axes (no repeats)."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center",
+                   ncols=min(len(entries), 4))
+
+
+def steps_and_images(runs: list[RunData], key: str, title: str, ylabel: str, log: bool = True) -> str | None:
+    """``key`` of the training records against steps (left) and images seen (right), the runs overlaid; a log
+    y axis where the values span more than 30x and ``log``."""
+    runs_with = [(i, run) for i, run in enumerate(runs) if run.series(key)[0]]
+    if not runs_with:
+        return None
+    with _style():
+        fig, (by_step, by_images) = _figure()
+        every: list[float] = []
+        for i, run in runs_with:
+            steps, images, values = _thin(*run.series(key))
+            every += values
+            by_step.plot(steps, values, color=colour(i), label=legend_label(run))
+            by_images.plot(images, values, color=colour(i), label=legend_label(run))
+        for ax, xlabel in ((by_step, "step"), (by_images, None)):
+            ax.set_title(f"{title} vs {'steps' if xlabel else 'images seen'}")
+            ax.set_ylabel(ylabel)
+            if log:
+                _log_if_wide(ax, every)
+            if xlabel:
+                ax.set_xlabel(xlabel)
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            else:
+                _images_axis(ax)
+        _legend(fig, [by_step])
+        return to_svg(fig)
+
+
+METRIC_ORDER = ("top1", "top5", "mAP", "mAP50", "mAP75", "loss")
+MAX_METRICS = 6
+
+
+def eval_metrics(runs: list[RunData]) -> list[str]:
+    """The numeric metrics of the evaluation records (per-class ones, with a ``/``, left out), best known first."""
+    found: dict[str, None] = {}
+    for run in runs:
+        for records in run.evals.values():
+            for record in records:
+                for key, value in record.items():
+                    if key not in ("step", "images", "split") and "/" not in key and isinstance(value, (int, float)) \
+                            and not isinstance(value, bool):
+                        found[key] = None
+    known = [m for m in METRIC_ORDER if m in found]
+    return known + sorted(set(found) - set(known))
+
+
+def evaluation(runs: list[RunData]) -> str | None:
+    """Each metric (a row) against steps and images seen; each split of a run its own line style."""
+    metrics = eval_metrics(runs)[:MAX_METRICS]
+    if not metrics:
+        return None
+    splits = sorted({split for run in runs for split in run.evals}, key=lambda s: (s != "val", s))
+    with _style():
+        fig, axes = _figure(rows=len(metrics), height=2.6)
+        for row, metric in enumerate(metrics):
+            by_step, by_images = axes[2 * row], axes[2 * row + 1]
+            for i, run in enumerate(runs):
+                for split, records in run.evals.items():
+                    points = [(r["step"], r[metric]) for r in records if isinstance(r.get(metric), (int, float))]
+                    if not points:
+                        continue
+                    steps = [float(s) for s, _ in points]
+                    values = [float(v) for _, v in points]
+                    style = dict(color=colour(i), linestyle=SPLIT_STYLES[splits.index(split) % len(SPLIT_STYLES)],
+                                 marker="o", markersize=3, label=f"{legend_label(run)} {split}")
+                    by_step.plot(steps, values, **style)
+                    images = [run.images_at(s) for s in steps]
+                    if None not in images:
+                        by_images.plot(images, values, **style)
+            by_step.set_title(f"{metric} vs steps")
+            by_images.set_title(f"{metric} vs images seen")
+            by_step.set_xlabel("step")
+            by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
+            _images_axis(by_images)
+            for ax in (by_step, by_images):
+                ax.set_ylabel(metric)
+        _legend(fig, axes)
+        return to_svg(fig)
+
+
+def memory(runs: list[RunData]) -> str | None:
+    """Each non-zero column of ``memory.csv`` (a panel) against minutes since the run started, the runs overlaid."""
+    skip = {"time", "elapsed_s", "step", "minutes"}
+    columns: list[str] = []
+    for run in runs:
+        for name, values in run.memory.items():
+            if name not in skip and name not in columns and any(math.isfinite(v) and v != 0 for v in values):
+                columns.append(name)
+    if not columns:
+        return None
+    cols = min(3, len(columns))
+    rows = math.ceil(len(columns) / cols)
+    with _style():
+        fig, axes = _figure(rows=rows, cols=cols, height=2.6)
+        for ax, name in zip(axes, columns, strict=False):
+            for i, run in enumerate(runs):
+                if any(math.isfinite(v) and v != 0 for v in run.memory.get(name, [])):
+                    minutes, values = _thin(run.memory["minutes"], run.memory[name])
+                    ax.plot(minutes, values, color=colour(i), label=legend_label(run),
+                            marker="." if len(values) <= 100 else None, markersize=3)
+            ax.set_title(name.removesuffix("_mib").replace("_", " ") + (" (MiB)" if name.endswith("_mib") else ""))
+            ax.set_xlabel("minutes since the run started")
+            ax.set_ylim(bottom=0)
+        for ax in axes[len(columns):]:
+            ax.set_visible(False)
+        _legend(fig, axes)
+        return to_svg(fig)
+
+
+def phases(runs: list[RunData]) -> str | None:
+    """One horizontal bar a run: each phase's share of the mean step, stacked to 100 %."""
+    measured = []
+    for run in runs:
+        found = run.phase_means()
+        if found is not None:
+            measured.append((run, found[0]))
+    if not measured:
+        return None
+    with _style():
+        fig = Figure(figsize=(WIDTH, 0.55 * len(measured) + 1.3), layout="constrained")
+        ax = fig.subplots()
+        labels = [legend_label(run) for run, _ in measured]
+        left = [0.0] * len(measured)
+        for phase in PHASES:
+            shares = [100 * means[phase] / means["step"] if means["step"] > 0 else 0.0 for _, means in measured]
+            bars = ax.barh(labels, shares, left=left, color=PHASE_COLOURS[phase], label=phase, height=0.6)
+            for bar, share in zip(bars, shares, strict=True):
+                if share >= 4:
+                    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_y() + bar.get_height() / 2, f"{share:.0f}%",
+                            ha="center", va="center", fontsize=8, color="white")
+            left = [a + b for a, b in zip(left, shares, strict=True)]
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("share of the step time (%), mean over the logged steps")
+        ax.invert_yaxis()
+        ax.grid(axis="y", visible=False)
+        fig.legend(loc="outside lower center", ncols=len(PHASES))
+        return to_svg(fig)
+
+
+def updates(run: RunData) -> str | None:
+    """A heatmap of layers (rows, in the model's order) by logged steps (columns): log10 of ``‖ΔW‖ / ‖W‖``."""
+    data = run.updates
+    if data is None or not data.steps:
+        return None
+    import numpy as np
+
+    values = np.array(data.relative, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(values > 0, np.log10(values), np.nan)
+    n = len(data.layers)
+    height = max(2.4, min(14.0, 0.16 * n + 1.4))
+    with _style():
+        fig = Figure(figsize=(WIDTH, height), layout="constrained")
+        ax = fig.subplots()
+        cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#e6e6e6")
+        image = ax.imshow(np.ma.masked_invalid(logs), aspect="auto", interpolation="nearest", cmap=cmap)
+        every = max(1, math.ceil(n / 60))
+        ax.set_yticks(range(0, n, every), [data.layers[i] for i in range(0, n, every)],
+                      fontsize=7 if n > 20 else 8)
+        columns = len(data.steps)
+        ticks = sorted({round(j) for j in np.linspace(0, columns - 1, min(columns, 10))})
+        ax.set_xticks(ticks, [str(data.steps[j]) for j in ticks])
+        ax.set_xlabel("step")
+        ax.grid(False)
+        ax.set_title(f"{run.label}: relative update per layer")
+        bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
+        bar.set_label("log10 ‖ΔW‖ / ‖W‖")
+        return to_svg(fig)
+
+
+def noise_scale(runs: list[RunData]) -> str | None:
+    """The noise scale against steps and images seen, each run's batch a dashed line of its colour."""
+    runs_with = [(i, run) for i, run in enumerate(runs) if run.series("noise_scale")[0]]
+    if not runs_with:
+        return None
+    with _style():
+        fig, (by_step, by_images) = _figure()
+        for i, run in runs_with:
+            steps, images, values = _thin(*run.series("noise_scale"))
+            by_step.plot(steps, values, color=colour(i), label=f"{legend_label(run)}: noise scale")
+            by_images.plot(images, values, color=colour(i))
+            if run.batch is not None:
+                for ax in (by_step, by_images):
+                    ax.axhline(run.batch, color=colour(i), linestyle="--", linewidth=1.1,
+                               label=f"{run.label}: its batch, {run.batch}")
+        for ax in (by_step, by_images):
+            _log_y(ax)
+            ax.set_ylabel("images")
+        by_step.set_title("noise scale B_simple vs steps")
+        by_step.set_xlabel("step")
+        by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
+        by_images.set_title("noise scale B_simple vs images seen")
+        _images_axis(by_images)
+        _legend(fig, [by_step])
+        return to_svg(fig)
+
+
+def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
+    """The loss scale (log 2 axis) and the skipped steps so far, against steps; None when neither says anything:
+    no loss scale recorded and no step skipped."""
+    scaled = [(i, run) for i, run in enumerate(runs) if run.series("loss_scale")[0]]
+    skipped = [(i, run) for i, run in enumerate(runs)
+               if any((r.get("skipped") or 0) > 0 for r in run.train) or run.event("skipped")]
+    if not scaled and not skipped:
+        return None
+    with _style():
+        fig, (scale_ax, skip_ax) = _figure()
+        for i, run in scaled:
+            steps, _, values = _thin(*run.series("loss_scale"))
+            scale_ax.plot(steps, values, color=colour(i), label=legend_label(run), drawstyle="steps-post")
+        if scaled:
+            _log_y(scale_ax, base=2)
+        else:
+            scale_ax.text(0.5, 0.5, "no loss scale recorded (fp32, or bf16 without one)", ha="center",
+                          va="center", transform=scale_ax.transAxes)
+        scale_ax.set_title("loss scale")
+        for i, run in enumerate(runs):
+            steps, _, values = _thin(*run.series("skipped"))
+            if steps:
+                skip_ax.plot(steps, values, color=colour(i), label=legend_label(run), drawstyle="steps-post")
+            events = run.event("skipped")
+            if events:
+                skip_ax.plot([e["step"] + 1 for e in events], [e.get("skipped", 0) for e in events], "x",
+                             color=colour(i), markersize=6)
+        skip_ax.set_title("skipped steps so far (x: each non-finite step)")
+        skip_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        for ax in (scale_ax, skip_ax):
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _legend(fig, [scale_ax, skip_ax])
+        return to_svg(fig)
+
+
+def loss(runs: list[RunData]) -> str | None:
+    return steps_and_images(runs, "loss", "training loss", "loss")
+
+
+def learning_rate(runs: list[RunData]) -> str | None:
+    return steps_and_images(runs, "lr", "learning rate", "lr", log=False)
+
+
+def throughput(runs: list[RunData]) -> str | None:
+    return steps_and_images(runs, "images_per_s", "throughput", "images / s")
+
+
+def grad_norm(runs: list[RunData]) -> str | None:
+    return steps_and_images(runs, "grad_norm", "gradient norm", "norm")

@@ -1,0 +1,390 @@
+"""The report's HTML page: the runs' headers and tables, the charts inline, one self-contained file.
+
+Nothing on the page is fetched: the charts are inline SVG, the style is in the page, there is no script. Every
+text that comes from a run's files is escaped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from html import escape
+from typing import Any
+
+from bigbatch import __version__
+from bigbatch.report import charts
+from bigbatch.report.runs import PHASES, RunData
+
+GENERATOR = "bigbatch report"
+"""The ``<meta name="generator">`` content (followed by the version): what marks a file as a report written here,
+which a later report may replace."""
+
+STYLE = """
+:root { color-scheme: light; --ink: #1d2330; --muted: #5b6473; --line: #e3e6eb; --card: #f7f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+       color: var(--ink); background: #fff; }
+main { max-width: 1120px; margin: 0 auto; padding: 24px 28px 64px; }
+h1 { font-size: 26px; margin: 0 0 4px; }
+h2 { font-size: 20px; margin: 40px 0 6px; padding-top: 12px; border-top: 1px solid var(--line); }
+h3 { font-size: 16px; margin: 18px 0 6px; }
+p.lead, p.how { color: var(--muted); margin: 4px 0 12px; max-width: 80ch; }
+nav { margin: 14px 0 8px; font-size: 14px; }
+nav a { margin-right: 14px; color: #2a5db0; text-decoration: none; white-space: nowrap; }
+nav a:hover { text-decoration: underline; }
+table { border-collapse: collapse; font-size: 13.5px; margin: 8px 0 14px; font-variant-numeric: tabular-nums; }
+th, td { padding: 4px 10px; border-bottom: 1px solid var(--line); text-align: right; vertical-align: top; }
+th:first-child, td:first-child { text-align: left; }
+th { background: var(--card); font-weight: 600; }
+td.text, th.text { text-align: left; }
+.scroll { overflow-x: auto; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(330px, 1fr)); gap: 14px; margin: 12px 0; }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px;
+        border-top: 4px solid var(--run); }
+.card h3 { margin: 0 0 6px; }
+.card dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 0; font-size: 14px; }
+.card dt { color: var(--muted); }
+.card dd { margin: 0; overflow-wrap: anywhere; }
+.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 6px;
+          background: var(--run); }
+.note { color: #8a4b00; font-size: 13.5px; margin: 6px 0 0; }
+.absent { color: var(--muted); font-style: italic; }
+details { margin: 8px 0 0; font-size: 13.5px; }
+summary { cursor: pointer; color: #2a5db0; }
+pre { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 10px; overflow: auto;
+      max-height: 420px; font-size: 12.5px; }
+figure { margin: 10px 0 18px; }
+figure svg { width: 100%; height: auto; display: block; }
+figcaption { color: var(--muted); font-size: 13px; }
+"""
+
+
+def fmt(value: Any) -> str:
+    """A number for a person: integers with thousands separators, others to 4 significant digits."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value == int(value) and abs(value) < 1e15:
+            return f"{int(value):,}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _table(head: list[str], rows: list[list[str]], text_columns: tuple[int, ...] = (0,)) -> str:
+    """A table of already escaped cells."""
+    def cell(tag: str, i: int, value: str) -> str:
+        return f'<{tag} class="text">{value}</{tag}>' if i in text_columns else f"<{tag}>{value}</{tag}>"
+
+    header = "".join(cell("th", i, h) for i, h in enumerate(head))
+    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _run_name(run: RunData, index: int) -> str:
+    return f'<span class="swatch" style="--run:{charts.colour(index)}"></span>{escape(run.label)}'
+
+
+def _figure(svg: str | None, caption: str = "") -> str:
+    if svg is None:
+        return ""
+    text = f"<figcaption>{caption}</figcaption>" if caption else ""
+    return f"<figure>{svg}{text}</figure>"
+
+
+def _absent(text: str) -> str:
+    return f'<p class="absent">{text}</p>'
+
+
+# --- the runs ------------------------------------------------------------------------------------------------------
+
+def micro_batch(run: RunData) -> str:
+    batch, subdivisions, world = run.batch, run.subdivisions, run.world
+    if batch is None or not isinstance(subdivisions, int) or subdivisions < 1:
+        return "–"
+    per = batch / ((world or 1) * subdivisions)  # micro-batch = batch / (world x subdivisions) (README)
+    return fmt(per if per != int(per) else int(per)) + ("" if world else " (one process)")
+
+
+def batch_plan(run: RunData) -> str:
+    """The batch, its subdivisions and the micro-batch, in words."""
+    if run.batch is None:
+        return "–"
+    plan = f"batch {fmt(run.batch)}, {fmt(run.subdivisions)} subdivisions: micro-batch {micro_batch(run)}"
+    if run.world:
+        return plan + f" on each of {run.world} processes"
+    return plan + " (batch / (world × subdivisions); the world size is not recorded)"
+
+
+def noise_verdicts(runs: list[RunData]) -> str:
+    """Each run's batch against its last noise scale, in the words of the run's own summary line."""
+    items = []
+    for i, run in enumerate(runs):
+        steps, _, noise = run.series("noise_scale")
+        if not noise or run.batch is None:
+            continue
+        last, batch = noise[-1], run.batch
+        verdict = ("below it: a larger batch would still cut the steps nearly in proportion" if batch < last else
+                   "above it: a larger batch would cut the steps less than in proportion")
+        items.append(f"<li>{_run_name(run, i)}: noise scale ~{fmt(round(last))} images at step {fmt(int(steps[-1]))}; "
+                     f"its batch of {fmt(batch)} is {verdict}</li>")
+    return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
+def best_eval(run: RunData) -> tuple[str, str, float, int] | None:
+    """``(split, metric, value, step)`` of the best evaluation by the config's ``eval.metric`` (lower is better for
+    a loss), on ``val`` when there is one."""
+    metric = (run.config.get("eval") or {}).get("metric") if isinstance(run.config.get("eval"), dict) else None
+    splits = sorted(run.evals, key=lambda s: (s != "val", s))
+    if not splits:
+        return None
+    records = run.evals[splits[0]]
+    if metric is None:
+        names = charts.eval_metrics([run])
+        metric = names[0] if names else None
+    points = [(r[metric], r["step"]) for r in records if isinstance(r.get(metric), (int, float))] if metric else []
+    if not points:
+        return None
+    value, step = (min if "loss" in metric else max)(points, key=lambda p: p[0])
+    return splits[0], metric, value, step
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def data_wait(run: RunData) -> str:
+    events = run.event("input_pipeline")
+    if events and isinstance(events[-1].get("share"), (int, float)):
+        return f"{100 * events[-1]['share']:.1f} %"
+    return "–"
+
+
+def summary(runs: list[RunData]) -> str:
+    worlds = any(run.world for run in runs)
+    rows = []
+    for i, run in enumerate(runs):
+        best = best_eval(run)
+        _, _, rates = run.series("images_per_s")
+        _, _, noise = run.series("noise_scale")
+        _, _, losses = run.series("loss")
+        planned = run.planned_steps
+        steps = fmt(run.steps_done) + (f" / {fmt(planned)}" if planned is not None else "")
+        rows.append([
+            _run_name(run, i), escape(str(run.task or "–")), fmt(run.batch), escape(fmt(run.subdivisions)),
+            micro_batch(run), *([fmt(run.world)] if worlds else []), steps, fmt(run.images_seen),
+            fmt(run.train[-1].get("epoch") if run.train else None), fmt(losses[-1] if losses else None),
+            escape(f"{best[1]} {fmt(best[2])} ({best[0]}, step {best[3]})") if best else "–",
+            fmt(round(_mean(rates[1:] or rates), 1) if rates else None),  # the first record's rate includes start-up
+            fmt(noise[-1] if noise else None), data_wait(run),
+        ])
+    head = ["run", "task", "batch", "subdivisions", "micro-batch", *(["world"] if worlds else []), "steps",
+            "images seen", "epochs", "last loss", "best evaluation", "images/s (mean)", "noise scale (last)",
+            "waiting for data"]
+    return _table(head, rows, text_columns=(0, 1, head.index("best evaluation")))
+
+
+def _config_value(run: RunData, *keys: str) -> Any:
+    node: Any = run.config
+    for key in keys:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def card(run: RunData, index: int) -> str:
+    items = [
+        ("folder", escape(str(run.path))),
+        ("name", escape(run.name)),
+        ("task", escape(str(run.task or "–"))),
+        ("model", escape(str(_config_value(run, "model", "name") or "–"))),
+        ("batch plan", escape(batch_plan(run))),
+        *([("world size", fmt(run.world))] if run.world else []),
+        ("steps", fmt(run.steps_done) + (f" of {fmt(run.planned_steps)}" if run.planned_steps else "")),
+        ("images seen", fmt(run.images_seen)),
+        ("optimizer", escape(f"{_config_value(run, 'optim', 'name') or '–'}, "
+                             f"lr {fmt(_config_value(run, 'optim', 'lr'))} "
+                             f"at batch {fmt(_config_value(run, 'optim', 'ref_batch'))}")),
+        ("precision", escape(str(_config_value(run, "precision", "dtype") or "–"))),
+    ]
+    body = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items)
+    absent = (f'<p class="note">absent: {escape(", ".join(run.absent))} (its charts are left out)</p>'
+              if run.absent else "")
+    notes = "".join(f'<p class="note">{escape(note)}</p>' for note in run.notes)
+    config = (f"<details><summary>config.yaml (the resolved config)</summary><pre>{escape(run.config_text)}</pre>"
+              "</details>" if run.config_text is not None else "")
+    events = (f"<details><summary>events ({len(run.events)})</summary>{events_table(run)}</details>"
+              if run.events else "")
+    return (f'<div class="card" style="--run:{charts.colour(index)}"><h3>{_run_name(run, index)}</h3>'
+            f"<dl>{body}</dl>{absent}{notes}{config}{events}</div>")
+
+
+MAX_EVENTS = 200
+
+
+def events_table(run: RunData) -> str:
+    rows = []
+    for event in run.events[:MAX_EVENTS]:
+        details = ", ".join(f"{k} {fmt(v)}" for k, v in event.items() if k not in ("step", "event"))
+        rows.append([escape(str(event.get("event"))), fmt(event.get("step")), escape(details)])
+    more = f"<p>… and {len(run.events) - MAX_EVENTS} more in metrics.jsonl</p>" if len(run.events) > MAX_EVENTS else ""
+    return _table(["event", "step", "values"], rows, text_columns=(0, 2)) + more
+
+
+def final_evaluations(runs: list[RunData]) -> str:
+    metrics = charts.eval_metrics(runs)
+    rows = []
+    for i, run in enumerate(runs):
+        for split, records in sorted(run.evals.items(), key=lambda item: (item[0] != "val", item[0])):
+            last = records[-1]
+            rows.append([_run_name(run, i), escape(split), fmt(last.get("step"))]
+                        + [fmt(last.get(m)) for m in metrics])
+    if not rows:
+        return ""
+    return "<h3>The last evaluation</h3>" + _table(["run", "split", "step", *map(escape, metrics)], rows,
+                                                   text_columns=(0, 1))
+
+
+def phase_table(runs: list[RunData]) -> str:
+    """MegDet's breakdown of an iteration: each phase's mean seconds per step and share, a column pair a run."""
+    measured = [(i, run, found) for i, run in enumerate(runs) if (found := run.phase_means()) is not None]
+    if not measured:
+        return ""
+    head = ["phase"]
+    for i, run, (_, count) in measured:
+        head += [f"{_run_name(run, i)}<br>s / step", f"share<br>({count} steps)"]
+    rows = []
+    for phase in (*PHASES, "step"):
+        row = [phase if phase != "step" else "<b>step</b>"]
+        for _, _, (means, _) in measured:
+            share = 100 * means[phase] / means["step"] if means["step"] > 0 else 0.0
+            row += [f"{means[phase]:.4f}", f"{share:.1f} %"]
+        rows.append(row)
+    return _table(head, rows)
+
+
+# --- the page ------------------------------------------------------------------------------------------------------
+
+SECTIONS = (
+    ("runs", "Runs"), ("loss", "Loss and learning rate"), ("evaluation", "Evaluation"),
+    ("throughput", "Throughput"), ("phases", "Where the step time goes"), ("updates", "Per-layer update sizes"),
+    ("noise", "Gradient noise scale"), ("scale", "Loss scale, skipped steps, gradient norm"), ("memory", "Memory"),
+)
+
+
+def _section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+def render(runs: list[RunData]) -> str:
+    """The whole page for ``runs``."""
+    labels = ", ".join(escape(run.label) for run in runs)
+    body: dict[str, str] = {}
+
+    body["runs"] = (summary(runs) + '<p class="how">micro-batch = batch / (world × subdivisions); where the run does '
+                    "not record its world size the figure is for one process. Images/s: the mean over the logged "
+                    "steps but the first (start-up).</p>"
+                    + '<div class="cards">' + "".join(card(run, i) for i, run in enumerate(runs)) + "</div>")
+
+    loss, lr = charts.loss(runs), charts.learning_rate(runs)
+    body["loss"] = ('<p class="how">Against steps the runs are compared update for update; against images seen, data '
+                    "for data: a larger batch that reaches the same loss after the same images is using its "
+                    "extra images as well as the smaller one.</p>"
+                    + (_figure(loss) + _figure(lr) if loss or lr else _absent("No training record in these runs.")))
+
+    evaluation = charts.evaluation(runs)
+    more = len(charts.eval_metrics(runs)) - charts.MAX_METRICS
+    body["evaluation"] = (
+        '<p class="how">Each split (<code>val</code>, <code>val_ema</code>, ...) is its own line style, the run its '
+        "colour; images seen = step × batch.</p>"
+        + (_figure(evaluation, f"{more} more metrics in the table below" if more > 0 else "")
+           if evaluation else _absent("No evaluation record in these runs."))
+        + final_evaluations(runs))
+
+    rate = charts.throughput(runs)
+    body["throughput"] = ('<p class="how">Training images per second between logged steps (evaluations and '
+                          "checkpoints included where they fall between two records).</p>"
+                          + (_figure(rate) if rate else _absent("No throughput recorded.")))
+
+    phases = charts.phases(runs)
+    missing = [escape(run.label) for run in runs if run.phase_means() is None]
+    unmeasured = (f"<p class=\"absent\">No phase times in {', '.join(missing)} (made before log.timing, or with "
+                  "log.timing: off).</p>" if missing else "")
+    body["phases"] = (
+        '<p class="how">Each step split into disjoint phases that add up to it (MegDet\'s breakdown of an '
+        "iteration): <b>data</b> waiting for the micro-batches, <b>forward</b> and <b>backward</b> of the "
+        "micro-batches, <b>sync</b> the wait for the gradient all-reduce under DDP, <b>update</b> the optimizer "
+        "step (with unscaling, clipping, EMA), <b>other</b> the rest. Mean over the logged steps but the first. A "
+        "large data share says the input pipeline is the bottleneck; a large sync share, the network.</p>"
+        + (_figure(phases) + phase_table(runs) + unmeasured if phases else _absent(
+            "No run recorded phase times (t_forward, t_backward, ...): runs made before log.timing, or with "
+            "log.timing: off.")))
+
+    maps = []
+    for run in runs:
+        svg = charts.updates(run)
+        if svg is not None and run.updates is not None:
+            maps.append(_figure(svg, f"{len(run.updates.layers)} parameter tensors × {len(run.updates.steps)} logged "
+                                     f"steps, from {escape(run.updates.source)}; grey: not measured, or weights "
+                                     "that were all zero"))
+    body["updates"] = (
+        '<p class="how">The relative update ‖ΔW‖ / ‖W‖ of each parameter tensor at each logged step, log scale: '
+        "a row much brighter than the rest is a layer the learning rate moves faster than the others (LARS and "
+        "LAMB even these out); a row that fades to dark has stopped learning. Values near 1e-3 per step are "
+        "the usual rule of thumb; 1e-1 and above means the weights are being rewritten every step.</p>"
+        + ("".join(maps) if maps else _absent("No update sizes recorded (log.updates: off, or a run made before "
+                                              "it).")))
+
+    noise = charts.noise_scale(runs)
+    body["noise"] = (
+        '<p class="how">The simple noise scale B_simple = tr(Σ) / |G|² (McCandlish et al. 2018), estimated from '
+        "the micro-batch and batch gradients, against the batch (the dashed line of the run's colour). It is the "
+        "critical batch: growing a batch well below it cuts the steps to a result nearly in proportion; above it, "
+        "less and less, so the extra images buy less. It grows as training proceeds: read it late in a run.</p>"
+        + (_figure(noise) + noise_verdicts(runs) if noise else _absent(
+            "No noise scale recorded (log.noise_scale: off, one micro-batch per process, or a run made before it).")))
+
+    scale, grad = charts.loss_scale_and_skipped(runs), charts.grad_norm(runs)
+    body["scale"] = (
+        '<p class="how">A dynamic loss scale halves at each step whose gradients are not finite (the step is '
+        "skipped) and grows again after a run of good steps. Many skipped steps waste compute; a scale that keeps "
+        "falling points at a layer that overflows.</p>"
+        + (_figure(scale) if scale else _absent("No loss scale recorded and no step skipped."))
+        + (_figure(grad, "The gradient norm, recorded when clipping by norm.") if grad else ""))
+
+    memory = charts.memory(runs)
+    body["memory"] = (
+        '<p class="how">From each run\'s memory.csv, sampled every memory.interval seconds: resident memory of '
+        "the process, the system's, and on CUDA the allocated, reserved and peak device memory. Columns that stay "
+        "at zero are left out.</p>"
+        + (_figure(memory) if memory else _absent("No run has a memory.csv.")))
+
+    nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)
+    sections = "".join(_section(anchor, title, body[anchor]) for anchor, title in SECTIONS)
+    written = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="generator" content="{GENERATOR} {escape(__version__)}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>bigbatch report: {labels}</title>
+<style>{STYLE}</style>
+</head>
+<body>
+<main>
+<h1>bigbatch report</h1>
+<p class="lead">{len(runs)} run{"s" if len(runs) != 1 else ""}: {labels}. Written {written} by bigbatch \
+{escape(__version__)}; this file is self-contained (works offline).</p>
+<nav>{nav}</nav>
+{sections}
+</main>
+</body>
+</html>
+"""

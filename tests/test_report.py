@@ -1,0 +1,283 @@
+"""``bigbatch report``: the HTML page of real runs and of hand-made run directories (whose numbers are known), the
+files it refuses to overwrite, and, where a Chromium is installed, the page as a browser draws it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from bigbatch.errors import UserError
+from bigbatch.report import write_report
+from bigbatch.report.runs import read_run, read_runs
+from tests.conftest import HANG_GUARD_S, run_main
+
+SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=3", "log.every=2",
+            "log.tensorboard=false", "memory.interval=0.5"]
+SECTIONS = ("runs", "loss", "evaluation", "throughput", "phases", "updates", "noise", "scale", "memory")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two real digits runs, batch 64 and 128, 6 steps each."""
+    root = tmp_path_factory.mktemp("runs")
+    runs = []
+    for batch in (64, 128):
+        out = root / f"b{batch}"
+        result = run_main("train", "digits", "--out", str(out), "--set", *SETTINGS, f"batch={batch}",
+                          f"name=report-b{batch}")
+        assert result.returncode == 0, result.stderr
+        runs.append(out)
+    return runs[0], runs[1]
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def section(html: str, anchor: str) -> str:
+    start = html.index(f'<section id="{anchor}">')
+    return html[start:html.index("</section>", start)]
+
+
+def external_urls(html: str) -> list[str]:
+    """Every http(s) URL but the two XML namespaces an inline SVG declares (nothing is fetched for them)."""
+    allowed = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
+    return [url for url in re.findall(r"https?://[^\s\"'<>)]+", html) if url not in allowed]
+
+
+class Tags(HTMLParser):
+    """Counts start and end tags: the page parses, and every ``svg``, ``section``, ``details`` is closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: dict[str, int] = {}
+        self.closed: dict[str, int] = {}
+
+    def handle_starttag(self, tag, attrs):
+        self.opened[tag] = self.opened.get(tag, 0) + 1
+
+    def handle_endtag(self, tag):
+        self.closed[tag] = self.closed.get(tag, 0) + 1
+
+
+def test_a_report_of_two_runs(two_runs, tmp_path):
+    small, big = two_runs
+    out = write_report([small, big], tmp_path / "two.html")
+    assert out == tmp_path / "two.html"
+    html = out.read_text(encoding="utf-8")
+    assert "report-b64" in html and "report-b128" in html
+    for anchor in SECTIONS:
+        assert f'<section id="{anchor}">' in html
+    for anchor in ("loss", "evaluation", "throughput", "updates", "noise", "memory"):
+        assert "<svg" in section(html, anchor), anchor
+    assert section(html, "loss").count("<svg") == 2  # loss, then the learning rate
+    assert section(html, "updates").count("<svg") == 2  # a heatmap a run
+    # the config, as the run wrote it, in a collapsible block
+    assert "<summary>config.yaml" in html and "name: report-b128" in html
+    assert external_urls(html) == []
+    tags = Tags()
+    tags.feed(html)
+    for tag in ("svg", "section", "details", "table", "figure"):
+        assert tags.opened.get(tag, 0) == tags.closed.get(tag, 0), tag
+    assert tags.opened["svg"] >= 8
+    # the numbers of the header, against the runs' own records: images seen = 6 steps x batch, the last loss
+    summary = section(html, "runs")
+    for run, batch in ((small, 64), (big, 128)):
+        last = [r for r in records(run) if "lr" in r][-1]
+        assert last["images"] == 6 * batch
+        assert f"<td>{6 * batch:,}</td>" in summary
+        assert f"<td>{last['loss']:.4g}</td>" in summary
+    # light: a few hundred KB at most for two short runs
+    assert out.stat().st_size < 1_000_000
+    assert [p.name for p in tmp_path.iterdir()] == ["two.html"]  # no temporary file left behind
+
+
+def test_the_phase_breakdown_where_the_runs_recorded_it(two_runs, tmp_path):
+    html = write_report(list(two_runs), tmp_path / "r.html").read_text(encoding="utf-8")
+    measured = [r for r in records(two_runs[0]) if "lr" in r and "t_forward" in r]
+    if measured:
+        assert "<svg" in section(html, "phases") and "s / step" in section(html, "phases")
+    else:
+        assert "No run recorded phase times" in section(html, "phases")
+
+
+def test_one_run_is_reported_in_its_folder_and_a_report_replaces_its_own(two_runs):
+    small = two_runs[0]
+    out = write_report([small], None)
+    assert out == small / "report.html"
+    first = out.read_text(encoding="utf-8")
+    assert "report-b64" in first and "report-b128" not in first
+    assert write_report([small], None) == out  # a report written here may be replaced
+    assert not [p for p in small.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_several_runs_are_reported_in_the_current_folder(two_runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = write_report(list(two_runs), None)
+    assert out.resolve() == (tmp_path / "report.html").resolve() and out.is_file()
+
+
+def test_a_file_it_did_not_write_is_not_overwritten(two_runs, tmp_path):
+    foreign = tmp_path / "notes.html"
+    foreign.write_text("<html><body>my notes</body></html>")
+    with pytest.raises(UserError, match=re.escape(str(foreign))):
+        write_report([two_runs[0]], foreign)
+    assert foreign.read_text() == "<html><body>my notes</body></html>"
+    with pytest.raises(UserError, match="is a folder"):
+        write_report([two_runs[0]], tmp_path)
+    with pytest.raises(UserError, match="does not exist"):
+        write_report([two_runs[0]], tmp_path / "absent" / "r.html")
+
+
+def test_a_failed_write_leaves_the_previous_report(two_runs, tmp_path, monkeypatch):
+    out = write_report([two_runs[0]], tmp_path / "r.html")
+    before = out.read_bytes()
+
+    def fail(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        write_report(list(two_runs), out)
+    assert out.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+def test_a_folder_that_is_not_a_run_is_one_clear_error(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(UserError) as error:
+        write_report([folder], tmp_path / "r.html")
+    message = str(error.value)
+    assert str(folder) in message and "config.yaml" in message and "metrics.jsonl" in message
+    assert "\n" not in message
+    with pytest.raises(UserError, match="does not exist"):
+        write_report([tmp_path / "nowhere"], tmp_path / "r.html")
+    with pytest.raises(UserError, match="at least one"):
+        write_report([], tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists() and not (folder / "report.html").exists()
+
+
+def test_a_run_with_metrics_only_still_reports(two_runs, tmp_path):
+    bare = tmp_path / "crashed"
+    bare.mkdir()
+    text = (two_runs[1] / "metrics.jsonl").read_text()
+    (bare / "metrics.jsonl").write_text(text + '{"step": 7, "images": 89')  # killed while writing its last line
+    html = write_report([bare], None).read_text(encoding="utf-8")
+    cards = section(html, "runs")
+    assert "config.yaml, memory.csv, updates.csv" in cards  # said to be absent
+    assert "1 line(s) not a bigbatch record" in cards
+    assert "<svg" in section(html, "loss") and "<svg" in section(html, "noise")
+    assert "No run has a memory.csv" in section(html, "memory")
+    # without updates.csv, the heatmap is drawn from the records' ten largest updates
+    assert "updates.csv is absent" in section(html, "updates")
+    # the batch comes from the records (images = step x batch) when there is no config
+    assert read_run(bare).batch == 128
+
+
+# --- hand-made run directories, whose numbers are known ------------------------------------------------------------
+
+def make_run(folder: Path, train: list[dict], config: str | None = "name: made\nbatch: 100\nsubdivisions: 4\n",
+             events: tuple[dict, ...] = (), memory: list[dict] | None = None) -> Path:
+    folder.mkdir(parents=True)
+    if config is not None:
+        (folder / "config.yaml").write_text(config)
+    lines = [json.dumps({"images": r["step"] * 100, "lr": 0.1, "loss": 1.0, **r}) for r in train]
+    lines += [json.dumps(e) for e in events]
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if memory is not None:
+        with open(folder / "memory.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(memory[0]))
+            writer.writeheader()
+            writer.writerows(memory)
+    return folder
+
+
+def test_phase_shares_are_the_means_over_the_records_but_the_first(tmp_path):
+    """Step 1 warms up and is left out (as the run's own table does); steps 2 and 3 average to data 0.1, forward
+    0.3, backward 0.4, sync 0, update 0.1, other 0.1 of a 1.0 s step: shares 10/30/40/0/10/10 %."""
+    phases = ("t_data", "t_forward", "t_backward", "t_sync", "t_update", "t_other")
+    rows = [(9.0, 9.0, 9.0, 0.0, 9.0, 9.0), (0.05, 0.2, 0.5, 0.0, 0.15, 0.1), (0.15, 0.4, 0.3, 0.0, 0.05, 0.1)]
+    train = [{"step": s + 1, **dict(zip(phases, row, strict=True)), "t_step": sum(row)} for s, row in enumerate(rows)]
+    run = make_run(tmp_path / "timed", train)
+    means, count = read_run(run).phase_means()
+    assert count == 2
+    expected = {"data": 0.1, "forward": 0.3, "backward": 0.4, "sync": 0.0, "update": 0.1, "other": 0.1, "step": 1.0}
+    assert means == pytest.approx(expected)
+    html = write_report([run], None).read_text(encoding="utf-8")
+    table = section(html, "phases")
+    for phase, share in (("data", "10.0"), ("forward", "30.0"), ("backward", "40.0"), ("update", "10.0")):
+        assert re.search(rf'<td class="text">{phase}</td><td>[0-9.]+</td><td>{share} %</td>', table), phase
+    assert "<svg" in table
+
+
+def test_records_without_t_other_count_the_rest_of_the_step_as_other(tmp_path):
+    train = [{"step": 1, "t_data": 0.1, "t_forward": 0.2, "t_backward": 0.3, "t_update": 0.1, "t_step": 1.0}]
+    means, _ = read_run(make_run(tmp_path / "older", train)).phase_means()
+    assert means["other"] == pytest.approx(0.3) and means["sync"] == 0.0
+
+
+def test_loss_scale_skipped_steps_and_memory_columns(tmp_path):
+    train = [{"step": s, "loss_scale": 2.0 ** (16 - (s > 2)), "skipped": int(s > 2)} for s in (1, 2, 3, 4)]
+    zero = {"cuda_allocated_mib": 0.0}
+    memory = [{"time": 1000 + 5 * i, "elapsed_s": 5 * i, "step": i, "rss_mib": 800 + i, **zero, "npu_mib": 7 * i}
+              for i in range(4)]
+    run = make_run(tmp_path / "scaled", train, memory=memory,
+                   events=({"step": 2, "event": "skipped", "skipped": 1, "loss_scale": 32768.0, "nonfinite": "fc"},))
+    html = write_report([run], None).read_text(encoding="utf-8")
+    assert "<svg" in section(html, "scale")
+    plotted = section(html, "memory")
+    assert "rss (MiB)" in plotted and "npu (MiB)" in plotted  # a column added later is plotted too
+    assert "cuda allocated (MiB)" not in plotted  # all zero: left out
+    assert "nonfinite fc" in section(html, "runs")  # the event, in the run's table of events
+    # a run without any of these says so rather than drawing an empty chart
+    quiet = write_report([make_run(tmp_path / "quiet", [{"step": 1, "skipped": 0}])], None).read_text()
+    assert "No loss scale recorded and no step skipped" in section(quiet, "scale")
+
+
+def test_runs_in_folders_of_the_same_name_get_distinct_labels(tmp_path):
+    a = make_run(tmp_path / "a" / "run", [{"step": 1}])
+    b = make_run(tmp_path / "b" / "run", [{"step": 1}])
+    assert [run.label for run in read_runs([a, b])] == ["a/run", "b/run"]
+    assert [run.label for run in read_runs([a, a])] == ["a/run #1", "a/run #2"]
+
+
+def test_text_from_the_run_is_escaped(tmp_path):
+    run = make_run(tmp_path / "odd", [{"step": 1}], config="name: <script>alert(1)</script>\nbatch: 10\n")
+    html = write_report([run], None).read_text(encoding="utf-8")
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+# --- the page in a browser -----------------------------------------------------------------------------------------
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless_shell")
+
+
+def test_a_browser_draws_the_page(two_runs, tmp_path):
+    browser = next((found for name in BROWSERS if (found := shutil.which(name))), None)
+    if browser is None:
+        pytest.skip("no Chromium installed: the browser check needs one from the system's packages")
+    report = write_report(list(two_runs), tmp_path / "report.html")
+    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
+              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,6000"]
+    screenshot = tmp_path / "report.png"
+    shot = subprocess.run([*common, f"--screenshot={screenshot}", report.as_uri()], capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
+    assert shot.returncode == 0, shot.stderr
+    assert screenshot.stat().st_size > 10_000
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    dom = subprocess.run([*common, "--dump-dom", report.as_uri()], capture_output=True, text=True,
+                         timeout=HANG_GUARD_S)
+    assert dom.returncode == 0, dom.stderr
+    for anchor in SECTIONS:
+        assert f'id="{anchor}"' in dom.stdout
+    assert dom.stdout.count("<svg") >= 8 and "report-b128" in dom.stdout
