@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--png", type=Path, help="plot the schedule to this PNG file")
     schedule.add_argument("--lines", type=int, default=40, help="about how many steps to print (default: %(default)s)")
 
+    report = sub.add_parser("report", help="write one self-contained HTML report of one or more runs (charts of "
+                            "loss, LR, metrics, memory, phases, update sizes, noise scale; runs overlaid)")
+    report.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories")
+    report.add_argument("--out", type=Path, metavar="FILE.html", help="default: RUN/report.html for one run, "
+                        "report.html here for several")
+
     profile = sub.add_parser("profile", help="profile training steps (torch.profiler): a Chrome trace and time by "
                              "operator kind")
     _add_config_args(profile)
@@ -338,6 +344,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from bigbatch.report import write_report
+
+    print(f"report written to {write_report(args.runs, args.out)}")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     import time
 
@@ -459,7 +472,7 @@ def cmd_data_bench(args: argparse.Namespace) -> int:
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale,
             "plan": cmd_plan, "data": cmd_data, "pack": cmd_pack,
-            "export": cmd_export, "profile": cmd_profile}
+            "export": cmd_export, "profile": cmd_profile, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

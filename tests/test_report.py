@@ -281,3 +281,13 @@ def test_a_browser_draws_the_page(two_runs, tmp_path):
     for anchor in SECTIONS:
         assert f'id="{anchor}"' in dom.stdout
     assert dom.stdout.count("<svg") >= 8 and "report-b128" in dom.stdout
+
+
+def test_the_cli_writes_the_report(two_runs, tmp_path, capsys):
+    from bigbatch.cli import main
+
+    out = tmp_path / "both.html"
+    assert main(["report", *map(str, two_runs), "--out", str(out)]) == 0
+    assert f"report written to {out}" in capsys.readouterr().out
+    assert out.read_text().count("<svg") >= 5
+    assert main(["report", str(tmp_path / "absent")]) == 2
