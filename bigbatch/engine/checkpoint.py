@@ -150,3 +150,9 @@ def load_tensors(path: str | Path, key: str) -> Any:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise UserError(f"{key}: {path} is not a readable torch file ({type(e).__name__}"
                         f"{': ' + first if first else ''})") from None
+
+
+def mismatch_detail(error: RuntimeError) -> str:
+    """The first specific line of ``load_state_dict``'s error (a missing key, an unexpected one, a size)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 else lines[0]

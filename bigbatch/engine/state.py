@@ -126,5 +126,4 @@ def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
-        raise UserError(f"{key}: the checkpoint does not fit this model ({first})") from None
+        raise UserError(f"{key}: the checkpoint does not fit this model ({checkpoint.mismatch_detail(e)})") from None

@@ -64,7 +64,7 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
     """Load ``path`` into ``network``: a Darknet ``.weights`` file, or a state dict / bigbatch checkpoint holding
     this network's weights; -> images seen (the ``.weights`` header's ``seen``; 0 for a state dict). A missing or
     non-matching file is one ``UserError`` naming ``key``."""
-    from bigbatch.engine.checkpoint import load_tensors
+    from bigbatch.engine.checkpoint import load_tensors, mismatch_detail
     from bigbatch.models.darknet import read_weights
 
     path = Path(path)
@@ -80,9 +80,8 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
     try:
         network.load_state_dict(state)
     except RuntimeError as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        detail = lines[1] if len(lines) > 1 else lines[0]
-        raise UserError(f"{key}: {path} does not fit the network of {network.cfg.path} ({detail})") from None
+        raise UserError(f"{key}: {path} does not fit the network of {network.cfg.path} ({mismatch_detail(e)})"
+                        ) from None
     return 0
 
 

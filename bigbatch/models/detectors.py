@@ -216,9 +216,10 @@ def load_detector_weights(model: Detector, path: str | Path, name: str, num_clas
         raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors)")
     if not any(key.startswith("detector.") for key in state):  # a bare torchvision model's state dict
         state = {f"detector.{key}": value for key, value in state.items()}
+    from bigbatch.engine.checkpoint import mismatch_detail
+
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        detail = lines[1] if len(lines) > 1 else lines[0]
-        raise UserError(f"model.weights: {path} does not fit {name} with {num_classes} classes ({detail})") from None
+        raise UserError(f"model.weights: {path} does not fit {name} with {num_classes} classes "
+                        f"({mismatch_detail(e)})") from None
