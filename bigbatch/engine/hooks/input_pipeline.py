@@ -37,13 +37,13 @@ class InputPipeline(Hook):
     def after_train(self, run: Run) -> None:
         if not self.steps:
             return
-        share = self.waited / max(self.total, 1e-12)
+        share = round(self.waited / max(self.total, 1e-12), 4)  # the record's value; the line is printed from it
         message = f"input pipeline: waited {share:.1%} of step time ({self.waited:.1f} s of {self.total:.1f} s)"
         if share > INPUT_BOUND:
             message += "; " + advice(run)
         run.events.event(run.state.step, "input_pipeline", {"waited_s": round(self.waited, 3),
                                                             "step_s": round(self.total, 3),
-                                                            "share": round(share, 4)}, message)
+                                                            "share": share}, message)
 
 
 def advice(run: Run) -> str:
