@@ -217,17 +217,21 @@ class SplitPaths(Section):
     """The split's COCO JSON annotation file."""
 
 
+SizeList = Annotated[list[Annotated[int, Field(gt=0, multiple_of=32)]], Field(min_length=1)]
+"""One or more input sizes, multiples of 32."""
+
+
 class MultiScaleConfig(Section):
     """Multi-scale training (Darknet's ``random=1``): a new input size every ``every`` steps, the same on every
     rank and after a resume (drawn from the seed and the step); the first steps run at the largest size."""
 
-    sizes: list[Annotated[int, Field(gt=0, multiple_of=32)]] | Literal["auto"] | None = None
+    sizes: SizeList | Literal["auto"] | None = None
     """Training sizes (``data.size`` for each step): a list, drawn uniformly; ``auto``: Darknet's rule around
     ``data.size`` with ``range`` (``round(r * size / 32 + 1) * 32``, r in [1/range, range]: 416 takes 320..608;
     ``data/multiscale.py``); unset: multi-scale training is off."""
     every: int = Field(10, gt=0)
     """Steps between two size changes."""
-    range: float = Field(1.4, ge=1)
+    range: float = Field(1.4, ge=1, le=10)
     """``auto``: the range of the drawn scale (Darknet's ``random`` in the last ``[yolo]`` layer: 1 means 1.4)."""
     final: int = Field(100, ge=0)
     """The last steps of the run at the largest size, as Darknet's last 100 (BatchNorm statistics settle at it)."""
