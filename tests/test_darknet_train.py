@@ -100,9 +100,9 @@ def test_mixed_precision_with_the_update_ratio_loss_scale_and_the_memory_log(sha
 
 
 def test_yolov3_tiny_shapes_learns_a_small_set(tmp_path):
-    """The recipe at test size: 16 generated images, evaluated on themselves (what a network that learns must fit
-    first), from mAP@0.5 ~0 to past 0.25 in 120 steps of 16 (33 s on the 2-core machine; it reached 0.49). BatchNorm
-    momentum 0.1: Darknet's 0.01 averages its running statistics over ~100 steps, too slow for a run this short."""
+    """The recipe at test size: 16 generated images at 96 px, evaluated on themselves (what a network that learns
+    must fit first), past 0.5 mAP@0.5 in 100 steps of 16 (it reached 0.91; 0.05 halfway; 33 s on the 2-core machine).
+    BatchNorm momentum 0.1: Darknet's 0.01 averages its running statistics over ~100 steps, too slow for this run."""
     root = tmp_path / "set"
     assert run_main("data", "shapes", "--out", str(root), "--images", "20", "--seed", "0").returncode == 0
     split = [f"data.{s}.images={root / 'train'}" for s in ("train", "val")]
@@ -110,8 +110,8 @@ def test_yolov3_tiny_shapes_learns_a_small_set(tmp_path):
     out = tmp_path / "run"
     result = run_main("train", "yolov3-tiny-shapes", "--out", str(out), "--set", *QUICK, "data.name=coco", *split,
                       "data.jitter=0", "data.flip=0", "batch=16",
-                      "optim.ref_batch=16", "steps=120", "eval.every=40", "checkpoint.every=120",
-                      "schedule.darknet.burn_in=20", "schedule.darknet.steps=[100, 110]", "norm.momentum=0.1")
+                      "optim.ref_batch=16", "steps=100", "eval.every=50", "checkpoint.every=100", "data.size=96",
+                      "schedule.darknet.burn_in=20", "schedule.darknet.steps=[80, 90]", "norm.momentum=0.1")
     assert result.returncode == 0, result.stderr[-2000:]
     val = [r["mAP50"] for r in records(out) if r.get("split") == "val"]
-    assert val[0] < 0.05 and val[-1] > 0.25, val
+    assert val[-1] > 0.5 and val[-1] > val[0] + 0.3, val
