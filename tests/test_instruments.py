@@ -105,3 +105,33 @@ def test_operator_kinds():
     assert kind_of("aten::leaky_relu") == "elementwise"
     assert kind_of("c10d::allreduce_") == "communication"
     assert kind_of("aten::empty") == "other"
+
+
+def test_memory_growth_per_1000_steps_and_a_steady_rise(tmp_path):
+    from bigbatch.telemetry.memory import COLUMNS, memory_growth
+
+    def write(rows):
+        path = tmp_path / "memory.csv"
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(COLUMNS)
+            for step, rss in rows:
+                writer.writerow([0, 0, step, rss, 0, 0, 0, 0, 0])
+        return path
+
+    rising = write([(s, 1000 + 0.5 * s) for s in range(0, 2000, 100)])  # 0.5 MiB per step
+    per_1000, r2, samples = memory_growth(rising, after_step=400)
+    assert per_1000 == pytest.approx(500) and r2 == pytest.approx(1) and samples == 15
+    flat = write([(s, 1000 + (7 if s % 200 else -7)) for s in range(0, 2000, 100)])  # noise around a level
+    per_1000, r2, _ = memory_growth(flat, after_step=0)
+    assert abs(per_1000) < 10 and r2 < 0.1
+    assert memory_growth(write([(1, 5), (2, 6)]), after_step=0) is None  # too few samples
+
+
+def test_the_run_reports_memory_growth_after_the_first_evaluation(tmp_path, capsys):
+    out = tmp_path / "mem"
+    assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS, "eval.every=2", "memory.interval=0.001",
+                 "steps=8"]) == 0
+    growth = [r for r in records(out) if r.get("event") == "memory_growth"]
+    assert len(growth) == 1 and growth[0]["samples"] >= 3 and isinstance(growth[0]["steady"], bool)
+    assert "MiB of RSS per 1,000 steps" in capsys.readouterr().out

@@ -84,6 +84,31 @@ class MemorySampler:
         return {k: round(v, 1) for k, v in self.peaks.items() if v > 0}
 
 
+STEADY_R2 = 0.8
+"""A rise counts as steady when a straight line explains this share of the samples' variance."""
+
+
+def memory_growth(path: Path, after_step: int, column: str = "rss_mib") -> tuple[float, float, int] | None:
+    """The trend of ``column`` in ``memory.csv`` over the samples taken after ``after_step`` (the first evaluation:
+    the Jetson seed's memory climbed during training, past the allocations of the first steps and evaluation):
+    ``(MiB per 1,000 steps, R^2 of the least-squares line, samples)``, or None with fewer than 3 samples over at
+    least two steps. Slope ``b = sum (s - s_mean)(m - m_mean) / sum (s - s_mean)^2``; ``R^2 = b^2 var(s) / var(m)``."""
+    try:
+        with open(path, newline="") as f:
+            rows = [(float(r["step"]), float(r[column])) for r in csv.DictReader(f) if float(r["step"]) > after_step]
+    except (OSError, KeyError, ValueError):
+        return None
+    if len(rows) < 3 or len({step for step, _ in rows}) < 2:
+        return None
+    n = len(rows)
+    mean_s, mean_m = sum(s for s, _ in rows) / n, sum(m for _, m in rows) / n
+    var_s = sum((s - mean_s) ** 2 for s, _ in rows)
+    var_m = sum((m - mean_m) ** 2 for _, m in rows)
+    slope = sum((s - mean_s) * (m - mean_m) for s, m in rows) / var_s
+    r2 = slope * slope * var_s / var_m if var_m > 0 else 0.0
+    return slope * 1000, r2, n
+
+
 class MemoryLimitExceeded(RuntimeError):
     """The process went over ``memory.limit`` (the CPU's stand-in for CUDA's out-of-memory error)."""
 

@@ -6,26 +6,51 @@ from bigbatch.config import parse_size
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
-from bigbatch.telemetry.memory import MemoryLimitExceeded, MemorySampler, rss_bytes
+from bigbatch.telemetry.memory import STEADY_R2, MemoryLimitExceeded, MemorySampler, memory_growth, rss_bytes
 
 
 class MemoryLog(Hook):
     """Samples memory every ``memory.interval`` s into ``memory.csv``; at the end an ``event: memory`` record of
-    the peaks, which are also the run's result."""
+    the peaks, which are also the run's result, and an ``event: memory_growth`` record of the RSS trend after the
+    first evaluation (MiB per 1,000 steps; ``steady`` when a line explains most of it)."""
 
     def before_train(self, run: Run) -> None:
         self.sampler = MemorySampler(run.out_dir / "memory.csv", run.cfg.memory.interval, run.proc.device)
         self.sampler.step = run.state.step
         self.sampler.start()
 
+    first_eval: int | None = None
+
     def after_step(self, run: Run) -> None:
         self.sampler.step = run.state.step
+
+    def after_eval(self, run: Run, split: str, metrics: dict[str, float]) -> None:
+        if self.first_eval is None:
+            self.first_eval = run.state.step
 
     def after_train(self, run: Run) -> None:
         peaks = self.sampler.stop()
         run.extras["memory"] = peaks
         if peaks:
             run.events.event(self.sampler.step, "memory", peaks)
+        self.report_growth(run)
+
+    def report_growth(self, run: Run) -> None:
+        """The resident memory's trend after the first evaluation, per 1,000 steps; a steady rise is flagged."""
+        if self.first_eval is None:
+            return
+        growth = memory_growth(self.sampler.path, self.first_eval)
+        if growth is None:
+            return
+        per_1000, r2, samples = growth
+        steady = per_1000 > 0 and r2 >= STEADY_R2
+        message = (f"memory after the first evaluation (step {self.first_eval}): {per_1000:+.1f} MiB of RSS per "
+                   f"1,000 steps over {samples} samples")
+        if steady:
+            message += " - a steady rise (a leak, or a cache that keeps growing): watch memory.csv"
+        run.events.event(run.state.step, "memory_growth", {"rss_mib_per_1000_steps": round(per_1000, 2),
+                                                           "r2": round(r2, 3), "samples": samples, "steady": steady},
+                         message)
 
 
 class MemoryLimit(Hook):
