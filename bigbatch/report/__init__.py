@@ -12,8 +12,6 @@ the page is opened.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from bigbatch.errors import UserError
@@ -49,23 +47,14 @@ def _check_out(out: Path) -> None:
 
 
 def _write_atomically(out: Path, text: str) -> None:
-    """A temporary file in ``out``'s folder, fsync'ed, then renamed over ``out``: a reader sees the old report or
-    the new one, never part of one."""
-    mode = out.stat().st_mode & 0o777 if out.exists() else 0o644
+    """``checkpoint.atomic_write``: a reader sees the old report or the new one, never part of one; a folder that
+    cannot be written is one line."""
+    from bigbatch.engine.checkpoint import atomic_write
+
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    except OSError as error:
+        atomic_write(out, lambda f: f.write(text), mode="w")
+    except PermissionError as error:
         raise UserError(f"report: --out: cannot write in {out.parent} ({error.strerror or error})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_report(runs: list[Path], out: Path | None = None) -> Path:
