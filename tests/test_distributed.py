@@ -51,14 +51,19 @@ def test_layout_does_not_change_the_weights(tmp_path, one_process, two_processes
     assert multi.returncode == 0, multi.stderr[-3000:]
     assert multi.stdout.count("run written to") == 1, "only rank 0 reports"
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
-    if "subdivisions=2" in two_processes:  # DDP with a synchronising last backward: its wait is t_sync
-        import json
+    import json
 
-        train = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-        train = [r for r in train if "lr" in r]
+    train = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if "lr" in r]
+    if "subdivisions=2" in two_processes:  # DDP with a synchronising last backward: its wait is t_sync
         phases = ("t_data", "t_forward", "t_backward", "t_sync", "t_update", "t_other")
         assert all(r["t_sync"] >= 0 and sum(r[p] for p in phases) == pytest.approx(r["t_step"], rel=0.05)
                    for r in train)
+    if "norm.sync=bigbatch" in two_processes:  # the BN all-reduces: a sub-phase of forward and backward
+        assert all(0 < r["t_bn_sync"] <= r["t_forward"] + r["t_backward"] for r in train)
+        assert "cross-device BN all-reduce" in multi.stdout
+    else:
+        assert not any("t_bn_sync" in r for r in train)
 
 
 @pytest.mark.parametrize("running_stats", ["per_microbatch", "per_step"])

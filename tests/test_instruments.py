@@ -73,6 +73,38 @@ def test_phase_times_add_up_to_the_step_and_the_run_prints_the_table(tmp_path, c
     assert not any("t_forward" in r or r.get("event") == "phases" for r in records(off))
 
 
+def test_a_sub_phase_is_timed_inside_the_phases_only_at_the_steps_that_are_read():
+    import copy
+
+    from bigbatch.engine.phases import PhaseClock
+
+    clock = PhaseClock("events")
+    timer = clock.sub_phase("bn_sync")
+    assert clock.sub_phase("bn_sync") is timer and copy.deepcopy(timer) is timer  # a copied model times alike
+    calls = []
+
+    def one_step(measure: bool) -> dict | None:
+        clock.measure_next = measure
+        clock.begin("data")
+        clock.switch("forward")
+        assert timer(lambda x: calls.append(x) or x + 1, 1) == 2
+        clock.switch("backward")
+        timer(calls.append, 2)
+        clock.switch("update")
+        return clock.end(measure)
+
+    times = one_step(True)
+    assert times is not None and calls == [1, 2]
+    assert 0 <= times["t_bn_sync"] <= times["t_forward"] + times["t_backward"]
+    assert sum(times[f"t_{p}"] for p in ("data", "forward", "backward", "sync", "update", "other")) == \
+        pytest.approx(times["t_step"], abs=1e-5)  # a sub-phase is not added (each time is rounded to 1 µs)
+    assert one_step(False) is None and calls == [1, 2, 1, 2] and timer.spans == []  # run, not timed
+    clock.measure_next = True
+    clock.begin("data")
+    clock.switch("forward")
+    assert "t_bn_sync" not in clock.end(True)  # a step without the work has no sub-phase
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_profile_writes_a_trace_and_the_table_by_operator_kind(tmp_path, capsys, dtype):
     out = tmp_path / dtype
@@ -116,7 +148,7 @@ def test_memory_growth_per_1000_steps_and_a_steady_rise(tmp_path):
             writer = csv.writer(f)
             writer.writerow(COLUMNS)
             for step, rss in rows:
-                writer.writerow([0, 0, step, rss, 0, 0, 0, 0, 0])
+                writer.writerow([0, 0, step, rss, *[0] * (len(COLUMNS) - 4)])
         return path
 
     rising = write([(s, 1000 + 0.5 * s) for s in range(0, 2000, 100)])  # 0.5 MiB per step
@@ -135,3 +167,77 @@ def test_the_run_reports_memory_growth_after_the_first_evaluation(tmp_path, caps
     growth = [r for r in records(out) if r.get("event") == "memory_growth"]
     assert len(growth) == 1 and growth[0]["samples"] >= 3 and isinstance(growth[0]["steady"], bool)
     assert "MiB of RSS per 1,000 steps" in capsys.readouterr().out
+
+
+JETSON_MEMINFO = """MemTotal:        7859256 kB
+MemFree:          362496 kB
+MemAvailable:    2403420 kB
+Buffers:           97212 kB
+Cached:          2141300 kB
+SwapCached:         1824 kB
+AnonHugePages:    172032 kB
+NvMapMemFree:      94784 kB
+NvMapMemUsed:     {used} kB
+CmaTotal:         753664 kB
+CmaFree:          719864 kB
+Hugepagesize:       2048 kB
+"""
+"""The lines of a Jetson's /proc/meminfo around the one that counts (the L4T kernel's NvMap lines)."""
+
+
+def test_the_memory_log_has_the_gpus_share_of_ram_on_a_unified_memory_device(tmp_path):
+    import torch
+
+    from bigbatch.telemetry.memory import COLUMNS, MemorySampler, unified_gpu_mib
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(JETSON_MEMINFO.format(used=805068))
+    assert unified_gpu_mib(meminfo) == pytest.approx(805068 / 1024)
+    assert unified_gpu_mib(Path("/proc/meminfo")) is None or Path("/sys/module/nvmap").exists()  # not a Jetson
+    sampler = MemorySampler(tmp_path / "memory.csv", 60.0, torch.device("cpu"), meminfo=meminfo)
+    sampler.sample()
+    meminfo.write_text(JETSON_MEMINFO.format(used=1048576))  # the GPU took 1 GiB
+    sampler.sample()
+    peaks = sampler.stop()
+    with open(tmp_path / "memory.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == COLUMNS
+    assert [float(r["unified_gpu_mib"]) for r in rows] == [pytest.approx(786.2), 1024.0, 1024.0]
+    assert peaks["peak_unified_gpu_mib"] == 1024.0
+    elsewhere = MemorySampler(tmp_path / "other.csv", 60.0, torch.device("cpu"), meminfo=tmp_path / "absent")
+    assert elsewhere.meminfo is None and elsewhere.sample()["unified_gpu_mib"] == 0.0
+    elsewhere.stop()
+
+
+def test_a_resumed_run_appends_under_the_header_its_memory_log_has(tmp_path):
+    import torch
+
+    from bigbatch.telemetry.memory import MemorySampler
+
+    older = ["time", "elapsed_s", "step", "rss_mib", "system_used_mib", "swap_used_mib", "cuda_allocated_mib",
+             "cuda_reserved_mib", "cuda_peak_mib"]  # a run made before the unified-memory column
+    path = tmp_path / "memory.csv"
+    path.write_text(",".join(older) + "\n" + ",".join(["1.0", "0.0", "0", "100.0", *["0.0"] * 5]) + "\n")
+    sampler = MemorySampler(path, 60.0, torch.device("cpu"))
+    sampler.sample()
+    sampler.stop()
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == older and all(len(row) == len(older) for row in rows) and len(rows) == 4
+
+
+def test_a_unified_memory_run_reports_the_trend_of_the_gpus_share(tmp_path, capsys, monkeypatch):
+    from bigbatch.telemetry import memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(JETSON_MEMINFO.format(used=524288))
+    monkeypatch.setattr(memory, "MEMINFO", meminfo)
+    out = tmp_path / "mem"
+    assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS, "eval.every=2", "memory.interval=0.001",
+                 "steps=8"]) == 0
+    with open(out / "memory.csv", newline="") as f:
+        assert {r["unified_gpu_mib"] for r in csv.DictReader(f)} == {"512.0"}
+    growth = [r for r in records(out) if r.get("event") == "memory_growth"]
+    assert len(growth) == 1 and growth[0]["unified_gpu_mib_per_1000_steps"] == 0.0
+    assert growth[0]["unified_gpu_steady"] is False and "rss_mib_per_1000_steps" in growth[0]
+    assert "MiB of the GPU's share of RAM (NvMapMemUsed)" in capsys.readouterr().out

@@ -220,6 +220,18 @@ def test_phase_shares_are_the_means_over_the_records_but_the_first(tmp_path):
     assert "<svg" in table
 
 
+def test_the_bn_all_reduce_is_a_row_inside_the_step_not_a_phase_of_it(tmp_path):
+    timed = {"t_data": 0.1, "t_forward": 0.4, "t_backward": 0.4, "t_sync": 0.0, "t_update": 0.1, "t_other": 0.0,
+             "t_step": 1.0}
+    train = [{"step": s, **timed, "t_bn_sync": 0.25} for s in (1, 2, 3)]
+    means, _ = read_run(make_run(tmp_path / "synced", train)).phase_means()
+    assert means["bn_sync"] == pytest.approx(0.25) and means["step"] == pytest.approx(1.0)
+    table = section(write_report([tmp_path / "synced"], None).read_text(encoding="utf-8"), "phases")
+    assert re.search(r"of which BN all-reduce</i></td><td>0.2500</td><td>25.0 %</td>", table)
+    plain = make_run(tmp_path / "plain", [{"step": s, **timed} for s in (1, 2)])
+    assert "BN all-reduce" not in section(write_report([plain], None).read_text(encoding="utf-8"), "phases")
+
+
 def test_records_without_t_other_count_the_rest_of_the_step_as_other(tmp_path):
     train = [{"step": 1, "t_data": 0.1, "t_forward": 0.2, "t_backward": 0.3, "t_update": 0.1, "t_step": 1.0}]
     means, _ = read_run(make_run(tmp_path / "older", train)).phase_means()

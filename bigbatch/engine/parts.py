@@ -25,7 +25,7 @@ from bigbatch.recipe.norm import configure_batchnorm
 from bigbatch.recipe.optim import build_optimizer
 from bigbatch.recipe.precision import autocast, build_scaler, check_precision, schedule_burn_in
 from bigbatch.recipe.schedule import Schedule, build_schedule
-from bigbatch.recipe.sync_bn import convert_batchnorm
+from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
 from bigbatch.tasks.base import Task
 
 
@@ -45,6 +45,10 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
                      functools.partial(clip_gradients, cfg.clip, parameters), plan, cfg.norm, running_stats, ema,
                      cfg.precision.max_skipped, events, feed=DeviceFeed(proc.device))
     step.clock = PhaseClock(cfg.log.timing, proc.device)
+    bn_sync = step.clock.sub_phase("bn_sync")
+    for module in model.modules():
+        if isinstance(module, CrossDeviceBatchNorm):
+            module.sync_timer = bn_sync  # t_bn_sync (torch's SyncBatchNorm keeps its all-reduces inside its kernels)
     return model, step, ema, lr_at
 
 

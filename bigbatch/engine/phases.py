@@ -12,6 +12,14 @@ the phases of a step add up to its wall-clock time by construction:
     t_other     the rest: moving micro-batches to the device, the step's hooks (memory checks, the noise scale)
     t_step      the whole step, the sum of the above
 
+A sub-phase is time inside those phases spent on one kind of work, reported beside them and not added:
+
+    t_bn_sync   cross-device BatchNorm's all-reduces (``norm.sync: bigbatch`` on several processes), inside
+                t_forward and t_backward: how much of them is waiting for the other devices' statistics
+
+Sub-phases are timed only at the steps whose times are read (the phase-timing hook sets ``measure_next``), so a
+step that is not logged pays nothing for them.
+
 ``log.timing``: ``events`` (default) times with the host clock on the CPU and with CUDA events on a GPU, read only at
 the steps that are logged (one wait for the step's last event there, none elsewhere); ``exact`` synchronises the
 device at every switch (the times are then the device's, at the cost of the overlap between host and device);
@@ -22,9 +30,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
+T = TypeVar("T")
 PHASES = ("data", "forward", "backward", "sync", "update", "other")
 
 
@@ -40,6 +51,10 @@ class PhaseClock:
         self._marks: list[tuple[str, float | torch.cuda.Event]] = []
         self._phase = ""
         self.backwards: list[float] = []
+        self.measure_next = False
+        """Whether the next step's sub-phases are timed: the phase-timing hook sets it for the steps it reads."""
+        self._measuring = False
+        self._sub_phases: dict[str, SubPhase] = {}
 
     @property
     def enabled(self) -> bool:
@@ -58,7 +73,14 @@ class PhaseClock:
         """Start a step in ``phase``."""
         if not self.enabled:
             return
+        self._measuring = self.measure_next
+        for sub in self._sub_phases.values():
+            sub.spans.clear()
         self._marks = [(phase, self._now())]
+
+    def sub_phase(self, name: str) -> SubPhase:
+        """The timer of sub-phase ``name`` (``t_<name>`` in the step's times): call ``timer(fn, *args)``."""
+        return self._sub_phases.setdefault(name, SubPhase(self, name))
 
     def switch(self, phase: str) -> None:
         """End the current phase and start ``phase`` (a ``backward`` of the last micro-batch: ``last_backward``)."""
@@ -76,11 +98,14 @@ class PhaseClock:
             return None
         if isinstance(end, torch.cuda.Event):
             end.synchronize()
+        inside = {f"t_{name}": round(sum(_seconds(a, b) for a, b in sub.spans), 6)
+                  for name, sub in self._sub_phases.items() if sub.spans}
+        for sub in self._sub_phases.values():
+            sub.spans.clear()
         spans: dict[str, float] = defaultdict(float)
         backwards: list[float] = []
         for (phase, start), (_, stop) in zip(marks, marks[1:], strict=False):
-            seconds = (start.elapsed_time(stop) / 1000 if isinstance(start, torch.cuda.Event)  # type: ignore[arg-type]
-                       else stop - start)  # type: ignore[operator]
+            seconds = _seconds(start, stop)
             if phase == "last_backward":
                 spans["last_backward"] += seconds
             else:
@@ -93,7 +118,35 @@ class PhaseClock:
         spans["sync"] = sync
         times = {f"t_{phase}": round(spans.get(phase, 0.0), 6) for phase in PHASES}
         times["t_step"] = round(sum(spans.values()), 6)
-        return times
+        return {**times, **inside}
+
+
+def _seconds(start: float | torch.cuda.Event, stop: float | torch.cuda.Event) -> float:
+    if isinstance(start, torch.cuda.Event):
+        return start.elapsed_time(stop) / 1000  # type: ignore[arg-type]
+    return stop - start  # type: ignore[operator]
+
+
+class SubPhase:
+    """Times one kind of work inside the phases (a sub-phase, e.g. ``bn_sync``): ``timer(fn, *args)`` runs
+    ``fn(*args)`` and, at a step whose times will be read, keeps its start and end marks. Shared by reference (a
+    copy of the model that holds it times into the same clock)."""
+
+    def __init__(self, clock: PhaseClock, name: str) -> None:
+        self.clock, self.name = clock, name
+        self.spans: list[tuple[float | torch.cuda.Event, float | torch.cuda.Event]] = []
+
+    def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        clock = self.clock
+        if not (clock._measuring and clock._marks):
+            return fn(*args)
+        start = clock._now()
+        result = fn(*args)
+        self.spans.append((start, clock._now()))
+        return result
+
+    def __deepcopy__(self, memo: dict) -> SubPhase:
+        return self
 
 
 class PhaseTotals:
@@ -116,4 +169,8 @@ class PhaseTotals:
             seconds = self.sums[f"t_{phase}"]
             lines.append(f"{phase:<9} {seconds / self.steps:8.4f}  {100 * seconds / max(total, 1e-12):5.1f} %")
         lines.append(f"{'step':<9} {total / self.steps:8.4f}  100.0 %")
+        if "t_bn_sync" in self.sums:  # a sub-phase: inside forward and backward, not added
+            seconds = self.sums["t_bn_sync"]
+            lines.append(f"  of which cross-device BN all-reduce (inside forward + backward): "
+                         f"{seconds / self.steps:.4f} s/step, {100 * seconds / max(total, 1e-12):.1f} %")
         return "\n".join(lines)

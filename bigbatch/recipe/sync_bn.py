@@ -88,6 +88,11 @@ def _all_reduce_sum(packed: torch.Tensor, group) -> None:
     work.wait()  # raises the collective's error, if any
 
 
+def _timed(timer, fn, *args):
+    """``fn(*args)``, through ``timer`` (the phase clock's ``bn_sync`` sub-phase) where the layer has one."""
+    return fn(*args) if timer is None else timer(fn, *args)
+
+
 class CrossDeviceBatchNormFunction(torch.autograd.Function):
     """Batch norm over the global batch of a process group: one packed all-reduce forward, one backward.
 
@@ -104,7 +109,8 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_group):  # noqa: D102
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_group,  # noqa: D102
+                timer=None):
         with torch.autocast(device_type=input.device.type, enabled=False):
             x = input.float()  # the same tensor when it is float32 already
             c = x.shape[1]
@@ -114,7 +120,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
             torch.sum(x, reduce_dims, out=packed[:c])
             torch.sum(x * x, reduce_dims, out=packed[c:2 * c])
             packed[2 * c] = n_local
-            _all_reduce_sum(packed, process_group)
+            _timed(timer, _all_reduce_sum, packed, process_group)
             count = packed[2 * c:]  # the global count stays a tensor: on CUDA, reading it would stall the stream
             if count.device.type == "cpu" and float(count) <= 1:
                 raise ValueError(f"Expected more than 1 value per channel when training, got {int(count)} in "
@@ -140,6 +146,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
         ctx.save_for_backward(x, w, mean, var, count)
         ctx.eps = eps
         ctx.process_group = process_group
+        ctx.timer = timer
         ctx.input_dtype = input.dtype
         ctx.weight_dtype = None if weight is None else weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -169,7 +176,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
 
             if ctx.needs_input_grad[0]:
                 packed = torch.cat([sum_g, sum_g_xhat])
-                _all_reduce_sum(packed, ctx.process_group)
+                _timed(ctx.timer, _all_reduce_sum, packed, ctx.process_group)
                 means = packed.div_(count)
                 mean_g, mean_g_xhat = means[:c], means[c:]
                 q = mean_g_xhat.mul_(invstd).mul_(invstd)
@@ -182,7 +189,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
                     grad_input.addcmul_(x, _channel_view(q, g.dim()), value=-1.0)
                 grad_input = grad_input.to(ctx.input_dtype)
 
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 class CrossDeviceBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -196,6 +203,8 @@ class CrossDeviceBatchNorm(nn.modules.batchnorm._BatchNorm):
                  track_running_stats: bool = True, process_group=None, device=None, dtype=None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
+        self.sync_timer = None
+        """Times the all-reduces as the step's ``t_bn_sync`` (``engine/phases.py``'s ``SubPhase``), or None."""
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -221,7 +230,7 @@ class CrossDeviceBatchNorm(nn.modules.batchnorm._BatchNorm):
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training,
                                 exponential_average_factor, self.eps)
         return CrossDeviceBatchNormFunction.apply(input, self.weight, self.bias, running_mean, running_var,
-                                                  self.eps, exponential_average_factor, group)
+                                                  self.eps, exponential_average_factor, group, self.sync_timer)
 
 
 _CONVERTIBLE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)

@@ -266,6 +266,13 @@ def phase_table(runs: list[RunData]) -> str:
             share = 100 * means[phase] / means["step"] if means["step"] > 0 else 0.0
             row += [f"{means[phase]:.4f}", f"{share:.1f} %"]
         rows.append(row)
+    if any("bn_sync" in means for _, _, (means, _) in measured):  # a sub-phase, not added to the step
+        row = ["<i>of which BN all-reduce</i>"]
+        for _, _, (means, _) in measured:
+            seconds = means.get("bn_sync")
+            row += ["" if seconds is None else f"{seconds:.4f}",
+                    "" if seconds is None or means["step"] <= 0 else f"{100 * seconds / means['step']:.1f} %"]
+        rows.append(row)
     return _table(head, rows)
 
 

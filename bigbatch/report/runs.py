@@ -124,7 +124,8 @@ class RunData:
     def phase_means(self) -> tuple[dict[str, float], int] | None:
         """Mean seconds per step of each phase and of the whole step (``t_step``), over the training records that
         hold phase times, the first of them excepted when there are more (it warms up: allocations, first kernels;
-        the run's own table leaves it out too) -> ``({"data": s, ..., "step": s}, records)``, or None."""
+        the run's own table leaves it out too) -> ``({"data": s, ..., "step": s}, records)``, or None. ``bn_sync`` (the
+        cross-device BN all-reduces, inside forward and backward) is there when the records have it."""
         rows = [r for r in self.train if any(_number(r.get(f"t_{p}")) is not None for p in PHASES if p != "data")]
         if len(rows) > 1:
             rows = rows[1:]
@@ -141,6 +142,8 @@ class RunData:
             for phase, seconds in times.items():
                 sums[phase] += seconds
             sums["step"] += total
+            if (inside := _number(row.get("t_bn_sync"))) is not None:  # a sub-phase: inside forward and backward
+                sums["bn_sync"] = sums.get("bn_sync", 0.0) + inside
         return {key: value / len(rows) for key, value in sums.items()}, len(rows)
 
 

@@ -5,6 +5,11 @@ and once at the start and at the end, one row with the wall time, the seconds si
 the optimizer step, the process's resident memory (RSS), the system's used memory and swap, and on
 CUDA the device memory allocated, reserved, and the peak allocated so far. All sizes in MiB.
 The peaks go into the final summary and into ``metrics.jsonl`` (an ``event: memory`` record).
+
+On a unified-memory device (a Jetson: the GPU allocates from the system's RAM) ``unified_gpu_mib`` is the RAM
+that the GPU holds, all processes together: ``NvMapMemUsed`` of ``/proc/meminfo``, which NVIDIA's "CUDA for Tegra"
+names as the device's allocated memory. It is what ``tegrastats`` cannot separate from the rest of "RAM used",
+and what climbs when GPU memory is the part that grows. It is 0 on every other machine.
 """
 
 from __future__ import annotations
@@ -19,12 +24,29 @@ import torch
 
 MiB = 2**20
 COLUMNS = ["time", "elapsed_s", "step", "rss_mib", "system_used_mib", "swap_used_mib",
-           "cuda_allocated_mib", "cuda_reserved_mib", "cuda_peak_mib"]
+           "cuda_allocated_mib", "cuda_reserved_mib", "cuda_peak_mib", "unified_gpu_mib"]
+MEMINFO = Path("/proc/meminfo")
+
+
+def unified_gpu_mib(meminfo: Path) -> float | None:
+    """The RAM a unified-memory GPU holds (``NvMapMemUsed``, kB in ``/proc/meminfo``) in MiB; None where the
+    kernel has no such line (every machine but a Jetson) or the file cannot be read."""
+    try:
+        with open(meminfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NvMapMemUsed:"):
+                    return int(line.split()[1]) * 1024 / MiB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class MemorySampler:
-    def __init__(self, path: Path, interval: float, device: torch.device):
+    def __init__(self, path: Path, interval: float, device: torch.device, meminfo: Path | None = None):
         self.path, self.interval, self.device = path, interval, device
+        meminfo = MEMINFO if meminfo is None else meminfo
+        self.meminfo = meminfo if unified_gpu_mib(meminfo) is not None else None
+        """Where the unified-memory GPU's RAM is read, or None (not such a device)."""
         self.step = 0
         """The optimizer steps done; the training loop keeps it current."""
         self.peaks: dict[str, float] = {}
@@ -32,11 +54,13 @@ class MemorySampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._start = time.monotonic()
+        self.columns = _header(path) or COLUMNS
+        """The file's columns: a resumed run appends under the header its file already has."""
         new = not path.exists()
         self._file = open(path, "a", newline="", encoding="utf-8")
         self._csv = csv.writer(self._file)
         if new:
-            self._csv.writerow(COLUMNS)
+            self._csv.writerow(self.columns)
         self._thread = threading.Thread(target=self._run, name="bigbatch-memory", daemon=True)
 
     def start(self) -> MemorySampler:
@@ -60,14 +84,14 @@ class MemorySampler:
             "cuda_allocated_mib": 0.0,
             "cuda_reserved_mib": 0.0,
             "cuda_peak_mib": 0.0,
+            "unified_gpu_mib": (unified_gpu_mib(self.meminfo) or 0.0) if self.meminfo is not None else 0.0,
         }
         if self.device.type == "cuda":
             row["cuda_allocated_mib"] = torch.cuda.memory_allocated(self.device) / MiB
             row["cuda_reserved_mib"] = torch.cuda.memory_reserved(self.device) / MiB
             row["cuda_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / MiB
         with self._lock:
-            self._csv.writerow([f"{row[c]:.1f}" if isinstance(row[c], float) and c != "time" else row[c]
-                                for c in COLUMNS])
+            self._csv.writerow([_cell(c, row.get(c, "")) for c in self.columns])
             self._file.flush()
             for key, value in row.items():
                 if key.endswith("_mib"):
@@ -82,6 +106,19 @@ class MemorySampler:
         self.sample()
         self._file.close()
         return {k: round(v, 1) for k, v in self.peaks.items() if v > 0}
+
+
+def _cell(column: str, value: object) -> object:
+    return f"{value:.1f}" if isinstance(value, float) and column != "time" else value
+
+
+def _header(path: Path) -> list[str] | None:
+    """The columns of an existing ``memory.csv`` (None: no file, or an empty one)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return next(csv.reader(f), None) or None
+    except FileNotFoundError:
+        return None
 
 
 STEADY_R2 = 0.8

@@ -12,7 +12,8 @@ from bigbatch.telemetry.memory import STEADY_R2, MemoryLimitExceeded, MemorySamp
 class MemoryLog(Hook):
     """Samples memory every ``memory.interval`` s into ``memory.csv``; at the end an ``event: memory`` record of
     the peaks, which are also the run's result, and an ``event: memory_growth`` record of the RSS trend after the
-    first evaluation (MiB per 1,000 steps; ``steady`` when a line explains most of it)."""
+    first evaluation (MiB per 1,000 steps; ``steady`` when a line explains most of it), and on a unified-memory
+    device of the GPU's share of RAM."""
 
     def before_train(self, run: Run) -> None:
         self.sampler = MemorySampler(run.out_dir / "memory.csv", run.cfg.memory.interval, run.proc.device)
@@ -36,21 +37,39 @@ class MemoryLog(Hook):
         self.report_growth(run)
 
     def report_growth(self, run: Run) -> None:
-        """The resident memory's trend after the first evaluation, per 1,000 steps; a steady rise is flagged."""
+        """The resident memory's trend after the first evaluation, per 1,000 steps, and on a unified-memory device
+        the trend of the RAM the GPU holds; a steady rise is flagged."""
         if self.first_eval is None:
             return
-        growth = memory_growth(self.sampler.path, self.first_eval)
-        if growth is None:
+        columns = {"rss_mib": "RSS"}
+        if self.sampler.meminfo is not None:
+            columns["unified_gpu_mib"] = "the GPU's share of RAM (NvMapMemUsed)"
+        fields: dict[str, float | int | bool] = {}
+        parts, flagged = [], []
+        for column, what in columns.items():
+            growth = memory_growth(self.sampler.path, self.first_eval, column)
+            if growth is None:
+                continue
+            per_1000, r2, samples = growth
+            steady = per_1000 > 0 and r2 >= STEADY_R2
+            key = "rss" if column == "rss_mib" else "unified_gpu"
+            fields.update({f"{key}_mib_per_1000_steps": round(per_1000, 2), f"{key}_r2": round(r2, 3)})
+            if column == "rss_mib":
+                fields.update({"r2": round(r2, 3), "samples": samples, "steady": steady})
+            else:
+                fields["unified_gpu_steady"] = steady
+            parts.append(f"{per_1000:+.1f} MiB of {what}")
+            if steady:
+                flagged.append(what)
+        if not parts:
             return
-        per_1000, r2, samples = growth
-        steady = per_1000 > 0 and r2 >= STEADY_R2
-        message = (f"memory after the first evaluation (step {self.first_eval}): {per_1000:+.1f} MiB of RSS per "
-                   f"1,000 steps over {samples} samples")
-        if steady:
-            message += " - a steady rise (a leak, or a cache that keeps growing): watch memory.csv"
-        run.events.event(run.state.step, "memory_growth", {"rss_mib_per_1000_steps": round(per_1000, 2),
-                                                           "r2": round(r2, 3), "samples": samples, "steady": steady},
-                         message)
+        samples = fields.get("samples", "")
+        message = (f"memory after the first evaluation (step {self.first_eval}): {' and '.join(parts)} per 1,000 "
+                   f"steps over {samples} samples")
+        if flagged:
+            message += (f" - a steady rise of {' and '.join(flagged)} (a leak, or a cache that keeps growing): "
+                        "watch memory.csv")
+        run.events.event(run.state.step, "memory_growth", fields, message)
 
 
 class MemoryLimit(Hook):

@@ -3,7 +3,8 @@
 The step's clock (``engine/phases.py``) starts with the wait for data (the loop) and runs through the step
 (``TrainStep``); this hook, first of the ``after_step`` hooks, ends it: at the steps the training record is written
 (``log.every``, the first and the last) the phase times join the record (``t_data`` there is the clock's) and the
-totals; at other steps nothing is read. The run ends with the table (MegDet's breakdown of an iteration).
+totals; at other steps nothing is read, and the sub-phases (``t_bn_sync``) are not timed. The run ends with the
+table (MegDet's breakdown of an iteration).
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ class PhaseTiming(Hook):
     def before_train(self, run: Run) -> None:
         self.first = run.state.step + 1
         self.totals = PhaseTotals()
+        run.train_step.clock.measure_next = True  # the first step is read
+
+    def measured(self, run: Run, done: int) -> bool:
+        return is_due(done, run.cfg.log.every, run.plan.steps) or done == self.first
 
     def after_step(self, run: Run) -> None:
         done = run.state.step
-        measure = is_due(done, run.cfg.log.every, run.plan.steps) or done == self.first
-        times = run.train_step.clock.end(measure)
+        clock = run.train_step.clock
+        times = clock.end(self.measured(run, done))
+        clock.measure_next = self.measured(run, done + 1)  # its sub-phases (t_bn_sync) are timed
         if times is None:
             return
         run.record.update({k: v for k, v in times.items() if k != "t_data"})  # the record's t_data is the loop's
