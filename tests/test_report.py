@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bigbatch.errors import UserError
-from bigbatch.report import write_report
+from bigbatch.report import charts, write_report
 from bigbatch.report.runs import read_run, read_runs
 from tests.conftest import HANG_GUARD_S, run_main
 
@@ -280,19 +280,32 @@ def test_a_browser_draws_the_page(two_runs, tmp_path):
         pytest.skip("no Chromium installed: the browser check needs one from the system's packages")
     report = write_report(list(two_runs), tmp_path / "report.html")
     common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
-              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,6000"]
+              "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
+              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,6000"]  # a page that fetches nothing
     screenshot = tmp_path / "report.png"
     shot = subprocess.run([*common, f"--screenshot={screenshot}", report.as_uri()], capture_output=True, text=True,
                           timeout=HANG_GUARD_S)
     assert shot.returncode == 0, shot.stderr
-    assert screenshot.stat().st_size > 10_000
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn_in(screenshot, charts.colour(0)) > 500 and drawn_in(screenshot, charts.colour(1)) > 500, \
+        "both runs' lines are drawn on the page"
     dom = subprocess.run([*common, "--dump-dom", report.as_uri()], capture_output=True, text=True,
                          timeout=HANG_GUARD_S)
     assert dom.returncode == 0, dom.stderr
     for anchor in SECTIONS:
         assert f'id="{anchor}"' in dom.stdout
-    assert dom.stdout.count("<svg") >= 8 and "report-b128" in dom.stdout
+    assert dom.stdout.count("<svg") >= 8 and "report-b64" in dom.stdout and "report-b128" in dom.stdout
+
+
+def drawn_in(png: Path, colour: str) -> int:
+    """Pixels of ``colour`` (#rrggbb, within 24 per channel: anti-aliasing) in the screenshot."""
+    import numpy as np
+    from PIL import Image
+
+    target = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+    with Image.open(png) as image:
+        pixels = np.asarray(image.convert("RGB"), dtype=np.int16)
+    return int((np.abs(pixels - target) <= 24).all(axis=-1).sum())
 
 
 def test_the_cli_writes_the_report(two_runs, tmp_path, capsys):

@@ -29,8 +29,8 @@ h1 { font-size: 26px; margin: 0 0 4px; }
 h2 { font-size: 20px; margin: 40px 0 6px; padding-top: 12px; border-top: 1px solid var(--line); }
 h3 { font-size: 16px; margin: 18px 0 6px; }
 p.lead, p.how { color: var(--muted); margin: 4px 0 12px; max-width: 80ch; }
-nav { margin: 14px 0 8px; font-size: 14px; }
-nav a { margin-right: 14px; color: #2a5db0; text-decoration: none; white-space: nowrap; }
+nav { margin: 14px 0 8px; font-size: 14px; display: flex; flex-wrap: wrap; gap: 4px 14px; }
+nav a { color: #2a5db0; text-decoration: none; white-space: nowrap; }
 nav a:hover { text-decoration: underline; }
 table { border-collapse: collapse; font-size: 13.5px; margin: 8px 0 14px; font-variant-numeric: tabular-nums; }
 th, td { padding: 4px 10px; border-bottom: 1px solid var(--line); text-align: right; vertical-align: top; }
@@ -368,8 +368,9 @@ def render(runs: list[RunData]) -> str:
     memory = charts.memory(runs)
     body["memory"] = (
         '<p class="how">From each run\'s memory.csv, sampled every memory.interval seconds: resident memory of '
-        "the process, the system's, and on CUDA the allocated, reserved and peak device memory. Columns that stay "
-        "at zero are left out.</p>"
+        "the process, the system's, on CUDA the allocated, reserved and peak device memory, and on a "
+        "unified-memory device (Jetson) the RAM the GPU holds (unified gpu). Columns that stay at zero are left "
+        "out.</p>"
         + (_figure(memory) if memory else _absent("No run has a memory.csv.")))
 
     nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)

@@ -122,7 +122,10 @@ def _header(path: Path) -> list[str] | None:
 
 
 STEADY_R2 = 0.8
-"""A rise counts as steady when a straight line explains this share of the samples' variance."""
+"""A rise counts as steady when a straight line explains this share of the samples' variance ..."""
+STEADY_SAMPLES = 10
+"""... over at least this many samples (with 3 or 4, the allocator's settling after an evaluation looks like a
+line)."""
 
 
 def memory_growth(path: Path, after_step: int, column: str = "rss_mib") -> tuple[float, float, int] | None:

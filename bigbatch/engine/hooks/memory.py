@@ -6,7 +6,14 @@ from bigbatch.config import parse_size
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
-from bigbatch.telemetry.memory import STEADY_R2, MemoryLimitExceeded, MemorySampler, memory_growth, rss_bytes
+from bigbatch.telemetry.memory import (
+    STEADY_R2,
+    STEADY_SAMPLES,
+    MemoryLimitExceeded,
+    MemorySampler,
+    memory_growth,
+    rss_bytes,
+)
 
 
 class MemoryLog(Hook):
@@ -51,7 +58,7 @@ class MemoryLog(Hook):
             if growth is None:
                 continue
             per_1000, r2, samples = growth
-            steady = per_1000 > 0 and r2 >= STEADY_R2
+            steady = per_1000 > 0 and r2 >= STEADY_R2 and samples >= STEADY_SAMPLES
             key = "rss" if column == "rss_mib" else "unified_gpu"
             fields.update({f"{key}_mib_per_1000_steps": round(per_1000, 2), f"{key}_r2": round(r2, 3)})
             if column == "rss_mib":
