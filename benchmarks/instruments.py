@@ -8,6 +8,12 @@ run's own training records (``images_per_s``, every 10 steps after the first 10)
 median over rounds of the ratio with / without is reported.
 
     python benchmarks/instruments.py [--rounds 5] [--steps 60] [--only timing|noise_scale|updates]
+
+``--clock`` measures instead, in isolation, what the phase clock adds: the cost of a phase switch (host clock), and
+of a call through a sub-phase timer (``t_bn_sync``: each cross-device BN all-reduce goes through one) at a step
+that is timed and at one that is not, each against the bare call.
+
+    python benchmarks/instruments.py --clock [--calls 200000]
 """
 
 from __future__ import annotations
@@ -40,12 +46,61 @@ def seconds_per_step(out: Path, on: bool, steps: int, measured: list[str]) -> fl
     return cfg.batch / statistics.median(rates)
 
 
+def clock_costs(calls: int) -> None:
+    """Microseconds per phase switch and per sub-phase call (timed step, untimed step), minus the bare loop."""
+    import time
+
+    from bigbatch.engine.phases import PhaseClock
+
+    def per_call(body) -> float:
+        best = float("inf")
+        for _ in range(5):  # the best of five: the least disturbed by the rest of the machine
+            start = time.perf_counter()
+            body()
+            best = min(best, time.perf_counter() - start)
+        return best / calls * 1e6
+
+    def nothing() -> None:
+        return None
+
+    clock = PhaseClock("events")
+    timer = clock.sub_phase("bn_sync")
+
+    def bare() -> None:
+        for _ in range(calls):
+            nothing()
+
+    def switches() -> None:
+        clock.begin("data")
+        for _ in range(calls):
+            clock.switch("forward")
+        clock.end(False)
+
+    def through_timer(measure: bool) -> None:
+        clock.measure_next = measure
+        clock.begin("data")
+        for _ in range(calls):
+            timer(nothing)
+        clock.end(False)
+
+    base = per_call(bare)
+    print(f"bare call: {base:.3f} us")
+    print(f"phase switch: {per_call(switches) - base:.3f} us more than a bare call")
+    print(f"sub-phase call at a timed step: {per_call(lambda: through_timer(True)) - base:.3f} us more")
+    print(f"sub-phase call at an untimed step: {per_call(lambda: through_timer(False)) - base:.3f} us more")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--only", choices=sorted(INSTRUMENTS), help="measure this instrument alone (default: all)")
+    parser.add_argument("--clock", action="store_true", help="the phase clock's own costs, in isolation")
+    parser.add_argument("--calls", type=int, default=200_000)
     args = parser.parse_args()
+    if args.clock:
+        clock_costs(args.calls)
+        return
     measured = [args.only] if args.only else list(INSTRUMENTS)
     torch.set_num_threads(1)
     ratios, with_, without = [], [], []
