@@ -232,6 +232,19 @@ def test_the_bn_all_reduce_is_a_row_inside_the_step_not_a_phase_of_it(tmp_path):
     assert "BN all-reduce" not in section(write_report([plain], None).read_text(encoding="utf-8"), "phases")
 
 
+@pytest.mark.parametrize(("layers", "every"), [(61, 1), (200, 3)])
+def test_every_row_of_the_update_heatmap_is_named_while_the_names_fit(tmp_path, layers, every):
+    run = make_run(tmp_path / f"l{layers}", [{"step": s} for s in (1, 2)])
+    with open(run / "updates.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", "name", "max_abs", "relative"])
+        writer.writerows([step, f"layer{i:03d}.weight", 0.01, 0.001 * (i + 1)] for step in (1, 2)
+                         for i in range(layers))
+    heatmap = section(write_report([run], None).read_text(encoding="utf-8"), "updates")
+    named = [i for i in range(layers) if f"layer{i:03d}.weight" in heatmap]
+    assert named == list(range(0, layers, every))
+
+
 def test_records_without_t_other_count_the_rest_of_the_step_as_other(tmp_path):
     train = [{"step": 1, "t_data": 0.1, "t_forward": 0.2, "t_backward": 0.3, "t_update": 0.1, "t_step": 1.0}]
     means, _ = read_run(make_run(tmp_path / "older", train)).phase_means()
