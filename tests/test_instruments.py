@@ -160,7 +160,10 @@ def test_memory_growth_per_1000_steps_and_a_steady_rise(tmp_path):
     assert memory_growth(write([(1, 5), (2, 6)]), after_step=0) is None  # too few samples
 
 
-def test_the_run_reports_memory_growth_after_the_first_evaluation(tmp_path, capsys):
+def test_the_run_reports_memory_growth_after_the_first_evaluation(tmp_path, capsys, monkeypatch):
+    from bigbatch.telemetry import memory
+
+    monkeypatch.setattr(memory, "MEMINFO", tmp_path / "absent")  # not a unified-memory device, even on a Jetson
     out = tmp_path / "mem"
     assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS, "eval.every=2", "memory.interval=0.001",
                  "steps=8"]) == 0
@@ -224,6 +227,50 @@ def test_a_resumed_run_appends_under_the_header_its_memory_log_has(tmp_path):
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     assert rows[0] == older and all(len(row) == len(older) for row in rows) and len(rows) == 4
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 4096, b"\xff\xfe not utf-8\n", b"name,size\ncat.jpg,3\n"],
+                         ids=["empty", "nul-bytes", "not-utf8", "another-csv"])
+def test_a_memory_log_that_is_not_one_is_kept_aside_and_a_new_one_begun(tmp_path, content):
+    import torch
+
+    from bigbatch.telemetry.memory import COLUMNS, MemorySampler
+
+    path = tmp_path / "memory.csv"
+    path.write_bytes(content)
+    sampler = MemorySampler(path, 60.0, torch.device("cpu"))
+    sampler.sample()
+    sampler.stop()
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == COLUMNS and len(rows) == 3 and all(len(row) == len(COLUMNS) for row in rows)
+    if content:  # set aside, byte for byte; an empty file just gets its header
+        assert sampler.set_aside == tmp_path / "memory.csv.unreadable"
+        assert sampler.set_aside.read_bytes() == content
+    else:
+        assert sampler.set_aside is None and sorted(p.name for p in tmp_path.iterdir()) == ["memory.csv"]
+
+
+def test_a_sample_not_read_is_an_empty_cell_and_the_trend_skips_it(tmp_path):
+    import torch
+
+    from bigbatch.telemetry.memory import MemorySampler, memory_growth
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(JETSON_MEMINFO.format(used=102400))
+    sampler = MemorySampler(tmp_path / "memory.csv", 60.0, torch.device("cpu"), meminfo=meminfo)
+    for step, used in enumerate((102400, None, 122880, 133120, 143360), start=1):
+        sampler.step = step * 100
+        if used is None:
+            meminfo.write_text("NvMapMemUsed: gone\n")  # a read that fails
+        else:
+            meminfo.write_text(JETSON_MEMINFO.format(used=used))
+        sampler.sample()
+    sampler._file.close()
+    with open(tmp_path / "memory.csv", newline="") as f:
+        assert [r["unified_gpu_mib"] for r in csv.DictReader(f)] == ["100.0", "", "120.0", "130.0", "140.0"]
+    per_1000, r2, samples = memory_growth(tmp_path / "memory.csv", 0, "unified_gpu_mib")
+    assert per_1000 == pytest.approx(100.0) and r2 == pytest.approx(1.0) and samples == 4  # 10 MiB per 100 steps
 
 
 def test_a_unified_memory_run_reports_the_trend_of_the_gpus_share(tmp_path, capsys, monkeypatch):

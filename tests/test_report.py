@@ -223,7 +223,8 @@ def test_phase_shares_are_the_means_over_the_records_but_the_first(tmp_path):
 def test_the_bn_all_reduce_is_a_row_inside_the_step_not_a_phase_of_it(tmp_path):
     timed = {"t_data": 0.1, "t_forward": 0.4, "t_backward": 0.4, "t_sync": 0.0, "t_update": 0.1, "t_other": 0.0,
              "t_step": 1.0}
-    train = [{"step": s, **timed, "t_bn_sync": 0.25} for s in (1, 2, 3)]
+    train = [{"step": s, **timed, **({"t_bn_sync": 0.25} if s > 2 else {})} for s in (1, 2, 3, 4)]  # a resumed
+    # run whose first records were made before t_bn_sync: the mean is over the records that have it
     means, _ = read_run(make_run(tmp_path / "synced", train)).phase_means()
     assert means["bn_sync"] == pytest.approx(0.25) and means["step"] == pytest.approx(1.0)
     table = section(write_report([tmp_path / "synced"], None).read_text(encoding="utf-8"), "phases")
@@ -232,7 +233,7 @@ def test_the_bn_all_reduce_is_a_row_inside_the_step_not_a_phase_of_it(tmp_path):
     assert "BN all-reduce" not in section(write_report([plain], None).read_text(encoding="utf-8"), "phases")
 
 
-@pytest.mark.parametrize(("layers", "every"), [(61, 1), (200, 3)])
+@pytest.mark.parametrize(("layers", "every"), [(8, 1), (20, 1), (33, 1), (61, 1), (79, 1), (80, 2), (200, 3)])
 def test_every_row_of_the_update_heatmap_is_named_while_the_names_fit(tmp_path, layers, every):
     run = make_run(tmp_path / f"l{layers}", [{"step": s} for s in (1, 2)])
     with open(run / "updates.csv", "w", newline="") as f:

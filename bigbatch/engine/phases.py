@@ -17,8 +17,8 @@ A sub-phase is time inside those phases spent on one kind of work, reported besi
     t_bn_sync   cross-device BatchNorm's all-reduces (``norm.sync: bigbatch`` on several processes), inside
                 t_forward and t_backward: how much of them is waiting for the other devices' statistics
 
-Sub-phases are timed only at the steps whose times are read (the phase-timing hook sets ``measure_next``), so a
-step that is not logged pays nothing for them.
+Sub-phases are timed only at the steps whose times are read (the phase-timing hook sets ``measure_next``): at a
+step that is not logged each call pays one check (under 0.1 µs), no clock read.
 
 ``log.timing``: ``events`` (default) times with the host clock on the CPU and with CUDA events on a GPU, read only at
 the steps that are logged (one wait for the step's last event there, none elsewhere); ``exact`` synchronises the

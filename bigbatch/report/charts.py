@@ -281,13 +281,13 @@ def updates(run: RunData) -> str | None:
     n = len(data.layers)
     row_inches, margin_inches = 0.16, 1.4  # a 7-point label fits a row of 0.16 in
     height = max(2.4, min(14.0, row_inches * n + margin_inches))
-    labelled = max(1, int((height - margin_inches) / row_inches))  # rows that fit a label each
+    labelled = max(1, round((height - margin_inches) / row_inches))  # rows that fit a label each
     with _style():
         fig = Figure(figsize=(WIDTH, height), layout="constrained")
         ax = fig.subplots()
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#e6e6e6")
         image = ax.imshow(np.ma.masked_invalid(logs), aspect="auto", interpolation="nearest", cmap=cmap)
-        every = max(1, math.ceil(n / labelled))  # every row up to 78 tensors; beyond, every k-th
+        every = max(1, math.ceil(n / labelled))  # every row up to 79 tensors; beyond, every k-th
         ax.set_yticks(range(0, n, every), [data.layers[i] for i in range(0, n, every)],
                       fontsize=7 if n > 20 else 8)
         columns = len(data.steps)

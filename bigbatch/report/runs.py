@@ -142,9 +142,11 @@ class RunData:
             for phase, seconds in times.items():
                 sums[phase] += seconds
             sums["step"] += total
-            if (inside := _number(row.get("t_bn_sync"))) is not None:  # a sub-phase: inside forward and backward
-                sums["bn_sync"] = sums.get("bn_sync", 0.0) + inside
-        return {key: value / len(rows) for key, value in sums.items()}, len(rows)
+        means = {key: value / len(rows) for key, value in sums.items()}
+        synced = [inside for row in rows if (inside := _number(row.get("t_bn_sync"))) is not None]
+        if synced:  # a sub-phase, inside forward and backward: the mean over the records that have it
+            means["bn_sync"] = sum(synced) / len(synced)
+        return means, len(rows)
 
 
 def _number(value: Any) -> float | None:

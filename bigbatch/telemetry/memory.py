@@ -54,12 +54,18 @@ class MemorySampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._start = time.monotonic()
-        self.columns = _header(path) or COLUMNS
-        """The file's columns: a resumed run appends under the header its file already has."""
-        new = not path.exists()
+        existing = _memory_log_columns(path)
+        self.set_aside: Path | None = None
+        """Where a ``memory.csv`` that was not a memory log (unreadable, or another header) was moved, or None."""
+        if existing is None and path.exists() and path.stat().st_size > 0:
+            self.set_aside = _unused_name(path.with_name(path.name + ".unreadable"))
+            path.rename(self.set_aside)  # kept, not deleted
+        self.columns = existing or COLUMNS
+        """The file's columns: a resumed run appends under the header its file already has (a log begun before
+        ``unified_gpu_mib`` existed goes on without it)."""
         self._file = open(path, "a", newline="", encoding="utf-8")
         self._csv = csv.writer(self._file)
-        if new:
+        if existing is None:
             self._csv.writerow(self.columns)
         self._thread = threading.Thread(target=self._run, name="bigbatch-memory", daemon=True)
 
@@ -72,7 +78,7 @@ class MemorySampler:
         while not self._stop.wait(self.interval):
             self.sample()
 
-    def sample(self) -> dict[str, float]:
+    def sample(self) -> dict[str, float | None]:
         vm, swap = psutil.virtual_memory(), psutil.swap_memory()
         row = {
             "time": round(time.time(), 3),
@@ -84,7 +90,7 @@ class MemorySampler:
             "cuda_allocated_mib": 0.0,
             "cuda_reserved_mib": 0.0,
             "cuda_peak_mib": 0.0,
-            "unified_gpu_mib": (unified_gpu_mib(self.meminfo) or 0.0) if self.meminfo is not None else 0.0,
+            "unified_gpu_mib": unified_gpu_mib(self.meminfo) if self.meminfo is not None else 0.0,  # None: unread
         }
         if self.device.type == "cuda":
             row["cuda_allocated_mib"] = torch.cuda.memory_allocated(self.device) / MiB
@@ -94,7 +100,7 @@ class MemorySampler:
             self._csv.writerow([_cell(c, row.get(c, "")) for c in self.columns])
             self._file.flush()
             for key, value in row.items():
-                if key.endswith("_mib"):
+                if key.endswith("_mib") and value is not None:
                     self.peaks[f"peak_{key}"] = max(self.peaks.get(f"peak_{key}", 0.0), value)
         return row
 
@@ -109,16 +115,32 @@ class MemorySampler:
 
 
 def _cell(column: str, value: object) -> object:
+    if value is None:
+        return ""  # not read this time: an empty cell, not a zero that would bend the trend
     return f"{value:.1f}" if isinstance(value, float) and column != "time" else value
 
 
-def _header(path: Path) -> list[str] | None:
-    """The columns of an existing ``memory.csv`` (None: no file, or an empty one)."""
+REQUIRED = ("time", "step", "rss_mib")
+
+
+def _memory_log_columns(path: Path) -> list[str] | None:
+    """The header of an existing ``memory.csv`` that is a memory log; None where there is no file, an empty one,
+    or one whose first line is not such a header (not UTF-8, NUL bytes left by a power loss, another file)."""
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            return next(csv.reader(f), None) or None
-    except FileNotFoundError:
+            header = next(csv.reader(f), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
         return None
+    return header if header and all(column in header for column in REQUIRED) else None
+
+
+def _unused_name(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... : the first that does not exist."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
 
 
 STEADY_R2 = 0.8
@@ -132,11 +154,19 @@ def memory_growth(path: Path, after_step: int, column: str = "rss_mib") -> tuple
     """The trend of ``column`` in ``memory.csv`` over the samples taken after ``after_step`` (the first evaluation:
     the Jetson seed's memory climbed during training, past the allocations of the first steps and evaluation):
     ``(MiB per 1,000 steps, R^2 of the least-squares line, samples)``, or None with fewer than 3 samples over at
-    least two steps. Slope ``b = sum (s - s_mean)(m - m_mean) / sum (s - s_mean)^2``; ``R^2 = b^2 var(s) / var(m)``."""
+    least two steps (samples without a value are left out).
+    Slope ``b = sum (s - s_mean)(m - m_mean) / sum (s - s_mean)^2``; ``R^2 = b^2 var(s) / var(m)``."""
+    rows = []
     try:
-        with open(path, newline="") as f:
-            rows = [(float(r["step"]), float(r[column])) for r in csv.DictReader(f) if float(r["step"]) > after_step]
-    except (OSError, KeyError, ValueError):
+        with open(path, newline="", encoding="utf-8") as f:
+            for r in csv.DictReader(f):
+                try:
+                    step, value = float(r["step"]), float(r[column])
+                except (KeyError, TypeError, ValueError):  # no such column, or a sample not read (empty cell)
+                    continue
+                if step > after_step:
+                    rows.append((step, value))
+    except (OSError, UnicodeDecodeError, csv.Error):
         return None
     if len(rows) < 3 or len({step for step, _ in rows}) < 2:
         return None

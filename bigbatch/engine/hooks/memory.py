@@ -25,6 +25,10 @@ class MemoryLog(Hook):
     def before_train(self, run: Run) -> None:
         self.sampler = MemorySampler(run.out_dir / "memory.csv", run.cfg.memory.interval, run.proc.device)
         self.sampler.step = run.state.step
+        if self.sampler.set_aside is not None:
+            run.events.event(run.state.step, "memory_log_set_aside", {"path": str(self.sampler.set_aside)},
+                             f"memory.csv was not a memory log (unreadable, or another header): kept as "
+                             f"{self.sampler.set_aside.name}, and a new memory.csv begun")
         self.sampler.start()
 
     first_eval: int | None = None
