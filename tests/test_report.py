@@ -295,6 +295,7 @@ def test_a_browser_draws_the_page(two_runs, tmp_path):
     report = write_report(list(two_runs), tmp_path / "report.html")
     common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
               "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
+              "--disable-dev-shm-usage",
               f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,6000"]  # a page that fetches nothing
     screenshot = tmp_path / "report.png"
     shot = subprocess.run([*common, f"--screenshot={screenshot}", report.as_uri()], capture_output=True, text=True,
