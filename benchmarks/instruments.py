@@ -33,7 +33,8 @@ INSTRUMENTS = {"timing": ("log.timing=events", "log.timing=off"),
                "updates": ("log.updates=true", "log.updates=false")}
 
 
-def seconds_per_step(out: Path, on: bool, steps: int, measured: list[str], log_every: int = 10) -> tuple[float, float]:
+def step_and_cpu_seconds(out: Path, on: bool, steps: int, measured: list[str],
+                         log_every: int = 10) -> tuple[float, float]:
     """The run's median wall-clock seconds per step, and the CPU seconds the whole run took in this process."""
     import time
 
@@ -117,8 +118,8 @@ def main() -> None:
         for r in range(args.rounds):
             times, cpu = {}, {}
             for on in ((True, False) if r % 2 == 0 else (False, True)):
-                times[on], cpu[on] = seconds_per_step(Path(tmp) / f"r{r}-{on}", on, args.steps, measured,
-                                                      args.log_every)
+                times[on], cpu[on] = step_and_cpu_seconds(Path(tmp) / f"r{r}-{on}", on, args.steps, measured,
+                                                          args.log_every)
             cpu_ratios.append(cpu[True] / cpu[False])
             with_.append(times[True])
             without.append(times[False])
