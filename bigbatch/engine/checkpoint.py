@@ -25,6 +25,9 @@ import torch
 from bigbatch.errors import UserError
 
 FORMAT = 1
+"""The checkpoint layout's version. It changes only when a reader of the previous format would misread a new file;
+an added optional part does not change it (``hooks``: older checkpoints lack it and resume with fresh hooks, an older
+bigbatch ignores it)."""
 
 
 def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb") -> None:
@@ -32,16 +35,21 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     in the same folder, which is flushed, fsync'ed and renamed over ``path``; then the folder is fsync'ed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # The temporary file is made new (O_EXCL): a file of that name that is not ours stops the write untouched.
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # run_dir.py tidies these by PID
     try:
-        with open(tmp, mode) as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise UserError(f"{path}: {tmp.name} is in the way of the write and is not bigbatch's; move it away") from None
+    try:
+        with open(fd, mode) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
-            tmp.unlink()
+            tmp.unlink()  # made above by this call
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -82,7 +90,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 RESUME_KEYS = ("format", "step", "model", "optimizer", "scaler", "skipped", "rng", "data", "best", "config")
-"""What a checkpoint must hold to resume a run (``ema`` too when the run has a weight EMA)."""
+"""What a checkpoint must hold to resume a run (``ema`` too when the run has a weight EMA; ``hooks`` when it has
+them, else the hooks start fresh)."""
 EVAL_KEYS = ("step", "model", "config")
 """What a checkpoint must hold to be evaluated."""
 

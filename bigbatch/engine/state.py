@@ -2,7 +2,8 @@
 
 Each part that has a state (the model, the optimizer, the loss scaler, the weight EMA, the step with its
 subdivisions reached and skipped count, every random generator, the position in the data order, the best
-evaluation) is read by :meth:`TrainingState.state_dict` and restored by :meth:`TrainingState.load_state_dict`.
+evaluation, what the hooks learned) is read by :meth:`TrainingState.state_dict` and restored by
+:meth:`TrainingState.load_state_dict` (the hooks' states are handed to the hooks once the trainer has built them).
 Saving and resuming both go through them, so the checkpoint's layout is written down once, here:
 
     format      ``checkpoint.FORMAT`` (checkpoints of a newer format are refused, older ones read)
@@ -16,6 +17,8 @@ Saving and resuming both go through them, so the checkpoint's layout is written 
     data        the position in the data order: step, seed, batch (the order is a function of them),
                 and the subdivisions in effect (more than configured after an out-of-memory re-cut)
     best        the best evaluation so far: metric, mode, value, step
+    hooks       what the hooks learned, by hook name (``engine/hooks/base.py``: the noise scale's averages, the
+                memory log's baseline); absent in older checkpoints, whose runs resume with fresh hooks
     config      the resolved run config (JSON)
 
 The file is read with ``torch.load(weights_only=True)`` (``engine/checkpoint.py``): plain containers and tensors.
@@ -34,6 +37,7 @@ from bigbatch.engine import checkpoint
 from bigbatch.errors import UserError
 
 if TYPE_CHECKING:
+    from bigbatch.engine.hooks.base import Hooks
     from bigbatch.engine.step import TrainStep
     from bigbatch.recipe.ema import WeightEMA
 
@@ -66,6 +70,11 @@ class TrainingState:
         self.step = 0
         """Optimizer steps completed: the position in the data order and in the schedule."""
         self.best = Best(cfg.eval.metric, cfg.eval.better)
+        self.hooks: Hooks | None = None
+        """The run's hooks, once built (the trainer sets them): their states are a checkpoint's ``hooks``."""
+        self.hook_states: dict[str, Any] = {}
+        """The hooks' states a resumed checkpoint holds, by hook name: read before the hooks exist, handed to them
+        by the trainer once they are built."""
 
     def state_dict(self) -> dict[str, Any]:
         step = self.train_step
@@ -81,6 +90,7 @@ class TrainingState:
             "data": {"step": self.step, "seed": self.cfg.seed, "batch": self.cfg.batch,
                      "subdivisions": step.subdivisions},
             "best": vars(self.best).copy(),
+            "hooks": self.hooks.state_dict() if self.hooks is not None else dict(self.hook_states),
             "config": self.cfg.model_dump(mode="json"),
         }
 
@@ -104,6 +114,10 @@ class TrainingState:
         checkpoint.restore_rng_state(state["rng"])
         self.step = state["data"]["step"]
         self.best = Best(**state["best"])
+        hooks = state.get("hooks", {})  # absent in checkpoints written before hooks kept state: they start fresh
+        if not isinstance(hooks, dict):
+            raise UserError(f"checkpoint: 'hooks' is a {type(hooks).__name__}, not a dict")
+        self.hook_states = hooks
 
     def save(self, path: Path) -> None:
         """Write the state to ``path`` atomically (a crash leaves the previous file whole)."""

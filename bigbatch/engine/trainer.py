@@ -80,6 +80,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
     # --- the hooks: records, evaluation, checkpoints, memory, fault injection ---------------
     run = Run(cfg, plan, proc, task, model, state, train_step, out_dir, events)
     run.hooks = hooks = build_hooks(run)
+    hooks.load_state_dict(state.hook_states)  # a resumed run's hooks go on from the checkpoint, before before_train
+    state.hooks = hooks  # from here on, every checkpoint holds the hooks' states
     events.writers.append(hooks.write)
     if hooks.uses("before_forward"):
         train_step.before_forward = hooks.before_forward

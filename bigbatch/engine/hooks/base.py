@@ -16,6 +16,19 @@ training state, events, ...):
     write(record)                every record put in ``run.events`` (writers: ``metrics.jsonl``, TensorBoard, ...)
     close                        after every hook's ``after_train``: where a writer closes its files
 
+A hook that learns from the training (a running average, a baseline) keeps what it learned across a resume:
+
+    state_dict()                 what to keep, as plain containers, numbers and tensors (None, the default: nothing);
+                                 read whenever a checkpoint is written, into its ``hooks`` under the hook's name
+                                 (``last.pt`` in the checkpoints hook's ``after_step``: a hook that learns in its
+                                 own ``after_step`` is ordered before it, as the built-in ones are)
+    load_state_dict(state)       a resumed run's hook, built fresh, gets its own state back, before ``before_train``
+
+So a hook makes its fresh state when it is built, not in ``before_train``. A hook the checkpoint holds no state for
+(an older checkpoint, or the hook was off then) starts fresh. The checkpoint is the main process's: the state kept
+is that process's hook's. Readings of the process itself are not kept (wall-clock and memory: the input
+pipeline's share, the phase table, the memory peaks): a resumed process measures its own.
+
 A hook registers a factory in ``bigbatch.registry.HOOKS``: ``factory(run) -> Hook | None`` (None: not wanted by
 this config or on this process), with ``order`` (lower runs first; default 100). Every run builds every
 registered hook. Built-in order: memory log 5, progress display 6, input pipeline 8, training log 10, evaluation
@@ -33,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from bigbatch.batching import BatchPlan
 from bigbatch.engine.events import Record
+from bigbatch.errors import UserError
 from bigbatch.recipe.schedule import length_in_steps
 from bigbatch.registry import HOOKS
 
@@ -71,13 +85,21 @@ class Hook:
     def close(self, run: Run) -> None:
         pass
 
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
 
 class Hooks:
     """The hooks of one run, called in order. Each moment calls only the hooks that override it, so a moment
     no hook uses (``before_forward`` in most runs) costs nothing."""
 
-    def __init__(self, run: Run, hooks: list[Hook]) -> None:
+    def __init__(self, run: Run, hooks: list[Hook], names: list[str] | None = None) -> None:
         self.run, self.hooks = run, hooks
+        self.names = names if names is not None else [type(h).__name__ for h in hooks]
+        """Each hook's name (its ``HOOKS`` entry's): the key of its state in a checkpoint."""
         self._by_moment = {m: [getattr(h, m) for h in hooks if getattr(type(h), m) is not getattr(Hook, m)]
                            for m in MOMENTS}
         self._started: list[Hook] = []
@@ -132,12 +154,29 @@ class Hooks:
         for method in self._by_moment["write"]:
             method(record)
 
+    def state_dict(self) -> dict[str, Any]:
+        """``{name: state}`` of every hook that has a state to keep: a checkpoint's ``hooks``."""
+        states = {name: hook.state_dict() for name, hook in zip(self.names, self.hooks, strict=True)}
+        return {name: state for name, state in states.items() if state is not None}
+
+    def load_state_dict(self, states: dict[str, Any]) -> None:
+        """Give each hook its own state from a checkpoint's ``hooks``; a hook without one there starts fresh. A
+        state that does not fit its hook is a ``UserError`` naming the hook."""
+        for name, hook in zip(self.names, self.hooks, strict=True):
+            if name not in states:
+                continue
+            try:
+                hook.load_state_dict(states[name])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise UserError(f"checkpoint: the saved state of hook {name!r} does not fit it "
+                                f"({type(e).__name__}: {e})") from None
+
 
 def build_hooks(run: Run) -> Hooks:
     """Every registered hook this run wants, in their ``order``."""
     entries = sorted((HOOKS.get(name) for name in HOOKS.names()), key=lambda e: e.info.get("order", 100))
-    hooks = [hook for entry in entries if (hook := entry.obj(run)) is not None]
-    return Hooks(run, hooks)
+    built = [(entry.name, hook) for entry in entries if (hook := entry.obj(run)) is not None]
+    return Hooks(run, [hook for _, hook in built], [name for name, _ in built])
 
 
 def is_due(done: int, every: int, total: int) -> bool:

@@ -21,11 +21,12 @@ class Evaluation(Hook):
             run.events.evaluation(done, "val_raw", raw)
         run.metrics = metrics
         best = run.state.best
-        if best.improves(metrics[best.metric]):
+        improved = best.improves(metrics[best.metric])
+        if improved:
             best.value, best.step = metrics[best.metric], done
-            if run.proc.is_main:
-                run.state.save(run.checkpoint_dir / "best.pt")
         run.hooks.after_eval("val", metrics)
+        if improved and run.proc.is_main:  # after after_eval: best.pt holds what the hooks learned from it
+            run.state.save(run.checkpoint_dir / "best.pt")
 
 
 HOOKS.register("evaluation", Evaluation, order=20)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from bigbatch.config import parse_size
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
@@ -20,7 +22,18 @@ class MemoryLog(Hook):
     """Samples memory every ``memory.interval`` s into ``memory.csv``; at the end an ``event: memory`` record of
     the peaks, which are also the run's result, and an ``event: memory_growth`` record of the RSS trend after the
     first evaluation (MiB per 1,000 steps; ``steady`` when a line explains most of it), and on a unified-memory
-    device of the GPU's share of RAM."""
+    device of the GPU's share of RAM. The step of the first evaluation is the hook's state: a resumed run's trend
+    starts there too, over the samples of ``memory.csv`` both processes wrote."""
+
+    def __init__(self) -> None:
+        self.first_eval: int | None = None
+        """The step of the run's first evaluation: the memory-growth trend is fitted over the samples after it."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first_eval": self.first_eval}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first_eval = state["first_eval"]
 
     def before_train(self, run: Run) -> None:
         self.sampler = MemorySampler(run.out_dir / "memory.csv", run.cfg.memory.interval, run.proc.device)
@@ -30,8 +43,6 @@ class MemoryLog(Hook):
                              f"memory.csv was not a memory log (unreadable, or another header): kept as "
                              f"{self.sampler.set_aside.name}, and a new memory.csv begun")
         self.sampler.start()
-
-    first_eval: int | None = None
 
     def after_step(self, run: Run) -> None:
         self.sampler.step = run.state.step

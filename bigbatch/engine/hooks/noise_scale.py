@@ -5,9 +5,12 @@ the tracker starts (the loss scale and the micro-batch count of that attempt), a
 micro-batch's gradient as the change of the accumulated one, and after an applied step the two squared norms update
 the smoothed |G|^2 and tr(Sigma). The training record gets ``noise_scale`` = B_simple in images (absent until it is
 defined, and in runs whose steps have a single micro-batch per process). The run's end says where the batch stands.
+The two averages are the hook's state: a resumed run goes on averaging from the checkpoint's.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
@@ -16,9 +19,15 @@ from bigbatch.telemetry.noise_scale import MicroBatchGradients, NoiseScale, batc
 
 
 class NoiseScaleHook(Hook):
-    def before_train(self, run: Run) -> None:
-        self.tracker = MicroBatchGradients(world=run.plan.world)
+    def __init__(self, run: Run) -> None:
+        self.tracker = MicroBatchGradients(world=run.plan.world)  # one step's measurement: nothing to keep
         self.noise = NoiseScale()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.noise.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.noise.load_state_dict(state)
 
     def before_forward(self, run: Run, index: int) -> None:
         if index == 0:  # every attempt starts afresh: a re-run or re-cut step measures its own gradients
@@ -49,5 +58,5 @@ class NoiseScaleHook(Hook):
                          f"2018); this run's batch of {batch} is {where}")
 
 
-HOOKS.register("noise_scale", lambda run: NoiseScaleHook() if run.cfg.log.noise_scale and run.proc.is_main else None,
-               order=7)
+HOOKS.register("noise_scale", lambda run: NoiseScaleHook(run) if run.cfg.log.noise_scale and run.proc.is_main
+               else None, order=7)
