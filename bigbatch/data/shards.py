@@ -52,12 +52,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import io
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,8 +65,10 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.detection import DataIssues, error_reason
+from bigbatch.data.files import open_regular
 from bigbatch.data.folder import DECODE_ERRORS, PREPROCESSING, CropFirst, EncodedImages, preprocessing
-from bigbatch.data.pack import FORMAT, INDEX, VERSION
+from bigbatch.data.pack import INDEX
+from bigbatch.data.shard_index import SplitIndex, read_index
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -83,74 +83,6 @@ OPEN_FILES = 32
 """Open shard files kept per process (least recently used closed first)."""
 EPOCHS_CACHED = 4
 """Per-epoch streams kept (a step spans at most a few epochs)."""
-
-
-# ----------------------------------------------------------------------------- the index
-
-
-@dataclass
-class SplitIndex:
-    """One split of ``index.json``: sample ``i`` is ``size[i]`` bytes at ``offset[i]`` of ``paths[shard[i]]``;
-    samples are numbered shard by shard, in the order written (a training sample's number is its key)."""
-
-    split: str
-    paths: list[str]
-    shard_sizes: list[int]
-    shard: np.ndarray
-    offset: np.ndarray
-    size: np.ndarray
-    label: np.ndarray
-    member: np.ndarray
-    """``KEY.ext`` of each image member (bytes), for messages."""
-    source: np.ndarray
-    """Each sample's original file (bytes), for messages."""
-
-    def __len__(self) -> int:
-        return len(self.label)
-
-
-def read_index(root: Path) -> dict[str, Any]:
-    """``root/index.json``, checked to be one ``bigbatch pack`` wrote (a ``UserError`` naming ``data.path``)."""
-    path = root / INDEX
-    if not path.is_file():
-        what = f"{root} is not a folder" if not root.is_dir() else f"{root} holds no {INDEX}"
-        raise UserError(f"data.path: {what}: shards are read from a folder that `bigbatch pack` wrote (shards "
-                        f"without {INDEX} are an unfinished pack)")
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise UserError(f"data.path: {path} cannot be read ({error})") from None
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise UserError(f"data.path: {path} is not the index of shards `bigbatch pack` wrote")
-    if index.get("version") != VERSION:
-        raise UserError(f"data.path: {path} is of version {index.get('version')!r}; this bigbatch reads version "
-                        f"{VERSION}: pack the images again")
-    return index
-
-
-def split_index(root: Path, index: dict[str, Any], split: str) -> SplitIndex:
-    """A split's samples as arrays; each shard must be there, of the size it was written at."""
-    shards = index["splits"][split]["shards"]
-    paths = [str(root / shard["name"]) for shard in shards]
-    for path, shard in zip(paths, shards, strict=True):
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            raise UserError(f"data.path: {path} is missing (listed in {root / INDEX})") from None
-        if size != shard["bytes"]:
-            raise UserError(f"data.path: {path} is {size} bytes, {shard['bytes']} when it was written: the shard "
-                            f"has changed since `bigbatch pack` wrote it")
-    counts = [shard["samples"] for shard in shards]
-
-    def column(name: str, dtype: Any) -> np.ndarray:
-        return np.array([v for shard in shards for v in shard[name]], dtype=dtype)
-
-    members = [f"{k}.{e}".encode() for shard in shards for k, e in zip(shard["keys"], shard["image_ext"], strict=True)]
-    prefix = f"{index['source']}/{split}/"
-    return SplitIndex(split, paths, counts, np.repeat(np.arange(len(shards), dtype=np.int32), counts),
-                      column("image_offset", np.int64), column("image_size", np.int64), column("labels", np.int64),
-                      np.array(members, dtype=bytes),
-                      np.array([(prefix + s).encode() for shard in shards for s in shard["sources"]], dtype=bytes))
 
 
 # ----------------------------------------------------------------------------- the order
@@ -294,7 +226,7 @@ class ShardImages(EncodedImages):
         shard = int(self.index.shard[index])
         file = self._files.get(shard)
         if file is None:
-            file = self._files[shard] = io.FileIO(self.index.paths[shard], "r")
+            file = self._files[shard] = open_regular(self.index.paths[shard], limit=2**63 - 1)  # sizes: the index
             if len(self._files) > OPEN_FILES:
                 self._files.popitem(last=False)[1].close()
         else:
@@ -317,13 +249,13 @@ class ShardImages(EncodedImages):
         return int(self.index.label[index])
 
     def origin(self, index: int) -> str:
-        return f"; packed from {self.index.source[index].decode()}"
+        return f"; packed from {self.index.source[index].decode(errors='replace')}"
 
     def inspect_shard(self, shard: int) -> list[tuple[int, str]]:
         """``(index, problem)`` of each sample of ``shard`` that does not decode whole (``data.strict``); the shard
         is read front to back with a file of its own (one thread a shard)."""
         problems = []
-        with open(self.index.paths[shard], "rb") as file:
+        with open_regular(self.index.paths[shard], limit=2**63 - 1) as file:
             for index in np.flatnonzero(self.index.shard == shard).tolist():
                 try:
                     file.seek(int(self.index.offset[index]))
@@ -334,8 +266,7 @@ class ShardImages(EncodedImages):
                         pass
                     decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
                 except DECODE_ERRORS as error:
-                    problems.append((index, f"unreadable image ({error_reason(error)}; packed from "
-                                            f"{self.index.source[index].decode()})"))
+                    problems.append((index, f"unreadable image ({error_reason(error)}{self.origin(index)})"))
         return problems
 
 
@@ -350,35 +281,45 @@ class TrainShards(ShardImages):
 
 
 def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, int]:
-    """(train, val, number of classes); with ``data.strict`` every image is decoded once first."""
-    root = Path(cfg.data.path)
-    index = read_index(root)
+    """(train, val, number of classes); with ``data.strict`` every image is decoded once first. The index is
+    checked whole before any shard is opened (``data/shard_index.py``)."""
+    _path_given(cfg.data)
+    index = read_index(Path(cfg.data.path))
     issues = DataIssues(strict=cfg.data.strict)
     chosen = preprocessing(cfg.data)
-    train = TrainShards(split_index(root, index, "train"), chosen.train, issues)
-    val = ShardImages(split_index(root, index, "val"), chosen.eval, issues)
+    train = TrainShards(index.train, chosen.train, issues)
+    val = ShardImages(index.val, chosen.eval, issues)
     if cfg.data.strict:
         for dataset in (train, val):
             with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
                 found = pool.map(dataset.inspect_shard, range(len(dataset.index.paths)))
                 for index, problem in sorted(p for problems in found for p in problems):
                     issues.report(dataset.where(index), None, problem)
-    return train, val, len(index["classes"])
+    return train, val, len(index.classes)
 
 
 def train_images(cfg: RunConfig) -> int:
     """The training samples, from ``index.json``; ``data.train_images`` when the shards are not at hand (``show``,
     ``schedule``, ``scale``)."""
     data = cfg.data
-    if not (Path(data.path) / INDEX).is_file() and data.train_images is not None:
+    if data.train_images is not None and (data.path is None or not (Path(data.path) / INDEX).is_file()):
         return data.train_images
-    return int(read_index(Path(data.path))["splits"]["train"]["samples"])
+    _path_given(data)
+    return len(read_index(Path(data.path)).train)
 
 
 def _check(data: DataConfig) -> None:
+    if data.path is None and data.train_images is None:
+        raise ValueError("data.path: missing; shards needs the folder `bigbatch pack` wrote (index.json and the "
+                         "tars), or data.train_images to plan a run before the data is at hand")
+
+
+def _path_given(data: DataConfig) -> None:
+    """Training and evaluation read the shards: ``data.path`` must be given (planning needs only the count)."""
     if data.path is None:
-        raise ValueError("data.path: missing; shards needs the folder `bigbatch pack` wrote (index.json and the tars)")
+        raise UserError("data.path: missing; training and evaluation read the folder `bigbatch pack` wrote "
+                        "(index.json and the tars)")
 
 
-DATASETS.register("shards", load, task="classification", count=train_images, check=_check,
+DATASETS.register("shards", load, task="classification", count=train_images, check=_check, given=_path_given,
                   fields={"preprocessing": (PREPROCESSING, "inception")})
