@@ -26,6 +26,7 @@ import io
 import itertools
 import math
 import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.detection import DataIssues, error_reason, inspect_images
+from bigbatch.data.files import read_regular
 from bigbatch.data.order import sample_rng
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
@@ -60,19 +62,94 @@ def find_classes(split_dir: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
 
 
-def list_samples(split_dir: Path, classes: Sequence[str]) -> list[tuple[str, int]]:
-    """``(path, label)`` of every image file of each class, in torchvision's ``make_dataset`` order."""
-    samples = []
-    for label, name in enumerate(classes):
-        class_dir = split_dir / name
-        if not class_dir.is_dir():
+def _identity(path: str) -> tuple[int, int]:
+    """The folder ``path`` leads to (links followed), as (device, inode)."""
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def _kind(path: str) -> str:
+    """What a path that is not a regular file is, for a warning."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a link to nothing" if os.path.islink(path) else "unreadable"
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def walk_folder(top: str, ancestors: frozenset[tuple[int, int]]) -> list[tuple[str, list[os.DirEntry]]]:
+    """``(folder, its non-folder entries)`` of ``top`` and every folder below it, links to folders followed, in
+    ``sorted(os.walk(top, followlinks=True))`` order: what torchvision's ``make_dataset`` walks.
+
+    ``ancestors`` holds the folders above ``top`` (device, inode). A folder that leads back to one of the folders
+    it is in (a link such as ``class0/loop -> .``) would make the walk endless: it is a ``UserError`` naming it.
+    A folder that cannot be listed is passed over, as ``os.walk`` passes it over."""
+    found: list[tuple[str, list[os.DirEntry]]] = []
+    pending = [(top, ancestors | {_identity(top)})]
+    while pending:
+        folder, above = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
             continue
-        for root, _, files in sorted(os.walk(class_dir, followlinks=True)):
-            samples += [(os.path.join(root, f), label) for f in sorted(files) if f.lower().endswith(SUFFIXES)]
+        files = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows links, as os.walk(followlinks=True) does
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                files.append(entry)
+                continue
+            try:
+                identity = _identity(entry.path)
+            except OSError:
+                continue
+            if identity in above:
+                target = os.path.realpath(entry.path)
+                raise UserError(f"{entry.path} leads back to {target}, a folder it is in: a cycle of links, which "
+                                f"no listing ends; remove the link")
+            pending.append((entry.path, above | {identity}))
+        found.append((folder, files))
+    return sorted(found, key=lambda item: item[0])
+
+
+def list_samples(split_dir: Path, classes: Sequence[str], issues: DataIssues | None = None
+                 ) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image file of each class, in torchvision's ``make_dataset`` order, except that a
+    cycle of folder links is refused (``walk_folder``) and an image name on something other than a regular file
+    (a FIFO, a device, a link to one, a link to nothing) is skipped with a warning (``issues``)."""
+    issues = issues or DataIssues()
+    samples = []
+    split_identity = frozenset({_identity(str(split_dir))})
+    for label, name in enumerate(classes):
+        class_dir = os.path.join(split_dir, name)
+        if not os.path.isdir(class_dir):
+            continue
+        if _identity(class_dir) in split_identity:
+            raise UserError(f"{class_dir} leads back to {os.path.realpath(class_dir)}, the folder it is in: a cycle "
+                            f"of links, which no listing ends; remove the link")
+        for _, files in walk_folder(class_dir, split_identity):
+            for entry in sorted(files, key=lambda e: e.name):
+                if not entry.name.lower().endswith(SUFFIXES):
+                    continue
+                try:
+                    regular = entry.is_file()  # follows links; True only for a regular file
+                except OSError:
+                    regular = False
+                if regular:
+                    samples.append((entry.path, label))
+                else:
+                    issues.report(entry.path, None, f"{_kind(entry.path)}, not an image file: skipped")
     return samples
 
 
 def split_dir(data: DataConfig, split: str) -> Path:
+    _path_given(data)
     root = Path(data.path)
     path = root / split
     if not path.is_dir():
@@ -81,8 +158,12 @@ def split_dir(data: DataConfig, split: str) -> Path:
     return path
 
 
-def list_split(data: DataConfig, split: str, classes: Sequence[str]) -> list[tuple[str, int]]:
-    samples = list_samples(split_dir(data, split), classes)
+def list_split(data: DataConfig, split: str, classes: Sequence[str], issues: DataIssues | None = None
+               ) -> list[tuple[str, int]]:
+    try:
+        samples = list_samples(split_dir(data, split), classes, issues)
+    except UserError as error:
+        raise UserError(f"data.path: {error}") from None
     if not samples:
         raise UserError(f"data.path: {split_dir(data, split)} holds no .jpg, .jpeg or .png file in a class folder")
     return samples
@@ -218,8 +299,8 @@ class FolderImages(EncodedImages):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def source(self, index: int) -> str:
-        return self.samples[index][0]
+    def source(self, index: int) -> bytearray:
+        return read_regular(self.samples[index][0])
 
     def label(self, index: int) -> int:
         return self.samples[index][1]
@@ -257,8 +338,8 @@ def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
     if extra:
         raise UserError(f"data.path: {split_dir(data, 'val')} has class folders the training set lacks: "
                         f"{', '.join(extra[:5])}")
-    train, val = list_split(data, "train", classes), list_split(data, "val", classes)
     issues = DataIssues(strict=data.strict)
+    train, val = list_split(data, "train", classes, issues), list_split(data, "val", classes, issues)
     if data.strict:
         paths = [path for path, _ in train + val]
         for path, (_, problem) in zip(paths, inspect_images(paths, decode=True), strict=True):
@@ -272,19 +353,27 @@ def train_images(cfg: RunConfig) -> int:
     """The training images, listed (not read); ``data.train_images`` when the folder is not at hand (``show``,
     ``schedule`` and ``scale`` work before the data is copied)."""
     data = cfg.data
-    if not (Path(data.path) / "train").is_dir() and data.train_images is not None:
+    if data.train_images is not None and (data.path is None or not (Path(data.path) / "train").is_dir()):
         return data.train_images
     return len(list_split(data, "train", find_classes(split_dir(data, "train"))))
 
 
 def _check(data: DataConfig) -> None:
+    if data.path is None and data.train_images is None:
+        raise ValueError("data.path: missing; folder needs the folder holding train/CLASS/* and val/CLASS/* (or "
+                         "data.train_images, to plan a run before the data is at hand)")
+
+
+def _path_given(data: DataConfig) -> None:
+    """Training and evaluation read the images: ``data.path`` must be given (planning needs only the count)."""
     if data.path is None:
-        raise ValueError("data.path: missing; folder needs the folder holding train/CLASS/* and val/CLASS/*")
+        raise UserError("data.path: missing; training and evaluation read the folder holding train/CLASS/* and "
+                        "val/CLASS/*")
 
 
 PREPROCESSING = Literal["inception", "standard"]
 """``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/inception.py``), or
 ``standard``, torchvision's ImageNet recipe (``data/crops.py``)."""
 
-DATASETS.register("folder", load, task="classification", count=train_images, check=_check,
+DATASETS.register("folder", load, task="classification", count=train_images, check=_check, given=_path_given,
                   fields={"preprocessing": (PREPROCESSING, "inception")})

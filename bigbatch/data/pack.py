@@ -34,15 +34,20 @@ With the offsets a reader seeks straight to an image (``os.pread(fd, size, offse
 
 ``DIR`` must be new or an empty folder; bigbatch never overwrites nor deletes what it did not write. A new ``DIR`` is
 written as a sibling ``DIR.partial-PID`` and renamed when complete; an empty one of yours is written in place. Each
-tar is written under a temporary name and renamed when complete. A pack that fails removes the files it wrote; one
-killed outright leaves ``DIR.partial-PID`` (or, in place, shards without ``index.json``) to delete by hand.
+tar is written under a temporary name and renamed when complete. A pack that fails removes the files it wrote. One
+killed outright leaves ``DIR.partial-PID``, which the next pack to the same ``DIR`` removes (only folders of that
+naming that hold pack's marker, ``.bigbatch-pack``, of that ``DIR``, whose writer has ended, and nothing but files of
+pack's naming: ``remove_stale_partials``); killed while writing in place, it leaves shards without ``index.json`` in
+the folder, to delete by hand.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 from collections.abc import Sequence
@@ -50,6 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bigbatch.data.detection import DataIssues
+from bigbatch.data.files import read_regular
 from bigbatch.data.folder import SPLITS, find_classes, list_samples
 from bigbatch.errors import UserError
 
@@ -101,8 +108,9 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
     if extra:
         raise UserError(f"{src / 'val'}: has class folders the training set lacks: {', '.join(extra[:5])}")
     splits = {}
+    issues = DataIssues()  # what is not a regular file is skipped with a warning, as training would skip it
     for split in SPLITS:
-        splits[split] = list_samples(src / split, classes)
+        splits[split] = list_samples(src / split, classes, issues)
         if not splits[split]:
             raise UserError(f"{src / split}: holds no .jpg, .jpeg or .png file in a class folder")
     return classes, splits
@@ -145,9 +153,8 @@ class _ShardWriter:
 
     def add(self, key: int, path: str, label: int, relative: str) -> None:
         try:
-            with open(path, "rb") as file:
-                data = file.read()
-                mtime = int(os.fstat(file.fileno()).st_mtime)
+            data = bytes(read_regular(path))
+            mtime = int(os.stat(path).st_mtime)
         except OSError as error:
             raise UserError(f"{path}: cannot be read ({error.strerror or error})") from None
         if self._tar is not None and shard_bytes(self._tar.offset + sample_bytes(len(data), label)) > self.shard_size:
@@ -232,29 +239,119 @@ def _write_all(folder: Path, src: Path, classes: list[str], splits: dict[str, li
     return index
 
 
+# ----------------------------------------------------------------------------- partial folders of killed packs
+
+
+PARTIAL_MARK = ".bigbatch-pack"
+"""The marker file of a partial folder: JSON naming its writer and the ``--out`` it is for, locked (``lockf``) by the
+writing process for as long as it runs, so that the kernel releases it however the process ends."""
+_OWN_NAMES = re.compile(r"^(?:\.bigbatch-pack|index\.json|\.index\.json\.partial|(?:train|val)-\d{6,}\.tar|"
+                        r"\.(?:train|val)-\d{6,}\.tar\.partial)$")
+"""Every name pack writes into a folder."""
+
+
+def _partial_name(out: Path) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(out.name)}\.partial-(\d+)$")
+
+
+def _mark(folder: Path, out: Path) -> int:
+    """Write and lock ``folder``'s marker; -> its descriptor (closing it releases the lock)."""
+    fd = os.open(folder / PARTIAL_MARK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, json.dumps({"written_by": WRITTEN_BY, "pid": os.getpid(), "out": str(out)}).encode() + b"\n")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _stale_partial(folder: Path, out: Path, pid: int) -> list[Path] | None:
+    """The files of ``folder`` if it is a partial folder of a pack to ``out`` by process ``pid`` that has ended
+    (its marker is ours and nobody holds its lock) and it holds only names pack writes; else None."""
+    mark = folder / PARTIAL_MARK
+    if folder.is_symlink() or not folder.is_dir() or mark.is_symlink() or not mark.is_file():
+        return None
+    try:
+        fd = os.open(mark, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            content = json.loads(os.read(fd, 4096))
+        except ValueError:
+            return None
+        if content != {"written_by": WRITTEN_BY, "pid": pid, "out": str(out)}:
+            return None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None  # its writer still runs
+        files = list(folder.iterdir())
+        if any(not _OWN_NAMES.match(f.name) or f.is_symlink() or not f.is_file() for f in files):
+            return None  # something else was put in there: not ours to remove
+        return files
+    finally:
+        os.close(fd)
+
+
+def remove_stale_partials(out: Path) -> list[Path]:
+    """Remove the ``OUT.partial-PID`` folders that packs to ``out`` killed before they finished left beside it:
+    only folders of that naming, holding pack's marker of that very ``out`` and PID, whose writer has ended, and
+    holding nothing but files of pack's own naming (a folder with anything else in it is kept). -> those removed."""
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    naming = _partial_name(out)
+    for folder in out.parent.iterdir():
+        match = naming.match(folder.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        files = _stale_partial(folder, out, int(match.group(1)))
+        if files is None:
+            continue
+        try:
+            for path in sorted(files, key=lambda p: p.name == PARTIAL_MARK):  # the marker last
+                path.unlink()
+            folder.rmdir()
+        except OSError:
+            continue
+        removed.append(folder)
+    return removed
+
+
+# ----------------------------------------------------------------------------- pack
+
+
 def pack(src: Path, out: Path, shard_size: int, seed: int = 0) -> dict:
     """Write the ImageFolder tree ``src`` as shards into ``out`` (new or empty); see the module's docstring.
 
     Returns counts for a summary: ``{"out": str, "classes": int, "bytes": int, "train": {"samples", "shards",
-    "bytes"}, "val": {...}}``. A user's mistake (``src`` not an ImageFolder tree with train/ and val/, ``out`` not
-    new or empty, ``shard_size`` not positive, a file that cannot be read) is a ``UserError``; nothing is left."""
+    "bytes"}, "val": {...}, "removed": [stale partial folders removed]}``. A user's mistake (``src`` not an
+    ImageFolder tree with train/ and val/, ``out`` not new or empty, ``shard_size`` not positive, a file that cannot
+    be read) is a ``UserError``; nothing is left."""
     src = Path(os.path.abspath(src))
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
         raise UserError(f"--shard-size: expected a positive number of bytes, got {shard_size!r}")
     classes, splits = list_source(src)
     out = check_out(out, src)
     new = not out.exists()
+    removed = remove_stale_partials(out) if new else []
     folder = out.with_name(f"{out.name}.partial-{os.getpid()}") if new else out
     written: list[Path] = []
     try:
         folder.mkdir(parents=True, exist_ok=not new)
     except OSError as error:
         raise UserError(f"--out: cannot make {folder}: {error.strerror or error}") from None
+    mark = None
     try:
         try:
+            if new:
+                mark = _mark(folder, out)
             index = _write_all(folder, src, classes, splits, shard_size, seed, written)
             if new:
                 os.rename(folder, out)
+                (out / PARTIAL_MARK).unlink()
         except OSError as error:  # the source's files were read (a UserError of their own): this is the output
             raise UserError(f"--out: cannot write {error.filename or folder}: {error.strerror or error}") from None
     except BaseException:
@@ -264,7 +361,10 @@ def pack(src: Path, out: Path, shard_size: int, seed: int = 0) -> dict:
             for path in reversed(written):
                 path.unlink(missing_ok=True)
         raise
+    finally:
+        if mark is not None:
+            os.close(mark)
     counts = {split: {"samples": index["splits"][split]["samples"], "shards": len(index["splits"][split]["shards"]),
                       "bytes": sum(shard["bytes"] for shard in index["splits"][split]["shards"])} for split in SPLITS}
     return {"out": str(out), "classes": len(classes), "bytes": counts["train"]["bytes"] + counts["val"]["bytes"],
-            **counts}
+            **counts, "removed": [str(path) for path in removed]}
