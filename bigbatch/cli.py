@@ -16,6 +16,37 @@ from bigbatch import __version__
 from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
+MAX_PROFILED_STEPS = 100
+"""``profile --steps`` at most: the profiler keeps every event of every profiled step in memory (a trace of 100 steps
+of a ResNet-50 is already hundreds of MB, more than a trace viewer opens), and no more than the run's own length."""
+BENCH_SET_MULTIPLE = 10
+"""``data bench --images`` at most this many times the training set: a measurement past a few epochs only repeats."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, whose mistakes (an unknown option, ``--steps abc``) are one ``error:`` line and exit code 2, as
+    every other mistake is, instead of the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def count(text: str) -> int:
+    """A whole number from the command line: ``512``, ``1e4`` (a whole number in exponent form), at most 2^63 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not number.is_integer():
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        value = int(number)
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} does not fit a 64-bit integer")
+    return value
+
 
 def _add_config_args(parser: argparse.ArgumentParser, config_default: str | None = "digits") -> None:
     parser.add_argument("config", nargs="?", default=config_default,
@@ -29,7 +60,7 @@ def _add_set_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bigbatch", description="Train vision models with very large batches.")
+    parser = Parser(prog="bigbatch", description="Train vision models with very large batches.")
     parser.add_argument("--version", action="version", version=f"bigbatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -51,17 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--out", type=Path, required=True,
                         help="the folder to write (train/, val/, annotations/): new, empty, or a set bigbatch "
                         "generated (replaced)")
-    shapes.add_argument("--images", type=int, default=2000, help="images, train and val together "
+    shapes.add_argument("--images", type=count, default=2000, help="images, train and val together "
                         "(default: %(default)s; 20%% go to val)")
-    shapes.add_argument("--seed", type=int, default=0, help="the generator's seed (default: %(default)s)")
+    shapes.add_argument("--seed", type=count, default=0, help="the generator's seed (default: %(default)s)")
     shapes.add_argument("--format", choices=("coco", "yolo"), default="coco",
                         help="coco: JPEG + COCO JSON; yolo: the Darknet/YOLO layout as well (a label file beside "
                         "each image, train.txt, val.txt, shapes.names, shapes.data) (default: %(default)s)")
     data_bench = data_sub.add_parser("bench", help="measure the input pipeline alone (no model): images/s per "
                                      "number of DataLoader workers")
     _add_config_args(data_bench)
-    data_bench.add_argument("--images", type=int, default=512,
-                            help="images to read per measurement, after a first untimed step (default: %(default)s)")
+    data_bench.add_argument("--images", type=count, default=512,
+                            help="images to read per measurement, after a first untimed step (default: %(default)s; "
+                            f"at most {BENCH_SET_MULTIPLE} times the training set)")
 
     pack = sub.add_parser("pack", help="write an image folder (SRC/train/CLASS/*, SRC/val/CLASS/*) as tar shards "
                           "(WebDataset layout) with an index, for data.name: shards")
@@ -69,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--out", type=Path, required=True, help="the folder to write: new or empty")
     pack.add_argument("--shard-size", default="256MB", metavar="SIZE",
                       help="the largest shard, e.g. 256MB, 1GiB (default: %(default)s)")
-    pack.add_argument("--seed", type=int, default=0, help="the seed of the training samples' shuffle (default: "
+    pack.add_argument("--seed", type=count, default=0, help="the seed of the training samples' shuffle (default: "
                       "%(default)s)")
 
     export = sub.add_parser("export", help="write a Darknet network's weights (from a run, a checkpoint or a .cfg) as "
@@ -81,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "model.weights")
     export.add_argument("--weights", type=Path, metavar="IN.weights", help="with a .cfg SOURCE: start from these "
                         "weights (Darknet .weights or a state dict): a conversion")
-    export.add_argument("--seed", type=int, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
+    export.add_argument("--seed", type=count, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
                         "fresh network (default: %(default)s)")
 
     show = sub.add_parser("show", help="print the resolved config and the batch plan")
@@ -91,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(schedule)
     schedule.add_argument("--csv", type=Path, help="write every step as CSV (step,lr)")
     schedule.add_argument("--png", type=Path, help="plot the schedule to this PNG file")
-    schedule.add_argument("--lines", type=int, default=40, help="about how many steps to print (default: %(default)s)")
+    schedule.add_argument("--lines", type=count, default=40,
+                          help="about how many steps to print (default: %(default)s)")
 
     report = sub.add_parser("report", help="write one self-contained HTML report of one or more runs (charts of "
                             "loss, LR, metrics, memory, phases, update sizes, noise scale; runs overlaid)")
@@ -102,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="profile training steps (torch.profiler): a Chrome trace and time by "
                              "operator kind")
     _add_config_args(profile)
-    profile.add_argument("--steps", type=int, default=5, help="steps profiled, after one warm-up step (default: "
-                         "%(default)s)")
+    profile.add_argument("--steps", type=count, default=5, help="steps profiled, after one warm-up step (default: "
+                         f"%(default)s; at most {MAX_PROFILED_STEPS} and the run's own length)")
     profile.add_argument("--out", type=Path, help="the folder for trace.json: new or empty (default: "
                          "runs/profile-<timestamp>)")
 
@@ -114,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     scale = sub.add_parser("scale", help="rescale a recipe to a new global batch")
     _add_config_args(scale)
-    scale.add_argument("--batch", type=int, required=True, help="the new global batch")
+    scale.add_argument("--batch", type=count, required=True, help="the new global batch")
     scale.add_argument("--out", type=Path, help="write the new recipe here (YAML); default: print it")
     return parser
 
@@ -122,12 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
     from bigbatch.engine import distributed
-    from bigbatch.engine.run_dir import hold_run_dir
+    from bigbatch.engine.run_dir import hold_run_dir, holder
 
     if args.resume is not None:
         if args.out is not None and args.out != args.resume:
             raise UserError("--out: with --resume the run continues in the --resume directory; drop --out")
         out_dir = args.resume
+        if not out_dir.is_dir():
+            raise UserError(f"--resume: {out_dir} is not a folder (expected the run directory of bigbatch train)")
+        held_by = holder(out_dir) if distributed.rank_from_env() == 0 else None
+        if held_by is not None:  # a run still going, perhaps before its first checkpoint
+            raise UserError(f"--resume: {out_dir} is in use by {held_by}")
         if not (out_dir / "checkpoints" / "last.pt").is_file():
             raise UserError(f"--resume: {out_dir} holds no checkpoints/last.pt")
         source = args.config or str(out_dir / "config.yaml")
@@ -159,15 +197,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_checked(source: str, overrides: list[str]) -> RunConfig:
+def load_checked(source: str, overrides: list[str], reads_data: bool = True) -> RunConfig:
     """Load a config and check what can be checked without any work: the batch layout (unless ``subdivisions``
-    is ``auto``) and the memory the run needs at the least against this machine's."""
+    is ``auto``), the memory the run needs at the least against this machine's, and, for a command that
+    ``reads_data`` (not ``show``, ``schedule``, ``scale``: they plan from ``data.train_images``), that the data is
+    named."""
     from bigbatch.batching import check_batch
     from bigbatch.config import load_config
     from bigbatch.engine import distributed
     from bigbatch.telemetry.capacity import check_capacity
 
     cfg = load_config(source, overrides)
+    if reads_data:
+        from bigbatch.tasks import check_data_given
+
+        check_data_given(cfg)
     world = distributed.world_size_from_env()
     if cfg.subdivisions != "auto":
         check_batch(cfg, world)
@@ -203,17 +247,23 @@ def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from bigbatch.config import apply_overrides, validate_config
-    from bigbatch.engine import checkpoint
+    from bigbatch.engine import checkpoint, distributed
     from bigbatch.engine.state import load_weights
+    from bigbatch.outputs import check_output_file, probe_writable
     from bigbatch.registry import TASKS
     from bigbatch.tasks import build_task
+    from bigbatch.telemetry.capacity import check_capacity
 
     path: Path = args.checkpoint
     if path.is_dir():
         path = path / "checkpoints" / "last.pt"
     out = eval_record_path(path)
+    probe_writable(out.parent, "eval")
+    if args.save_detections is not None:
+        check_output_file(args.save_detections, "--save-detections", ours=is_results_file)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     cfg = validate_config(apply_overrides(state["config"], args.overrides))
+    check_capacity(cfg, distributed.world_size_from_env())
     task = build_task(cfg)
     if args.save_detections is not None and task.prediction_format is None:
         kind = TASKS.get(cfg.task).info.get("model_kind", cfg.task)
@@ -225,13 +275,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics, predictions = task.predict(model, cfg.eval.batch)
     if args.save_detections is not None:
         task.save_predictions(args.save_detections, predictions)
-        print(f"{len(predictions)} detections written to {args.save_detections} ({task.prediction_format} format)")
+        note = getattr(task, "predictions_note", "")  # how the saved categories are numbered
+        print(f"{len(predictions)} detections written to {args.save_detections} ({task.prediction_format} format"
+              f"{', ' + note if note else ''})")
     record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
               **metrics}
     print(task.report(metrics))
     checkpoint.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
     print(f"written to {out}")
     return 0
+
+
+def is_results_file(path: Path) -> bool:
+    """Whether ``path`` is a COCO results file ``eval --save-detections`` wrote (``[]`` or a list of detections
+    starting with an ``image_id``): such a file may be replaced by the next one, anything else is the user's."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return head == b"[]" or head.startswith(b'[{"image_id": ')
 
 
 def eval_record_path(path: Path) -> Path:
@@ -258,7 +321,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.engine import distributed
     from bigbatch.tasks import train_set_size
 
-    cfg = load_resolved(args.config, args.overrides)
+    cfg = load_resolved(args.config, args.overrides, reads_data=False)
     world = distributed.world_size_from_env()
     plan = make_plan(cfg, world, train_set_size(cfg))
     network = None
@@ -283,13 +346,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+SCHEDULE_PNG_MARK = b"bigbatch schedule"
+"""The ``Software`` text of a PNG ``schedule --png`` wrote: such a file may be replaced by the next one."""
+
+
 def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
     from bigbatch.engine import distributed
+    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.outputs import check_output_file, starts_with
     from bigbatch.recipe.schedule import build_schedule
     from bigbatch.tasks import train_set_size
 
-    cfg = load_resolved(args.config, args.overrides)
+    if args.csv is not None:
+        check_output_file(args.csv, "--csv", ours=starts_with(b"step,lr\n", 8))
+    if args.png is not None:
+        check_output_file(args.png, "--png", ours=starts_with(SCHEDULE_PNG_MARK))
+    cfg = load_resolved(args.config, args.overrides, reads_data=False)
     plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size(cfg))
     lr_at = build_schedule(cfg, plan)
     lrs = [lr_at(step) for step in range(plan.steps)]
@@ -299,9 +372,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     for step in sorted({*range(0, plan.steps, every), plan.steps - 1}):
         print(f"{step:10d}  {plan.epoch_at(step):9.3f}  {lrs[step]:.6g}")
     if args.csv is not None:
-        with open(args.csv, "w", encoding="utf-8") as f:
-            f.write("step,lr\n")
-            f.writelines(f"{step},{lr!r}\n" for step, lr in enumerate(lrs))
+        rows = "".join(f"{step},{lr!r}\n" for step, lr in enumerate(lrs))
+        atomic_write(args.csv, lambda f: f.write("step,lr\n" + rows), mode="w")
         print(f"written to {args.csv}")
     if args.png is not None:
         import matplotlib
@@ -316,7 +388,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         ax.set_title(f"{cfg.name}: batch {plan.batch}, {plan.steps} steps")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(args.png, dpi=100)
+        atomic_write(args.png, lambda f: fig.savefig(f, format="png", dpi=100,
+                                                     metadata={"Software": SCHEDULE_PNG_MARK.decode()}))
         plt.close(fig)
         print(f"plotted to {args.png}")
     return 0
@@ -354,11 +427,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     import time
 
+    from bigbatch.batching import total_steps
     from bigbatch.engine.profile import profile
+    from bigbatch.outputs import probe_writable
+    from bigbatch.tasks import train_set_size
 
-    if args.steps < 1:
-        raise UserError(f"--steps: expected at least 1 step to profile, got {args.steps}")
+    if not 1 <= args.steps <= MAX_PROFILED_STEPS:
+        raise UserError(f"--steps: expected 1 to {MAX_PROFILED_STEPS} steps to profile, got {args.steps}")
     cfg = load_checked(args.config, args.overrides)
+    length = total_steps(cfg, train_set_size(cfg))
+    if args.steps > length:
+        raise UserError(f"--steps: {args.steps} steps, but the run of {cfg.name} is {length} steps long")
     out: Path = args.out or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out: {out} exists and is not an empty folder; bigbatch writes its trace into a new or "
@@ -367,6 +446,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out: cannot make {out}: {e.strerror}") from None
+    probe_writable(out, "--out")
     print(f"profiling {args.steps} training step(s) of {cfg.name} after one warm-up step: {cfg.precision.dtype}, "
           f"batch {cfg.batch} in {cfg.subdivisions} micro-batch(es)")
     trace, table = profile(cfg, args.steps, out)
@@ -375,9 +455,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_resolved(source: str, overrides: list[str]) -> RunConfig:
+def load_resolved(source: str, overrides: list[str], reads_data: bool = True) -> RunConfig:
     """Load a config and, for ``subdivisions: auto``, measure and choose the subdivisions."""
-    return resolve_auto(load_checked(source, overrides))
+    return resolve_auto(load_checked(source, overrides, reads_data))
 
 
 def resolve_auto(cfg: RunConfig) -> RunConfig:
@@ -392,22 +472,31 @@ def resolve_auto(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+SCALE_MARK = b"by bigbatch scale"
+"""In the first line of a recipe ``scale --out`` wrote: such a file may be replaced by the next one."""
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
     from bigbatch.config import config_to_yaml
     from bigbatch.engine import distributed
+    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.outputs import check_output_file, starts_with
     from bigbatch.recipe.rescale import changes_table, rescale
 
     if args.batch <= 0:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")
-    cfg = load_resolved(args.config, args.overrides)
+    if args.out is not None:
+        check_output_file(args.out, "--out", ours=starts_with(SCALE_MARK, 200))
+    cfg = load_resolved(args.config, args.overrides, reads_data=False)
     world = distributed.world_size_from_env()
     new, changes = rescale(cfg, args.batch, world)
     check_batch(new, world)
     print(changes_table(changes))
     if args.out is not None:
-        args.out.write_text(f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} by bigbatch scale\n"
-                            + config_to_yaml(new))
+        text = (f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} {SCALE_MARK.decode()}\n"
+                + config_to_yaml(new))
+        atomic_write(args.out, lambda f: f.write(text), mode="w")
         print(f"written to {args.out}")
     else:
         print()
@@ -447,6 +536,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise UserError(f"--seed: expected a whole number >= 0, got {args.seed}")
     counts = pack(args.src, args.out, shard_size, args.seed)
+    for folder in counts["removed"]:
+        print(f"removed {folder}, the unfinished output of a pack to {args.out} that was killed")
     train, val = counts["train"], counts["val"]
     print(f"shards written to {args.out}: {train['samples']} train images in {train['shards']} shards, "
           f"{val['samples']} val images in {val['shards']} shards, {counts['classes']} classes, "
@@ -458,11 +549,15 @@ def cmd_data_bench(args: argparse.Namespace) -> int:
     import os
 
     from bigbatch.data.bench import bench, table
-    from bigbatch.tasks import build_task
+    from bigbatch.tasks import build_task, train_set_size
 
     if args.images <= 0:
         raise UserError(f"--images: expected a positive number of images, got {args.images}")
     cfg = load_checked(args.config, args.overrides)
+    most = BENCH_SET_MULTIPLE * train_set_size(cfg)
+    if args.images > most:
+        raise UserError(f"--images: {args.images} images a measurement, more than {BENCH_SET_MULTIPLE} times the "
+                        f"training set ({most}); a measurement that long only repeats")
     task = build_task(cfg)
     print(f"input pipeline of {cfg.name}: data {cfg.data.name}, {len(task.train_set)} training images, "
           f"{args.images} images a measurement, {os.cpu_count()} cores")

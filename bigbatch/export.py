@@ -69,7 +69,7 @@ def from_cfg(path: Path, weights: Path | None, seed: int) -> Exported:
     from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
 
     torch.manual_seed(seed)
-    network = darknet_network(str(path))
+    network = darknet_network(str(path), key="SOURCE")
     if weights is None:
         return Exported(network, 0, f"{path}, freshly initialised (seed {seed})")
     seen = load_darknet_weights(network, weights, key="--weights")
@@ -81,14 +81,15 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
     """Write the outputs asked for; -> the lines to print. Every output is checked before anything is written."""
     from bigbatch.engine.checkpoint import atomic_write
     from bigbatch.models.darknet import write_weights
+    from bigbatch.outputs import check_output_file
 
     if darknet_weights is None and checkpoint_out is None:
         raise UserError("export: nothing to write; give --darknet-weights OUT.weights and/or --checkpoint OUT.pt")
     for key, out in (("--darknet-weights", darknet_weights), ("--checkpoint", checkpoint_out)):
-        if out is not None and out.exists():
-            raise UserError(f"{key}: {out} exists; bigbatch does not overwrite it (choose a new file)")
-        if out is not None and not out.parent.is_dir():
-            raise UserError(f"{key}: the folder {out.parent} does not exist")
+        if out is not None:
+            check_output_file(out, key)  # new, in a folder that exists and can be written
+    if darknet_weights is not None and darknet_weights == checkpoint_out:
+        raise UserError("--checkpoint: the same file as --darknet-weights; give two files")
     if not source.exists():
         raise UserError(f"SOURCE: {source} does not exist (expected a run directory, a checkpoint or a .cfg)")
     if source.suffix == ".cfg":

@@ -163,10 +163,11 @@ def test_a_held_run_directory_stops_a_second_train_and_resume_naming_the_holder(
                               text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        for argv in (["train", "digits", "--out", str(out), "--set", *TINY, "steps=2", "checkpoint.every=1"],
-                     ["train", "--resume", str(out), "--set", "steps=3"]):
+        for key, argv in (("--out", ["train", "digits", "--out", str(out), "--set", *TINY, "steps=2",
+                                     "checkpoint.every=1"]),
+                          ("--resume", ["train", "--resume", str(out), "--set", "steps=3"])):
             assert main(argv) == 2
-            assert one_error(capsys, "--out: ") == f"error: --out: {out} is in use by process {holder.pid}\n"
+            assert one_error(capsys, f"{key}: ") == f"error: {key}: {out} is in use by process {holder.pid}\n"
         assert {p: p.read_bytes() for p in before} == before, "the held run was not touched"
     finally:
         holder.kill()  # SIGKILL: the OS releases the lock of a killed process

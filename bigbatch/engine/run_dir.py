@@ -149,6 +149,25 @@ def _lock(path: Path, key: str) -> tuple[int, bool]:
     return fd, made
 
 
+def holder(path: Path) -> str | None:
+    """Who holds the run folder ``path`` ("process PID", or "another process" when its lock file names none), or
+    None when nobody does. Only looks: the lock is taken and released at once, and nothing is made."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # no lock file (or not one of ours): nobody holds the folder through it
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            return None
+        pid = _read_pid(path / LOCK_NAME)
+        return f"process {pid}" if pid is not None else "another process"
+    finally:
+        os.close(fd)
+    return None
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Whether ``fd`` is still the file named ``path`` (not a removed or replaced one)."""
     try:

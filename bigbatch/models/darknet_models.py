@@ -26,15 +26,22 @@ NETWORK_PREFIX = "network."
 """Where the network's keys sit in the detector's state dict."""
 
 
-def darknet_network(cfg_path: str | None, classes: int | None = None, size: int | None = None) -> DarknetNetwork:
+def darknet_network(cfg_path: str | None, classes: int | None = None, size: int | None = None,
+                    key: str = "model.cfg") -> DarknetNetwork:
     """The network of the ``.cfg`` at ``cfg_path`` for ``classes`` classes (default: the cfg's) and a ``size`` x
-    ``size`` input (default: its ``[net]``)."""
+    ``size`` input (default: its ``[net]``). Outside torch's ``meta`` device it is first built there and refused
+    (``UserError`` naming ``key``) when its weights cannot fit this machine's memory, whichever command builds it."""
     from bigbatch.models.darknet import load_network
 
     if not cfg_path:
-        raise UserError("model.cfg: missing; model.name darknet builds the network of a Darknet .cfg file "
+        raise UserError(f"{key}: missing; model.name darknet builds the network of a Darknet .cfg file "
                         "(model.cfg: path/to/net.cfg)")
-    return load_network(find_cfg(cfg_path), size, size, classes)
+    path = find_cfg(cfg_path)
+    if torch.get_default_device().type != "meta":
+        from bigbatch.telemetry.capacity import check_built_fits
+
+        check_built_fits(lambda: load_network(path, size, size, classes), key, f"the network of {cfg_path}")
+    return load_network(path, size, size, classes)
 
 
 def find_cfg(cfg_path: str) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bigbatch.errors import UserError
+from bigbatch.outputs import probe_writable
 
 __all__ = ["write_report", "is_report"]
 
@@ -44,6 +45,7 @@ def _check_out(out: Path) -> None:
                         f"(choose another --out, or move the file away)")
     if not out.parent.is_dir():
         raise UserError(f"report: --out: the folder {out.parent} does not exist")
+    probe_writable(out.parent, "report: --out")
 
 
 def _write_atomically(out: Path, text: str) -> None:
@@ -53,7 +55,7 @@ def _write_atomically(out: Path, text: str) -> None:
 
     try:
         atomic_write(out, lambda f: f.write(text), mode="w")
-    except PermissionError as error:
+    except OSError as error:  # a read-only file system, a full disk, no permission
         raise UserError(f"report: --out: cannot write in {out.parent} ({error.strerror or error})") from None
 
 

@@ -20,3 +20,12 @@ def train_set_size(cfg: RunConfig) -> int:
     """Images in the training set (for the batch plan), counted by the dataset format (its ``count``) without
     loading the data or building a model (``show`` works before the data is downloaded)."""
     return DATASETS.get(cfg.data.name).info["count"](cfg)
+
+
+def check_data_given(cfg: RunConfig) -> None:
+    """For a command that reads the data (train, eval, plan, profile, data bench): the dataset format's ``given``
+    check, if it registered one (``data.path`` named), as a ``UserError`` before any work. ``show``, ``schedule``
+    and ``scale`` plan from ``data.train_images`` and skip it."""
+    given = DATASETS.get(cfg.data.name).info.get("given")
+    if given is not None:
+        given(cfg.data)

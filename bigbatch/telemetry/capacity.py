@@ -20,6 +20,7 @@ Counts that must fit a 64-bit integer (images seen over the run) are checked too
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -131,9 +132,31 @@ def check_capacity(cfg: RunConfig, world: int = 1) -> None:
                         f"of one image")
     count = parameter_count(cfg)
     if count is not None:
-        weights = count * FLOAT32
-        key = cfg.model.part().info.get("size_key", "model.name")
-        if weights + image > memory:
-            raise UserError(f"{key}: {cfg.model.name} has {count:.3g} parameters, {format_bytes(weights)} of float32 "
-                            f"weights (with one input image {format_bytes(weights + image)}), more than {where} "
-                            f"{format_bytes(memory)} of memory")
+        check_parameters_fit(count, cfg.model.part().info.get("size_key", "model.name"), cfg.model.name, image)
+
+
+def check_parameters_fit(count: int, key: str, what: str, image: int = 0) -> None:
+    """Refuse (``UserError`` naming ``key``) ``count`` float32 parameters that, with ``image`` bytes of one input,
+    cannot fit this machine's memory (the GPU's, when training runs on one)."""
+    device = device_memory()
+    memory, where = (device, "this GPU's") if device is not None else (host_memory(), "this machine's")
+    weights = count * FLOAT32
+    if weights + image > memory:
+        with_image = f" (with one input image {format_bytes(weights + image)})" if image else ""
+        raise UserError(f"{key}: {what} has {count:.3g} parameters, {format_bytes(weights)} of float32 weights"
+                        f"{with_image}, more than {where} {format_bytes(memory)} of memory")
+
+
+def check_built_fits(build: Callable[[], torch.nn.Module], key: str, what: str) -> None:
+    """Build a network with ``build`` on torch's ``meta`` device (nothing allocated), count its parameters and refuse
+    what cannot fit (:func:`check_parameters_fit`); what cannot be built on the meta device is left to the real
+    build. For every command that builds a network outside ``train``'s checks (``export``, ``eval``)."""
+    try:
+        with torch.device("meta"):
+            network = build()
+    except RuntimeError as e:
+        if "overflow" in str(e).lower():
+            raise UserError(f"{key}: {what} would have more than 2^63 bytes of parameters "
+                            f"({str(e).splitlines()[0][:120]})") from None
+        return
+    check_parameters_fit(sum(p.numel() for p in network.parameters()), key, what)

@@ -1,0 +1,62 @@
+"""The files a command writes, checked before it does any work.
+
+Every output path a command takes (``export --darknet-weights``, ``report --out``, ``schedule --csv``, ...) is
+checked up front, so that a mistake costs nothing and a read-only place is one ``error:`` line, not a traceback
+after the work:
+
+- it is not a folder, and its folder exists;
+- nothing is there, or what is there is a file bigbatch wrote and may replace (``ours``); anything else is the
+  user's and is never overwritten;
+- its folder can be written: a temporary file of bigbatch's own is made there (``O_EXCL``, so it is new) and
+  removed again. Permission bits alone do not say it (root ignores them; a read-only mount or ``/proc`` refuses
+  whatever the bits say).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from bigbatch.errors import UserError
+
+
+def probe_writable(folder: Path, key: str) -> None:
+    """``UserError`` naming ``key`` unless a file can be made in ``folder``."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".bigbatch-probe-", dir=folder)
+    except OSError as error:
+        raise UserError(f"{key}: cannot write in {folder} ({error.strerror or error})") from None
+    os.close(fd)
+    os.unlink(name)  # made just now by this call (O_EXCL): ours
+
+
+def check_output_file(path: Path, key: str, ours: Callable[[Path], bool] | None = None,
+                      what: str = "bigbatch does not overwrite it (choose a new file)") -> Path:
+    """``path`` checked as a file this command may write (see the module docstring); ``ours(path)`` says whether
+    an existing file is one bigbatch wrote and may replace (without it, any existing file is refused)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{key}: {path} is a folder; give the file to write")
+    if path.exists() or path.is_symlink():
+        if ours is None or path.is_symlink() or not path.is_file() or not ours(path):
+            raise UserError(f"{key}: {path} exists; {what}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UserError(f"{key}: the folder {folder} does not exist")
+    probe_writable(folder, key)
+    return path
+
+
+def starts_with(mark: bytes, within: int = 4096) -> Callable[[Path], bool]:
+    """An ``ours`` test: the file holds ``mark`` in its first ``within`` bytes."""
+
+    def test(path: Path) -> bool:
+        try:
+            with open(path, "rb") as file:
+                return mark in file.read(within)
+        except OSError:
+            return False
+
+    return test
