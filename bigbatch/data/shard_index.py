@@ -149,10 +149,11 @@ def read_index_file(root: Path) -> dict[str, Any]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO does not block the open
     except OSError as error:
         raise UserError(f"data.path: {path} cannot be read ({error.strerror or error})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UserError(f"data.path: {path} is not a regular file")
     with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(f"data.path: {path} is not a regular file")
         if info.st_size > MAX_INDEX_BYTES:
             raise UserError(f"data.path: {path} is {info.st_size:,} bytes, more than the {MAX_INDEX_BYTES:,} an "
                             f"index of bigbatch pack can be")
