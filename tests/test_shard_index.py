@@ -215,8 +215,8 @@ def test_a_file_name_that_is_not_utf8_packs_and_trains(tmp_path):
     assert os.fsdecode(b"flower-\xff") in index.classes
     assert any(b"photo-\\udcff\\udcfe.jpg" in source for source in index.train.source)
     result = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", "data.name=shards",
-                      f"data.path={tmp_path / 'shards'}", "batch=4", "subdivisions=1", "steps=2", "data.size=32", "model.width=4",
-                      "eval.every=2", "checkpoint.every=2", "log.tensorboard=false")
+                      f"data.path={tmp_path / 'shards'}", "batch=4", "subdivisions=1", "steps=2", "data.size=32",
+                      "model.width=4", "eval.every=2", "checkpoint.every=2", "log.tensorboard=false")
     assert result.returncode == 0, result.stderr
 
 
