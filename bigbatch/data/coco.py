@@ -6,8 +6,12 @@
 - Crowd: ``iscrowd=1`` annotations are never training boxes. They stay on the record (``crowd_*``) and go
   into the evaluation ground truth with ``iscrowd=1``: detections on them are ignored rather than counted
   as false positives, as in COCO's own evaluation (cocodataset.org/#detection-eval).
-- Evaluation mapping: ``coco_ground_truth`` numbers categories ``label + 1`` (``CATEGORY_ID_OFFSET``; COCO
-  ids start at 1); detections given to the evaluator use the same ids.
+- Category ids: the loader returns the class names as ``ClassNames``, whose ``category_ids[label]`` is the
+  annotation file's id of each class (of the validation file, against which results are scored), so that the
+  evaluation's ground truth (``coco_ground_truth``) and the detections (a COCO results file, ``eval
+  --save-detections``) carry the file's own ids: pycocotools, faster-coco-eval or the COCO server score such a
+  file against the original annotation file as bigbatch does. A set without ids (YOLO) numbers categories
+  ``label + 1`` (``CATEGORY_ID_OFFSET``; COCO ids start at 1).
 
 Bad data (see ``bigbatch.data.detection``): images are checked by their headers (existence, format, the
 size against the file's width and height), or fully decoded in strict mode; annotations are checked one
@@ -32,7 +36,29 @@ from bigbatch.registry import DATASETS
 if TYPE_CHECKING:
     from bigbatch.config import DataConfig, RunConfig
 
-CATEGORY_ID_OFFSET = 1  # ground-truth and detection category id = contiguous label + 1
+CATEGORY_ID_OFFSET = 1
+"""A set without category ids (YOLO): category id = contiguous label + 1 (COCO's ids start at 1)."""
+
+
+class ClassNames(list[str]):
+    """Class names in label order, with ``category_ids``: the annotation file's category id of each label
+    (``category_ids[label]``), or None for a set without ids (YOLO: ``label + CATEGORY_ID_OFFSET`` stands in).
+    A plain list of names otherwise (equality, indexing and JSON compare and write the names only)."""
+
+    def __init__(self, names: list[str], category_ids: list[int] | None = None):
+        super().__init__(names)
+        if category_ids is not None and len(category_ids) != len(names):
+            raise ValueError(f"{len(category_ids)} category ids for {len(names)} class names")
+        self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
+
+
+def category_ids_of(class_names: list[str], category_ids: list[int] | None = None) -> list[int]:
+    """The category id of each label: ``category_ids`` (the annotation file's), else ``label + 1``."""
+    if category_ids is None:
+        return [label + CATEGORY_ID_OFFSET for label in range(len(class_names))]
+    if len(category_ids) != len(class_names):
+        raise ValueError(f"{len(category_ids)} category ids for {len(class_names)} class names")
+    return [int(c) for c in category_ids]
 
 
 def _is_number(value: Any) -> bool:
@@ -184,8 +210,9 @@ def _gather(data: dict[str, Any], images: dict[int, _Image], skipped_images: set
 
 
 def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike, classes: list[str] | None,
-              issues: DataIssues, keep_empty: bool) -> tuple[list[DetectionRecord], list[str]]:
-    """``(records, class names)`` of a COCO set, in the order of the file's ``images``.
+              issues: DataIssues, keep_empty: bool) -> tuple[list[DetectionRecord], ClassNames]:
+    """``(records, class names)`` of a COCO set, in the order of the file's ``images``; the names carry each
+    label's category id in this file (``ClassNames.category_ids``).
 
     ``keep_empty``: keep images without (remaining) training boxes (validation: yes, training: no).
     """
@@ -212,31 +239,36 @@ def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike,
             crowd_boxes=np.array(image.crowd_boxes, np.float32).reshape(-1, 4),
             crowd_labels=np.array(image.crowd_labels, np.int64), crowd_areas=np.array(image.crowd_areas, np.float32),
         ))
-    return records, names
+    category_of = {label: category_id for category_id, label in label_of.items()}  # label -> the file's id
+    return records, ClassNames(names, [category_of[label] for label in range(len(names))])
 
 
 def load_coco_splits(splits: list[tuple[Path, Path]], classes: list[str] | None, issues: DataIssues
-                     ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
+                     ) -> tuple[list[DetectionRecord], list[DetectionRecord], ClassNames]:
     """(train records, val records, class names) of two COCO splits, each (images folder, annotation file); the
-    validation split must have the training split's categories."""
+    validation split must have the training split's categories (by name). The names carry the validation
+    file's category ids, those a results file is scored against (the two files may number a class apart)."""
     (train_images, train_json), (val_images, val_json) = splits
     train, names = load_coco(train_images, train_json, classes, issues, keep_empty=False)
     val, val_names = load_coco(val_images, val_json, names, issues, keep_empty=True)
     if val_names != names:
         raise UserError(f"data.val: {val_json} has other categories than {train_json}")
-    return train, val, names
+    return train, val, val_names
 
 
-def coco_ground_truth(records: list[DetectionRecord], class_names: list[str]) -> dict[str, Any]:
-    """A COCO-format ground truth of ``records``: category id = label + 1, boxes back to [x, y, w, h], each
-    record's ``areas``, crowd regions with ``iscrowd=1``, annotation ids 1, 2, ... (COCOeval treats id 0 as
-    "unmatched"). Works for records of any loader (YOLO records: box areas, no crowd)."""
+def coco_ground_truth(records: list[DetectionRecord], class_names: list[str],
+                      category_ids: list[int] | None = None) -> dict[str, Any]:
+    """A COCO-format ground truth of ``records``: category id = ``category_ids[label]`` (default label + 1),
+    boxes back to [x, y, w, h], each record's ``areas``, crowd regions with ``iscrowd=1``, annotation ids 1, 2,
+    ... (COCOeval treats id 0 as "unmatched"). Works for records of any loader (YOLO records: box areas, no
+    crowd)."""
+    ids = category_ids_of(class_names, category_ids)
     annotations: list[dict[str, Any]] = []
 
     def add(record: DetectionRecord, boxes: np.ndarray, labels: np.ndarray, areas: np.ndarray, crowd: int) -> None:
         for (x1, y1, x2, y2), label, area in zip(boxes.tolist(), labels.tolist(), areas.tolist(), strict=True):
             annotations.append({
-                "id": len(annotations) + 1, "image_id": record.image_id, "category_id": label + CATEGORY_ID_OFFSET,
+                "id": len(annotations) + 1, "image_id": record.image_id, "category_id": ids[label],
                 "bbox": [x1, y1, x2 - x1, y2 - y1], "area": area, "iscrowd": crowd,
             })
 
@@ -247,7 +279,7 @@ def coco_ground_truth(records: list[DetectionRecord], class_names: list[str]) ->
         "info": {"description": "bigbatch ground truth"},
         "images": [{"id": r.image_id, "file_name": r.path, "width": r.width, "height": r.height} for r in records],
         "annotations": annotations,
-        "categories": [{"id": label + CATEGORY_ID_OFFSET, "name": name} for label, name in enumerate(class_names)],
+        "categories": [{"id": ids[label], "name": name} for label, name in enumerate(class_names)],
     }
 
 
@@ -255,8 +287,9 @@ def coco_ground_truth(records: list[DetectionRecord], class_names: list[str]) ->
 
 
 def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
-         ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
-    """The splits ``data.train`` and ``data.val`` (each ``images`` and ``annotations``)."""
+         ) -> tuple[list[DetectionRecord], list[DetectionRecord], ClassNames]:
+    """The splits ``data.train`` and ``data.val`` (each ``images`` and ``annotations``); the names carry
+    ``data.val.annotations``' category ids."""
     data = cfg.data
     splits = [(Path(s.images), Path(s.annotations)) for s in (data.train, data.val)]
     for key, (images, annotation_file) in zip(("data.train", "data.val"), splits, strict=True):

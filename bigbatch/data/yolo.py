@@ -20,7 +20,9 @@ label file is an image without boxes, as in Darknet. ``image_id`` is the image's
 whatever is skipped.
 
 The ``yolo`` detection format of ``registry.DATASETS``: ``data.path`` is a ``.data`` file or a dataset folder
-(:func:`yolo_splits`), and ``data.classes`` keeps some classes by name.
+(:func:`yolo_splits`), and ``data.classes`` keeps some classes by name. A YOLO set has no category ids, only
+class indices: its names carry ``category_ids=None`` (``coco.ClassNames``), so the evaluation and a COCO
+results file (``eval --save-detections``) number the categories label + 1 (``coco.CATEGORY_ID_OFFSET``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bigbatch.darknet_text import read_options
-from bigbatch.data.coco import class_mapping
+from bigbatch.data.coco import ClassNames, class_mapping
 from bigbatch.data.detection import EDGE_TOLERANCE, DataIssues, DetectionRecord, check_box, inspect_images
 from bigbatch.data.formats import train_images_given
 from bigbatch.errors import UserError
@@ -251,7 +253,8 @@ def _subset(records: list[DetectionRecord], names: list[str], classes: list[str]
 
 
 def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
-         ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
+         ) -> tuple[list[DetectionRecord], list[DetectionRecord], ClassNames]:
+    """The two splits of ``data.path``; the names without category ids (the set has none: label + 1)."""
     data = cfg.data
     train_source, val_source, train_split, val_split = yolo_splits(Path(data.path))
     train, names = load_yolo(train_source, issues, keep_empty=False, split=train_split)
@@ -261,7 +264,7 @@ def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
     if data.classes is not None:
         train, names = _subset(train, names, data.classes)
         val, _ = _subset(val, val_names, data.classes)
-    return train, val, names
+    return train, val, ClassNames(names, None)
 
 
 def train_images(cfg: RunConfig) -> int:

@@ -9,6 +9,11 @@ same whatever the layout, the workers or a resume.
 Evaluation: every rank runs its share of the validation images (indices ``rank, rank + world, ...``), maps
 its boxes back to the original images (``boxes_to_original``), and rank 0 gathers all detections and scores
 them with faster-coco-eval (``tasks/coco_eval.py``); the metrics go back to every rank.
+
+Category ids: detections and the evaluation's ground truth carry the dataset's own category ids, label ``l``
+being ``category_ids[l]`` (the validation annotation file's id of that class, ``data.classes`` subsets
+included), so that a saved COCO results file scores against the original annotation file, with pycocotools,
+faster-coco-eval or the COCO server, as bigbatch scores it. A set without ids (YOLO) numbers them label + 1.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch.nn as nn
 
 from bigbatch.batching import total_steps
 from bigbatch.config import RunConfig
-from bigbatch.data.coco import CATEGORY_ID_OFFSET, coco_ground_truth
+from bigbatch.data.coco import category_ids_of, coco_ground_truth
 from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
 from bigbatch.data.detection import DataIssues, DetectionDataset
 from bigbatch.data.loader import eval_batches
@@ -47,11 +52,14 @@ class DetectionTask:
     val_set: DetectionDataset
     class_names: list[str]
     ground_truth: dict[str, Any]
-    """The validation set in COCO format, category id = label + 1."""
+    """The validation set in COCO format, category id = ``category_ids[label]``."""
     seed: int = 0
     base_size: int = 800
     multiscale: MultiScale | None = None
     issues: DataIssues = field(default_factory=DataIssues)
+    category_ids: list[int] | None = None
+    """The dataset's category id of each label (a COCO annotation file's ids), or None for a set without ids
+    (YOLO): then label + 1."""
     prediction_format = "COCO results"
 
     # --- data --------------------------------------------------------------------------------
@@ -61,6 +69,8 @@ class DetectionTask:
         data = cfg.data
         issues = DataIssues(strict=data.strict)
         train_records, val_records, names = DATASETS.get(data.name).obj(cfg, issues, rank)
+        category_ids = getattr(names, "category_ids", None)  # coco.ClassNames; a plain list: a set without ids
+        names = list(names)
         if not train_records:
             raise UserError("data: the training set holds no usable image with a box")
         if not val_records:
@@ -82,8 +92,8 @@ class DetectionTask:
             draw = draw_for(settings.sizes, data.size, settings.range)
             multiscale = MultiScale(draw, settings.every, cfg.seed, stop=total_steps(cfg, len(train_records)),
                                     final=settings.final)
-        return cls(train, val, names, coco_ground_truth(val_records, names), cfg.seed, data.size, multiscale,
-                   issues)
+        return cls(train, val, names, coco_ground_truth(val_records, names, category_ids), cfg.seed, data.size,
+                   multiscale, issues, category_ids)
 
     def size_at(self, step: int) -> int:
         """The training input size of optimizer step ``step``."""
@@ -140,7 +150,7 @@ class DetectionTask:
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
-        category_ids = [label + CATEGORY_ID_OFFSET for label in range(len(self.class_names))]
+        category_ids = category_ids_of(self.class_names, self.category_ids)
         results: list[dict[str, Any]] = []
         for images, targets in eval_batches(self.val_set, batch_size, rank, world):
             self.issues.absorb_targets(targets)
@@ -172,8 +182,15 @@ class DetectionTask:
 
     @staticmethod
     def save_predictions(path: Path, predictions: list[dict[str, Any]]) -> None:
-        """The detections as a COCO results JSON file (written atomically)."""
+        """The detections as a COCO results JSON file (written atomically), with the dataset's category ids."""
         save_detections(path, predictions)
+
+    @property
+    def predictions_note(self) -> str:
+        """How the saved detections number the categories (printed by ``eval --save-detections``)."""
+        if self.category_ids is None:
+            return "category id = class index + 1: the data set has no category ids"
+        return "category ids of the annotation file"
 
     def score(self, detections: list[dict[str, Any]]) -> dict[str, float]:
         metrics = evaluate_detections(self.ground_truth, detections, self.class_names)
