@@ -60,3 +60,20 @@ def starts_with(mark: bytes, within: int = 4096) -> Callable[[Path], bool]:
             return False
 
     return test
+
+
+def keep_lines(path: Path, keep: Callable[[str], bool]) -> int:
+    """Rewrite the log ``path`` (bigbatch's own: ``metrics.jsonl``, ``updates.csv``) keeping the lines ``keep``
+    says, streaming (memory does not grow with the file) and atomically (a crash leaves the old file whole); the
+    file is left as it is when every line is kept. -> the lines dropped."""
+    from bigbatch.engine.checkpoint import atomic_write
+
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        dropped = sum(1 for line in f if not keep(line))
+    if dropped:
+        def write(out) -> None:
+            with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+                out.writelines(line if line.endswith("\n") else line + "\n" for line in f if keep(line))
+
+        atomic_write(path, write, mode="w")
+    return dropped

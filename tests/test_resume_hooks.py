@@ -49,6 +49,11 @@ def records(out: Path) -> list[dict]:
     return kept
 
 
+def update_rows(out: Path) -> list[tuple[str, str]]:
+    """``(step, name)`` of each row of updates.csv, the header first."""
+    return [tuple(line.split(",")[:2]) for line in (out / "updates.csv").read_text().splitlines()]
+
+
 def hook_states(out: Path) -> dict:
     return torch.load(out / "checkpoints" / "last.pt", weights_only=True).get("hooks")
 
@@ -77,6 +82,8 @@ def test_a_resumed_run_keeps_what_its_hooks_learned(tmp_path):
     assert sum("noise_scale" in r for r in expected) > STEPS - CHECKPOINT_EVERY  # defined after the resume point
     for want, got in zip(expected, actual, strict=True):
         assert got == want, f"step {want['step']}"
+    # updates.csv: the rows of the steps run twice are there once, as in the uninterrupted run
+    assert update_rows(interrupted) == update_rows(reference)
     saved = hook_states(reference)
     assert saved["noise_scale"]["steps"] == STEPS and saved["memory_log"] == {"first_eval": 5}
     assert hook_states(interrupted) == saved
@@ -96,3 +103,20 @@ def test_a_saved_hook_state_that_does_not_fit_is_one_error_naming_the_hook():
     assert hooks.state_dict() == {"memory_log": {"first_eval": 7}}
     with pytest.raises(UserError, match="hook 'memory_log' does not fit"):
         hooks.load_state_dict({"memory_log": {"baseline": 7}})
+
+
+def test_a_resume_drops_log_lines_past_the_checkpoint_and_a_line_a_kill_cut(tmp_path):
+    from bigbatch.engine.hooks.jsonl import truncate_metrics
+    from bigbatch.telemetry.update_sizes import drop_rows_after
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "lr": 0.1}\n{"step": 2, "lr": 0.2}\n{"step": 3, "lr": 0.3}\n{"step": 4, "l')
+    truncate_metrics(metrics, 2)
+    assert metrics.read_text() == '{"step": 1, "lr": 0.1}\n{"step": 2, "lr": 0.2}\n'
+    updates = tmp_path / "updates.csv"
+    updates.write_text("step,name,max_abs,relative\n1,a.weight,0.1,0.01\n1,\"b,c\",0.2,\n3,a.weight,0.1,0.01\n3,a.we")
+    assert drop_rows_after(updates, 2) == 2
+    assert updates.read_text() == 'step,name,max_abs,relative\n1,a.weight,0.1,0.01\n1,"b,c",0.2,\n'
+    mine = tmp_path / "mine.csv"  # not an update-size log: left as it is
+    mine.write_text("my,own\n9,rows\n")
+    assert drop_rows_after(mine, 2) == 0 and mine.read_text() == "my,own\n9,rows\n"

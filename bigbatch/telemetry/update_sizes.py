@@ -102,6 +102,26 @@ class NotAnUpdatesCSV(UserError, ValueError):
     """An existing file that :class:`UpdatesCSV` did not write: it is never appended to."""
 
 
+def drop_rows_after(path: Path, last_step: int) -> int:
+    """Drop the rows of an update-size log past ``last_step`` (a run that died after its last checkpoint wrote
+    them; the resumed run writes them again), and a row a kill cut short; the header stays. A file that is not an
+    update-size log is left alone (:class:`UpdatesCSV` refuses it). -> the rows dropped."""
+    from bigbatch.outputs import keep_lines
+
+    header = ",".join(UpdatesCSV.HEADER)
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        if f.readline(len(header) + 3).rstrip("\r\n") != header:
+            return 0
+
+    def keep(line: str) -> bool:
+        if line.rstrip("\r\n") == header:
+            return True
+        step, _, rest = line.partition(",")
+        return step.isdigit() and int(step) <= last_step and line.endswith("\n") and rest.count(",") >= 2
+
+    return keep_lines(path, keep)
+
+
 class UpdatesCSV:
     """Appends ``step,name,max_abs,relative`` rows (one per parameter per written step) to a CSV file, flushed at
     each write. The header is written when the file is created (or found empty). An existing file is appended to

@@ -8,15 +8,24 @@ from pathlib import Path
 from bigbatch.engine.events import Record
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
+from bigbatch.outputs import keep_lines
 from bigbatch.registry import HOOKS
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop records past ``last_step`` (written by a run that died after its last checkpoint)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    """Drop records past ``last_step`` (written by a run that died after its last checkpoint), and a line a kill
+    cut short."""
+    if path.exists():
+        keep_lines(path, lambda line: record_step(line) is not None and record_step(line) <= last_step)
+
+
+def record_step(line: str) -> int | None:
+    """The ``step`` of a record's line, or None for a line that is not a whole record."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 class JsonLines(Hook):

@@ -3,8 +3,8 @@ weight update, which the ``update_ratio`` loss scale follows).
 
 At the steps the training record is written, the weights are copied before the step and compared after it
 (``telemetry/update_sizes.py``): per parameter tensor max |dW| and ||dW|| / ||W||, one row each in ``updates.csv``
-of the run directory (``step,name,max_abs,relative``; appended to on a resume), and the ten largest relative
-updates in the training record as ``top_updates``. Main process only.
+of the run directory (``step,name,max_abs,relative``; a resumed run drops the rows past its checkpoint and appends),
+and the ten largest relative updates in the training record as ``top_updates``. Main process only.
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ from bigbatch.engine.hooks.base import Hook, is_due
 from bigbatch.engine.run import Run
 from bigbatch.engine.step import unwrap
 from bigbatch.registry import HOOKS
-from bigbatch.telemetry.update_sizes import UpdatesCSV, UpdateSizes, top
+from bigbatch.telemetry.update_sizes import UpdatesCSV, UpdateSizes, drop_rows_after, top
 
 
 class UpdateSizesHook(Hook):
     def before_train(self, run: Run) -> None:
         self.sizes = UpdateSizes()
-        self.csv = UpdatesCSV(run.out_dir / "updates.csv")
+        path = run.out_dir / "updates.csv"
+        if path.is_file():  # a resumed run: the rows past its checkpoint are written again
+            drop_rows_after(path, run.state.step)
+        self.csv = UpdatesCSV(path)
         self.first = run.state.step + 1
         self.measuring = False
 
