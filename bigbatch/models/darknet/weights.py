@@ -10,13 +10,20 @@ The layout (``load_weights_upto``/``save_weights_upto`` in src/parser.c, pjreddi
         weights[n * c / groups * size * size]       (OIHW, torch's Conv2d layout)
 
 A file's size is therefore fixed by the cfg: ``20 + 4 * values`` bytes (16 with a 32-bit ``seen``); any other size
-is refused with both sizes. Written files carry major 0, minor 2, revision 5 (Darknet's own) and a 64-bit ``seen``.
+is refused with both sizes, before anything is read, so that memory never exceeds the network's own size whatever
+the file holds. Only a regular file is read (not a FIFO, which would block, nor a device such as ``/dev/zero``). A
+32-bit ``seen`` is read as Darknet reads it: an ``int`` stored into its ``size_t`` (a negative value wraps modulo
+2**64). The values themselves are taken as they are, NaN and infinity included, as Darknet takes them. Written files
+carry major 0, minor 2, revision 5 (Darknet's own) and a 64-bit ``seen``.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -56,32 +63,74 @@ def _wrong_size(path: Path, network: DarknetNetwork, header: int, size: int) -> 
                      f"{values:,} float32 values), got {size:,} bytes")
 
 
+def header_bytes(major: int, minor: int) -> int:
+    """The header's size for a file of version ``major.minor``: 20 bytes (a uint64 ``seen``) when
+    ``major * 10 + minor >= 2 and major < 1000 and minor < 1000`` (``load_weights_upto`` in src/parser.c), else 16
+    (an int32 ``seen``)."""
+    return HEADER_BYTES if major * 10 + minor >= 2 and major < 1000 and minor < 1000 else 16
+
+
 def read_weights(network: DarknetNetwork, path: str | Path) -> int:
     """Load the ``.weights`` file at ``path`` into ``network`` (parameters and BN running statistics, bit for bit);
-    -> ``seen``, the number of images it was trained on."""
+    -> ``seen``, the number of images it was trained on. A file that is not a regular file, or whose size does not
+    fit ``network``, is one ``UserError`` and ``network`` is left as it was."""
     path = Path(path)
     tensors = weight_tensors(network)
+    count = sum(t.numel() for t in tensors)
     try:
-        with open(path, "rb") as f:
-            size = path.stat().st_size
+        # O_NONBLOCK: opening a FIFO does not wait for a writer; it is then refused as not a regular file
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror or e}") from None
+    except ValueError:  # a NUL character in the path
+        raise UserError(f"{str(path)!r}: not a valid file name (a NUL character)") from None
+    try:
+        info = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise UserError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(info.st_mode):  # a folder, FIFO, socket or device: never read
+        os.close(fd)
+        raise UserError(f"{path}: not a regular file (expected a Darknet .weights file)")
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        try:
+            size = info.st_size
             if size < 12:
                 raise _wrong_size(path, network, HEADER_BYTES, size)
-            major, minor, _revision = struct.unpack("<3i", f.read(12))
-            wide = major * 10 + minor >= 2 and major < 1000 and minor < 1000
-            header = HEADER_BYTES if wide else 16
-            if size != header + 4 * sum(t.numel() for t in tensors):
+            major, minor, _revision = struct.unpack("<3i", _read_exactly(f, 12, path))
+            header = header_bytes(major, minor)
+            if size != header + 4 * count:
                 raise _wrong_size(path, network, header, size)
-            (seen,) = struct.unpack("<Q" if wide else "<i", f.read(header - 12))
-            values = np.fromfile(f, dtype="<f4")
-    except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+            # Darknet stores a 32-bit seen into its size_t: *net->seen = iseen (a negative int wraps modulo 2**64)
+            wide = header == HEADER_BYTES
+            (seen,) = struct.unpack("<Q" if wide else "<i", _read_exactly(f, header - 12, path))
+            values = np.empty(count, dtype="<f4")
+            _read_exactly(f, 4 * count, path, into=memoryview(values).cast("B"))
+            if f.read(1):
+                raise UserError(f"{path}: changed while it was read (longer than its {size:,} bytes)")
+        except OSError as e:
+            raise UserError(f"{path}: cannot read: {e.strerror or e}") from None
     offset = 0
     with torch.no_grad():
         for tensor in tensors:
-            count = tensor.numel()
-            tensor.copy_(torch.from_numpy(values[offset:offset + count]).view(tensor.shape))
-            offset += count
-    return int(seen)
+            n = tensor.numel()
+            tensor.copy_(torch.from_numpy(values[offset:offset + n]).view(tensor.shape))
+            offset += n
+    return int(seen) % 2**64
+
+
+def _read_exactly(f: BinaryIO, n: int, path: Path, into: memoryview | None = None) -> bytes | None:
+    """``n`` bytes of ``f`` (into the buffer ``into`` when given: ``n`` is its size), read in as many calls as the
+    system needs (one ``read`` returns at most about 2 GiB on Linux); fewer (the file shrank since its size was read)
+    is a ``UserError``."""
+    buffer = memoryview(bytearray(n)) if into is None else into
+    done = 0
+    while done < n:
+        got = f.readinto(buffer[done:])
+        if not got:
+            raise UserError(f"{path}: changed while it was read (ended {n - done:,} bytes early)")
+        done += got
+    return bytes(buffer) if into is None else None
 
 
 def write_weights(network: DarknetNetwork, path: str | Path, seen: int = 0, overwrite: bool = False) -> None:
