@@ -760,9 +760,48 @@ def builtin_recipes() -> list[str]:
     return sorted(p.stem for p in [*RECIPES_DIR.glob("*.yaml"), *RECIPES_DIR.glob("*.cfg")])
 
 
+MAX_YAML_NODES = 100_000
+"""The most nodes a YAML document may hold once its aliases are expanded, each alias counted as the nodes of what it
+names. The largest recipe holds a few hundred. PyYAML shares an aliased node rather than copying it, but bigbatch
+then copies, validates and walks the values (``apply_overrides``, pydantic, ``flatten``, the report): a "billion
+laughs" document (1 KB: nine levels, each a list of ten aliases of the one above) would become 10^9 values
+there. Refused past this, before anything is built."""
+
+
+class YAMLTooLarge(yaml.composer.ComposerError):
+    """A document past :data:`MAX_YAML_NODES` once its aliases are expanded, or an alias inside what it names (a
+    cycle, which never ends)."""
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, whose constructors' own errors on a malformed value (``!!int x``, the date
-    ``2020-13-45``: a ValueError, IndexError, ...) become a ``ConstructorError`` marked with its line."""
+    ``2020-13-45``: a ValueError, IndexError, ...) become a ``ConstructorError`` marked with its line, and which
+    counts the nodes as they are composed: each alias adds the (expanded) nodes of what it names; past
+    :data:`MAX_YAML_NODES`, or an alias to a node that holds it, is a :class:`YAMLTooLarge`."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.nodes = 0
+        self._sizes: dict[int, int] = {}  # id of an anchored node -> its nodes, aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        before = self.nodes
+        node = super().compose_node(parent, index)
+        if isinstance(event, yaml.AliasEvent):
+            size = self._sizes.get(id(node))
+            if size is None:  # still being composed: the alias is inside what it names
+                raise YAMLTooLarge(None, None, f"the alias *{event.anchor} is inside what it names (a cycle); "
+                                   "refused", event.start_mark)
+            self.nodes += size
+        else:
+            self.nodes += 1
+            if event.anchor is not None:
+                self._sizes[id(node)] = self.nodes - before
+        if self.nodes > MAX_YAML_NODES:
+            raise YAMLTooLarge(None, None, f"more than {MAX_YAML_NODES:,} YAML nodes once aliases are expanded "
+                               '(an alias bomb, "billion laughs"?); refused', event.start_mark)
+        return node
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
@@ -771,6 +810,12 @@ class _Loader(yaml.SafeLoader):
             value = repr(node.value) if isinstance(node, yaml.ScalarNode) else "the value"
             problem = f"{value} is not a valid {node.tag.rpartition(':')[2]}"
             raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` read by bigbatch's bounded safe loader (:class:`_Loader`): what every YAML reader of bigbatch
+    uses. Raises ``yaml.YAMLError`` (:class:`YAMLTooLarge` past :data:`MAX_YAML_NODES`) and ``RecursionError``."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -785,7 +830,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
         line = raw.count(b"\n", 0, e.start) + 1
         raise UserError(f"config: {path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x})") from None
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = load_yaml(text)
+    except YAMLTooLarge as e:
+        raise UserError(f"config: {path}:{e.problem_mark.line + 1}: {e.problem}") from None
     except yaml.MarkedYAMLError as e:
         mark, context = e.problem_mark, e.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -829,7 +876,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise UserError(f"--set: expected KEY=VALUE with a dotted key, got {text!r}")
     try:
-        value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
+        value = load_yaml(raw) if raw.strip() else None
+    except YAMLTooLarge as e:
+        raise UserError(f"--set: {key}: {e.problem}") from None
     except (yaml.YAMLError, RecursionError):  # not YAML: the text itself (``name=2020-13-45``, ``a=[``)
         value = raw
     return key.split("."), value

@@ -7,6 +7,10 @@ matplotlib state (a notebook's inline backend stays as it was). Text stays text 
 
 Every function takes the runs and returns one SVG string, or None when no run holds what it draws. A run keeps
 its colour in every chart.
+
+Text from a run (its folder's name, metric, column and layer names) is shown as text: it passes through
+:func:`plain`, which escapes the ``$`` that would make matplotlib read it as mathtext, and LaTeX is off whatever the
+caller's settings (``text.usetex``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _ids = count()
 
 RC = {
     "svg.fonttype": "none",
+    "text.usetex": False,  # a run's text is text, never LaTeX
     "svg.hashsalt": "bigbatch-report",  # stable ids; each chart's ids get their own prefix below
     "font.family": "sans-serif",
     "font.size": 9,
@@ -57,8 +62,15 @@ def colour(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+def plain(text: object) -> str:
+    """``text`` as matplotlib shows it literally: each ``$`` escaped (``\\$``), so that no pair of them starts
+    mathtext (a folder named ``run $\\frac{a}{$`` would stop the page: ``ParseFatalException``)."""
+    return str(text).replace("$", r"\$")
+
+
 def legend_label(run: RunData) -> str:
-    return f"{run.label} (batch {run.batch})" if run.batch is not None else run.label
+    label = f"{run.label} (batch {run.batch})" if run.batch is not None else run.label
+    return plain(label)
 
 
 @contextmanager
@@ -163,14 +175,7 @@ MAX_METRICS = 6
 
 def eval_metrics(runs: list[RunData]) -> list[str]:
     """The numeric metrics of the evaluation records (per-class ones, with a ``/``, left out), best known first."""
-    found: dict[str, None] = {}
-    for run in runs:
-        for records in run.evals.values():
-            for record in records:
-                for key, value in record.items():
-                    if key not in ("step", "images", "split") and "/" not in key and isinstance(value, (int, float)) \
-                            and not isinstance(value, bool):
-                        found[key] = None
+    found = {metric: None for run in runs for curves in run.evals.values() for metric in curves}
     known = [m for m in METRIC_ORDER if m in found]
     return known + sorted(set(found) - set(known))
 
@@ -186,25 +191,23 @@ def evaluation(runs: list[RunData]) -> str | None:
         for row, metric in enumerate(metrics):
             by_step, by_images = axes[2 * row], axes[2 * row + 1]
             for i, run in enumerate(runs):
-                for split, records in run.evals.items():
-                    points = [(r["step"], r[metric]) for r in records if isinstance(r.get(metric), (int, float))]
-                    if not points:
+                for split, curves in run.evals.items():
+                    if metric not in curves:
                         continue
-                    steps = [float(s) for s, _ in points]
-                    values = [float(v) for _, v in points]
+                    steps, values = _thin(*curves[metric].points()[::2])
                     style = dict(color=colour(i), linestyle=SPLIT_STYLES[splits.index(split) % len(SPLIT_STYLES)],
-                                 marker="o", markersize=3, label=f"{legend_label(run)} {split}")
+                                 marker="o", markersize=3, label=f"{legend_label(run)} {plain(split)}")
                     by_step.plot(steps, values, **style)
                     images = [run.images_at(s) for s in steps]
                     if None not in images:
                         by_images.plot(images, values, **style)
-            by_step.set_title(f"{metric} vs steps")
-            by_images.set_title(f"{metric} vs images seen")
+            by_step.set_title(f"{plain(metric)} vs steps")
+            by_images.set_title(f"{plain(metric)} vs images seen")
             by_step.set_xlabel("step")
             by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
             _images_axis(by_images)
             for ax in (by_step, by_images):
-                ax.set_ylabel(metric)
+                ax.set_ylabel(plain(metric))
         _legend(fig, axes)
         return to_svg(fig)
 
@@ -229,7 +232,8 @@ def memory(runs: list[RunData]) -> str | None:
                     minutes, values = _thin(run.memory["minutes"], run.memory[name])
                     ax.plot(minutes, values, color=colour(i), label=legend_label(run),
                             marker="." if len(values) <= 100 else None, markersize=3)
-            ax.set_title(name.removesuffix("_mib").replace("_", " ") + (" (MiB)" if name.endswith("_mib") else ""))
+            unit = " (MiB)" if name.endswith("_mib") else ""
+            ax.set_title(plain(name.removesuffix("_mib").replace("_", " ")) + unit)
             ax.set_xlabel("minutes since the run started")
             ax.set_ylim(bottom=0)
         for ax in axes[len(columns):]:
@@ -288,14 +292,14 @@ def updates(run: RunData) -> str | None:
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#e6e6e6")
         image = ax.imshow(np.ma.masked_invalid(logs), aspect="auto", interpolation="nearest", cmap=cmap)
         every = max(1, math.ceil(n / labelled))  # every row up to 79 tensors; beyond, every k-th
-        ax.set_yticks(range(0, n, every), [data.layers[i] for i in range(0, n, every)],
+        ax.set_yticks(range(0, n, every), [plain(data.layers[i]) for i in range(0, n, every)],
                       fontsize=7 if n > 20 else 8)
         columns = len(data.steps)
         ticks = sorted({round(j) for j in np.linspace(0, columns - 1, min(columns, 10))})
         ax.set_xticks(ticks, [str(data.steps[j]) for j in ticks])
         ax.set_xlabel("step")
         ax.grid(False)
-        ax.set_title(f"{run.label}: relative update per layer")
+        ax.set_title(f"{plain(run.label)}: relative update per layer")
         bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
         bar.set_label("log10 ‖ΔW‖ / ‖W‖")
         return to_svg(fig)
@@ -315,7 +319,7 @@ def noise_scale(runs: list[RunData]) -> str | None:
             if run.batch is not None:
                 for ax in (by_step, by_images):
                     ax.axhline(run.batch, color=colour(i), linestyle="--", linewidth=1.1,
-                               label=f"{run.label}: its batch, {run.batch}")
+                               label=f"{plain(run.label)}: its batch, {run.batch}")
         for ax in (by_step, by_images):
             _log_y(ax)
             ax.set_ylabel("images")
@@ -333,7 +337,7 @@ def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
     no loss scale recorded and no step skipped."""
     scaled = [(i, run) for i, run in enumerate(runs) if run.series("loss_scale")[0]]
     skipped = [(i, run) for i, run in enumerate(runs)
-               if any((r.get("skipped") or 0) > 0 for r in run.train) or run.event("skipped")]
+               if ("skipped" in run.curves and run.curves["skipped"].high[0] > 0) or run.skips.count]
     if not scaled and not skipped:
         return None
     with _style():
@@ -351,10 +355,9 @@ def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
             steps, _, values = _thin(*run.series("skipped"))
             if steps:
                 skip_ax.plot(steps, values, color=colour(i), label=legend_label(run), drawstyle="steps-post")
-            events = run.event("skipped")
-            if events:
-                skip_ax.plot([e["step"] + 1 for e in events], [e.get("skipped", 0) for e in events], "x",
-                             color=colour(i), markersize=6)
+            if run.skips.count:
+                at, _, counts = run.skips.points()
+                skip_ax.plot([s + 1 for s in at], counts, "x", color=colour(i), markersize=6)
         skip_ax.set_title("skipped steps so far (x: each non-finite step)")
         skip_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         for ax in (scale_ax, skip_ax):

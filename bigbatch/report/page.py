@@ -13,7 +13,7 @@ from typing import Any
 
 from bigbatch import __version__
 from bigbatch.report import charts
-from bigbatch.report.runs import PHASES, RunData
+from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData
 
 GENERATOR = "bigbatch report"
 """The ``<meta name="generator">`` content (followed by the version): what marks a file as a report written here,
@@ -74,6 +74,11 @@ def fmt(value: Any) -> str:
             return f"{int(value):,}"
         return f"{value:.4g}"
     return str(value)
+
+
+def cell(value: Any) -> str:
+    """A value from a run's files, as HTML: :func:`fmt`, escaped (a record's string may hold ``<script>``)."""
+    return escape(fmt(value))
 
 
 def _table(head: list[str], rows: list[list[str]], text_columns: tuple[int, ...] = (0,)) -> str:
@@ -138,30 +143,25 @@ def noise_verdicts(runs: list[RunData]) -> str:
 
 def best_eval(run: RunData) -> tuple[str, str, float, int] | None:
     """``(split, metric, value, step)`` of the best evaluation by the config's ``eval.metric`` (lower is better for
-    a loss), on ``val`` when there is one."""
+    a loss), on ``val`` when there is one: the first of the best, over every evaluation record read."""
     metric = (run.config.get("eval") or {}).get("metric") if isinstance(run.config.get("eval"), dict) else None
     splits = sorted(run.evals, key=lambda s: (s != "val", s))
     if not splits:
         return None
-    records = run.evals[splits[0]]
-    if metric is None:
+    if not isinstance(metric, str):
         names = charts.eval_metrics([run])
         metric = names[0] if names else None
-    points = [(r[metric], r["step"]) for r in records if isinstance(r.get(metric), (int, float))] if metric else []
-    if not points:
+    curve = run.evals[splits[0]].get(metric) if metric else None
+    if curve is None or curve.low is None or curve.high is None:
         return None
-    value, step = (min if "loss" in metric else max)(points, key=lambda p: p[0])
+    value, step = curve.low if "loss" in metric else curve.high
     return splits[0], metric, value, step
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def data_wait(run: RunData) -> str:
-    events = run.event("input_pipeline")
-    if events and isinstance(events[-1].get("share"), (int, float)):
-        return f"{100 * events[-1]['share']:.1f} %"
+    share = (run.last_events.get("input_pipeline") or {}).get("share")
+    if isinstance(share, (int, float)):
+        return f"{100 * share:.1f} %"
     return "–"
 
 
@@ -170,7 +170,7 @@ def summary(runs: list[RunData]) -> str:
     rows = []
     for i, run in enumerate(runs):
         best = best_eval(run)
-        _, _, rates = run.series("images_per_s")
+        rate = run.mean("images_per_s")  # the first record's rate includes start-up: left out
         _, _, noise = run.series("noise_scale")
         _, _, losses = run.series("loss")
         planned = run.planned_steps
@@ -178,10 +178,9 @@ def summary(runs: list[RunData]) -> str:
         rows.append([
             _run_name(run, i), escape(str(run.task or "–")), fmt(run.batch), escape(fmt(run.subdivisions)),
             micro_batch(run), *([fmt(run.world)] if worlds else []), steps, fmt(run.images_seen),
-            fmt(run.train[-1].get("epoch") if run.train else None), fmt(losses[-1] if losses else None),
+            cell(run.last.get("epoch") if run.last else None), fmt(losses[-1] if losses else None),
             escape(f"{best[1]} {fmt(best[2])} ({best[0]}, step {best[3]})") if best else "–",
-            fmt(round(_mean(rates[1:] or rates), 1) if rates else None),  # the first record's rate includes start-up
-            fmt(noise[-1] if noise else None), data_wait(run),
+            fmt(round(rate, 1) if rate is not None else None), fmt(noise[-1] if noise else None), data_wait(run),
         ])
     head = ["run", "task", "batch", "subdivisions", "micro-batch", *(["world"] if worlds else []), "steps",
             "images seen", "epochs", "last loss", "best evaluation", "images/s (mean)", "noise scale (last)",
@@ -219,21 +218,19 @@ def card(run: RunData, index: int) -> str:
     notes = "".join(f'<p class="note">{escape(note)}</p>' for note in run.notes)
     config = (f"<details><summary>config.yaml (the resolved config)</summary><pre>{escape(run.config_text)}</pre>"
               "</details>" if run.config_text is not None else "")
-    events = (f"<details><summary>events ({len(run.events)})</summary>{events_table(run)}</details>"
+    events = (f"<details><summary>events ({run.events_total})</summary>{events_table(run)}</details>"
               if run.events else "")
     return (f'<div class="card" style="--run:{charts.colour(index)}"><h3>{_run_name(run, index)}</h3>'
             f"<dl>{body}</dl>{absent}{notes}{config}{events}</div>")
-
-
-MAX_EVENTS = 200
 
 
 def events_table(run: RunData) -> str:
     rows = []
     for event in run.events[:MAX_EVENTS]:
         details = ", ".join(f"{k} {fmt(v)}" for k, v in event.items() if k not in ("step", "event"))
-        rows.append([escape(str(event.get("event"))), fmt(event.get("step")), escape(details)])
-    more = f"<p>… and {len(run.events) - MAX_EVENTS} more in metrics.jsonl</p>" if len(run.events) > MAX_EVENTS else ""
+        rows.append([escape(str(event.get("event"))), cell(event.get("step")), escape(details)])
+    more = f"<p>… and {run.events_total - len(run.events)} more in metrics.jsonl</p>" \
+        if run.events_total > len(run.events) else ""
     return _table(["event", "step", "values"], rows, text_columns=(0, 2)) + more
 
 
@@ -241,10 +238,9 @@ def final_evaluations(runs: list[RunData]) -> str:
     metrics = charts.eval_metrics(runs)
     rows = []
     for i, run in enumerate(runs):
-        for split, records in sorted(run.evals.items(), key=lambda item: (item[0] != "val", item[0])):
-            last = records[-1]
-            rows.append([_run_name(run, i), escape(split), fmt(last.get("step"))]
-                        + [fmt(last.get(m)) for m in metrics])
+        for split, last in sorted(run.last_evals.items(), key=lambda item: (item[0] != "val", item[0])):
+            rows.append([_run_name(run, i), escape(split), cell(last.get("step"))]
+                        + [cell(last.get(m)) for m in metrics])
     if not rows:
         return ""
     return "<h3>The last evaluation</h3>" + _table(["run", "split", "step", *map(escape, metrics)], rows,

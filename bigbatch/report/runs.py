@@ -3,6 +3,11 @@
 Reading never fails on a run's contents: a crashed run's half-written last line, a column added by a later version,
 a file that is absent, each becomes a note the report shows. Only a folder that is not a run at all (neither
 ``config.yaml`` nor ``metrics.jsonl``) is a :class:`~bigbatch.errors.UserError`.
+
+Nor does what it keeps grow with the files: ``metrics.jsonl``, ``memory.csv`` and ``updates.csv`` are read a line at
+a time, each curve keeps at most :data:`MAX_POINTS` points (evenly spread, the first and last always among them),
+and what the page sums up (the means, the best evaluation, the last record) is computed while reading.
+``config.yaml`` is read by bigbatch's bounded YAML loader (``config.load_yaml``: no alias bomb).
 """
 
 from __future__ import annotations
@@ -10,9 +15,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -23,6 +31,112 @@ PHASES = ("data", "forward", "backward", "sync", "update", "other")
 
 FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "updates.csv")
 """The files of a run directory the report reads."""
+
+MAX_POINTS = 2000
+"""The most points a curve keeps (a training key, an evaluation metric, a memory column), whatever the file's
+length; the charts thin them further to ``charts.MAX_POINTS``."""
+MAX_SERIES = 128
+"""The most curves a run keeps (training keys and evaluation metrics together; a bigbatch run has about 25)."""
+MAX_UPDATE_STEPS = 600
+"""The most steps (columns) the update heatmap keeps (about the width of the heatmap in pixels)."""
+MAX_LAYERS = 512
+"""The most parameter tensors (rows) the update heatmap keeps, the first ones written."""
+MAX_EVENTS = 200
+"""The events kept for the page's table (the first ones); the last of each kind is kept besides."""
+MAX_KINDS = 64
+"""The most kinds of events, and of evaluation splits, kept by name."""
+MAX_LINE = 256 * 1024
+"""The longest line of ``metrics.jsonl`` read (characters; a bigbatch record is about 1 KB); a longer one is skipped
+as not a record."""
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest ``config.yaml`` read (a resolved config is a few KB)."""
+MAX_STEP = 2**53
+"""Steps beyond this (in magnitude) are not a record's."""
+
+
+def _thinned(steps: list[int] | array, stride: int, most: int) -> tuple[list[int], int]:
+    """The positions in ``steps`` (sorted, distinct) that stay when they are thinned to at most ``most``: the
+    first step held in each span of ``stride`` steps (``step // stride``), and the last step; the stride doubles
+    until at most ``most`` stay -> (positions, stride). A doubling merges the spans pairwise, so at least half of
+    what was held stays: steps of any spacing or offset (all odd, every 391st) thin evenly and never collapse to
+    the two ends. Which steps stay depends only on the steps, not on the order they came in, so thinning in
+    stages keeps what thinning all at once would."""
+    n = len(steps)
+    while True:
+        keep, run = [], None
+        for i, step in enumerate(steps):
+            if step // stride != run:
+                keep.append(i)
+                run = step // stride
+        if keep and keep[-1] != n - 1:
+            keep.append(n - 1)
+        if len(keep) <= most:
+            return keep, stride
+        stride *= 2
+
+
+class Curve:
+    """Points ``(step, x, value)`` by step, at most :data:`MAX_POINTS` of them however many are put.
+
+    A point at a step already held replaces it (a resumed run's repeated steps: the last wins). Past twice the
+    bound, and when read, the points are thinned (:func:`_thinned`): the first step of each run of ``stride``
+    steps stays, and the last step; the stride doubles until at most :data:`MAX_POINTS` remain: deterministic,
+    evenly spread over the steps, the first and last points always kept. The running figures (``count``, the mean
+    but the first, the lowest and highest value with their steps) are over every point put, in the order put."""
+
+    def __init__(self) -> None:
+        self.steps = array("q")
+        self.xs = array("d")
+        self.values = array("d")
+        self.stride = 1
+        self.count = 0
+        self.first: float | None = None
+        self._rest = 0.0  # the sum of the values put after the first
+        self.low: tuple[float, int] | None = None
+        self.high: tuple[float, int] | None = None
+
+    def put(self, step: int, x: float, value: float) -> None:
+        i = bisect_left(self.steps, step)
+        if i < len(self.steps) and self.steps[i] == step:
+            self.xs[i], self.values[i] = x, value
+        else:
+            self.steps.insert(i, step)
+            self.xs.insert(i, x)
+            self.values.insert(i, value)
+            if len(self.steps) > 2 * MAX_POINTS:
+                self._thin()
+        if self.first is None:
+            self.first = value
+        else:
+            self._rest += value
+        self.count += 1
+        if self.low is None or value < self.low[0]:
+            self.low = (value, step)
+        if self.high is None or value > self.high[0]:
+            self.high = (value, step)
+
+    def drop(self, step: int) -> None:
+        """Forget the point at ``step`` (a later record of that step holds no value here); the running figures
+        keep it."""
+        i = bisect_left(self.steps, step)
+        if i < len(self.steps) and self.steps[i] == step:
+            del self.steps[i], self.xs[i], self.values[i]
+
+    def _thin(self) -> None:
+        n = len(self.steps)
+        keep, self.stride = _thinned(self.steps, self.stride, MAX_POINTS)  # the stride so far applies to all
+        if len(keep) < n:
+            self.steps, self.xs, self.values = (array(a.typecode, (a[i] for i in keep))
+                                                for a in (self.steps, self.xs, self.values))
+
+    def points(self) -> tuple[list[float], list[float], list[float]]:
+        """``(steps, xs, values)``, by step."""
+        self._thin()
+        return [float(s) for s in self.steps], list(self.xs), list(self.values)
+
+    def mean_but_first(self) -> float | None:
+        """The mean of the values put but the first (or the first, when it is the only one)."""
+        return self._rest / (self.count - 1) if self.count > 1 else self.first
 
 
 @dataclass
@@ -36,6 +150,94 @@ class Updates:
     """``updates.csv``, or the training records' ``top_updates`` (the largest ten per step) when it is absent."""
 
 
+class _Heatmap:
+    """Update sizes by step and layer, at most :data:`MAX_UPDATE_STEPS` steps (thinned as :class:`Curve` thins)
+    of at most :data:`MAX_LAYERS` layers, in the order they first came (the model's); a later value of a step and
+    layer replaces the earlier one. A step's column is an array by layer (NaN: not measured)."""
+
+    def __init__(self) -> None:
+        self.layers: dict[str, int] = {}
+        self.columns: dict[int, array] = {}
+        self.stride = 1
+        self.refused = False  # a layer past MAX_LAYERS was left out
+
+    def put(self, step: int, layer: str, value: float) -> None:
+        row = self.layers.get(layer)
+        if row is None:
+            if len(self.layers) >= MAX_LAYERS:
+                self.refused = True
+                return
+            row = self.layers[layer] = len(self.layers)
+        column = self.columns.get(step)
+        if column is None:
+            column = self.columns[step] = array("d")
+            if len(self.columns) > 2 * MAX_UPDATE_STEPS:
+                self._thin()
+        if row >= len(column):
+            column.extend([math.nan] * (row + 1 - len(column)))
+        column[row] = value
+
+    def _thin(self) -> None:
+        steps = sorted(self.columns)
+        keep, self.stride = _thinned(steps, self.stride, MAX_UPDATE_STEPS)
+        self.columns = {steps[i]: self.columns[steps[i]] for i in keep}
+
+    def result(self, source: str) -> Updates | None:
+        if not self.columns:
+            return None
+        self._thin()
+        columns = [self.columns[s] for s in sorted(self.columns)]
+        relative = [[column[row] if row < len(column) else math.nan for column in columns]
+                    for row in range(len(self.layers))]
+        return Updates(steps=sorted(self.columns), layers=list(self.layers), relative=relative, source=source)
+
+
+@dataclass
+class Phases:
+    """The phase times of the training records that have them, summed as they are read, the first such record
+    aside (it warms up: allocations, first kernels; the run's own table leaves it out too)."""
+
+    first: tuple[dict[str, float], float | None] | None = None
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys((*PHASES, "step"), 0.0))
+    rows: int = 0
+    bn_sync: float = 0.0
+    bn_rows: int = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Records with a phase time but ``t_data`` count; ``t_step`` is the sum of the phases where absent, and
+        the rest of ``t_step`` is ``other`` where a record has no ``t_other`` (older records)."""
+        if all(_number(record.get(f"t_{p}")) is None for p in PHASES if p != "data"):
+            return
+        times = {p: _number(record.get(f"t_{p}")) or 0.0 for p in PHASES}
+        total = _number(record.get("t_step"))
+        if total is None:
+            total = sum(times.values())
+        if _number(record.get("t_other")) is None:
+            times["other"] = max(0.0, total - sum(times.values()))
+        times["step"] = total
+        bn_sync = _number(record.get("t_bn_sync"))
+        if self.first is None:
+            self.first = (times, bn_sync)
+            return
+        self.rows += 1
+        for key, seconds in times.items():
+            self.sums[key] += seconds
+        if bn_sync is not None:
+            self.bn_sync += bn_sync
+            self.bn_rows += 1
+
+    def means(self) -> tuple[dict[str, float], int] | None:
+        if self.first is None:
+            return None
+        if not self.rows:  # the only record with phase times: it is the mean
+            times, bn_sync = self.first
+            return {**times, **({"bn_sync": bn_sync} if bn_sync is not None else {})}, 1
+        means = {key: value / self.rows for key, value in self.sums.items()}
+        if self.bn_rows:  # a sub-phase, inside forward and backward: the mean over the records that have it
+            means["bn_sync"] = self.bn_sync / self.bn_rows
+        return means, self.rows
+
+
 @dataclass
 class RunData:
     path: Path
@@ -43,16 +245,33 @@ class RunData:
     """How charts and tables name the run: its folder's name, made unique among the runs of one report."""
     config: dict[str, Any] = field(default_factory=dict)
     config_text: str | None = None
-    train: list[dict[str, Any]] = field(default_factory=list)
-    """Training records (those with ``lr``), one per step (a resumed run's repeated steps: the last), by step."""
-    evals: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Evaluation records by ``split`` (``val``, ``val_ema``, ...), one per step, by step."""
+    curves: dict[str, Curve] = field(default_factory=dict)
+    """A curve per numeric key of the training records (those with ``lr``), by step (a resumed run's repeated
+    steps: the last record)."""
+    last: dict[str, Any] | None = None
+    """The training record of the highest step."""
+    train_records: int = 0
+    evals: dict[str, dict[str, Curve]] = field(default_factory=dict)
+    """Evaluation curves by ``split`` (``val``, ``val_ema``, ...), then metric (per-class ones, with a ``/``, left
+    out)."""
+    last_evals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The evaluation record of the highest step of each split."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    """The first :data:`MAX_EVENTS` events; ``events_total`` counts them all."""
+    events_total: int = 0
+    last_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The last event of each kind (``event``)."""
+    skips: Curve = field(default_factory=Curve)
+    """The ``skipped`` events: the skipped steps so far, by step."""
+    phases: Phases = field(default_factory=Phases)
     memory: dict[str, list[float]] = field(default_factory=dict)
     """``memory.csv`` by column; ``minutes``: since the first sample (NaN where a resumed run starts again)."""
     updates: Updates | None = None
     absent: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    recorded: dict[str, Any] = field(default_factory=dict)
+    """What the records say of the run: ``batch`` and ``world`` (the last event or training record giving one),
+    ``subdivisions`` (the last out-of-memory re-cut), ``images_batch`` (images / step of the lowest step)."""
 
     # --- what the header shows -------------------------------------------------------------------------------
     @property
@@ -68,27 +287,21 @@ class RunData:
         batch = self.config.get("batch")
         if isinstance(batch, int) and batch > 0:
             return batch
-        batches = [e["batch"] for e in self.events if isinstance(e.get("batch"), int)]
-        if batches:
-            return batches[-1]
-        for record in self.train:  # images = step x batch in every training record
-            if record.get("step") and isinstance(record.get("images"), int):
-                return record["images"] // record["step"]
+        for key in ("batch", "images_batch"):  # an event's batch; else images = step x batch in every record
+            if self.recorded.get(key) is not None:
+                return self.recorded[key]
         return None
 
     @property
     def subdivisions(self) -> Any:
-        subdivisions = self.config.get("subdivisions")
-        recut = [e["subdivisions"] for e in self.events if e.get("event") == "out_of_memory" and "subdivisions" in e]
-        return recut[-1] if recut else subdivisions
+        return self.recorded.get("subdivisions", self.config.get("subdivisions"))
 
     @property
     def world(self) -> int | None:
         """The number of processes, where the run recorded it (``world`` in the config or a record)."""
-        for source in (self.config, *reversed(self.events), *reversed(self.train)):
-            if isinstance(source.get("world"), int):
-                return source["world"]
-        return None
+        if isinstance(self.config.get("world"), int):
+            return self.config["world"]
+        return self.recorded.get("event_world", self.recorded.get("train_world"))
 
     @property
     def planned_steps(self) -> int | None:
@@ -97,13 +310,11 @@ class RunData:
 
     @property
     def steps_done(self) -> int | None:
-        return self.train[-1]["step"] if self.train else None
+        return self.last["step"] if self.last else None
 
     @property
     def images_seen(self) -> int | None:
-        if not self.train:
-            return None
-        images = self.train[-1].get("images")
+        images = self.last.get("images") if self.last else None
         return images if isinstance(images, int) else None
 
     def images_at(self, step: float) -> float | None:
@@ -111,42 +322,24 @@ class RunData:
         batch = self.batch
         return None if batch is None else step * batch
 
-    def event(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("event") == name]
-
     def series(self, key: str) -> tuple[list[float], list[float], list[float]]:
-        """``(steps, images, values)`` of the training records holding a number under ``key``."""
-        rows = [r for r in self.train if _number(r.get(key)) is not None]
-        steps = [float(r["step"]) for r in rows]
-        images = [float(r["images"]) if _number(r.get("images")) is not None else math.nan for r in rows]
-        return steps, images, [float(r[key]) for r in rows]
+        """``(steps, images, values)`` of the training records holding a number under ``key``, at most
+        :data:`MAX_POINTS` of them."""
+        curve = self.curves.get(key)
+        return curve.points() if curve is not None else ([], [], [])
+
+    def mean(self, key: str) -> float | None:
+        """The mean of ``key`` over the training records holding it, the first excepted when there are more (its
+        rate includes start-up)."""
+        curve = self.curves.get(key)
+        return curve.mean_but_first() if curve is not None else None
 
     def phase_means(self) -> tuple[dict[str, float], int] | None:
         """Mean seconds per step of each phase and of the whole step (``t_step``), over the training records that
-        hold phase times, the first of them excepted when there are more (it warms up: allocations, first kernels;
-        the run's own table leaves it out too) -> ``({"data": s, ..., "step": s}, records)``, or None. ``bn_sync`` (the
-        cross-device BN all-reduces, inside forward and backward) is there when the records have it."""
-        rows = [r for r in self.train if any(_number(r.get(f"t_{p}")) is not None for p in PHASES if p != "data")]
-        if len(rows) > 1:
-            rows = rows[1:]
-        if not rows:
-            return None
-        sums = dict.fromkeys((*PHASES, "step"), 0.0)
-        for row in rows:
-            times = {p: _number(row.get(f"t_{p}")) or 0.0 for p in PHASES}
-            total = _number(row.get("t_step"))
-            if total is None:
-                total = sum(times.values())
-            if _number(row.get("t_other")) is None:  # older records: the rest of the step is "other"
-                times["other"] = max(0.0, total - sum(times.values()))
-            for phase, seconds in times.items():
-                sums[phase] += seconds
-            sums["step"] += total
-        means = {key: value / len(rows) for key, value in sums.items()}
-        synced = [inside for row in rows if (inside := _number(row.get("t_bn_sync"))) is not None]
-        if synced:  # a sub-phase, inside forward and backward: the mean over the records that have it
-            means["bn_sync"] = sum(synced) / len(synced)
-        return means, len(rows)
+        hold phase times, the first of them excepted when there are more -> ``({"data": s, ..., "step": s},
+        records)``, or None. ``bn_sync`` (the cross-device BN all-reduces, inside forward and backward) is there when
+        the records have it."""
+        return self.phases.means()
 
 
 def _number(value: Any) -> float | None:
@@ -154,6 +347,12 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def _step(value: Any) -> int | None:
+    """A record's step as an int, or None (not a number, or past :data:`MAX_STEP`)."""
+    step = _number(value)
+    return int(step) if step is not None and abs(step) < MAX_STEP else None
 
 
 def read_run(path: Path) -> RunData:
@@ -166,29 +365,48 @@ def read_run(path: Path) -> RunData:
     run = RunData(path=path)
     run.absent = [name for name in FILES if not (path / name).is_file()]
     _read_config(run)
-    _read_metrics(run)
+    heatmap = _Heatmap()
+    _read_metrics(run, heatmap if "updates.csv" in run.absent else None)
     _read_memory(run)
-    _read_updates(run)
+    if "updates.csv" not in run.absent:
+        _read_updates(run, heatmap)
+    run.updates = heatmap.result("updates.csv" if "updates.csv" not in run.absent else
+                                 "the largest ten updates per step in metrics.jsonl (updates.csv is absent)")
+    if heatmap.refused:
+        run.notes.append(f"the update heatmap shows the first {MAX_LAYERS} parameter tensors only")
     return run
 
 
-def _read_text(run: RunData, name: str) -> str | None:
+def _open(run: RunData, name: str, newline: str | None = "") -> TextIO | None:
+    """``name`` in the run, opened as text (``newline=""``: as the csv module reads), or None and a note."""
     try:
-        return (run.path / name).read_text(encoding="utf-8", errors="replace")
+        return open(run.path / name, encoding="utf-8", errors="replace", newline=newline)
     except OSError as error:
         run.notes.append(f"{name} could not be read ({error.strerror or error})")
         return None
 
 
 def _read_config(run: RunData) -> None:
+    from bigbatch.config import YAMLTooLarge, load_yaml
+
     if "config.yaml" in run.absent:
         return
-    run.config_text = _read_text(run, "config.yaml")
-    if run.config_text is None:
-        return
     try:
-        config = yaml.safe_load(run.config_text)
-    except yaml.YAMLError as error:
+        with open(run.path / "config.yaml", "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        run.notes.append(f"config.yaml could not be read ({error.strerror or error})")
+        return
+    if len(raw) > MAX_CONFIG_BYTES:
+        run.notes.append(f"config.yaml is larger than {MAX_CONFIG_BYTES >> 20} MiB, far more than a config: not read")
+        return
+    run.config_text = raw.decode("utf-8", errors="replace")
+    try:
+        config = load_yaml(run.config_text)
+    except YAMLTooLarge as error:
+        run.notes.append(f"config.yaml refused: {error.problem}; shown as it is, its values unused")
+        return
+    except (yaml.YAMLError, RecursionError) as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         run.notes.append(f"config.yaml is not valid YAML{where}: shown as it is, its values unused")
@@ -199,104 +417,255 @@ def _read_config(run: RunData) -> None:
         run.notes.append("config.yaml does not hold a mapping of keys: shown as it is, its values unused")
 
 
-def _read_metrics(run: RunData) -> None:
+def _lines(f: TextIO) -> Iterator[str | None]:
+    """The lines of ``f``, one at a time; None for a line longer than :data:`MAX_LINE` (skipped, never held
+    whole)."""
+    while line := f.readline(MAX_LINE):
+        if len(line) == MAX_LINE and not line.endswith("\n"):
+            while (rest := f.readline(MAX_LINE)) and not rest.endswith("\n"):
+                pass
+            yield None
+        else:
+            yield line
+
+
+def _read_metrics(run: RunData, heatmap: _Heatmap | None) -> None:
+    """Every line of ``metrics.jsonl``, one at a time: an event (``event``), an evaluation (``split``) or a
+    training record (``lr``); ``heatmap``: where the training records' ``top_updates`` go (updates.csv is
+    absent)."""
     if "metrics.jsonl" in run.absent:
         return
-    text = _read_text(run, "metrics.jsonl")
-    if text is None:
+    f = _open(run, "metrics.jsonl", newline=None)
+    if f is None:
         return
-    train: dict[int, dict[str, Any]] = {}
-    evals: dict[str, dict[int, dict[str, Any]]] = {}
     bad: list[int] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            bad.append(number)
-            continue
-        if not isinstance(record, dict) or _number(record.get("step")) is None:
-            bad.append(number)
-            continue
-        if "event" in record:
-            run.events.append(record)
-        elif "split" in record:
-            evals.setdefault(str(record["split"]), {})[int(record["step"])] = record
-        elif "lr" in record:
-            train[int(record["step"])] = record  # a resumed run repeats the steps after its checkpoint: the last wins
-        else:
-            bad.append(number)
-    run.train = [train[step] for step in sorted(train)]
-    run.evals = {split: [by_step[s] for s in sorted(by_step)] for split, by_step in evals.items()}
-    if bad:
-        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        run.notes.append(f"metrics.jsonl: {len(bad)} line(s) not a bigbatch record, skipped (line {shown}; a run "
+    bad_count = 0
+    back = 0  # training records at or below the highest step before them: a resumed run's repeats
+    with f:
+        for number, line in enumerate(_lines(f), 1):
+            if line is not None and not line.strip():
+                continue
+            try:
+                record = json.loads(line) if line is not None else None
+            except json.JSONDecodeError:
+                record = None
+            step = _step(record.get("step")) if isinstance(record, dict) else None
+            if step is None or not ("event" in record or "split" in record or "lr" in record):
+                bad_count += 1
+                if len(bad) < 5:
+                    bad.append(number)
+            elif "event" in record:
+                _event(run, record, step)
+            elif "split" in record:
+                _evaluation(run, record, step)
+            else:
+                back += _training(run, record, step, heatmap)
+    if bad_count:
+        shown = ", ".join(map(str, bad)) + (f" and {bad_count - 5} more" if bad_count > 5 else "")
+        run.notes.append(f"metrics.jsonl: {bad_count} line(s) not a bigbatch record, skipped (line {shown}; a run "
                          f"killed while writing leaves its last line cut)")
+    if "refused" in run.recorded:
+        run.notes.append(f"metrics.jsonl: more than {MAX_SERIES} numeric keys; the first {MAX_SERIES} are kept "
+                         f"({run.recorded['refused'][:40]!r} and later ones left out)")
+    if back:
+        run.notes.append(f"metrics.jsonl: {back} training record(s) repeat an earlier step (a resumed run): the "
+                         "charts show each step's last record, the means count every record")
+
+
+def _series_left(run: RunData, key: str) -> bool:
+    """Whether the run may keep one more curve (:data:`MAX_SERIES`); if not, ``key`` is noted as left out."""
+    if len(run.curves) + sum(map(len, run.evals.values())) < MAX_SERIES:
+        return True
+    run.recorded.setdefault("refused", key)
+    return False
+
+
+def _training(run: RunData, record: dict[str, Any], step: int, heatmap: _Heatmap | None) -> int:
+    """Put a training record in its curves; 1 if it repeats or goes back to an earlier step, else 0."""
+    repeat = run.last is not None and step <= run.last["step"]
+    if repeat:  # the last record of a step wins, in every curve
+        for curve in run.curves.values():
+            curve.drop(step)
+        if heatmap is not None:
+            heatmap.columns.pop(step, None)
+    if run.last is None or step >= run.last["step"]:
+        run.last = {**record, "step": step}
+    run.train_records += 1
+    images = _number(record.get("images"))
+    x = images if images is not None else math.nan
+    for key, value in record.items():
+        number = _number(value)
+        if key == "step" or number is None:
+            continue
+        curve = run.curves.get(key)
+        if curve is None and _series_left(run, key):
+            curve = run.curves[key] = Curve()
+        if curve is not None:
+            curve.put(step, x, number)
+    run.phases.add(record)
+    if step and isinstance(record.get("images"), int) and step <= run.recorded.get("images_step", step):
+        run.recorded["images_step"] = step
+        run.recorded["images_batch"] = record["images"] // step
+    if isinstance(record.get("world"), int) and step >= run.recorded.get("train_world_step", step):
+        run.recorded["train_world"], run.recorded["train_world_step"] = record["world"], step  # the highest step's
+    updates = record.get("top_updates")
+    if heatmap is not None and isinstance(updates, list):
+        for update in updates:
+            if isinstance(update, dict) and isinstance(update.get("name"), str):
+                heatmap.put(step, update["name"], _number(update.get("relative")) or math.nan)
+    return int(repeat)
+
+
+def _evaluation(run: RunData, record: dict[str, Any], step: int) -> None:
+    split = str(record["split"])
+    curves = run.evals.get(split)
+    if curves is None:
+        if len(run.evals) >= MAX_KINDS:
+            return
+        curves = run.evals[split] = {}
+    for key, value in record.items():
+        number = _number(value)
+        if key in ("step", "images", "split") or "/" in key or number is None:
+            continue
+        if key not in curves and _series_left(run, key):
+            curves[key] = Curve()
+        if key in curves:
+            curves[key].put(step, math.nan, number)
+    last = run.last_evals.get(split)
+    if last is None or step >= last["step"]:
+        run.last_evals[split] = {**record, "step": step}
+
+
+def _event(run: RunData, record: dict[str, Any], step: int) -> None:
+    run.events_total += 1
+    if len(run.events) < MAX_EVENTS:
+        run.events.append(record)
+    kind = str(record["event"])
+    if kind in run.last_events or len(run.last_events) < MAX_KINDS:
+        run.last_events[kind] = record
+    if isinstance(record.get("batch"), int):
+        run.recorded["batch"] = record["batch"]
+    if isinstance(record.get("world"), int):
+        run.recorded["event_world"] = record["world"]
+    if kind == "out_of_memory" and "subdivisions" in record:
+        run.recorded["subdivisions"] = record["subdivisions"]
+    if kind == "skipped":
+        run.skips.put(step, math.nan, _number(record.get("skipped")) or 0.0)
+
+
+class _Samples:
+    """Rows of a file by position, at most :data:`MAX_POINTS`: those whose index is a multiple of ``stride`` and
+    the last, the stride doubling when they would be more. A row marked as the last before a gap (a resumed run's
+    clock starting again) passes the mark to the row kept before it when it is dropped, so no line crosses it."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []  # [index, gap after it, values]
+        self.stride = 1
+        self.count = 0
+
+    def add(self, values: list[float]) -> None:
+        if self.rows and self.rows[-1][0] % self.stride:  # the last row, kept only while it was the last
+            _, gap, _ = self.rows.pop()
+            self.rows[-1][1] |= gap
+        self.rows.append([self.count, False, values])
+        self.count += 1
+        while len(self.rows) > MAX_POINTS:
+            self.stride *= 2
+            kept = [self.rows[0]]
+            for row in self.rows[1:-1]:
+                if row[0] % self.stride == 0:
+                    kept.append(row)
+                else:
+                    kept[-1][1] |= row[1]
+            self.rows = [*kept, self.rows[-1]]
+
+    def gap(self) -> None:
+        """A gap after the last row added."""
+        self.rows[-1][1] = True
+
+
+def _csv_lines(f: TextIO) -> Iterator[str]:
+    """The lines of a CSV file for the csv module, a line longer than :data:`MAX_LINE` left out."""
+    return (line for line in _lines(f) if line is not None)
 
 
 def _read_memory(run: RunData) -> None:
+    """``memory.csv``, a row at a time (blank rows skipped, as ``csv.DictReader`` skips them; of two columns of one
+    name, the last, as it keeps it), into at most :data:`MAX_POINTS` samples."""
     if "memory.csv" in run.absent:
         return
-    text = _read_text(run, "memory.csv")
-    if text is None:
+    f = _open(run, "memory.csv")
+    if f is None:
         return
-    rows = list(csv.DictReader(text.splitlines()))
-    if not rows:
+    samples = _Samples()
+    names: list[str] = []
+    start = None  # the first finite time
+    with f:
+        reader = csv.reader(_csv_lines(f))
+        try:
+            header = next(reader, [])
+            names = list(dict.fromkeys(name for name in header if name))[:MAX_SERIES]
+            chosen = set(names)
+            where = {name: i for i, name in enumerate(header) if name in chosen}
+            previous = math.nan
+            for row in reader:
+                if not row:
+                    continue
+                values = []
+                for name in names:
+                    try:
+                        values.append(float(row[where[name]] or "nan") if where[name] < len(row) else math.nan)
+                    except ValueError:
+                        values.append(math.nan)
+                sample = dict(zip(names, values, strict=True))
+                if start is None and math.isfinite(sample.get("time", math.nan)):
+                    start = sample["time"]
+                elapsed = sample.get("elapsed_s", math.nan)
+                if elapsed < previous:  # a resumed run appends with its own clock: no line across the gap
+                    samples.gap()
+                previous = elapsed
+                samples.add(values)
+        except csv.Error as error:
+            run.notes.append(f"memory.csv: line {reader.line_num} could not be read ({error}); the samples before "
+                             "it are plotted")
+    if not samples.count:
         run.notes.append("memory.csv holds no samples")
         return
-    columns: dict[str, list[float]] = {name: [] for name in rows[0] if name}
-    for row in rows:
-        for name in columns:
-            try:
-                value = float(row.get(name) or "nan")
-            except ValueError:
-                value = math.nan
-            columns[name].append(value)
-    if "time" in columns and any(math.isfinite(t) for t in columns["time"]):
-        start = next(t for t in columns["time"] if math.isfinite(t))
+    columns = {name: [row[2][i] for row in samples.rows] for i, name in enumerate(names)}
+    if start is not None:
         minutes = [(t - start) / 60 for t in columns["time"]]
     elif "elapsed_s" in columns:
         minutes = [t / 60 for t in columns["elapsed_s"]]
     else:
-        minutes = [float(i) for i in range(len(rows))]
+        minutes = [float(row[0]) for row in samples.rows]
         run.notes.append("memory.csv has neither time nor elapsed_s: plotted by sample")
-    elapsed = columns.get("elapsed_s", [])
-    for i in range(1, len(elapsed)):  # a resumed run appends with its own clock: no line across the gap
-        if elapsed[i] < elapsed[i - 1]:
-            minutes[i - 1] = math.nan
-    run.memory = {"minutes": minutes, **columns}
+    run.memory = {"minutes": [math.nan if row[1] else m for row, m in zip(samples.rows, minutes, strict=True)],
+                  **columns}
 
 
-def _read_updates(run: RunData) -> None:
-    cells: dict[tuple[int, str], float] = {}
-    if "updates.csv" not in run.absent:
-        text = _read_text(run, "updates.csv")
-        if text is None:
-            return
-        source = "updates.csv"
-        for row in csv.DictReader(text.splitlines()):
-            try:
-                step = int(row["step"])
-                name = row["name"]
-            except (KeyError, TypeError, ValueError):
-                continue
-            try:
-                cells[step, name] = float(row.get("relative") or "nan")
-            except ValueError:
-                cells[step, name] = math.nan
-    else:
-        source = "the largest ten updates per step in metrics.jsonl (updates.csv is absent)"
-        for record in run.train:
-            for update in record.get("top_updates") or []:
-                if isinstance(update, dict) and isinstance(update.get("name"), str):
-                    cells[int(record["step"]), update["name"]] = _number(update.get("relative")) or math.nan
-    if not cells:
+def _read_updates(run: RunData, heatmap: _Heatmap) -> None:
+    f = _open(run, "updates.csv")
+    if f is None:
         return
-    layers = list(dict.fromkeys(name for _, name in cells))  # the order they were written in: the model's
-    steps = sorted({step for step, _ in cells})
-    relative = [[cells.get((step, layer), math.nan) for step in steps] for layer in layers]
-    run.updates = Updates(steps=steps, layers=layers, relative=relative, source=source)
+    with f:
+        reader = csv.DictReader(_csv_lines(f))
+        try:
+            for row in reader:
+                try:
+                    step = int(row["step"])
+                    name = row["name"]
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if abs(step) >= MAX_STEP or not isinstance(name, str):
+                    continue
+                try:
+                    value = float(row.get("relative") or "nan")
+                except ValueError:
+                    value = math.nan
+                heatmap.put(step, name, value)
+        except csv.Error as error:
+            run.notes.append(f"updates.csv: line {reader.line_num} could not be read ({error}); the rows before it "
+                             "are drawn")
 
 
 def read_runs(paths: list[Path]) -> list[RunData]:
