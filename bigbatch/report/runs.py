@@ -28,19 +28,22 @@ from bigbatch.errors import UserError
 
 PHASES = ("data", "forward", "backward", "sync", "update", "other")
 """The disjoint phases of a step, in the order the step runs them (``engine/phases.py``); ``t_step`` is their sum."""
+_PHASE_KEYS = tuple(f"t_{phase}" for phase in PHASES)
 
 FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "updates.csv")
 """The files of a run directory the report reads."""
 
 MAX_POINTS = 2000
-"""The most points a curve keeps (a training key, an evaluation metric, a memory column), whatever the file's
-length; the charts thin them further to ``charts.MAX_POINTS``."""
+"""The most points a curve gives (a training key, an evaluation metric, a memory column), whatever the file's
+length (while it reads, a :class:`Curve` holds at most twice as many); the charts thin them further to
+``charts.MAX_POINTS``."""
 MAX_SERIES = 128
 """The most curves a run keeps (training keys and evaluation metrics together; a bigbatch run has about 25)."""
 MAX_UPDATE_STEPS = 600
 """The most steps (columns) the update heatmap keeps (about the width of the heatmap in pixels)."""
-MAX_LAYERS = 512
-"""The most parameter tensors (rows) the update heatmap keeps, the first ones written."""
+MAX_LAYERS = 1024
+"""The most parameter tensors (rows) the update heatmap keeps, the first ones written (ResNet-50 has 161, YOLOv3
+about 220)."""
 MAX_EVENTS = 200
 """The events kept for the page's table (the first ones); the last of each kind is kept besides."""
 MAX_KINDS = 64
@@ -76,13 +79,16 @@ def _thinned(steps: list[int] | array, stride: int, most: int) -> tuple[list[int
 
 
 class Curve:
-    """Points ``(step, x, value)`` by step, at most :data:`MAX_POINTS` of them however many are put.
+    """Points ``(step, x, value)`` by step: at most :data:`MAX_POINTS` of them when read, however many are put (at
+    most twice as many held meanwhile).
 
     A point at a step already held replaces it (a resumed run's repeated steps: the last wins). Past twice the
-    bound, and when read, the points are thinned (:func:`_thinned`): the first step of each run of ``stride``
+    bound, and when read, the points are thinned (:func:`_thinned`): the first step held in each span of ``stride``
     steps stays, and the last step; the stride doubles until at most :data:`MAX_POINTS` remain: deterministic,
     evenly spread over the steps, the first and last points always kept. The running figures (``count``, the mean
     but the first, the lowest and highest value with their steps) are over every point put, in the order put."""
+
+    __slots__ = ("steps", "xs", "values", "stride", "count", "first", "_rest", "low", "high")
 
     def __init__(self) -> None:
         self.steps = array("q")
@@ -96,15 +102,29 @@ class Curve:
         self.high: tuple[float, int] | None = None
 
     def put(self, step: int, x: float, value: float) -> None:
-        i = bisect_left(self.steps, step)
-        if i < len(self.steps) and self.steps[i] == step:
-            self.xs[i], self.values[i] = x, value
+        steps, stride = self.steps, self.stride
+        n = len(steps)
+        if n and step > steps[-1]:  # the usual case: a later step than any held
+            if n >= 2 and steps[-2] // stride == steps[-1] // stride == step // stride:
+                # the last point held is neither the first of its span nor the last any more: thinning would drop
+                # it, so the new point takes its place
+                steps[-1], self.xs[-1], self.values[-1] = step, x, value
+            else:
+                steps.append(step)
+                self.xs.append(x)
+                self.values.append(value)
+                if n + 1 > 2 * MAX_POINTS:
+                    self._thin()
         else:
-            self.steps.insert(i, step)
-            self.xs.insert(i, x)
-            self.values.insert(i, value)
-            if len(self.steps) > 2 * MAX_POINTS:
-                self._thin()
+            i = bisect_left(steps, step)
+            if i < n and steps[i] == step:
+                self.xs[i], self.values[i] = x, value
+            else:
+                steps.insert(i, step)
+                self.xs.insert(i, x)
+                self.values.insert(i, value)
+                if n + 1 > 2 * MAX_POINTS:
+                    self._thin()
         if self.first is None:
             self.first = value
         else:
@@ -170,7 +190,7 @@ class _Heatmap:
             row = self.layers[layer] = len(self.layers)
         column = self.columns.get(step)
         if column is None:
-            column = self.columns[step] = array("d")
+            column = self.columns[step] = array("d", [math.nan]) * len(self.layers)
             if len(self.columns) > 2 * MAX_UPDATE_STEPS:
                 self._thin()
         if row >= len(column):
@@ -206,9 +226,9 @@ class Phases:
     def add(self, record: dict[str, Any]) -> None:
         """Records with a phase time but ``t_data`` count; ``t_step`` is the sum of the phases where absent, and
         the rest of ``t_step`` is ``other`` where a record has no ``t_other`` (older records)."""
-        if all(_number(record.get(f"t_{p}")) is None for p in PHASES if p != "data"):
+        if all(_number(record.get(key)) is None for key in _PHASE_KEYS[1:]):
             return
-        times = {p: _number(record.get(f"t_{p}")) or 0.0 for p in PHASES}
+        times = {p: _number(record.get(key)) or 0.0 for p, key in zip(PHASES, _PHASE_KEYS, strict=True)}
         total = _number(record.get("t_step"))
         if total is None:
             total = sum(times.values())
@@ -343,10 +363,17 @@ class RunData:
 
 
 def _number(value: Any) -> float | None:
-    """``value`` as a finite float, or None (booleans, strings, NaN, absent)."""
+    """``value`` as a finite float, or None (booleans, strings, NaN, absent, a whole number past a float's range:
+    JSON reads ``1`` followed by 400 zeros as an int)."""
+    if type(value) is float:  # the usual case, first
+        return value if math.isfinite(value) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _step(value: Any) -> int | None:
@@ -400,7 +427,7 @@ def _read_config(run: RunData) -> None:
     if len(raw) > MAX_CONFIG_BYTES:
         run.notes.append(f"config.yaml is larger than {MAX_CONFIG_BYTES >> 20} MiB, far more than a config: not read")
         return
-    run.config_text = raw.decode("utf-8", errors="replace")
+    run.config_text = raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
     try:
         config = load_yaml(run.config_text)
     except YAMLTooLarge as error:
@@ -447,7 +474,7 @@ def _read_metrics(run: RunData, heatmap: _Heatmap | None) -> None:
                 continue
             try:
                 record = json.loads(line) if line is not None else None
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON; an int of 4,301+ digits; nested too deeply
                 record = None
             step = _step(record.get("step")) if isinstance(record, dict) else None
             if step is None or not ("event" in record or "split" in record or "lr" in record):
@@ -493,15 +520,17 @@ def _training(run: RunData, record: dict[str, Any], step: int, heatmap: _Heatmap
     run.train_records += 1
     images = _number(record.get("images"))
     x = images if images is not None else math.nan
+    curves, isfinite = run.curves, math.isfinite
     for key, value in record.items():
-        number = _number(value)
-        if key == "step" or number is None:
+        number = value if type(value) is float and isfinite(value) else _number(value)  # floats: most values
+        if number is None or key == "step":
             continue
-        curve = run.curves.get(key)
-        if curve is None and _series_left(run, key):
-            curve = run.curves[key] = Curve()
-        if curve is not None:
-            curve.put(step, x, number)
+        curve = curves.get(key)
+        if curve is None:
+            if not _series_left(run, key):
+                continue
+            curve = curves[key] = Curve()
+        curve.put(step, x, number)
     run.phases.add(record)
     if step and isinstance(record.get("images"), int) and step <= run.recorded.get("images_step", step):
         run.recorded["images_step"] = step
