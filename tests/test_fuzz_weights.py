@@ -35,28 +35,10 @@ from bigbatch.errors import UserError
 from bigbatch.models.darknet import DarknetNetwork, read_darknet_cfg, read_weights, write_weights
 from bigbatch.models.darknet.weights import weight_tensors
 from tests.conftest import run_main
+from tests.test_darknet_net import SMALL
 
 # Two convolutions (one with batch norm, one with a bias): 3 * 4 + 3 * 2 * 3 * 3 + 2 + 2 * 3 = 74 float32 values
-SMALL_CFG = """[net]
-batch=1
-width=5
-height=5
-channels=2
-
-[convolutional]
-batch_normalize=1
-filters=3
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-filters=2
-size=1
-stride=1
-activation=linear
-"""
+SMALL_CFG = SMALL  # the .weights layout tests' two-convolution network
 VALUES = 3 * 4 + 3 * 2 * 3 * 3 + 2 + 2 * 3
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
