@@ -1,0 +1,108 @@
+"""Behaviour check for a refactor: the same short runs, before and after, give the same checkpoints and records.
+
+Runs 20 steps of `digits`, `shapes-detect` and `yolov3-tiny-shapes` (evaluation and checkpoints every 10 steps,
+on a small generated shapes set) with the `bigbatch` importable in this process (PYTHONPATH chooses the tree),
+and writes a summary of each run: the sha256 of every checkpoint and the parsed metrics.jsonl records with the
+fields a machine's clock and memory decide left out (WALL_CLOCK_FIELDS).
+
+    PYTHONPATH=/path/to/old/tree .venv/bin/python benchmarks/behaviour_check.py run --out /tmp/before
+    .venv/bin/python benchmarks/behaviour_check.py run --out /tmp/after
+    .venv/bin/python benchmarks/behaviour_check.py compare /tmp/before /tmp/after
+
+`compare` exits 1 naming the first difference, 0 when every checkpoint is byte-identical and every record equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+RECIPES = ("digits", "shapes-detect", "yolov3-tiny-shapes")
+COMMON = ["--set", "steps=20", "--set", "eval.every=10", "--set", "checkpoint.every=10", "--set", "data.workers=0"]
+SHAPES = ["--set", "data.shapes_images=200"]
+
+WALL_CLOCK_FIELDS = ("images_per_s", "memory", "rss", "cuda")
+"""Record fields (and prefixes: ``t_*`` times, ``memory_*``, ``rss_*``) that depend on the machine's clock and
+memory, not on the code's behaviour."""
+WALL_CLOCK_PREFIXES = ("t_", "memory_", "rss_", "cuda_")
+WALL_CLOCK_EVENTS = ("memory_growth",)
+"""Events whose presence depends on wall-clock memory sampling."""
+
+
+def deterministic(record: dict) -> dict:
+    return {k: v for k, v in record.items()
+            if k not in WALL_CLOCK_FIELDS and not k.startswith(WALL_CLOCK_PREFIXES)}
+
+
+def summarise(run_dir: Path) -> dict:
+    checkpoints = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                   for p in sorted((run_dir / "checkpoints").glob("*.pt"))}
+    records = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") in WALL_CLOCK_EVENTS:
+            continue
+        records.append(deterministic(record))
+    return {"checkpoints": checkpoints, "records": records,
+            "config": (run_dir / "config.yaml").read_text()}
+
+
+def run(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=False)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    shapes = out / "shapes"
+    summary = {}
+    for recipe in RECIPES:
+        extra = SHAPES + ["--set", f"data.path={shapes}"] if recipe != "digits" else []
+        command = [sys.executable, "-m", "bigbatch", "train", recipe, "--out", str(out / recipe), *COMMON, *extra]
+        print("+", " ".join(command), flush=True)
+        subprocess.run(command, check=True, env=env, cwd=out)
+        summary[recipe] = summarise(out / recipe)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+
+
+def compare(before: Path, after: Path) -> int:
+    a = json.loads((before / "summary.json").read_text())
+    b = json.loads((after / "summary.json").read_text())
+    failed = False
+    for recipe in RECIPES:
+        for name in sorted(set(a[recipe]["checkpoints"]) | set(b[recipe]["checkpoints"])):
+            same = a[recipe]["checkpoints"].get(name) == b[recipe]["checkpoints"].get(name)
+            print(f"{recipe} checkpoints/{name}: {'byte-identical' if same else 'DIFFERENT'}")
+            failed |= not same
+        ra, rb = a[recipe]["records"], b[recipe]["records"]
+        same = ra == rb
+        print(f"{recipe} metrics.jsonl: {len(ra)} and {len(rb)} records, {'equal' if same else 'DIFFERENT'}")
+        if not same:
+            failed = True
+            for x, y in zip(ra, rb, strict=False):
+                if x != y:
+                    print(f"  first difference:\n    before {x}\n    after  {y}")
+                    break
+        same = a[recipe]["config"] == b[recipe]["config"]
+        print(f"{recipe} config.yaml: {'identical' if same else 'DIFFERENT'}")
+        failed |= not same
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run").add_argument("--out", type=Path, required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    args = parser.parse_args()
+    if args.command == "run":
+        run(args.out)
+        return 0
+    return compare(args.before, args.after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
