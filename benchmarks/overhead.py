@@ -11,7 +11,7 @@ Two comparisons:
                with its clipping, BatchNorm snapshot for the retries, and loss scaler)
                against the plain accumulation loop, on pre-built micro-batches;
   step + data  the same, each side also producing its micro-batches: bigbatch through its
-               loader (``train_steps``), the hand loop by indexing the tensors directly.
+               loader (``batches_by_step``), the hand loop by indexing the tensors directly.
 
     python benchmarks/overhead.py [--rounds 15] [--steps 10]
 """
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from bigbatch.batching import make_plan
 from bigbatch.config import load_config
-from bigbatch.data.loader import train_steps
+from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
@@ -91,7 +91,7 @@ def main() -> None:
         hand_written_step(hand_model, hand_opt, micro_batches)
 
     # Endless streams for "step + data": bigbatch's loader, and direct indexing.
-    ours_stream = train_steps(task.train_set, order, 0, 10**9, 0, 1, subdivisions)
+    ours_stream = batches_by_step(task.train_set, order, 0, 10**9, 0, 1, subdivisions)
     hand_stream = (pick(step) for step in itertools.count())
 
     comparisons: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {

@@ -20,10 +20,11 @@ format, ``model.*`` for a model family, ``optim.*``, ``schedule.*``, ``schedule.
 default, whatever the chosen part (see ``config.PartSection``). The type may be any pydantic type, e.g.
 ``config.Length`` (which ``bigbatch scale`` then rescales, as every length).
 
-What each registry's ``obj`` is, and the ``info`` it reads, is written below each registry. Every registry with
-a config section also reads ``info["check"]``, optional: ``check(section)`` raises ``ValueError("key: what is
-wrong")`` when the chosen part lacks something in its section (a decay kind's period, a dataset's paths); it
-runs while the config is validated, before any work.
+What each registry's ``obj`` is, and the ``info`` it reads, is written below each registry; the facts a part may
+register are its registry's ``Info`` type (``TaskInfo``, ``DatasetInfo``, ...), so a misspelled one is an error.
+Every registry with a config section also reads ``info.check``, optional: ``check(section)`` raises
+``ValueError("key: what is wrong")`` when the chosen part lacks something in its section (a decay kind's period, a
+dataset's paths); it runs while the config is validated, before any work.
 """
 
 from __future__ import annotations
@@ -34,13 +35,88 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class Info:
+    """The facts a part registers about itself, typed per registry (as timm's ``OptimInfo``): a misspelled key in
+    a registration is a ``TypeError`` naming it. Read as attributes, or as a mapping (``info.get("check")``)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, None) if key in self.__dataclass_fields__ else None  # type: ignore[attr-defined]
+        return default if value is None else value
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+
+@dataclass(frozen=True)
+class TaskInfo(Info):
+    metrics: tuple[str, ...]
+    """The names ``eval.metric`` may take, the default first."""
+    model_kind: str
+    """What a model of the task is called in an error message (``classifier``, ``detector``)."""
+    metric_prefixes: tuple[str, ...] = ()
+    """Per-class metrics: ``("AP/",)`` admits ``AP/<class>``."""
+    check: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class OptimInfo(Info):
+    check: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleInfo(Info):
+    burn_in: Callable[[Any], int] | None = None
+    """burn_in(schedule_cfg) -> steps: the schedule's burn-in, which the ``update_ratio`` loss scaler follows."""
+    warmup_steps: Callable[[Any, Any], float] | None = None
+    """warmup_steps(cfg, plan) -> steps: where its warmup ends (``norm.freeze_during_warmup``)."""
+    check: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class DecayInfo(Info):
+    rates: dict[str, str] = field(default_factory=dict)
+    """``{field: rule}`` for a field of the section that is a per-step rate, which ``bigbatch scale`` adapts."""
+    check: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class DatasetInfo(Info):
+    task: str
+    count: Callable[[Any], int]
+    """count(cfg) -> the training set's size, found without loading it."""
+    held_in_memory: Callable[[Any], Any] | None = None
+    """held_in_memory(cfg) -> (bytes, what): the memory the loaded set holds, checked before any work."""
+    check: Callable[[Any], None] | None = None
+    given: Callable[[Any], bool] | None = None
+    """given(cfg) -> whether the config names the data (``show`` and friends plan without it)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo(Info):
+    task: str
+    min_input_size: int | None = None
+    """The smallest square input in pixels."""
+    reads_weights: bool = False
+    """``model.weights`` names a local weights file it loads."""
+    size_key: str = "model.name"
+    """The key that sets its size, named when it is too large."""
+    check: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class NoInfo(Info):
+    """A registry whose parts register no facts (hooks declare their stage on the class)."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """One registered part: its name, what builds it, and facts that others read about it."""
 
     name: str
     obj: Any
-    info: dict[str, Any] = field(default_factory=dict)
+    info: Info
     fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """Config fields of the part's own, in its registry's section: ``{field: (type, default)}``."""
 
@@ -51,7 +127,7 @@ class _Family:
 
     names: Callable[[], Iterable[str]]
     obj: Any
-    info: dict[str, Any]
+    info: Info
     fields: dict[str, tuple[Any, Any]]
 
 
@@ -59,8 +135,8 @@ class Registry:
     """Names of one kind of part (``kind``), the config key that chooses one (``key``), and the modules that
     register the built-in ones (``locations``)."""
 
-    def __init__(self, kind: str, key: str, locations: tuple[str, ...] = ()) -> None:
-        self.kind, self.key, self.locations = kind, key, locations
+    def __init__(self, kind: str, key: str, locations: tuple[str, ...] = (), info: type[Info] = NoInfo) -> None:
+        self.kind, self.key, self.locations, self.info_type = kind, key, locations, info
         self._entries: dict[str, Entry] = {}
         self._parts: list[Entry | _Family] = []  # in registration order
         self._loaded = False
@@ -76,7 +152,7 @@ class Registry:
         if name in self._entries and self._entries[name].obj is not obj:
             raise ValueError(f"{self.kind} {name!r} is registered twice")
         self._check_fields(fields or {})
-        entry = Entry(name, obj, dict(info), dict(fields or {}))
+        entry = Entry(name, obj, self._info(name, info), dict(fields or {}))
         if name in self._entries:
             self._parts.remove(self._entries[name])
         self._entries[name] = entry
@@ -87,7 +163,16 @@ class Registry:
                         fields: dict[str, tuple[Any, Any]] | None = None, **info: Any) -> None:
         """Register every name ``names()`` lists (read when first needed), all built by ``obj``."""
         self._check_fields(fields or {})
-        self._parts.append(_Family(names, obj, dict(info), dict(fields or {})))
+        facts = self._info(getattr(obj, "__name__", "family"), info)
+        self._parts.append(_Family(names, obj, facts, dict(fields or {})))
+
+    def _info(self, name: str, info: dict[str, Any]) -> Info:
+        """The registration's facts as this registry's ``Info`` type: an unknown or missing key is a TypeError."""
+        try:
+            return self.info_type(**info)
+        except TypeError as e:
+            known = ", ".join(self.info_type.__dataclass_fields__) or "none"  # type: ignore[attr-defined]
+            raise TypeError(f"{self.kind} {name!r}: {e} (the facts a {self.kind} registers: {known})") from None
 
     def unregister(self, name: str) -> None:
         """Remove a part registered under ``name`` (tests that register a toy one clean up with this)."""
@@ -162,25 +247,26 @@ class Registry:
         return added
 
 
-TASKS = Registry("task", "task", ("bigbatch.tasks.classification", "bigbatch.tasks.detection"))
+TASKS = Registry("task", "task", ("bigbatch.tasks.classification", "bigbatch.tasks.detection"), TaskInfo)
 """``task``: obj = the task class (``tasks/base.py``'s ``Task``), built by ``obj.from_config(cfg, rank)``.
 info: ``metrics`` (the names ``eval.metric`` may take, the default first), ``metric_prefixes`` (optional: per-class
 metrics, ``("AP/",)`` admits ``AP/<class>``), ``model_kind`` (what a model of the task is called in an error
 message: ``classifier``, ``detector``)."""
-OPTIMIZERS = Registry("optimizer", "optim.name", ("bigbatch.recipe.optim",))
+OPTIMIZERS = Registry("optimizer", "optim.name", ("bigbatch.recipe.optim",), OptimInfo)
 """``optim.name``: obj(param_groups, lr, optim_cfg) -> torch.optim.Optimizer (``lr``: for the global batch)."""
-SCHEDULES = Registry("schedule", "schedule.preset", ("bigbatch.recipe.schedule",))
+SCHEDULES = Registry("schedule", "schedule.preset", ("bigbatch.recipe.schedule",), ScheduleInfo)
 """``schedule.preset``: obj(cfg, plan) -> lr(step), the LR of each 0-based optimizer step for the batch plan;
 ``none`` composes ``schedule.warmup`` and ``schedule.decay``. Optional info ``burn_in(schedule_cfg) -> steps``: the
 schedule's burn-in, which the ``update_ratio`` loss scaler follows by default; ``warmup_steps(cfg, plan) -> steps``:
 where its warmup ends (``norm.freeze_during_warmup``)."""
-DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.recipe.schedule",))
+DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.recipe.schedule",), DecayInfo)
 """``schedule.decay.kind``: obj(decay_cfg, plan, start, floor) -> factor(step), the factor on the scaled LR at
 absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: the factor's lower bound, applied by
 the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of the section that is a per-step rate
 (``config.SLOPE``, ``config.POWER``, ``config.COMPLEMENT``), which ``bigbatch scale`` adapts to the new batch."""
 DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.folder", "bigbatch.data.shards",
-                                             "bigbatch.data.shapes", "bigbatch.data.coco", "bigbatch.data.yolo"))
+                                             "bigbatch.data.shapes", "bigbatch.data.coco", "bigbatch.data.yolo"),
+                    DatasetInfo)
 """``data.name``: info ``task`` names the task whose data it is; ``count(cfg) -> int`` is the training set's size
 found without loading it (``show``, ``schedule``, ``scale``, the batch plan); ``held_in_memory(cfg) -> (bytes,
 what)`` (optional) is the memory the loaded set holds whatever the layout, checked against the machine's before
@@ -194,7 +280,7 @@ any work. obj loads it, by task:
   files (the other ranks wait at a barrier)."""
 MODELS = Registry("model", "model.name",
                   ("bigbatch.models", "bigbatch.models.timm_models", "bigbatch.models.detectors",
-                   "bigbatch.models.darknet_models"))
+                   "bigbatch.models.darknet_models"), ModelInfo)
 """``model.name``: info ``task``; ``min_input_size`` (optional: the smallest square input in pixels);
 ``reads_weights`` (optional: ``model.weights`` names a local weights file it loads); ``size_key`` (optional: the key
 that sets its size, named when it is too large; default ``model.name``). obj builds the model, random
@@ -204,7 +290,8 @@ weights unless ``model.weights``, nothing downloaded, by task:
 - ``detection``: obj(model_cfg, num_classes, *, min_size, max_size) -> nn.Module with ``models/detectors.py``'s
   contract (labels ``0..C-1``; a dict of losses in train mode, detections in eval mode)."""
 HOOKS = Registry("hook", "", ("bigbatch.engine.hooks",))
-"""Hooks every run builds: obj(run) -> a ``Hook`` or None (not wanted by this config)."""
+"""Hooks every run builds: obj(run) -> a ``Hook`` or None (not wanted by this config); each hook declares its stage
+(``engine/hooks/base.py``), so a hook registers no facts."""
 CONFIG_FORMATS = Registry("config format", "", ("bigbatch.models.darknet_models",))
 """Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
 a mistake in the file is a ``UserError`` naming it."""

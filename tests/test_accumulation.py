@@ -10,9 +10,9 @@ import torch
 
 from bigbatch.config import ModelConfig
 from bigbatch.data.digits import load_digits_split
-from bigbatch.data.loader import train_steps
+from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import GlobalBatchOrder
-from bigbatch.engine.step import train_step
+from bigbatch.engine.step import attempt_step
 from bigbatch.models import build_classifier
 from bigbatch.tasks.classification import ClassificationTask
 
@@ -45,10 +45,10 @@ def run(model, train_set, subdivisions: int, steps: int) -> list[list[torch.Tens
     optimizer = RecordingSGD(model.parameters(), lr=0.05, momentum=0.9)
     order = GlobalBatchOrder(len(train_set), BATCH, seed=3)
     grads = []
-    for micro_batches in train_steps(train_set, order, 0, steps, rank=0, world=1, subdivisions=subdivisions):
+    for micro_batches in batches_by_step(train_set, order, 0, steps, rank=0, world=1, subdivisions=subdivisions):
         assert len(micro_batches) == subdivisions
         assert all(len(labels) == BATCH // subdivisions for _, labels in micro_batches)
-        train_step(model, optimizer, micro_batches, CROSS_ENTROPY)
+        attempt_step(model, optimizer, micro_batches, CROSS_ENTROPY)
         grads.append(optimizer.seen)
     return grads, [p.detach().clone() for p in model.parameters()]
 

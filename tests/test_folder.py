@@ -80,6 +80,8 @@ def test_a_timm_and_a_torchvision_model_train_on_the_folder(tmp_path, photos, mo
 class StopAfter(Hook):
     """Interrupts the run after the given step (the checkpoint of an earlier step is on disk)."""
 
+    stage = "write"
+
     def __init__(self, step: int) -> None:
         self.step = step
 

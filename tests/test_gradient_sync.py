@@ -1,7 +1,7 @@
 """DDP with accumulation, in two real Gloo processes: one gradient synchronisation per optimizer step, and
 evaluation sharded across ranks with every validation image counted once.
 
-The trainer's own ``train_step`` runs under a ``DistributedDataParallel`` whose communication hook counts
+The trainer's own ``attempt_step`` runs under a ``DistributedDataParallel`` whose communication hook counts
 the all-reduces it is asked for (one per gradient bucket per synchronisation; the bucket is made large enough
 to hold every gradient, so one synchronisation = one call).
 """
@@ -19,7 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.data.loader import TensorImages
-from bigbatch.engine.step import train_step
+from bigbatch.engine.step import attempt_step
 from bigbatch.tasks.classification import ClassificationTask
 from tests.conftest import HANG_GUARD_S, run_spawned
 
@@ -76,7 +76,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         syncs_per_step = []
         for step in range(STEPS):
             before = calls["n"]
-            train_step(model, optimizer, _micro_batches(step, rank, WORLD), _loss)
+            attempt_step(model, optimizer, _micro_batches(step, rank, WORLD), _loss)
             syncs_per_step.append(calls["n"] - before)
 
         # The same accumulation without no_sync, to show that the hook sees every backward it is asked for.

@@ -21,6 +21,8 @@ class Moments(Hook):
     """A toy instrument: writes down every moment, and each micro-batch's local gradient as the change of the
     accumulated ``.grad`` after its backward."""
 
+    stage = "write"
+
     def __init__(self) -> None:
         self.seen: list[tuple] = []
         self.records: list[dict] = []
@@ -69,7 +71,7 @@ def test_a_registered_hook_sees_every_moment_in_order(tmp_path, moments):
     for step in range(4):
         expected += [("before_step", step)]
         expected += [(moment, step, i) for i in range(2) for moment in ("before_forward", "after_backward")]
-        if (step + 1) % 2 == 0:  # the evaluation hook (order 20) evaluates in its after_step, before this one's
+        if (step + 1) % 2 == 0:  # the evaluation hook (stage evaluate) evaluates in its after_step, before this one's
             expected += [("after_eval", step + 1, "val", ["images", "loss"])]
         expected += [("after_step", step + 1)]
     expected += [("after_train", 4)]
@@ -87,7 +89,7 @@ def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments)
     """The change of ``.grad`` after micro-batch i's backward is grad(loss_i) * scale / S, computed here again from
     the same weights and images (the step's first micro-batches of the data order)."""
     from bigbatch.config import load_config
-    from bigbatch.data.loader import train_steps
+    from bigbatch.data.loader import batches_by_step
     from bigbatch.data.order import GlobalBatchOrder
     from bigbatch.engine.trainer import seed_everything
     from bigbatch.tasks import build_task
@@ -98,7 +100,7 @@ def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments)
     task = build_task(cfg)
     model = task.build_model(cfg)  # the run's initial weights: the same seed, the same construction
     order = GlobalBatchOrder(len(task.train_set), cfg.batch, cfg.seed)
-    micro_batches = next(iter(train_steps(task.train_set, order, 0, 1, 0, 1, 2)))
+    micro_batches = next(iter(batches_by_step(task.train_set, order, 0, 1, 0, 1, 2)))
     for i, (images, labels) in enumerate(micro_batches):
         model.zero_grad()
         (F.cross_entropy(model(images), labels) / 2).backward()
@@ -108,17 +110,21 @@ def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments)
 class LateRecord(Hook):
     """Ordered after the writers, puts a record at the end: the writers are still open (they close after)."""
 
+    stage = "write"
+
     def after_train(self, run):
         run.events.event(run.state.step, "late", {"value": 1.0})
 
 
 class FailsToClose(Hook):
+    stage = "write"
+
     def after_train(self, run):
         raise RuntimeError("this hook failed to close")
 
 
 def test_a_record_put_at_the_end_by_a_late_hook_is_written(tmp_path):
-    HOOKS.register("toy_late", lambda run: LateRecord(), order=200)
+    HOOKS.register("toy_late", lambda run: LateRecord())
     try:
         assert main(["train", "digits", "--out", str(tmp_path / "run"), "--set", *SETTINGS]) == 0
     finally:

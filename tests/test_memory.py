@@ -73,12 +73,12 @@ def test_split_batch_keeps_the_images_in_order():
 
 def test_no_second_copy_of_the_data_on_the_cpu():
     from bigbatch.data.digits import load_digits_split
-    from bigbatch.data.loader import train_steps
+    from bigbatch.data.loader import batches_by_step
     from bigbatch.data.order import GlobalBatchOrder
     from bigbatch.engine.transfer import to_device
 
     train_set, _ = load_digits_split(8)
-    steps = train_steps(train_set, GlobalBatchOrder(len(train_set), 16, 0), 0, 1, 0, 1, 2)
+    steps = batches_by_step(train_set, GlobalBatchOrder(len(train_set), 16, 0), 0, 1, 0, 1, 2)
     micro_batches = next(steps)
     assert to_device(micro_batches, torch.device("cpu")) is micro_batches
     assert not micro_batches[0][0].is_pinned()

@@ -1,6 +1,6 @@
 """The gradient noise scale (bigbatch/telemetry/noise_scale.py): the estimator against a closed form, driven through
 the real accumulation path; the tracker's measurement against per-micro-batch gradients computed separately (one
-process, a simulated all-reduce, and two real Gloo processes running ``train_step``); its memory."""
+process, a simulated all-reduce, and two real Gloo processes running ``attempt_step``); its memory."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bigbatch.engine.step import train_step
+from bigbatch.engine.step import attempt_step
 from bigbatch.recipe.precision import LossScaler
 from bigbatch.telemetry.noise_scale import GradientNorms, MicroBatchGradients, NoiseScale, batch_sizes
 from tests.conftest import HANG_GUARD_S, count_host_transfers, run_spawned
@@ -293,7 +293,7 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
             if i == 0:
                 tracker.begin_step(scaler.scale, SUBDIVISIONS)
 
-        train_step(model, optimizer, batches, _ddp_loss, scaler=scaler, before_forward=before_forward,
+        attempt_step(model, optimizer, batches, _ddp_loss, scaler=scaler, before_forward=before_forward,
                    after_backward=lambda i: tracker.after_backward(model.parameters(), i))
         torch.save({"norms": tuple(tracker.end_step())}, f"{out_dir}/rank{rank}.pt")
     finally:
@@ -301,7 +301,7 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_ddp_train_step(tmp_path):
-    """Two Gloo processes run ``train_step`` (no_sync, then one all-reduce in the last backward) with the tracker
+    """Two Gloo processes run ``attempt_step`` (no_sync, then one all-reduce in the last backward) with the tracker
     in its hooks: each rank's small estimate is its own micro-batches 0..S-2, G_big the mean over all W S."""
     results = run_spawned(_ddp_worker, WORLD, tmp_path)
     model = _ddp_model()

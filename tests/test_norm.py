@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import NormConfig
-from bigbatch.engine.step import train_step
+from bigbatch.engine.step import attempt_step
 from bigbatch.models.small_cnn import SmallCNN
 from bigbatch.recipe.norm import (
     PerStepRunningStats,
@@ -53,7 +53,7 @@ def bn_buffers(model: nn.Module) -> list[torch.Tensor]:
 
 
 def one_step(model: nn.Module, data, subdivisions: int, cfg: NormConfig):
-    """One optimizer step through the trainer's ``train_step``; returns the BN running buffers after it and
+    """One optimizer step through the trainer's ``attempt_step``; returns the BN running buffers after it and
     the inputs each BN layer saw during it (one tensor per layer, all micro-batches concatenated)."""
     model = copy.deepcopy(model)
     layers = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
@@ -65,7 +65,7 @@ def one_step(model: nn.Module, data, subdivisions: int, cfg: NormConfig):
     micro_batches = list(zip(images.chunk(subdivisions), labels.chunk(subdivisions), strict=True))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model.train()
-    train_step(model, optimizer, micro_batches, CROSS_ENTROPY)
+    attempt_step(model, optimizer, micro_batches, CROSS_ENTROPY)
     if stats is not None:
         assert all(layer.num_batches_tracked.item() == 0 for layer in layers)  # nothing until the end of the step
         assert torch.equal(layers[0].running_mean, torch.zeros(8))

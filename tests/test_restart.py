@@ -32,6 +32,8 @@ from bigbatch.registry import HOOKS
 
 if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     class PauseBeforeStep(Hook):
+        stage = "write"
+
         def before_step(self, run):
             if run.step == {pause_at}:
                 with open({marker!r} + ".tmp", "w") as f:

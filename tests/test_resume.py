@@ -35,6 +35,8 @@ from bigbatch.engine.hooks import Hook
 from bigbatch.registry import HOOKS
 
 class PauseAfterRecord(Hook):  # after the built-in hooks: the step's record is written
+    stage = "write"
+
     def after_step(self, run):
         if run.state.step == {PAUSE_AT}:
             print("paused", flush=True)

@@ -33,6 +33,8 @@ class Interrupt(Hook):
     """Ctrl-C once the record of step INTERRUPT_AT is written (after every built-in hook): past the last
     checkpoint, as a real interruption is."""
 
+    stage = "write"
+
     def after_step(self, run):
         if run.state.step == INTERRUPT_AT:
             raise KeyboardInterrupt
@@ -63,7 +65,7 @@ def test_a_resumed_run_keeps_what_its_hooks_learned(tmp_path):
     assert main(["train", *ARGS, "--out", str(reference)]) == 0
 
     interrupted = tmp_path / "interrupted"
-    HOOKS.register("toy_interrupt", lambda run: Interrupt(), order=200)
+    HOOKS.register("toy_interrupt", lambda run: Interrupt())
     try:
         assert main(["train", *ARGS, "--out", str(interrupted)]) == 130
     finally:

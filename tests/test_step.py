@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from bigbatch.batching import make_plan
 from bigbatch.cli import main
 from bigbatch.config import load_config
-from bigbatch.data.loader import train_steps
+from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine import checkpoint
 from bigbatch.engine.distributed import Process
@@ -32,17 +33,24 @@ SETTINGS = ["batch=32", "subdivisions=2", "steps=4", "data.size=8", "model.width
             "optim.name=momentum", "clip.max_norm=1.0", "ema.decay=0.9", "log.tensorboard=false"]
 
 
-def make_step(*settings: str, world: int = 1):
+def make_step(*settings: str, world: int = 1, last_good=lambda: ""):
     """(training state, its step, the first step's micro-batches, records put) for a small digits recipe."""
     cfg = load_config("digits", [*SETTINGS, *settings])
     torch.manual_seed(0)
     task = build_task(cfg)
     plan = make_plan(cfg, world, len(task.train_set))
     records: list[Record] = []
-    model, step, ema, _ = build_parts(cfg, task, plan, Process(), EventStorage([records.append]))
+    parts = build_parts(cfg, task, plan, Process(), EventStorage([records.append]), last_good=last_good)
+    model, step, ema = parts.model, parts.step, parts.ema
     order = GlobalBatchOrder(len(task.train_set), plan.batch, cfg.seed)
-    micro_batches = next(iter(train_steps(task.train_set, order, 0, 1, 0, 1, cfg.subdivisions, 0, task.sample_keys)))
+    micro_batches = next(iter(batches_by_step(task.train_set, order, 0, 1, 0, 1, cfg.subdivisions, 0,
+                                              task.sample_keys)))
     return TrainingState(cfg, model, step, ema), step, micro_batches, records
+
+
+def hooks(before_forward=lambda index: None, after_backward=lambda index: None) -> SimpleNamespace:
+    """What a step calls around each micro-batch (the run's hooks in training)."""
+    return SimpleNamespace(before_forward=before_forward, after_backward=after_backward)
 
 
 def weights(state: TrainingState) -> dict[str, torch.Tensor]:
@@ -60,9 +68,8 @@ def test_a_step_with_nonfinite_gradients_changes_nothing_and_is_run_again():
             for p in state.model.parameters():
                 p.grad.fill_(float("nan"))
 
-    step.after_backward = poison_first_attempt
     clean(0, copy.deepcopy(batches))
-    result = step(0, copy.deepcopy(batches))
+    result = step(0, copy.deepcopy(batches), hooks(after_backward=poison_first_attempt))
     assert result.applied and step.skipped == 1
     assert attempts == [0, 1, 0, 1], "the step ran twice over both micro-batches"
     assert [r.values["event"] for r in records] == ["skipped"]
@@ -73,17 +80,16 @@ def test_a_step_with_nonfinite_gradients_changes_nothing_and_is_run_again():
 
 
 def test_too_many_nonfinite_steps_in_a_row_stop_the_run_naming_the_last_good_weights():
-    state, step, batches, records = make_step("precision.max_skipped=3")
-    step.last_good = lambda: "The last checkpoint is here"
+    state, step, batches, records = make_step("precision.max_skipped=3",
+                                              last_good=lambda: "The last checkpoint is here")
 
     def poison(index: int) -> None:
         for p in state.model.parameters():
             p.grad.fill_(float("inf"))
 
     before = weights(state)
-    step.after_backward = poison
     with pytest.raises(NonFiniteTraining, match=r"^3 optimizer steps in a row .* step 0; .*The last checkpoint is"):
-        step(0, batches)
+        step(0, batches, hooks(after_backward=poison))
     assert len(records) == 3 and all(torch.equal(v, before[k]) for k, v in weights(state).items())
 
 
@@ -98,9 +104,8 @@ def test_out_of_memory_cuts_each_micro_batch_in_two_and_keeps_the_update():
         if len(calls) == 2:
             raise MemoryLimitExceeded("test")
 
-    step.before_forward = out_of_memory_at_the_second_micro_batch
     clean(0, copy.deepcopy(batches))
-    step(0, copy.deepcopy(batches))
+    step(0, copy.deepcopy(batches), hooks(before_forward=out_of_memory_at_the_second_micro_batch))
     assert (clean.subdivisions, step.subdivisions) == (2, 4) and calls == [0, 1, 0, 1, 2, 3]
     assert records[0].values == {"step": 0, "event": "out_of_memory", "subdivisions": 4, "micro_batch": 8,
                                  "reason": "test"}
@@ -111,21 +116,20 @@ def test_out_of_memory_cuts_each_micro_batch_in_two_and_keeps_the_update():
 
 
 def test_out_of_memory_stops_when_the_micro_batch_cannot_be_halved_or_with_several_processes():
+    out_of_memory = hooks(before_forward=lambda index: (_ for _ in ()).throw(MemoryLimitExceeded("test")))
     _, step, batches, _ = make_step("batch=2")
-    step.before_forward = lambda index: (_ for _ in ()).throw(MemoryLimitExceeded("test"))
     with pytest.raises(OutOfMemory, match="micro-batches of 1 image"):
-        step(0, batches)
+        step(0, batches, out_of_memory)
     _, step, batches, _ = make_step(world=2)
-    step.before_forward = lambda index: (_ for _ in ()).throw(MemoryLimitExceeded("test"))
     with pytest.raises(OutOfMemory, match="relaunch with subdivisions=4"):
-        step(0, batches)
+        step(0, batches, out_of_memory)
 
 
 def test_the_training_state_round_trips_through_a_checkpoint(tmp_path):
     state, step, batches, _ = make_step()
     step(0, batches)
-    state.step, state.best.value, state.best.step, step.skipped = 1, 12.5, 1, 3
-    step.resume_subdivisions(4)
+    state.step, state.best.value, state.best.step = 1, 12.5, 1
+    step.load_state_dict({"skipped": 3, "subdivisions": 4})
     state.save(tmp_path / "last.pt")
 
     other, other_step, _, _ = make_step()

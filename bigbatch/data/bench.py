@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bigbatch.config import RunConfig
-from bigbatch.data.loader import train_steps
+from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import order_of
 
 
@@ -47,7 +47,7 @@ def measure(cfg: RunConfig, task: Any, workers: int, images: int) -> Measurement
     subdivisions = cfg.subdivisions if isinstance(cfg.subdivisions, int) else 1
     order = order_of(task.train_set, cfg.batch, cfg.seed, 1)
     steps = 1 + math.ceil(images / cfg.batch)
-    stream = train_steps(task.train_set, order, 0, steps, 0, 1, subdivisions, workers, task.sample_keys)
+    stream = batches_by_step(task.train_set, order, 0, steps, 0, 1, subdivisions, workers, task.sample_keys)
     next(stream)  # start-up: the workers fork and fill their first batches
     start, read = time.perf_counter(), 0
     for micro_batches in stream:

@@ -45,7 +45,7 @@ def _collate_of(dataset: Dataset) -> Any:
     return getattr(dataset, "collate", default_collate)
 
 
-def train_steps(
+def batches_by_step(
     dataset: Dataset,
     order: DataOrder,
     start: int,

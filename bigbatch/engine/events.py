@@ -34,8 +34,11 @@ class EventStorage:
         for write in self.writers:
             write(record)
 
-    def train(self, values: dict[str, Any], message: str) -> None:
-        """The scalars of a training step (``step``, ``images``, ``epoch``, ``lr``, ``loss``, ...)."""
+    def train(self, values: dict[str, Any], steps: int) -> None:
+        """The scalars of a training step (``step``, ``images``, ``epoch``, ``lr``, ``loss``, ``images_per_s``,
+        ...) of a run of ``steps`` steps."""
+        message = (f"step {values['step']}/{steps}  epoch {values['epoch']:.2f}  loss {values['loss']:.4f}  "
+                   f"lr {values['lr']:.4g}  {values['images_per_s']:.0f} img/s")
         self.put(Record("train", values, message))
 
     def evaluation(self, step: int, split: str, metrics: dict[str, float]) -> None:

@@ -7,9 +7,12 @@ Training and ``bigbatch plan`` build them here alike, so that the memory plan me
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
@@ -29,9 +32,22 @@ from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
 from bigbatch.tasks.base import Task
 
 
-def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, events: EventStorage
-                ) -> tuple[nn.Module, TrainStep, WeightEMA | None, Schedule]:
-    """(the bare model on its device, the training step, the weight EMA or None, lr(step))."""
+@dataclass(frozen=True)
+class Parts:
+    model: nn.Module
+    """The bare model on its device (``step.model`` is the one that trains: wrapped in DDP under torchrun)."""
+    step: TrainStep
+    ema: WeightEMA | None
+    lr_at: Schedule
+    """lr(step), the learning rate of each 0-based optimizer step."""
+
+
+def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, events: EventStorage, *,
+                recut_on_oom: bool = True, last_good: Callable[[], str] = lambda: "") -> Parts:
+    """The model, its optimizer, loss scaler, EMA and schedule, and the training step that uses them, complete.
+
+    ``recut_on_oom``: an out-of-memory step is cut finer and re-run (False for ``bigbatch plan``, where out of memory
+    means: does not fit). ``last_good``: where the last finite weights are, for the message of a stopped run."""
     check_precision(cfg.precision, proc.device)
     model = sync_batchnorm(task.build_model(cfg), cfg.norm.sync, proc).to(proc.device)
     lr_at = build_schedule(cfg, plan)
@@ -41,15 +57,21 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
     ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None
     scaler = build_scaler(cfg.precision, schedule_burn_in(cfg.schedule))
     parameters = [p for p in model.parameters() if p.requires_grad]
-    step = TrainStep(model, optimizer, task.loss, scaler, functools.partial(autocast, cfg.precision, proc.device),
-                     functools.partial(clip_gradients, cfg.clip, parameters), plan, cfg.norm, running_stats, ema,
-                     cfg.precision.max_skipped, events, feed=DeviceFeed(proc.device))
-    step.clock = PhaseClock(cfg.log.timing, proc.device)
-    bn_sync = step.clock.sub_phase("bn_sync")
+    clock = PhaseClock(cfg.log.timing, proc.device)
+    bn_sync = clock.sub_phase("bn_sync")
     for module in model.modules():
         if isinstance(module, CrossDeviceBatchNorm):
             module.sync_timer = bn_sync  # t_bn_sync (torch's SyncBatchNorm keeps its all-reduces inside its kernels)
-    return model, step, ema, lr_at
+    # Under torchrun the step trains the DDP wrapper; it shares the bare model's parameters, so a checkpoint loaded
+    # into the bare model later (a resume) is what every process trains.
+    trained = DistributedDataParallel(model, device_ids=[proc.device] if proc.device.type == "cuda" else None
+                                      ) if proc.world > 1 else model
+    step = TrainStep(model=trained, optimizer=optimizer, loss_fn=task.loss, scaler=scaler,
+                     autocast=functools.partial(autocast, cfg.precision, proc.device),
+                     clip=functools.partial(clip_gradients, cfg.clip, parameters), plan=plan, norm=cfg.norm,
+                     running_stats=running_stats, ema=ema, max_skipped=cfg.precision.max_skipped, events=events,
+                     clock=clock, feed=DeviceFeed(proc.device), recut_on_oom=recut_on_oom, last_good=last_good)
+    return Parts(model, step, ema, lr_at)
 
 
 def sync_batchnorm(model: nn.Module, sync: str, proc: Process) -> nn.Module:

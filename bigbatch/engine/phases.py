@@ -17,7 +17,7 @@ A sub-phase is time inside those phases spent on one kind of work, reported besi
     t_bn_sync   cross-device BatchNorm's all-reduces (``norm.sync: bigbatch`` on several processes), inside
                 t_forward and t_backward: how much of them is waiting for the other devices' statistics
 
-Sub-phases are timed only at the steps whose times are read (the phase-timing hook sets ``measure_next``): at a
+Sub-phases are timed only at the steps whose times are read (the phase-timing hook says which: ``time_next_step``): at a
 step that is not logged each call pays one check (under 0.1 µs), no clock read.
 
 ``log.timing``: ``events`` (default) times with the host clock on the CPU and with CUDA events on a GPU, read only at
@@ -52,9 +52,13 @@ class PhaseClock:
         self._phase = ""
         self.backwards: list[float] = []
         self.measure_next = False
-        """Whether the next step's sub-phases are timed: the phase-timing hook sets it for the steps it reads."""
+        """Whether the next step's sub-phases are timed (``time_next_step``)."""
         self._measuring = False
         self._sub_phases: dict[str, SubPhase] = {}
+
+    def time_next_step(self, measure: bool) -> None:
+        """Whether the next step's sub-phases are timed: the phase-timing hook says so for the steps it reads."""
+        self.measure_next = measure
 
     @property
     def enabled(self) -> bool:

@@ -57,8 +57,8 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     proc = setup()
     task = build_task(cfg)
     plan = BatchPlan(batch=micro_batch, world=1, subdivisions=1, steps=2, train_images=len(task.train_set))
-    model, train_step, _, _ = build_parts(cfg, task, plan, proc, EventStorage())
-    train_step.recut_on_oom = False  # out of memory here means: does not fit
+    parts = build_parts(cfg, task, plan, proc, EventStorage(), recut_on_oom=False)  # out of memory: does not fit
+    model, train_step = parts.model, parts.step
     model.train()
     batch = task.synthetic_batch(cfg, micro_batch, proc.device)
     seconds = 0.0

@@ -69,7 +69,7 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     from torch.profiler import profile as torch_profile
 
     from bigbatch.batching import make_plan
-    from bigbatch.data.loader import train_steps
+    from bigbatch.data.loader import batches_by_step
     from bigbatch.data.order import order_of
     from bigbatch.engine.distributed import setup
     from bigbatch.engine.events import EventStorage
@@ -82,10 +82,11 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     seed_everything(cfg.seed)
     task = build_task(cfg)
     plan = make_plan(cfg.model_copy(update={"steps": steps + 1, "epochs": None}), 1, len(task.train_set))
-    model, train_step, _, lr_at = build_parts(cfg, task, plan, proc, EventStorage())
+    parts = build_parts(cfg, task, plan, proc, EventStorage())
+    model, train_step, lr_at = parts.model, parts.step, parts.lr_at
     order = order_of(task.train_set, plan.batch, cfg.seed, 1)
-    batches = train_steps(task.train_set, order, 0, plan.steps, 0, 1, plan.subdivisions, cfg.data.workers,
-                          task.sample_keys, pin_memory=proc.device.type == "cuda")
+    batches = batches_by_step(task.train_set, order, 0, plan.steps, 0, 1, plan.subdivisions, cfg.data.workers,
+                              task.sample_keys, pin_memory=proc.device.type == "cuda")
     model.train()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if proc.device.type == "cuda" else [])
 

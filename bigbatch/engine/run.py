@@ -1,4 +1,5 @@
-"""What the hooks see of a run: its config and plan, the process, the task, the training state, the events."""
+"""What the hooks see of a run: its config and plan, the process, the task, the training state, the events, and where
+its last checkpoint is."""
 
 from __future__ import annotations
 
@@ -21,6 +22,25 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class LastCheckpoint:
+    """Where the run's last checkpoint is: the weights a run stopped by non-finite gradients can go back to (a step
+    with non-finite gradients is never applied, so every checkpoint holds finite weights)."""
+
+    path: Path
+    every: int
+    """Steps between checkpoints."""
+    step: int | None = None
+    """The step of ``path``, once there is one (a resumed run starts from it)."""
+
+    def last_good(self) -> str:
+        """Where the last finite weights are, as the message of a stopped run says it."""
+        if self.step is not None:
+            return (f"The last checkpoint, {self.path} at step {self.step}, holds finite weights: resume from it "
+                    f"with a lower optim.lr or another precision")
+        return f"No checkpoint had been written yet (the first was due at step {self.every})"
+
+
+@dataclass
 class Run:
     cfg: RunConfig
     plan: BatchPlan
@@ -32,6 +52,8 @@ class Run:
     train_step: TrainStep
     out_dir: Path
     events: EventStorage
+    last_checkpoint: LastCheckpoint
+    """Where the last checkpoint is (the checkpointing hook keeps it up to date)."""
     hooks: Hooks | None = None
     step: int = 0
     """The optimizer step being run (0-based); after it, ``state.step`` (steps done) is ``step + 1``."""
@@ -45,9 +67,6 @@ class Run:
     """The last evaluation's metrics (of the weights that count)."""
     extras: dict[str, Any] = field(default_factory=dict)
     """What hooks leave for the run's result (``memory``: the peaks)."""
-    record: dict[str, Any] = field(default_factory=dict)
-    """Values hooks ordered before the training record (``training_log``) add to this step's record
-    (``noise_scale``, ``top_updates``); emptied once the record is put."""
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -105,8 +105,8 @@ class TrainingState:
         except (ValueError, KeyError, RuntimeError) as e:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
         step.scaler.load_state_dict(state["scaler"])
-        step.skipped = state["skipped"]
-        step.resume_subdivisions(state["data"].get("subdivisions", self.cfg.subdivisions))
+        step.load_state_dict({"skipped": state["skipped"],
+                              "subdivisions": state["data"].get("subdivisions", self.cfg.subdivisions)})
         if self.ema is not None:
             if state.get("ema") is None:
                 raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -74,7 +74,7 @@ def _nothing(index: int) -> None:
     pass
 
 
-def train_step(
+def attempt_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     micro_batches: Sequence[Any],
@@ -127,63 +127,99 @@ def train_step(
     return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer)
 
 
-class TrainStep:
-    """A training step that is always applied: :func:`train_step`, re-run until its gradient is finite, re-cut
-    when out of memory; then the per-step BatchNorm statistics and the weight EMA. Owns the subdivisions in
-    effect (``subdivisions``) and the count of steps not applied (``skipped``)."""
+class MicroBatchHooks(Protocol):
+    """What a step calls around each micro-batch (the run's hooks, ``engine/hooks/base.py``)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, scaler: LossScaler,
+    def before_forward(self, index: int) -> None: ...
+
+    def after_backward(self, index: int) -> None: ...
+
+
+class NoHooks:
+    def before_forward(self, index: int) -> None:
+        pass
+
+    def after_backward(self, index: int) -> None:
+        pass
+
+
+class TrainStep:
+    """A training step that is always applied: :func:`attempt_step`, re-run until its gradient is finite, re-cut
+    when out of memory; then the per-step BatchNorm statistics and the weight EMA. Owns the subdivisions in
+    effect (``subdivisions``) and the count of steps not applied (``skipped``).
+
+    Complete when built: everything it uses is a keyword argument here, and nothing outside the class sets its
+    attributes (the run's hooks are handed to each call)."""
+
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, scaler: LossScaler,
                  autocast: Callable[[], contextlib.AbstractContextManager], clip: Callable[[int], float | None],
                  plan: BatchPlan, norm: NormConfig, running_stats: PerStepRunningStats | None,
-                 ema: WeightEMA | None, max_skipped: int, events: EventStorage,
-                 feed: Callable[[Sequence[Any]], Sequence[Any]] | None = None) -> None:
-        self.model, self.optimizer, self.loss_fn, self.scaler = model, optimizer, loss_fn, scaler
+                 ema: WeightEMA | None, max_skipped: int, events: EventStorage, clock: PhaseClock,
+                 feed: Callable[[Sequence[Any]], Sequence[Any]], recut_on_oom: bool = True,
+                 last_good: Callable[[], str] = lambda: "") -> None:
+        self._model, self._optimizer, self.loss_fn, self._scaler = model, optimizer, loss_fn, scaler
         self.autocast, self.clip, self.plan, self.norm = autocast, clip, plan, norm
         self.running_stats, self.ema, self.max_skipped, self.events = running_stats, ema, max_skipped, events
         self.has_batchnorm = bool(running_buffers(unwrap(model)))
-        self.feed = feed or (lambda micro_batches: micro_batches)
-        self.clock = PhaseClock("off")
+        self._clock = clock
         """Times the phases of each step (``engine/phases.py``; ``log.timing``)."""
+        self.feed = feed
         """Puts an attempt's micro-batches on the model's device (``engine/transfer.py``'s ``DeviceFeed``)."""
-        self.split = 1
-        """Each micro-batch of the plan is cut into this many (doubled on out-of-memory)."""
-        self.recut_on_oom = True
+        self.recut_on_oom = recut_on_oom
         """Out of memory: cut finer and re-run (else the error propagates, as ``bigbatch plan`` wants)."""
-        self.skipped = 0
+        self.last_good = last_good
+        """Where the last finite weights are (the run's checkpoints say), for the message of a stopped run."""
+        self._split = 1
+        """Each micro-batch of the plan is cut into this many (doubled on out-of-memory)."""
+        self._skipped = 0
         """Optimizer steps not applied (non-finite gradients), over the whole run."""
-        self.attempt_micro_batches = 0
+        self._attempt_micro_batches = 0
         """Micro-batches of the attempt being run (the subdivisions, unless an out-of-memory re-cut is pending)."""
-        self.before_forward: MicroBatchHook = _nothing
-        self.after_backward: MicroBatchHook = _nothing
-        self.last_good = lambda: ""
-        """Where the last finite weights are (the checkpoint hook says), for the message of a stopped run."""
+
+    # What others read; only the step changes them.
+    model = property(lambda self: self._model, doc="The model that trains (wrapped in DDP under torchrun).")
+    optimizer = property(lambda self: self._optimizer)
+    scaler = property(lambda self: self._scaler)
+    clock = property(lambda self: self._clock)
+    split = property(lambda self: self._split, doc="Each micro-batch of the plan is cut into this many.")
+    skipped = property(lambda self: self._skipped, doc="Optimizer steps not applied, over the whole run.")
+    attempt_micro_batches = property(lambda self: self._attempt_micro_batches,
+                                     doc="Micro-batches of the attempt being run.")
+
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps of the step: the skipped count and the subdivisions in effect."""
+        return {"skipped": self._skipped, "subdivisions": self.subdivisions}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """A resumed run goes on with the skipped count and the subdivisions an out-of-memory re-cut reached."""
+        self._skipped = state["skipped"]
+        reached = state["subdivisions"]
+        if reached > self.plan.subdivisions and reached % self.plan.subdivisions == 0:
+            self._set_split(reached // self.plan.subdivisions)
 
     @property
     def subdivisions(self) -> int:
         """Micro-batches per device per step, as run now."""
         return self.plan.subdivisions * self.split
 
-    def resume_subdivisions(self, reached: int) -> None:
-        """A run that ran out of memory resumes with the subdivisions it had reached."""
-        if reached > self.plan.subdivisions and reached % self.plan.subdivisions == 0:
-            self._set_split(reached // self.plan.subdivisions)
-
     def _set_split(self, split: int) -> None:
-        self.split = split
+        self._split = split
         set_momentum(unwrap(self.model), self.norm, dataclasses.replace(self.plan, subdivisions=self.subdivisions))
 
-    def __call__(self, step: int, micro_batches: list[Any]) -> StepResult:
+    def __call__(self, step: int, micro_batches: list[Any], hooks: MicroBatchHooks | None = None) -> StepResult:
         """Optimizer step ``step`` (0-based) on this device's micro-batches (on the host, or already on the
-        device), applied."""
+        device), applied; ``hooks`` are called around each micro-batch of each attempt."""
+        hooks = hooks or NoHooks()
         in_a_row = 0
         while True:
             bn_before = RunningStatsSnapshot(unwrap(self.model)) if self.has_batchnorm else None
-            self.clock.switch("other")
-            cut = self.feed(split_micro_batches(micro_batches, self.split))  # cut on the host, then moved
-            self.attempt_micro_batches = len(cut)
+            self._clock.switch("other")
+            cut = self.feed(split_micro_batches(micro_batches, self._split))  # cut on the host, then moved
+            self._attempt_micro_batches = len(cut)
             try:
-                result = train_step(self.model, self.optimizer, cut, self.loss_fn, lambda: self.clip(step),
-                                    self.scaler, self.autocast, self.before_forward, self.after_backward, self.clock)
+                result = attempt_step(self._model, self._optimizer, cut, self.loss_fn, lambda: self.clip(step),
+                                      self._scaler, self.autocast, hooks.before_forward, hooks.after_backward,
+                                      self._clock)
             except OUT_OF_MEMORY as error:
                 if not self.recut_on_oom:
                     raise
@@ -192,7 +228,7 @@ class TrainStep:
                 continue
             if result.applied:
                 break
-            self.skipped, in_a_row = self.skipped + 1, in_a_row + 1
+            self._skipped, in_a_row = self._skipped + 1, in_a_row + 1
             self._forget(bn_before)
             self.events.event(step, "skipped", {"skipped": self.skipped, "loss_scale": self.scaler.scale,
                                                 "nonfinite": result.nonfinite_layer},

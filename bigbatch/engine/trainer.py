@@ -5,8 +5,8 @@
     for step in steps:                                       data/loader.py: this device's micro-batches
         set the LR to lr(step)                               recipe/schedule.py
         one optimizer step over the micro-batches            engine/step.py (accumulation, retries, EMA)
-        hooks: training record, evaluation, checkpoints,     engine/hooks/
-               memory, writers (metrics.jsonl, TensorBoard, progress)
+        hooks, stage by stage: prepare, measure, record,     engine/hooks/ (base.py: the stages, build_hooks)
+               evaluate, checkpoint, guard, write
 
 Everything besides the step is a hook (``engine/hooks/base.py``): the loop only moves the data and the state.
 """
@@ -16,25 +16,25 @@ from __future__ import annotations
 import gc
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.batching import make_plan
 from bigbatch.config import RunConfig, config_to_yaml
-from bigbatch.data.loader import train_steps
+from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import order_of
 from bigbatch.engine import checkpoint, distributed
 from bigbatch.engine.events import EventStorage
-from bigbatch.engine.hooks import build_hooks
+from bigbatch.engine.hooks import Hook, build_hooks
+from bigbatch.engine.hooks.base import every_steps
 from bigbatch.engine.parts import build_parts
 from bigbatch.engine.phases import PhaseClock
-from bigbatch.engine.run import Run
+from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.state import Best, TrainingState
 from bigbatch.recipe.optim import set_lr
 from bigbatch.tasks import build_task
@@ -52,7 +52,9 @@ class TrainResult:
     """The task's printed summary of the final metrics."""
 
 
-def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
+def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[Hook] = ()) -> TrainResult:
+    """Train ``cfg`` into ``out_dir`` (``resume``: from its ``checkpoints/last.pt``); ``hooks``: hooks of the
+    caller's own, beside the registered ones, placed by the stage each declares (``engine/hooks/base.py``)."""
     # --- where we run, what we train on, how each batch is cut ------------------------------
     proc = distributed.setup()
     if cfg.subdivisions == "auto":
@@ -65,57 +67,54 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False) -> TrainResult:
 
     # --- the model, the large-batch recipe, and the state a checkpoint holds ----------------
     events = EventStorage()
-    model, train_step, ema, lr_at = build_parts(cfg, task, plan, proc, events)
-    state = TrainingState(cfg, model, train_step, ema)
+    last_checkpoint = LastCheckpoint(out_dir / "checkpoints" / "last.pt", every_steps(cfg.checkpoint.every, plan))
+    parts = build_parts(cfg, task, plan, proc, events, last_good=last_checkpoint.last_good)
+    train_step = parts.step  # trains parts.model, wrapped in DDP under torchrun
+    state = TrainingState(cfg, parts.model, train_step, parts.ema)
     if resume:
         state.resume(out_dir / "checkpoints" / "last.pt")
-    if proc.world > 1:
-        model = train_step.model = DistributedDataParallel(
-            model, device_ids=[proc.device] if proc.device.type == "cuda" else None)
     if proc.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write(out_dir / "config.yaml", lambda f: f.write(config_to_yaml(cfg)), mode="w")
         print(plan.describe(), flush=True)
 
     # --- the hooks: records, evaluation, checkpoints, memory, fault injection ---------------
-    run = Run(cfg, plan, proc, task, model, state, train_step, out_dir, events)
-    run.hooks = hooks = build_hooks(run)
-    hooks.load_state_dict(state.hook_states)  # a resumed run's hooks go on from the checkpoint, before before_train
-    state.hooks = hooks  # from here on, every checkpoint holds the hooks' states
-    events.writers.append(hooks.write)
-    if hooks.uses("before_forward"):
-        train_step.before_forward = hooks.before_forward
-    if hooks.uses("after_backward"):
-        train_step.after_backward = hooks.after_backward
+    run = Run(cfg, plan, proc, task, train_step.model, state, train_step, out_dir, events, last_checkpoint)
+    run.hooks = build_hooks(run, hooks)
+    run.hooks.load_state_dict(state.hook_states)  # a resumed run's hooks go on from the checkpoint, before before_train
+    state.hooks = run.hooks  # from here on, every checkpoint holds the hooks' states
+    events.writers.append(run.hooks.write)
 
     # --- the loop ---------------------------------------------------------------------------
     order = order_of(task.train_set, plan.batch, cfg.seed, proc.world)
-    steps = train_steps(task.train_set, order, state.step, plan.steps, proc.rank, proc.world, plan.subdivisions,
-                        cfg.data.workers, task.sample_keys, pin_memory=proc.device.type == "cuda")
-    model.train()
+    steps = batches_by_step(task.train_set, order, state.step, plan.steps, proc.rank, proc.world, plan.subdivisions,
+                            cfg.data.workers, task.sample_keys, pin_memory=proc.device.type == "cuda")
+    run.model.train()
     try:
-        hooks.before_train()
+        run.hooks.before_train()
         for step, (run.t_data, micro_batches) in enumerate(waited(steps, train_step.clock), start=state.step):
             run.step = step
             task.observe(micro_batches)
-            hooks.before_step()
-            run.lr = lr_at(step)
+            run.hooks.before_step()
+            run.lr = parts.lr_at(step)
             set_lr(train_step.optimizer, run.lr)
-            run.result = train_step(step, micro_batches)  # moved to the device inside (engine/transfer.py)
+            # moved to the device inside (engine/transfer.py); the hooks are called around each micro-batch
+            run.result = train_step(step, micro_batches, run.hooks)
             state.step = step + 1
-            hooks.after_step()
+            run.hooks.after_step()
         metrics = run.metrics or run.evaluate(raw_too=False)[0]  # a finished run resumed: report, log nothing
     except BaseException:
-        hooks.after_train(failing=True)  # the run's own error is the one raised
+        run.hooks.after_train(failing=True)  # the run's own error is the one raised
         raise
-    hooks.after_train()
+    run.hooks.after_train()
     # Free DDP before the process group goes: a DDP left alive until the interpreter's exit can abort a Gloo
     # process ("terminate called without an active exception": 5 of 20 runs of a minimal torchrun script
     # here, 0 of 20 when it was freed first). The collection catches any reference cycle that would keep it.
-    run.model = train_step.model = model = None
+    result = TrainResult(out_dir, plan.steps, metrics, state.best, run.extras.get("memory", {}), task.report(metrics))
+    del run, state, parts, train_step, events
     gc.collect()
     distributed.teardown()
-    return TrainResult(out_dir, plan.steps, metrics, state.best, run.extras.get("memory", {}), task.report(metrics))
+    return result
 
 
 def waited(items: Iterator[Any], clock: PhaseClock | None = None) -> Iterator[tuple[float, Any]]:

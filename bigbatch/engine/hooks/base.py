@@ -9,7 +9,8 @@ training state, events, ...):
     after_backward(index)        after each micro-batch's backward: ``.grad`` holds the gradient accumulated
                                  so far, still multiplied by the loss scale; for every micro-batch but the last
                                  it is this device's own (DDP all-reduces during the last backward only)
-    after_step                   after each applied step (``run.state.step``: steps done; ``run.result``)
+    after_step                   after each applied step (``run.state.step``: steps done; ``run.result``); may
+                                 return a dict of values for the step's training record (see below)
     after_eval(split, metrics)   after each evaluation
     after_train                  once at the end, also when the run stops with an error (for every hook whose
                                  ``before_train`` had finished); it may still put records
@@ -20,8 +21,8 @@ A hook that learns from the training (a running average, a baseline) keeps what 
 
     state_dict()                 what to keep, as plain containers, numbers and tensors (None, the default: nothing);
                                  read whenever a checkpoint is written, into its ``hooks`` under the hook's name
-                                 (``last.pt`` in the checkpoints hook's ``after_step``: a hook that learns in its
-                                 own ``after_step`` is ordered before it, as the built-in ones are)
+                                 (``last.pt`` in the ``checkpoint`` stage's ``after_step``: a hook that learns in
+                                 its own ``after_step`` belongs to an earlier stage, as the built-in ones do)
     load_state_dict(state)       a resumed run's hook, built fresh, gets its own state back, before ``before_train``
 
 So a hook makes its fresh state when it is built, not in ``before_train``. A hook the checkpoint holds no state for
@@ -29,10 +30,25 @@ So a hook makes its fresh state when it is built, not in ``before_train``. A hoo
 is that process's hook's. Readings of the process itself are not kept (wall-clock and memory: the input
 pipeline's share, the phase table, the memory peaks): a resumed process measures its own.
 
+Each hook declares its stage (``stage``, one of :data:`STAGES`); at every moment the hooks run stage by stage, and
+within a stage in the order :func:`build_hooks` gives (``BUILT_IN``, with the reasons where the order matters):
+
+    prepare      sets the model up for the step (BatchNorm frozen during warmup)
+    measure      reads the step: phase times, memory, noise scale, input pipeline, update sizes
+    record       the training record (the step's scalars) and what a person sees of it
+    evaluate     evaluation and ``best.pt``
+    checkpoint   ``last.pt``: after evaluation, and after every hook that learns in ``after_step``
+    guard        what may stop a step (fault injection, ``memory.limit``: ``before_forward``)
+    write        writers (``metrics.jsonl``, TensorBoard)
+
+The step's training record is what the ``measure`` and ``record`` hooks return from ``after_step``, merged in stage
+order (the record hooks' keys first; on a clash the later stage wins). It is put once the ``record`` stage is done,
+if a ``record`` hook returned values (the training log decides which steps are recorded: at other steps what was
+measured is dropped). A hook of a later stage returning values is an error: the record is already out.
+
 A hook registers a factory in ``bigbatch.registry.HOOKS``: ``factory(run) -> Hook | None`` (None: not wanted by
-this config or on this process), with ``order`` (lower runs first; default 100). Every run builds every
-registered hook. Built-in order: memory log 5, progress display 6, input pipeline 8, training log 10, evaluation
-20, checkpoints 30, fault injection 35, memory limit 41, metrics.jsonl 60, TensorBoard 61.
+this config or on this process). Every run builds every registered hook; ``train(..., hooks=[...])`` adds hooks
+of the caller's own, placed by their stage after the registered ones.
 
 When the run stops with an error, a hook's own error in ``after_train`` or ``close`` is printed as a warning and
 the run's error is the one raised. A hook must not keep ``run.model`` beyond the run (under torchrun it is the
@@ -42,6 +58,7 @@ DDP wrapper, which has to be freed before the process group goes).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bigbatch.batching import BatchPlan
@@ -53,11 +70,35 @@ from bigbatch.registry import HOOKS
 if TYPE_CHECKING:
     from bigbatch.engine.run import Run
 
+STAGES = ("prepare", "measure", "record", "evaluate", "checkpoint", "guard", "write")
+"""Where a hook runs among the others (the module docstring says what each stage is for)."""
+
+BUILT_IN = (
+    "freeze_norm",     # prepare
+    "phase_timing",    # measure, first of all: it ends the step's clock before any other hook spends time
+    "memory_log",      # measure, early: samples taken while the step is evaluated or saved carry this step
+    "noise_scale",     # measure
+    "input_pipeline",  # measure
+    "update_sizes",    # measure
+    "training_log",    # record: the step's scalars, with what the measure hooks returned
+    "console",         # record: the bar moves before an evaluation prints below it
+    "evaluation",      # evaluate: before the checkpoint, so that best.pt is written before last.pt
+    "checkpointing",   # checkpoint: after the hooks that learn in after_step, so that their state is this step's
+    "faults",          # guard: before memory_limit, so that an injected out-of-memory comes first
+    "memory_limit",    # guard
+    "metrics_jsonl",   # write
+    "tensorboard",     # write
+)
+"""The built-in hooks (registered by ``engine/hooks/``), in the order they run."""
+
 MOMENTS = ("before_train", "before_step", "before_forward", "after_backward", "after_step", "after_eval",
            "after_train", "write", "close")
 
 
 class Hook:
+    stage: str = ""
+    """Which of :data:`STAGES` the hook belongs to: every hook declares one."""
+
     def before_train(self, run: Run) -> None:
         pass
 
@@ -70,8 +111,8 @@ class Hook:
     def after_backward(self, run: Run, index: int) -> None:
         pass
 
-    def after_step(self, run: Run) -> None:
-        pass
+    def after_step(self, run: Run) -> dict[str, Any] | None:
+        return None
 
     def after_eval(self, run: Run, split: str, metrics: dict[str, float]) -> None:
         pass
@@ -100,8 +141,12 @@ class Hooks:
         self.run, self.hooks = run, hooks
         self.names = names if names is not None else [type(h).__name__ for h in hooks]
         """Each hook's name (its ``HOOKS`` entry's): the key of its state in a checkpoint."""
+        stages = [_stage_of(name, hook) for name, hook in zip(self.names, hooks, strict=True)]
+        if stages != sorted(stages):
+            raise ValueError("hooks must be given in the order of their stages (build_hooks orders them)")
         self._by_moment = {m: [getattr(h, m) for h in hooks if getattr(type(h), m) is not getattr(Hook, m)]
                            for m in MOMENTS}
+        self._after_step_hooks = [h for h in hooks if type(h).after_step is not Hook.after_step]
         self._started: list[Hook] = []
 
     def uses(self, moment: str) -> bool:
@@ -127,7 +172,32 @@ class Hooks:
         self._call("after_backward", index)
 
     def after_step(self) -> None:
-        self._call("after_step")
+        """Each hook's ``after_step``, in order; the training record is put once the ``record`` stage is done."""
+        measured: dict[str, Any] = {}
+        recorded: dict[str, Any] = {}
+        last_recording = STAGES.index("record")
+        put = False
+        for hook, method in zip(self._after_step_hooks, self._by_moment["after_step"], strict=True):
+            stage = STAGES.index(hook.stage)
+            if stage > last_recording and not put:
+                self._put_record(measured, recorded)
+                put = True
+            values = method(self.run)
+            if not values:
+                continue
+            if put:
+                raise RuntimeError(f"hook {type(hook).__name__} (stage {hook.stage}) returned values for the training "
+                                   f"record after it was put; a hook that adds to the record is a measure or record "
+                                   f"hook")
+            (recorded if hook.stage == "record" else measured).update(values)
+        if not put:
+            self._put_record(measured, recorded)
+
+    def _put_record(self, measured: dict[str, Any], recorded: dict[str, Any]) -> None:
+        """The step's training record: the record hooks' values, then what the measure hooks returned."""
+        if recorded:
+            values = {**recorded, **{k: v for k, v in measured.items() if k not in recorded}}
+            self.run.events.train(values, self.run.plan.steps)
 
     def after_eval(self, split: str, metrics: dict[str, float]) -> None:
         self._call("after_eval", split, metrics)
@@ -172,11 +242,28 @@ class Hooks:
                                 f"({type(e).__name__}: {e})") from None
 
 
-def build_hooks(run: Run) -> Hooks:
-    """Every registered hook this run wants, in their ``order``."""
-    entries = sorted((HOOKS.get(name) for name in HOOKS.names()), key=lambda e: e.info.get("order", 100))
-    built = [(entry.name, hook) for entry in entries if (hook := entry.obj(run)) is not None]
-    return Hooks(run, [hook for _, hook in built], [name for name, _ in built])
+def build_hooks(run: Run, extra: Sequence[Hook] = ()) -> Hooks:
+    """The run's hooks, in order: stage by stage (:data:`STAGES`); within a stage the built-in ones in the order of
+    :data:`BUILT_IN`, then the other registered ones in registration order, then ``extra`` (the caller's own
+    hooks) in the order given. A registered factory that returns None is not wanted by this run."""
+    built: list[tuple[tuple[int, int, int], str, Hook]] = []
+    for position, name in enumerate(HOOKS.names()):
+        hook = HOOKS.get(name).obj(run)
+        if hook is None:
+            continue
+        rank = BUILT_IN.index(name) if name in BUILT_IN else len(BUILT_IN) + position
+        built.append(((_stage_of(name, hook), 0, rank), name, hook))
+    for position, hook in enumerate(extra):
+        name = getattr(hook, "name", type(hook).__name__)
+        built.append(((_stage_of(name, hook), 1, position), name, hook))
+    built.sort(key=lambda item: item[0])
+    return Hooks(run, [hook for _, _, hook in built], [name for _, name, _ in built])
+
+
+def _stage_of(name: str, hook: Hook) -> int:
+    if hook.stage not in STAGES:
+        raise ValueError(f"hook {name!r} declares stage {hook.stage!r}; a hook's stage is one of {', '.join(STAGES)}")
+    return STAGES.index(hook.stage)
 
 
 def is_due(done: int, every: int, total: int) -> bool:

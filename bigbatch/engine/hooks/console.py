@@ -12,6 +12,8 @@ from bigbatch.registry import HOOKS
 
 
 class Console(Hook):
+    stage = "record"
+
     def before_train(self, run: Run) -> None:
         self.bar = None
         if sys.stderr.isatty():
@@ -39,4 +41,4 @@ class Console(Hook):
             self.bar.close()
 
 
-HOOKS.register("console", lambda run: Console() if run.proc.is_main else None, order=6)  # the bar moves before eval
+HOOKS.register("console", lambda run: Console() if run.proc.is_main else None)

@@ -8,6 +8,8 @@ from bigbatch.registry import HOOKS
 
 
 class Evaluation(Hook):
+    stage = "evaluate"
+
     def __init__(self, run: Run) -> None:
         self.every = every_steps(run.cfg.eval.every, run.plan)
 
@@ -29,4 +31,4 @@ class Evaluation(Hook):
             run.state.save(run.checkpoint_dir / "best.pt")
 
 
-HOOKS.register("evaluation", Evaluation, order=20)
+HOOKS.register("evaluation", Evaluation)

@@ -9,6 +9,8 @@ from bigbatch.telemetry.memory import MemoryLimitExceeded
 
 
 class Faults(Hook):
+    stage = "guard"
+
     def __init__(self, run: Run) -> None:
         self.debug = run.cfg.debug
         self.oom_done = False
@@ -37,4 +39,4 @@ def _wanted(run: Run) -> Faults | None:
     return Faults(run) if debug.oom_at_step is not None or debug.nonfinite_at_step is not None else None
 
 
-HOOKS.register("faults", _wanted, order=35)  # before memory_limit: an injected fault comes first, as it used to
+HOOKS.register("faults", _wanted)

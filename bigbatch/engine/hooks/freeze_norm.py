@@ -18,6 +18,8 @@ from bigbatch.registry import HOOKS
 
 
 class FreezeNormDuringWarmup(Hook):
+    stage = "prepare"
+
     def before_train(self, run: Run) -> None:
         self.until, self.first = warmup_steps(run.cfg, run.plan), run.state.step
 
@@ -30,5 +32,4 @@ class FreezeNormDuringWarmup(Hook):
             layer.train(train)
 
 
-HOOKS.register("freeze_norm", lambda run: FreezeNormDuringWarmup() if run.cfg.norm.freeze_during_warmup else None,
-               order=3)
+HOOKS.register("freeze_norm", lambda run: FreezeNormDuringWarmup() if run.cfg.norm.freeze_during_warmup else None)

@@ -22,6 +22,8 @@ INPUT_BOUND = 0.10
 
 
 class InputPipeline(Hook):
+    stage = "measure"
+
     def before_train(self, run: Run) -> None:
         self.waited = self.total = 0.0
         self.steps = 0
@@ -58,4 +60,4 @@ def advice(run: Run) -> str:
     return "the run is input-bound: try " + "; ".join(hints)
 
 
-HOOKS.register("input_pipeline", lambda run: InputPipeline() if run.proc.is_main else None, order=8)
+HOOKS.register("input_pipeline", lambda run: InputPipeline() if run.proc.is_main else None)

@@ -29,6 +29,8 @@ def record_step(line: str) -> int | None:
 
 
 class JsonLines(Hook):
+    stage = "write"
+
     def before_train(self, run: Run) -> None:
         path = run.out_dir / "metrics.jsonl"
         truncate_metrics(path, run.state.step)
@@ -42,4 +44,4 @@ class JsonLines(Hook):
         self.file.close()
 
 
-HOOKS.register("metrics_jsonl", lambda run: JsonLines() if run.proc.is_main else None, order=60)
+HOOKS.register("metrics_jsonl", lambda run: JsonLines() if run.proc.is_main else None)

@@ -19,6 +19,8 @@ from bigbatch.telemetry.memory import (
 
 
 class MemoryLog(Hook):
+    stage = "measure"
+
     """Samples memory every ``memory.interval`` s into ``memory.csv``; at the end an ``event: memory`` record of
     the peaks, which are also the run's result, and an ``event: memory_growth`` record of the RSS trend after the
     first evaluation (MiB per 1,000 steps; ``steady`` when a line explains most of it), and on a unified-memory
@@ -97,6 +99,8 @@ class MemoryLog(Hook):
 class MemoryLimit(Hook):
     """``memory.limit``: a micro-batch starting while the process's RSS is over it counts as out of memory."""
 
+    stage = "guard"
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
 
@@ -106,7 +110,6 @@ class MemoryLimit(Hook):
                                       f"{self.limit / 2**20:.0f} MiB")
 
 
-# Early, so that samples taken while a step is evaluated or saved carry that step.
-HOOKS.register("memory_log", lambda run: MemoryLog() if run.proc.is_main else None, order=5)
+HOOKS.register("memory_log", lambda run: MemoryLog() if run.proc.is_main else None)
 HOOKS.register("memory_limit", lambda run: MemoryLimit(parse_size(run.cfg.memory.limit))
-               if run.cfg.memory.limit is not None else None, order=41)
+               if run.cfg.memory.limit is not None else None)

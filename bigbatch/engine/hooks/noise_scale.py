@@ -19,6 +19,8 @@ from bigbatch.telemetry.noise_scale import MicroBatchGradients, NoiseScale, batc
 
 
 class NoiseScaleHook(Hook):
+    stage = "measure"
+
     def __init__(self, run: Run) -> None:
         self.tracker = MicroBatchGradients(world=run.plan.world)  # one step's measurement: nothing to keep
         self.noise = NoiseScale()
@@ -36,15 +38,16 @@ class NoiseScaleHook(Hook):
     def after_backward(self, run: Run, index: int) -> None:
         self.tracker.after_backward(run.model.parameters(), index)
 
-    def after_step(self, run: Run) -> None:
+    def after_step(self, run: Run) -> dict[str, Any] | None:
         norms = self.tracker.end_step()
         if norms is None:
-            return
+            return None
         step = run.train_step
         small, big = batch_sizes(run.plan.micro_batch // step.split, step.subdivisions, run.plan.world)
         self.noise.update(norms.small_sq, small, norms.big_sq, big)
-        if self.noise.b_simple is not None:
-            run.record["noise_scale"] = round(self.noise.b_simple, 1)
+        if self.noise.b_simple is None:
+            return None
+        return {"noise_scale": round(self.noise.b_simple, 1)}
 
     def after_train(self, run: Run) -> None:
         b_simple = self.noise.b_simple
@@ -59,4 +62,4 @@ class NoiseScaleHook(Hook):
 
 
 HOOKS.register("noise_scale", lambda run: NoiseScaleHook(run) if run.cfg.log.noise_scale and run.proc.is_main
-               else None, order=7)
+               else None)

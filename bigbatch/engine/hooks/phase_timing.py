@@ -16,24 +16,26 @@ from bigbatch.registry import HOOKS
 
 
 class PhaseTiming(Hook):
+    stage = "measure"
+
     def before_train(self, run: Run) -> None:
         self.first = run.state.step + 1
         self.totals = PhaseTotals()
-        run.train_step.clock.measure_next = True  # the first step is read
+        run.train_step.clock.time_next_step(True)  # the first step is read
 
     def measured(self, run: Run, done: int) -> bool:
         return is_due(done, run.cfg.log.every, run.plan.steps) or done == self.first
 
-    def after_step(self, run: Run) -> None:
+    def after_step(self, run: Run) -> dict[str, float] | None:
         done = run.state.step
         clock = run.train_step.clock
         times = clock.end(self.measured(run, done))
-        clock.measure_next = self.measured(run, done + 1)  # its sub-phases (t_bn_sync) are timed
+        clock.time_next_step(self.measured(run, done + 1))  # its sub-phases (t_bn_sync) are timed
         if times is None:
-            return
-        run.record.update({k: v for k, v in times.items() if k != "t_data"})  # the record's t_data is the loop's
+            return None
         if done != self.first:  # the first step warms up (allocations, first kernels): not in the table
             self.totals.add(times)
+        return {k: v for k, v in times.items() if k != "t_data"}  # the record's t_data is the loop's
 
     def after_train(self, run: Run) -> None:
         if self.totals.steps:
@@ -43,4 +45,4 @@ class PhaseTiming(Hook):
 
 
 HOOKS.register("phase_timing", lambda run: PhaseTiming() if run.cfg.log.timing != "off" and run.proc.is_main
-               else None, order=1)
+               else None)

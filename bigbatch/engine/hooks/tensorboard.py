@@ -14,6 +14,8 @@ NOT_PLOTTED = {"train": ("step", "images", "epoch"), "eval": ("step", "split")}
 
 
 class TensorBoard(Hook):
+    stage = "write"
+
     def before_train(self, run: Run) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -40,5 +42,4 @@ class TensorBoard(Hook):
         self.writer.close()
 
 
-HOOKS.register("tensorboard", lambda run: TensorBoard() if run.proc.is_main and run.cfg.log.tensorboard else None,
-               order=61)
+HOOKS.register("tensorboard", lambda run: TensorBoard() if run.proc.is_main and run.cfg.log.tensorboard else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from bigbatch.engine.hooks.base import Hook, is_due
 from bigbatch.engine.run import Run
@@ -11,33 +12,33 @@ from bigbatch.registry import HOOKS
 
 
 class TrainingLog(Hook):
-    """Puts a ``train`` record: ``step``, ``images``, ``epoch``, ``lr``, ``loss`` (the step's mean micro-batch
-    loss), ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step waited for its
-    data), and ``grad_norm`` (when clipping by norm) and ``loss_scale`` (when one is used)."""
+    """The ``train`` record: ``step``, ``images``, ``epoch``, ``lr``, ``loss`` (the step's mean micro-batch loss),
+    ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step waited for its data), and
+    ``grad_norm`` (when clipping by norm) and ``loss_scale`` (when one is used); the measure hooks' values join it
+    (``engine/hooks/base.py``)."""
+
+    stage = "record"
 
     def before_train(self, run: Run) -> None:
         self.first = run.state.step + 1
         self.last_time, self.last_step = time.perf_counter(), run.state.step
 
-    def after_step(self, run: Run) -> None:
+    def after_step(self, run: Run) -> dict[str, Any] | None:
         done, plan, result = run.state.step, run.plan, run.result
         if not (is_due(done, run.cfg.log.every, plan.steps) or done == self.first):
-            run.record.clear()
-            return
+            return None
         now = time.perf_counter()
         rate = (done - self.last_step) * plan.batch / max(now - self.last_time, 1e-9)
         self.last_time, self.last_step = now, done
-        epoch, loss, scaler = plan.epoch_at(done), result.loss.item(), run.train_step.scaler
-        values = {"step": done, "images": done * plan.batch, "epoch": round(epoch, 4), "lr": run.lr, "loss": loss,
-                  "images_per_s": round(rate, 1), "skipped": run.train_step.skipped, "t_data": round(run.t_data, 6)}
+        scaler = run.train_step.scaler
+        values = {"step": done, "images": done * plan.batch, "epoch": round(plan.epoch_at(done), 4), "lr": run.lr,
+                  "loss": result.loss.item(), "images_per_s": round(rate, 1), "skipped": run.train_step.skipped,
+                  "t_data": round(run.t_data, 6)}
         if result.grad_norm is not None:
             values["grad_norm"] = result.grad_norm
         if type(scaler) is not LossScaler or scaler.scale != 1.0:
             values["loss_scale"] = scaler.scale
-        values.update(run.record)  # what earlier hooks measured at this step (noise scale, update sizes)
-        run.record.clear()
-        run.events.train(values, f"step {done}/{plan.steps}  epoch {epoch:.2f}  loss {loss:.4f}  lr {run.lr:.4g}  "
-                                 f"{rate:.0f} img/s")
+        return values
 
 
-HOOKS.register("training_log", lambda run: TrainingLog() if run.proc.is_main else None, order=10)
+HOOKS.register("training_log", lambda run: TrainingLog() if run.proc.is_main else None)

@@ -9,6 +9,8 @@ and the ten largest relative updates in the training record as ``top_updates``. 
 
 from __future__ import annotations
 
+from typing import Any
+
 from bigbatch.engine.hooks.base import Hook, is_due
 from bigbatch.engine.run import Run
 from bigbatch.engine.step import unwrap
@@ -17,6 +19,8 @@ from bigbatch.telemetry.update_sizes import UpdatesCSV, UpdateSizes, drop_rows_a
 
 
 class UpdateSizesHook(Hook):
+    stage = "measure"
+
     def before_train(self, run: Run) -> None:
         self.sizes = UpdateSizes()
         path = run.out_dir / "updates.csv"
@@ -32,17 +36,16 @@ class UpdateSizesHook(Hook):
         if self.measuring:
             self.sizes.before(unwrap(run.model))
 
-    def after_step(self, run: Run) -> None:
+    def after_step(self, run: Run) -> dict[str, Any] | None:
         if not self.measuring:
-            return
+            return None
         updates = self.sizes.after(unwrap(run.model))
         self.csv.write(run.state.step, updates)
-        run.record["top_updates"] = top(updates)
+        return {"top_updates": top(updates)}
 
     def close(self, run: Run) -> None:
         if hasattr(self, "csv"):
             self.csv.close()
 
 
-HOOKS.register("update_sizes", lambda run: UpdateSizesHook() if run.cfg.log.updates and run.proc.is_main else None,
-               order=9)
+HOOKS.register("update_sizes", lambda run: UpdateSizesHook() if run.cfg.log.updates and run.proc.is_main else None)
