@@ -1,11 +1,12 @@
 """Behaviour check for a refactor: the same short runs, before and after, give the same checkpoints and records.
 
 Runs 20 steps of `digits`, `shapes-detect` and `yolov3-tiny-shapes` (evaluation and checkpoints every 10 steps,
-on a small generated shapes set) with the `bigbatch` importable in this process (PYTHONPATH chooses the tree),
+on a small generated shapes set) with the `bigbatch` this Python imports (a venv per tree: an editable install
+wins over PYTHONPATH),
 and writes a summary of each run: the sha256 of every checkpoint and the parsed metrics.jsonl records with the
 fields a machine's clock and memory decide left out (WALL_CLOCK_FIELDS).
 
-    PYTHONPATH=/path/to/old/tree .venv/bin/python benchmarks/behaviour_check.py run --out /tmp/before
+    /path/to/old/tree/.venv/bin/python benchmarks/behaviour_check.py run --out /tmp/before
     .venv/bin/python benchmarks/behaviour_check.py run --out /tmp/after
     .venv/bin/python benchmarks/behaviour_check.py compare /tmp/before /tmp/after
 
@@ -27,9 +28,9 @@ COMMON = ["--set", "steps=20", "--set", "eval.every=10", "--set", "checkpoint.ev
 SHAPES = ["--set", "data.shapes_images=200"]
 
 WALL_CLOCK_FIELDS = ("images_per_s", "memory", "rss", "cuda")
-"""Record fields (and prefixes: ``t_*`` times, ``memory_*``, ``rss_*``) that depend on the machine's clock and
+"""Record fields (and prefixes: ``t_*`` times, ``memory_*``, ``rss_*``, ``peak_*``) that depend on the machine's clock and
 memory, not on the code's behaviour."""
-WALL_CLOCK_PREFIXES = ("t_", "memory_", "rss_", "cuda_")
+WALL_CLOCK_PREFIXES = ("t_", "memory_", "rss_", "cuda_", "peak_")
 WALL_CLOCK_EVENTS = ("memory_growth",)
 """Events whose presence depends on wall-clock memory sampling."""
 
@@ -55,10 +56,9 @@ def summarise(run_dir: Path) -> dict:
 def run(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=False)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    shapes = out / "shapes"
     summary = {}
     for recipe in RECIPES:
-        extra = SHAPES + ["--set", f"data.path={shapes}"] if recipe != "digits" else []
+        extra = SHAPES + ["--set", "data.path=shapes"] if recipe != "digits" else []  # relative: the same config
         command = [sys.executable, "-m", "bigbatch", "train", recipe, "--out", str(out / recipe), *COMMON, *extra]
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True, env=env, cwd=out)
