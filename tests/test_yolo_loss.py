@@ -416,7 +416,7 @@ def test_boxes_are_clipped_and_capped():
 
 
 def tiny_cfg(classes: int = CLASSES) -> str:
-    """yolov3-tiny's layout (the layers of ../shared/data/darknet/yolov3-tiny.cfg) at a quarter of its widths, with
+    """yolov3-tiny's layout (the layers of tests/data/darknet/yolov3-tiny.cfg) at a quarter of its widths, with
     anchors for a ~100 px input."""
     filters = 3 * (5 + classes)
 
@@ -546,13 +546,11 @@ def test_layer_loss_normalises_by_the_given_count():
         assert float(three[key]) == pytest.approx(float(one[key]) / 3)
 
 
-def test_shared_yolov3_tiny_cfg_trains_if_present():
-    """The real yolov3-tiny.cfg (skipped without ../shared/data) at 96 px with 3 classes: a finite loss and gradient."""
-    from tests.conftest import SHARED_DATA
+def test_reference_yolov3_tiny_cfg_trains():
+    """Darknet's own yolov3-tiny.cfg (tests/data/darknet) at 96 px with 3 classes: a finite loss and gradient."""
+    from tests.helpers import DARKNET_DATA
 
-    path = SHARED_DATA / "darknet" / "yolov3-tiny.cfg"
-    if not path.is_file():
-        pytest.skip("../shared/data/darknet/yolov3-tiny.cfg is absent")
+    path = DARKNET_DATA / "yolov3-tiny.cfg"
     from bigbatch.models.darknet import load_network
 
     torch.manual_seed(0)
