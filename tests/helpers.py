@@ -26,7 +26,8 @@ from bigbatch.engine.hooks import Hook
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
-"""Small files the tests read (each folder's README.md says where its files come from)."""
+"""Small files the tests read: reference files (tests/data/darknet/README.md says where they come from) and a run
+directory written by an earlier version (run-format1)."""
 DARKNET_DATA = DATA / "darknet"
 """Darknet's own yolov3.cfg, yolov3-tiny.cfg, coco.names and coco.data, verbatim (tests/data/darknet/README.md)."""
 

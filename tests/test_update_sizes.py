@@ -13,6 +13,8 @@ from torch import nn
 from bigbatch.telemetry.update_sizes import LayerUpdate, UpdatesCSV, UpdateSizes, top
 from tests.helpers import count_host_transfers
 
+pytestmark = pytest.mark.fast
+
 LR = 0.1
 
 

@@ -18,6 +18,8 @@ from bigbatch.models.darknet.cfg import Yolo
 from bigbatch.models.darknet.detector import DarknetDetector, decode_yolo_output, postprocess
 from bigbatch.models.darknet.yolo_loss import darknet_truths, yolo_layer_loss, yolo_loss
 
+pytestmark = pytest.mark.fast
+
 ANCHORS = ((8, 10), (14, 20), (24, 18), (30, 40), (44, 32), (60, 58))
 INPUT = 64
 GRID = 4
