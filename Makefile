@@ -34,7 +34,8 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -n 2 -q --durations=15 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-# One process: on 2 cores, the fast subset takes longer in two workers, each importing torch, than in one.
+# One process: on 2 cores the fast subset takes longer in two workers, each importing torch, than in one (2026-12-03,
+# load average 7 on the project's 2-core machine: 42 s in one process, 82 s with -n 2).
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -n 0 -q -m fast --durations=5 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc

@@ -122,6 +122,9 @@ def test_the_package_cites_sources_not_seed_documents():
     files = sorted(p for p in PACKAGE.rglob("*") if p.suffix in (".py", ".yaml", ".cfg") and p.is_file())
     found = [hit for path in files if not is_left(path) for hit in seed_citations(path)]
     assert not found, "cite the source (docs/references.md) instead:\n" + "\n".join(found)
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    in_docs = [hit for path in documents for hit in seed_citations(path)]
+    assert not in_docs, "cite the source (docs/references.md) instead:\n" + "\n".join(in_docs)
     stale = [left for left in SEED_CITATIONS_LEFT
              if not any(seed_citations(path) for path in files if is_left(path) and
                         path.relative_to(ROOT).as_posix().startswith(left))]
