@@ -218,6 +218,8 @@ def write_photo_folder(root: Path, train: int = 8, val: int = 3, seed: int = 0) 
 class StopAfter(Hook):
     """Interrupts the run after the given step (the checkpoint of an earlier step is on disk)."""
 
+    stage = "write"
+
     def __init__(self, step: int) -> None:
         self.step = step
 
