@@ -28,11 +28,11 @@ COMMON = ["--set", "steps=20", "--set", "eval.every=10", "--set", "checkpoint.ev
 SHAPES = ["--set", "data.shapes_images=200"]
 
 WALL_CLOCK_FIELDS = ("images_per_s", "memory", "rss", "cuda")
-"""Record fields (and prefixes: ``t_*`` times, ``memory_*``, ``rss_*``, ``peak_*``) that depend on the machine's clock and
-memory, not on the code's behaviour."""
+"""Record fields (and prefixes: ``t_*`` times, ``memory_*``, ``rss_*``, ``peak_*``) that depend on the machine's
+clock and memory, not on the code's behaviour."""
 WALL_CLOCK_PREFIXES = ("t_", "memory_", "rss_", "cuda_", "peak_")
-WALL_CLOCK_EVENTS = ("memory_growth",)
-"""Events whose presence depends on wall-clock memory sampling."""
+WALL_CLOCK_EVENTS = ("memory_growth", "input_pipeline")
+"""Events whose presence (memory sampling) or every value (the input pipeline's seconds and share) is wall-clock."""
 
 
 def deterministic(record: dict) -> dict:

@@ -1,7 +1,7 @@
 """The batch plan: how one global batch is cut across devices and micro-batches.
 
-Darknet's meaning (seed ``darknet-batch-subdivisions``): ``batch`` images make one weight
-update; each device runs them as ``subdivisions`` micro-batches of forward and backward:
+Darknet's meaning (pjreddie/darknet ``src/parser.c``, ``parse_net_options``; docs/references.md): ``batch``
+images make one weight update; each device runs them as ``subdivisions`` micro-batches of forward and backward:
 
     micro_batch = batch / (world * subdivisions)
 

@@ -12,6 +12,8 @@ from timm.utils.agc import adaptive_clip_grad
 from bigbatch.config import ClipConfig
 from bigbatch.recipe.clip import clip_gradients
 
+pytestmark = pytest.mark.fast
+
 SHAPES = [(4, 3, 3, 3), (4,), (5, 6), (5,), (1,)]
 
 

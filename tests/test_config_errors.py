@@ -6,7 +6,7 @@ import pytest
 
 from bigbatch.config import load_config
 from bigbatch.errors import UserError
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 BAD = [
     (["--set", "optim.lrr=0.1"], "optim.lrr", "unknown key"),

@@ -8,13 +8,13 @@ import struct
 import pytest
 import torch
 
-from tests.conftest import run_main
+from tests.helpers import DARKNET_DATA, run_main
 
 
 @pytest.mark.parametrize(("name", "layers", "parameters"), [("yolov3.cfg", 107, "61,949,149"),
                                                              ("yolov3-tiny.cfg", 24, "8,852,366")])
-def test_show_counts_the_parameters_as_darknet(shared_data, name, layers, parameters):
-    shown = run_main("show", str(shared_data / "darknet" / name))
+def test_show_counts_the_parameters_as_darknet(name, layers, parameters):
+    shown = run_main("show", str(DARKNET_DATA / name))
     assert shown.returncode == 0, shown.stderr
     assert f"; {layers} layers; {parameters} parameters" in shown.stdout
     assert "model:\n  name: darknet" in shown.stdout and "resize: letterbox" in shown.stdout
@@ -24,12 +24,12 @@ def test_show_counts_the_parameters_as_darknet(shared_data, name, layers, parame
     assert table[1].split()[:3] == ["0", "conv", "16" if "tiny" in name else "32"]
 
 
-def test_export_writes_darknet_weights_that_read_back_bit_identically(shared_data, tmp_path):
+def test_export_writes_darknet_weights_that_read_back_bit_identically(tmp_path):
     """A fresh yolov3 as Darknet weights: exactly 248,007,048 bytes; converted back through --weights, the same bytes
     and the same tensors in a checkpoint that model.weights reads."""
     from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
 
-    cfg = shared_data / "darknet" / "yolov3.cfg"
+    cfg = DARKNET_DATA / "yolov3.cfg"
     first = tmp_path / "first.weights"
     result = run_main("export", str(cfg), "--darknet-weights", str(first))
     assert result.returncode == 0, result.stderr
@@ -48,8 +48,8 @@ def test_export_writes_darknet_weights_that_read_back_bit_identically(shared_dat
     assert not torch.equal(fresh.state_dict()["layers.0.conv.weight"], a["layers.0.conv.weight"])
 
 
-def test_export_refuses_to_overwrite_and_names_a_mismatched_file(shared_data, tmp_path):
-    tiny = shared_data / "darknet" / "yolov3-tiny.cfg"
+def test_export_refuses_to_overwrite_and_names_a_mismatched_file(tmp_path):
+    tiny = DARKNET_DATA / "yolov3-tiny.cfg"
     kept = tmp_path / "kept.weights"
     kept.write_bytes(b"mine")
     result = run_main("export", str(tiny), "--darknet-weights", str(kept))

@@ -1,5 +1,5 @@
 """Darknet networks from a .cfg (bigbatch.models.darknet) against independent oracles: the layer and parameter
-counts and .weights sizes Darknet itself reports for yolov3 and yolov3-tiny (../shared/data/darknet/README.md), the
+counts and .weights sizes Darknet itself reports for yolov3 and yolov3-tiny (tests/data/darknet/README.md), the
 C formulas of Darknet's layers and activations transcribed element by element, and a small network written out by
 hand in plain torch."""
 
@@ -29,23 +29,15 @@ from bigbatch.models.darknet import (
 )
 from bigbatch.models.darknet.activations import ACTIVATIONS, activation
 from bigbatch.models.darknet.shapes import Shape
-from tests.conftest import SHARED_DATA
+from tests.helpers import DARKNET_DATA, SMALL, net_header
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
 @pytest.fixture(scope="module")
-def darknet() -> Path:
-    """../shared/data/darknet, as conftest's shared_data finds it (module-scoped here), or a skip."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip("../shared/data is absent (it only exists beside the project's own checkout)")
-    return SHARED_DATA / "darknet"
-
-
-@pytest.fixture(scope="module")
-def yolov3(darknet) -> DarknetNetwork:
+def yolov3() -> DarknetNetwork:
     torch.manual_seed(0)
-    return load_network(darknet / "yolov3.cfg", 416, 416)
+    return load_network(DARKNET_DATA / "yolov3.cfg", 416, 416)
 
 
 def write_cfg(tmp_path: Path, text: str, name: str = "net.cfg") -> Path:
@@ -57,10 +49,6 @@ def write_cfg(tmp_path: Path, text: str, name: str = "net.cfg") -> Path:
 def build(tmp_path: Path, text: str, seed: int = 0) -> DarknetNetwork:
     torch.manual_seed(seed)
     return DarknetNetwork(read_darknet_cfg(write_cfg(tmp_path, text)))
-
-
-def net_header(width: int, height: int, channels: int) -> str:
-    return f"[net]\nbatch=1\nwidth={width}\nheight={height}\nchannels={channels}\n"
 
 
 def randomize_bn(network: torch.nn.Module, seed: int = 1) -> None:
@@ -120,9 +108,9 @@ def assert_bit_identical(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert torch.equal(sa[key].view(torch.int32), sb[key].view(torch.int32)), key
 
 
-def test_yolov3_tiny_weights_size_round_trip_and_other_classes(darknet, tmp_path):
+def test_yolov3_tiny_weights_size_round_trip_and_other_classes(tmp_path):
     torch.manual_seed(0)
-    tiny = load_network(darknet / "yolov3-tiny.cfg")
+    tiny = load_network(DARKNET_DATA / "yolov3-tiny.cfg")
     assert len(tiny.layers) == 24 and parameter_count(tiny) == 8_852_366
     running = sum(b.numel() for n, b in tiny.named_buffers() if "running" in n)  # buffers, not parameters
     assert running == 2 * sum(b.bn.num_features for b in tiny.conv_blocks() if b.bn is not None)
@@ -130,45 +118,27 @@ def test_yolov3_tiny_weights_size_round_trip_and_other_classes(darknet, tmp_path
     path = tmp_path / "tiny.weights"
     write_weights(tiny, path)
     assert path.stat().st_size == 35_434_956
-    again = load_network(darknet / "yolov3-tiny.cfg")
+    again = load_network(DARKNET_DATA / "yolov3-tiny.cfg")
     assert read_weights(again, path) == 0
     assert_bit_identical(tiny, again)
     with torch.no_grad():  # yolov3-tiny's stride-1 maxpool keeps 13 x 13; at 128 px, 4 x 4 and 8 x 8
-        out = load_network(darknet / "yolov3-tiny.cfg", 128, 128).eval()(torch.randn(2, 3, 128, 128))
+        out = load_network(DARKNET_DATA / "yolov3-tiny.cfg", 128, 128).eval()(torch.randn(2, 3, 128, 128))
     assert [tuple(o.shape) for o in out] == [(2, 255, 4, 4), (2, 255, 8, 8)]
-    three = load_network(darknet / "yolov3-tiny.cfg", 128, 128, classes=3)
+    three = load_network(DARKNET_DATA / "yolov3-tiny.cfg", 128, 128, classes=3)
     # the two 1x1 convolutions before a [yolo] (inputs 512 and 256, with bias) lose 255 - 3 * (3 + 5) filters each
     assert parameter_count(three) == 8_852_366 - (512 + 1) * (255 - 24) - (256 + 1) * (255 - 24)
     assert [h.classes for h in three.yolo_heads] == [3, 3]
     assert [tuple(o.shape) for o in three(torch.randn(1, 3, 128, 128))] == [(1, 24, 4, 4), (1, 24, 8, 8)]
 
 
-def test_reference_cfgs_ignored_keys(darknet):
+def test_reference_cfgs_ignored_keys():
     for name in ("yolov3.cfg", "yolov3-tiny.cfg"):
-        cfg = read_darknet_cfg(darknet / name)
+        cfg = read_darknet_cfg(DARKNET_DATA / name)
         assert ignored_keys(cfg) == ["net:angle"]  # saturation, exposure and hue are Darknet's augmentation: used
         assert (cfg.net.saturation, cfg.net.exposure, cfg.net.hue, cfg.net.flip) == (1.5, 1.5, 0.1, True)
 
 
 # ----------------------------------------------------------------------------- .weights layout and errors
-
-SMALL = net_header(5, 5, 2) + """
-[convolutional]
-batch_normalize=1
-filters=3
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[convolutional]
-filters=2
-size=1
-stride=1
-groups=1
-activation=linear
-"""
-
 
 def test_weights_file_layout_by_hand(tmp_path):
     """The bytes of a two-layer network, laid out by hand in Darknet's order from known values."""

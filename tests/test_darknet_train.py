@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 QUICK = ["log.tensorboard=false", "data.workers=0", "eval.batch=50"]
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bigbatch.data.loader import TensorImages, eval_batches, train_steps
 from bigbatch.data.order import GlobalBatchOrder
+
+pytestmark = pytest.mark.fast
 
 
 def test_each_epoch_is_a_permutation_and_batches_straddle_epochs():

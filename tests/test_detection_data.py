@@ -24,6 +24,7 @@ from bigbatch.data.coco import coco_ground_truth, load_coco
 from bigbatch.data.detection import DataIssues, DetectionDataset, DetectionRecord
 from bigbatch.data.yolo import load_yolo, read_darknet_data, read_names, yolo_label_path
 from bigbatch.errors import UserError
+from tests.helpers import DARKNET_DATA
 
 CATEGORIES = [{"id": 3, "name": "dog"}, {"id": 7, "name": "cat"}, {"id": 1, "name": "bird"}]
 
@@ -235,11 +236,11 @@ def test_yolo_darknet_data_file_resolves_paths_like_darknet(tmp_path, monkeypatc
         load_yolo(cfg / "my.data", DataIssues(), keep_empty=True)
 
 
-def test_darknet_reference_data_and_names_files(shared_data):
-    options = read_darknet_data(shared_data / "darknet" / "coco.data")
+def test_darknet_reference_data_and_names_files():
+    options = read_darknet_data(DARKNET_DATA / "coco.data")
     assert options == {"classes": "80", "train": "/home/pjreddie/data/coco/trainvalno5k.txt", "valid": "coco_testdev",
                        "names": "data/coco.names", "backup": "/home/pjreddie/backup/", "eval": "coco"}
-    names = read_names(shared_data / "darknet" / "coco.names")
+    names = read_names(DARKNET_DATA / "coco.names")
     assert len(names) == 80 and names[:3] == ["person", "bicycle", "car"]
 
 

@@ -14,8 +14,7 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from tests.conftest import HANG_GUARD_S, free_port, run_cli, run_main
-from tests.test_restart import clean_env
+from tests.helpers import HANG_GUARD_S, clean_env, free_port, run_cli, run_main
 
 IMAGES = 500
 SHORT = ["steps=150", "optim.lr=0.003", "schedule.warmup=[{kind: linear, length: 20, start_factor: 0.02}]",
@@ -139,7 +138,7 @@ def test_evaluation_sharded_over_two_processes_equals_one(shapes, tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     out = tmp_path / "two"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",

@@ -2,37 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.conftest import HANG_GUARD_S, ROOT, free_port, run_main
-
-COMMON = ["batch=64", "steps=3", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.batch=50",
-          "schedule.warmup=[]"]
-
-
-def torchrun(out, *overrides: str, processes: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", *COMMON, *overrides]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-
-
-def weights(out) -> dict[str, torch.Tensor]:
-    return torch.load(out / "checkpoints" / "last.pt", weights_only=True)["model"]
-
-
-def assert_same_weights(a, b, atol: float = 1e-4) -> None:
-    for key, value in a.items():
-        if value.is_floating_point() and not key.endswith(("running_mean", "running_var")):
-            torch.testing.assert_close(b[key], value, rtol=0, atol=atol, msg=key)
+from tests.helpers import COMMON, assert_same_weights, run_main, torchrun, weights
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from bigbatch.errors import UserError
 from bigbatch.recipe.rescale import rescale
 from bigbatch.recipe.schedule import build_schedule, scaled_lr
 from bigbatch.registry import DATASETS, DECAYS, MODELS, OPTIMIZERS
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 TINY = ["batch=32", "subdivisions=2", "data.size=8", "model.width=4", "log.tensorboard=false", "eval.every=2",
         "checkpoint.every=2", "memory.interval=60"]

@@ -8,45 +8,17 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from bigbatch.config import load_config
 from bigbatch.data.folder import decode_crop, find_classes, jpeg_reduction, list_samples
-from bigbatch.engine.hooks import Hook
 from bigbatch.registry import HOOKS
-from tests.conftest import run_main
-from tests.test_distributed import assert_same_weights, torchrun, weights
+from tests.helpers import StopAfter, assert_same_weights, run_main, torchrun, weights, write_photo_folder
 
-PHOTOS = ("china.jpg", "flower.jpg")
-"""The two photographs (427 x 640 JPEG) that ship with scikit-learn: one class each, plus a third class of
-crops of both turned upside down."""
 TINY = ["batch=8", "subdivisions=2", "steps=4", "data.size=32", "eval.every=2", "checkpoint.every=2",
         "log.tensorboard=false", "model.width=4", "schedule.warmup=[]"]
-
-
-def write_photo_folder(root: Path, train: int = 8, val: int = 3, seed: int = 0) -> Path:
-    """``root/{train,val}/{china,flower,upside_down}/`` with JPEG crops (and one PNG) of the sample photos."""
-    from sklearn.datasets import load_sample_image
-
-    rng = np.random.default_rng(seed)
-    photos = [load_sample_image(name) for name in PHOTOS]
-    for split, count in (("train", train), ("val", val)):
-        for name in ("china", "flower", "upside_down"):
-            (root / split / name).mkdir(parents=True)
-        for i in range(count):
-            for label, photo in enumerate(photos):
-                h, w = int(rng.integers(60, 200)), int(rng.integers(60, 200))
-                top, left = int(rng.integers(0, 427 - h)), int(rng.integers(0, 640 - w))
-                crop = Image.fromarray(photo[top:top + h, left:left + w])
-                crop.save(root / split / PHOTOS[label].removesuffix(".jpg") / f"{i:03d}.jpg", quality=90)
-                flipped = crop.transpose(Image.Transpose.ROTATE_180)
-                suffix = "png" if i == 0 else "JPEG"  # a PNG, and ImageNet's upper-case suffix
-                flipped.save(root / split / "upside_down" / f"{label}{i:03d}.{suffix}",
-                             format="PNG" if suffix == "png" else "JPEG")
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +47,6 @@ def test_a_timm_and_a_torchvision_model_train_on_the_folder(tmp_path, photos, mo
     assert result.returncode == 0, result.stderr
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert state["step"] == 4 and "top1" in result.stdout
-
-
-class StopAfter(Hook):
-    """Interrupts the run after the given step (the checkpoint of an earlier step is on disk)."""
-
-    stage = "write"
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def after_step(self, run) -> None:
-        if run.state.step == self.step:
-            raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize("preprocessing", ["inception", "standard"])

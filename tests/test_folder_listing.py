@@ -22,8 +22,7 @@ from bigbatch.data.folder import find_classes, list_samples
 from bigbatch.data.pack import PARTIAL_MARK
 from bigbatch.data.shard_index import read_index
 from bigbatch.errors import UserError
-from tests.conftest import HANG_GUARD_S, run_main
-from tests.test_folder import write_photo_folder
+from tests.helpers import HANG_GUARD_S, run_main, write_photo_folder
 
 
 @pytest.fixture

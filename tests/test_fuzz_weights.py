@@ -34,8 +34,7 @@ from hypothesis import strategies as st
 from bigbatch.errors import UserError
 from bigbatch.models.darknet import DarknetNetwork, read_darknet_cfg, read_weights, write_weights
 from bigbatch.models.darknet.weights import weight_tensors
-from tests.conftest import run_main
-from tests.test_darknet_net import SMALL
+from tests.helpers import SMALL, run_main
 
 # Two convolutions (one with batch norm, one with a bias): 3 * 4 + 3 * 2 * 3 * 3 + 2 + 2 * 3 = 74 float32 values
 SMALL_CFG = SMALL  # the .weights layout tests' two-convolution network

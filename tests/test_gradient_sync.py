@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.data.loader import TensorImages
 from bigbatch.engine.step import attempt_step
 from bigbatch.tasks.classification import ClassificationTask
-from tests.conftest import HANG_GUARD_S, run_spawned
+from tests.helpers import HANG_GUARD_S, run_spawned
 
 WORLD = 2
 SUBDIVISIONS = 4

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from bigbatch.engine import host_all_reduce
 from bigbatch.engine.host_all_reduce import HostAllReduce
-from tests.conftest import HANG_GUARD_S, ROOT, run_spawned
+from tests.helpers import HANG_GUARD_S, ROOT, run_spawned
 
 WORLD = 3
 CALLS = 300

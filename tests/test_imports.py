@@ -7,6 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 PACKAGE = Path(__file__).resolve().parent.parent / "bigbatch"
 
 

@@ -35,6 +35,8 @@ from bigbatch.data.inception import (
     tf1_resize_bilinear,
 )
 
+pytestmark = pytest.mark.fast
+
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ from bigbatch.config import load_config, parse_size
 from bigbatch.data.loader import split_batch
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import train
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 SMALL = ["batch=64", "subdivisions=4", "data.size=16", "model.width=8", "log.tensorboard=false", "log.every=1",
          "norm.momentum=0.2"]  # BatchNorm, with a momentum that depends on the number of micro-batches

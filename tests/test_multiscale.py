@@ -102,7 +102,7 @@ def test_single_size_is_constant_and_negative_step_rejected():
 
 
 def test_show_lists_the_sizes_a_run_can_take(tmp_path):
-    from tests.conftest import run_main
+    from tests.helpers import run_main
 
     shown = run_main("show", "shapes-detect", "--set", "data.multiscale.sizes=auto", "data.size=320",
                      "data.max_size=null", f"data.path={tmp_path / 'not-written'}")

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.engine.step import attempt_step
 from bigbatch.recipe.precision import LossScaler
 from bigbatch.telemetry.noise_scale import GradientNorms, MicroBatchGradients, NoiseScale, batch_sizes
-from tests.conftest import HANG_GUARD_S, count_host_transfers, run_spawned
+from tests.helpers import HANG_GUARD_S, count_host_transfers, run_spawned
 
 SCALE = 1024.0
 

@@ -24,6 +24,8 @@ from bigbatch.recipe.norm import (
 )
 from bigbatch.tasks.classification import ClassificationTask
 
+pytestmark = pytest.mark.fast
+
 CROSS_ENTROPY = ClassificationTask(train_set=None, val_set=None, num_classes=10).loss
 """The classification task's loss: the mean cross-entropy of a micro-batch (no label smoothing)."""
 

@@ -17,6 +17,8 @@ from bigbatch.config import OptimConfig
 from bigbatch.errors import UserError
 from bigbatch.recipe.optim import Lamb, Lars, MomentumSGD, RMSpropTF, build_optimizer, set_lr
 
+pytestmark = pytest.mark.fast
+
 STEPS = 20
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from bigbatch.engine.planner import Measurement, candidates, fit_line
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 TINY = ["data.size=16", "model.width=8", "log.tensorboard=false"]
 

@@ -14,7 +14,7 @@ from bigbatch.config import load_config
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import train
 from bigbatch.recipe.precision import DynamicLossScaler, UpdateRatioLossScaler, build_scaler
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 
 def scripted_events(n: int, seed: int) -> list[float]:

@@ -37,6 +37,7 @@ from bigbatch.cli import main
 from bigbatch.config import RunConfig, parse_override
 from bigbatch.errors import UserError
 from bigbatch.recipe.darknet_cfg import net_recipe, read_cfg
+from tests.helpers import DARKNET_DATA
 
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")  # a failure's strategy, printed
 
@@ -300,7 +301,8 @@ classes=80
 num=6
 random=1
 """
-"""A Darknet cfg in yolov3-tiny's shape (training header), for when ../shared/data is absent."""
+"""A Darknet cfg in yolov3-tiny's shape with a training header (tests/data/darknet/yolov3-tiny.cfg has a testing
+one)."""
 
 
 @pytest.fixture(scope="module")
@@ -556,14 +558,14 @@ def test_cfg_files_give_a_config_or_one_error_line(text, sets):
 
 @examples(60)
 @given(data=st.data())
-def test_shared_darknet_cfgs_mutated(shared_data, data):
+def test_reference_darknet_cfgs_mutated(data):
     name = data.draw(st.sampled_from(["yolov3.cfg", "yolov3-tiny.cfg"]), label="file")
-    text = (shared_data / "darknet" / name).read_text(encoding="utf-8")
+    text = (DARKNET_DATA / name).read_text(encoding="utf-8")
     check_cfg(data.draw(_cfg_mutated(text) | st.just(text), label="cfg"),
               *data.draw(st.lists(st.sampled_from(["steps=5", "subdivisions=1"]), max_size=2), label="sets"))
 
 
 @pytest.mark.parametrize("name", ["yolov3.cfg", "yolov3-tiny.cfg"])
-def test_shared_darknet_cfgs_show(shared_data, name):
+def test_reference_darknet_cfgs_show(name):
     """The real cfgs show as they are (yolov3-tiny's testing header has batch=1, subdivisions=1)."""
-    assert check_show(str(shared_data / "darknet" / name))[0] == 0
+    assert check_show(str(DARKNET_DATA / name))[0] == 0

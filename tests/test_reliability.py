@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,27 +19,13 @@ import torch
 from bigbatch.cli import main
 from bigbatch.engine import checkpoint
 from bigbatch.engine.run_dir import LOCK_NAME, hold_run_dir
-from tests.conftest import HANG_GUARD_S
-
-TINY = ["batch=32", "subdivisions=2", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.every=100",
-        "memory.interval=60"]
+from tests.helpers import HANG_GUARD_S, HOLDER, TINY
 
 
 def one_error(capsys: pytest.CaptureFixture, prefix: str) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {prefix}"), err
     return err
-
-
-@pytest.fixture
-def no_training(monkeypatch):
-    """Fail the test if training (any work past the checks) starts."""
-    import bigbatch.engine.trainer as trainer
-
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("training started: the mistake was not found before any work")
-
-    monkeypatch.setattr(trainer, "train", must_not_run)
 
 
 def dead_pid() -> int:
@@ -143,16 +128,6 @@ def test_a_run_that_stops_before_writing_leaves_no_folder(tmp_path, capsys):
 
 
 # --- 3. one process at a time on a run directory ------------------------------------------------------------------
-
-HOLDER = textwrap.dedent("""
-    import sys
-    from pathlib import Path
-    from bigbatch.engine.run_dir import hold_run_dir
-    with hold_run_dir(Path(sys.argv[1])):
-        print("held", flush=True)
-        sys.stdin.read()  # until the test closes stdin or kills this process
-""")
-
 
 def test_a_held_run_directory_stops_a_second_train_and_resume_naming_the_holder(tmp_path, capsys):
     out = tmp_path / "run"

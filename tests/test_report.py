@@ -17,7 +17,7 @@ import pytest
 from bigbatch.errors import UserError
 from bigbatch.report import charts, write_report
 from bigbatch.report.runs import read_run, read_runs
-from tests.conftest import HANG_GUARD_S, run_main
+from tests.helpers import HANG_GUARD_S, run_main
 
 SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=3", "log.every=2",
             "log.tensorboard=false", "memory.interval=0.5"]

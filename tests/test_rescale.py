@@ -9,7 +9,7 @@ from bigbatch.batching import make_plan
 from bigbatch.config import load_config, parse_length
 from bigbatch.recipe.rescale import rescale
 from bigbatch.recipe.schedule import build_schedule, scaled_lr
-from tests.conftest import run_cli
+from tests.helpers import DARKNET_DATA, run_cli
 
 RECIPE = [
     "steps=200", "optim.ref_batch=null",
@@ -60,8 +60,8 @@ def test_round_trip_256_to_1024_and_back_reproduces_the_recipe():
     assert returned == original
 
 
-def test_darknet_cfg_rescaled(shared_data):
-    cfg = load_config(str(shared_data / "darknet" / "yolov3.cfg"))
+def test_darknet_cfg_rescaled():
+    cfg = load_config(str(DARKNET_DATA / "yolov3.cfg"))
     new, _ = rescale(cfg, 256)
     d = new.schedule.darknet
     assert (new.steps, d.burn_in, d.steps, d.max_batches) == (125_050, 250, [100_000, 112_500], 125_050)

@@ -13,8 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import HANG_GUARD_S, ROOT, free_port
-from tests.test_distributed import COMMON, assert_same_weights, weights
+from tests.helpers import COMMON, HANG_GUARD_S, ROOT, assert_same_weights, clean_env, free_port, weights
 
 STEPS = 120
 SETTINGS = [*COMMON, f"steps={STEPS}", "checkpoint.every=5", "eval.every=1000", "model.norm=group"]
@@ -63,13 +62,6 @@ def torchrun_command(out, max_restarts: int, rendezvous: str = "c10d", pause_mar
                    PAUSING_WORKER.format(pause_at=PAUSE_AT, marker=str(pause_marker))]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
             str(max_restarts), *launch, *program, "train", "digits", "--out", str(out), "--set", *SETTINGS]
-
-
-def clean_env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
 
 
 @pytest.mark.parametrize("rendezvous", ["c10d", "static"])

@@ -28,7 +28,7 @@ from bigbatch.config import load_config
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.shapes import CATEGORY_IDS, CLASSES, generate_shapes
 from bigbatch.tasks.detection import DetectionTask
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 GAPPED = {"circle": 90, "square": 13, "triangle": 44, "star": 1, "cross": 27}
 """COCO-like ids for the rewritten validation file: gaps, up to 90, not in the training file's order."""

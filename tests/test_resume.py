@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from tests.conftest import HANG_GUARD_S, ROOT, run_main
+from tests.helpers import HANG_GUARD_S, ROOT, run_main
 
 STEPS = 60
 ARGS = [

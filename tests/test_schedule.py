@@ -11,7 +11,7 @@ import torch
 from bigbatch.batching import make_plan
 from bigbatch.config import load_config
 from bigbatch.recipe.schedule import build_schedule, scaled_lr
-from tests.conftest import run_cli
+from tests.helpers import DARKNET_DATA, run_cli
 
 TRAIN_IMAGES = 1437  # the digits training split
 
@@ -95,8 +95,8 @@ def darknet_oracle(batch: int, subdivisions: int, updates: int, lr0: float, burn
     return rates
 
 
-def test_darknet_preset_on_yolov3_cfg(shared_data):
-    cfg, plan, lr = schedule_of(str(shared_data / "darknet" / "yolov3.cfg"))
+def test_darknet_preset_on_yolov3_cfg():
+    cfg, plan, lr = schedule_of(str(DARKNET_DATA / "yolov3.cfg"))
     assert (cfg.batch, cfg.subdivisions, plan.steps) == (64, 16, 500_200)
     assert cfg.optim.momentum == 0.9 and cfg.optim.weight_decay == 0.0005
     d = cfg.schedule.darknet
@@ -232,9 +232,9 @@ def test_schedule_cli_writes_csv_and_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_schedule_cli_reads_a_darknet_cfg(tmp_path, shared_data):
+def test_schedule_cli_reads_a_darknet_cfg(tmp_path):
     csv = tmp_path / "y.csv"
-    result = run_cli("schedule", str(shared_data / "darknet" / "yolov3.cfg"), "--csv", str(csv))
+    result = run_cli("schedule", str(DARKNET_DATA / "yolov3.cfg"), "--csv", str(csv))
     assert result.returncode == 0, result.stderr
     rows = dict(line.split(",") for line in csv.read_text().splitlines()[1:])
     assert len(rows) == 500_200

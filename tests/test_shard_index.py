@@ -22,8 +22,7 @@ from bigbatch.data.pack import INDEX, pack
 from bigbatch.data.shard_index import read_index
 from bigbatch.data.shards import ShardImages
 from bigbatch.errors import UserError
-from tests.conftest import run_main
-from tests.test_folder import write_photo_folder
+from tests.helpers import run_main, write_photo_folder
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,7 @@ from bigbatch.data.pack import pack
 from bigbatch.data.shards import ShardOrder, interleave, shuffle_buffer
 from bigbatch.errors import UserError
 from bigbatch.registry import HOOKS
-from tests.conftest import run_main
-from tests.test_distributed import torchrun, weights
-from tests.test_folder import StopAfter, write_photo_folder
+from tests.helpers import StopAfter, run_main, torchrun, weights, write_photo_folder
 
 SHARD_SIZE = 60_000
 """Bytes: about six training shards of the 32 training images (and one shard holding a single large PNG)."""

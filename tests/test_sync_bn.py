@@ -17,7 +17,7 @@ from torch import nn
 from bigbatch.engine import host_all_reduce
 from bigbatch.engine.host_all_reduce import HostAllReduce
 from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
-from tests.conftest import HANG_GUARD_S, run_spawned
+from tests.helpers import HANG_GUARD_S, run_spawned
 
 WORLD = 2
 C, H, W = 4, 3, 3

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import run_cli, run_main
+from tests.helpers import run_cli, run_main
 
 
 @pytest.fixture(scope="module")

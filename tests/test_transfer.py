@@ -8,6 +8,8 @@ import torch
 
 from bigbatch.engine.transfer import DeviceFeed, tensors_in, to_device
 
+pytestmark = pytest.mark.fast
+
 
 def test_on_the_cpu_the_micro_batches_are_used_where_they_are():
     micro_batches = [(torch.ones(2, 3), torch.tensor([0, 1])), (torch.zeros(2, 3), torch.tensor([1, 0]))]

@@ -20,8 +20,7 @@ import pytest
 
 from bigbatch.cli import main
 from bigbatch.config import RECIPES_DIR, builtin_recipes
-from tests.conftest import HANG_GUARD_S
-from tests.test_reliability import HOLDER, TINY, no_training  # noqa: F401 (a fixture)
+from tests.helpers import HANG_GUARD_S, HOLDER, TINY
 
 UNWRITABLE = Path("/proc/self")
 """A folder in which no file can be made, even by root (procfs)."""
@@ -79,7 +78,7 @@ def test_eval_checks_the_capacity_before_building_the_model(digits_run, capsys):
     (["schedule", "digits", "--lines", "many"], "--lines: expected a whole number, got 'many'"),
     (["data", "shapes", "--out", "x", "--images", "-"], "--images: expected a whole number"),
 ])
-def test_a_number_on_the_command_line_is_bounded_up_front(argv, expected, tmp_path, capsys, no_training,  # noqa: F811
+def test_a_number_on_the_command_line_is_bounded_up_front(argv, expected, tmp_path, capsys, no_training,
                                                           monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert exit_code(argv) == 2
@@ -129,9 +128,9 @@ def unwritable_cases(run: Path, tmp_path: Path) -> dict[str, tuple[list[str], st
 
 @pytest.mark.parametrize("case", list(unwritable_cases(Path("r"), Path("t"))))
 def test_an_output_that_cannot_be_written_is_one_line_before_any_work(case, digits_run, tmp_path, capsys,
-                                                                     no_training):  # noqa: F811
+                                                                     no_training):
     if case == "pack --out":
-        from tests.test_folder import write_photo_folder
+        from tests.helpers import write_photo_folder
 
         write_photo_folder(tmp_path / "photos", train=1, val=1)
     argv, expected = unwritable_cases(digits_run, tmp_path)[case]
@@ -173,7 +172,7 @@ def test_show_schedule_and_scale_plan_every_recipe_without_its_data(recipe, tmp_
     assert main(["scale", recipe, "--batch", "512"]) == 0, capsys.readouterr().err
 
 
-def test_training_the_imagenet_recipe_needs_its_data(tmp_path, capsys, no_training):  # noqa: F811
+def test_training_the_imagenet_recipe_needs_its_data(tmp_path, capsys, no_training):
     assert main(["train", "inception-v3-tpu", "--out", str(tmp_path / "run")]) == 2
     one_error(capsys, "data.path: missing")
     assert main(["data", "bench", "inception-v3-tpu", "--images", "10"]) == 2

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bigbatch.telemetry.update_sizes import LayerUpdate, UpdatesCSV, UpdateSizes, top
-from tests.conftest import count_host_transfers
+from tests.helpers import count_host_transfers
+
+pytestmark = pytest.mark.fast
 
 LR = 0.1
 

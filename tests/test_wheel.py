@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HANG_GUARD_S, ROOT
+from tests.helpers import HANG_GUARD_S, ROOT
 
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "LICENSE", "bigbatch")
 """What setuptools reads to build the wheel (those present are copied; ``bigbatch`` without ``__pycache__``)."""

@@ -18,6 +18,8 @@ from bigbatch.models.darknet.cfg import Yolo
 from bigbatch.models.darknet.detector import DarknetDetector, decode_yolo_output, postprocess
 from bigbatch.models.darknet.yolo_loss import darknet_truths, yolo_layer_loss, yolo_loss
 
+pytestmark = pytest.mark.fast
+
 ANCHORS = ((8, 10), (14, 20), (24, 18), (30, 40), (44, 32), (60, 58))
 INPUT = 64
 GRID = 4
@@ -416,7 +418,7 @@ def test_boxes_are_clipped_and_capped():
 
 
 def tiny_cfg(classes: int = CLASSES) -> str:
-    """yolov3-tiny's layout (the layers of ../shared/data/darknet/yolov3-tiny.cfg) at a quarter of its widths, with
+    """yolov3-tiny's layout (the layers of tests/data/darknet/yolov3-tiny.cfg) at a quarter of its widths, with
     anchors for a ~100 px input."""
     filters = 3 * (5 + classes)
 
@@ -546,13 +548,11 @@ def test_layer_loss_normalises_by_the_given_count():
         assert float(three[key]) == pytest.approx(float(one[key]) / 3)
 
 
-def test_shared_yolov3_tiny_cfg_trains_if_present():
-    """The real yolov3-tiny.cfg (skipped without ../shared/data) at 96 px with 3 classes: a finite loss and gradient."""
-    from tests.conftest import SHARED_DATA
+def test_reference_yolov3_tiny_cfg_trains():
+    """Darknet's own yolov3-tiny.cfg (tests/data/darknet) at 96 px with 3 classes: a finite loss and gradient."""
+    from tests.helpers import DARKNET_DATA
 
-    path = SHARED_DATA / "darknet" / "yolov3-tiny.cfg"
-    if not path.is_file():
-        pytest.skip("../shared/data/darknet/yolov3-tiny.cfg is absent")
+    path = DARKNET_DATA / "yolov3-tiny.cfg"
     from bigbatch.models.darknet import load_network
 
     torch.manual_seed(0)

@@ -167,7 +167,7 @@ class RandomRelativeCrop(v2.Transform):
 
 class RandomFixedCrop(RandomRelativeCrop):
     """A random ``size x size`` window (a side shorter than ``size`` is kept whole), at a uniform position: MegDet's
-    800 x 800 training crop after the shorter side is resized to 800 (seed ``megdet-large-minibatch-detector``).
+    800 x 800 training crop after the shorter side is resized to 800 (MegDet, arXiv 1711.07240).
 
     As :class:`RandomRelativeCrop`, a window must keep at least one box ``min_size`` wide and high (up to ``tries``
     draws); after that the window is centred on a box (clamped to the image), so the output is never larger than

@@ -1,8 +1,8 @@
 """Inception preprocessing as the Inception-v3 TPU recipe runs it, as torchvision v2 transforms.
 
 The reference is TensorFlow's ``inception_preprocessing.py``: the TPU copy
-(tensorflow/tpu ``models/experimental/inception/inception_preprocessing.py``, which the seed's recipe runs with
-``fast_mode=True`` and ``use_fast_color_distort=True``) and slim's (tensorflow/models
+(tensorflow/tpu ``models/experimental/inception/inception_preprocessing.py``, which Cloud TPU's Inception v3 recipe runs
+with ``fast_mode=True`` and ``use_fast_color_distort=True``) and slim's (tensorflow/models
 ``research/slim/preprocessing/inception_preprocessing.py``, the ``fast_mode=False`` variant). The TensorFlow ops
 they call are reproduced from their kernels, TF1 semantics throughout (the TPU code is TF1):
 

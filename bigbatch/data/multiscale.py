@@ -2,7 +2,7 @@
 
 Two ways to draw a size, every ``every`` steps (Darknet: 10):
 
-- **Darknet's rule** (``multiscale.sizes: auto``; AlexeyAB's ``src/detector.c``, the seed's Darknet), for a base
+- **Darknet's rule** (``multiscale.sizes: auto``; AlexeyAB/darknet's ``src/detector.c``), for a base
   size ``b`` and a range ``s`` (the last ``[yolo]`` layer's ``random``: 1 means 1.4, a fraction such as 1.25 is
   the range itself): ``r = rand_scale(s)`` (``u ~ U[1, s]``, then ``u`` or ``1 / u`` with equal odds), and
 

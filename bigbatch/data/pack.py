@@ -227,7 +227,7 @@ def _write_all(folder: Path, src: Path, classes: list[str], splits: dict[str, li
                    "shard_size": shard_size, "source": str(src), "classes": classes, "splits": {}}
     for split in SPLITS:
         samples = splits[split]
-        if split == "train":  # shuffled once, as the seed's TFRecords are; val keeps its order
+        if split == "train":  # shuffled once, as Cloud TPU's Inception TFRecords are; val keeps its order
             samples = [samples[i] for i in np.random.default_rng(seed).permutation(len(samples))]
         shards = _write_split(folder, split, samples, src / split, shard_size, written)
         index["splits"][split] = {"samples": len(samples), "shards": shards}

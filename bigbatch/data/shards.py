@@ -76,7 +76,8 @@ if TYPE_CHECKING:
     from bigbatch.config import DataConfig, RunConfig
 
 CYCLE_LENGTH = 4
-"""Shards a process reads at once (the seed's ``parallel_interleave`` ``cycle_length``)."""
+"""Shards a process reads at once (``cycle_length`` of ``parallel_interleave`` in Cloud TPU's Inception input
+pipeline)."""
 BUFFER = 256
 """Samples in a process's shuffle buffer."""
 OPEN_FILES = 32

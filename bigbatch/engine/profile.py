@@ -3,8 +3,9 @@
 The steps are training's own (the run's parts, ``engine/parts.py``, and its data through the loader), in this process:
 one warm-up step (allocations, first kernels), then ``steps`` profiled with the CPU activity and, on a GPU, the CUDA
 one. ``trace.json`` (open it in ``chrome://tracing`` or Perfetto) goes into the output folder, and the table sums
-each operator's self time by kind, so that the seed's nvprof question, where does mixed precision spend its extra
-time, is one command run at ``precision.dtype=fp32`` and again at ``bf16`` / ``fp16``.
+each operator's self time by kind, so that the question the Darknet-on-Jetson write-up (docs/references.md) answers
+with nvprof, where does mixed precision spend its extra time, is one command run at ``precision.dtype=fp32``
+and again at ``bf16`` / ``fp16``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ updates its running mean and variance after every training forward (``norm.runni
 N = subdivisions updates per step, each from one micro-batch of ``batch / (world * subdivisions)`` images.
 
 **Momentum.** PyTorch's convention is running = (1 - m) * running + m * batch_stat, a decay alpha = 1 - m per
-update. The Inception v3 TPU guide (seed ``inception-v3-tpu-advanced-guide``, the moving-average section)
+update. Cloud TPU's "Advanced Guide to Inception v3" (its moving-average section; docs/references.md)
 shows that N sequential updates with decay alpha weigh the old value by alpha ** N, so one update that should
 replace them uses beta = alpha ** N (GPU alpha = 0.9997 -> TPU beta = 0.9976 for N = 8). ``norm.momentum`` is
 stated per optimizer step, so we read that relation the other way round: each of the N updates of a step uses
@@ -62,7 +62,7 @@ def momentum_per_update(momentum_per_step: float, updates_per_step: int) -> floa
     """The momentum of each of N updates that together decay like one update with ``momentum_per_step``.
 
     m_update = 1 - (1 - m_step) ** (1 / N), i.e. alpha_update ** N = alpha_step: the Inception v3 TPU guide's
-    beta = alpha ** N (seed ``inception-v3-tpu-advanced-guide``) read the other way round.
+    beta = alpha ** N read the other way round.
     """
     return -math.expm1(math.log1p(-momentum_per_step) / updates_per_step)
 

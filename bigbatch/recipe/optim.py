@@ -308,7 +308,7 @@ def _momentum(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torc
 
 @OPTIMIZERS.register("rmsprop_tf")
 def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """eps 1.0 unless given, as the Inception seed."""
+    """eps 1.0 unless given, as in Cloud TPU's Inception v3 recipe (tensorflow/tpu ``inception_v3.py``)."""
     return RMSpropTF(groups, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.momentum,
                      eps=1.0 if cfg.eps is None else cfg.eps, weight_decay=cfg.weight_decay,
                      momentum_correction=cfg.momentum_correction)

@@ -11,8 +11,8 @@ up before the backward and the gradients scaled back down before clipping and th
   ``hysteresis`` H: back off only at the H-th overflow since the last growth or backoff (H = 1
   is GradScaler's rule; Megatron-LM calls the same idea hysteresis). ``min_scale`` / ``max_scale``
   bound it;
-- ``update_ratio``: the Darknet/Jetson seed's rule (seed ``darknet-yolov3-jetson-memory``), read
-  as follows where the seed is ambiguous:
+- ``update_ratio``: the rule of the write-up "Darknet/YOLO optimized for Jetson" (docs/references.md),
+  read as follows where its text is ambiguous:
     * "halve on NaN or Inf in dW": a step whose gradients are not finite is skipped and the base
       scale s0 halved;
     * "until burn_in, set from max magnitude of the current iteration / max magnitude of all
@@ -20,7 +20,7 @@ up before the backward and the gradients scaled back down before clipping and th
       this step (of any parameter if the model has no convolution) and U_t = max(u_1..u_t), the
       scale for the next step is s0 * U_t / u_t rounded down to a power of two (a power of two
       keeps the scaling exact in binary): when the updates shrink by 2**10 from their peak, the
-      scale grows by 2**10, quickly, as the seed wants;
+      scale grows by 2**10, quickly, as the write-up wants;
     * "after burn_in, doubled every 1000 iterations": from then on the scale is multiplied by 2
       after every ``double_every`` clean steps in a row (and halved on an overflow), as ``dynamic``;
     * burn_in is ``precision.burn_in`` (default: the Darknet schedule's burn_in, else 1000).
@@ -144,7 +144,7 @@ def max_update_magnitude(model: nn.Module) -> float:
 
 
 class UpdateRatioLossScaler(DynamicLossScaler):
-    """The Darknet/Jetson seed's rule (see the module docstring): ratio-driven until burn_in, then doubling."""
+    """The Darknet-on-Jetson write-up's rule (see the module docstring): ratio-driven until burn_in, then doubling."""
 
     def __init__(self, init_scale: float = 1.0, burn_in: int = 1000, double_every: int = 1000,
                  min_scale: float = 0.0, max_scale: float = 2.0**24):

@@ -18,7 +18,8 @@ The composed schedule (``schedule.preset: none``):
   the end of the warmup) to the floor at ``end`` (default: the end of the run), as
   torch's CosineAnnealingLR with eta_min; ``sigmoid`` 1 / (1 + exp(gamma * (t - center))).
 
-Presets reproduce the seeds' own code, quirks included: ``inception_tpu`` and ``darknet``.
+Presets reproduce their sources' own code, quirks included: ``inception_tpu`` (tensorflow/tpu ``inception_v3.py``) and
+``darknet`` (pjreddie/darknet ``src/network.c``, ``get_current_rate``); docs/references.md.
 Every length may be given in steps, epochs or images and is converted through the batch plan.
 
 Each preset registers itself in ``SCHEDULES`` (obj(cfg, plan) -> lr) and each decay kind in ``DECAYS``

@@ -1,7 +1,7 @@
 """A background sampler of memory use, written to ``memory.csv`` in the run directory.
 
-Like the Darknet/Jetson seed's ``tegrastats`` log: every ``memory.interval`` seconds (default 5),
-and once at the start and at the end, one row with the wall time, the seconds since the start,
+Like the ``tegrastats`` log of the Darknet-on-Jetson write-up (docs/references.md): every ``memory.interval``
+seconds (default 5), and once at the start and at the end, one row with the wall time, the seconds since the start,
 the optimizer step, the process's resident memory (RSS), the system's used memory and swap, and on
 CUDA the device memory allocated, reserved, and the peak allocated so far. All sizes in MiB.
 The peaks go into the final summary and into ``metrics.jsonl`` (an ``event: memory`` record).
@@ -152,7 +152,8 @@ line)."""
 
 def memory_growth(path: Path, after_step: int, column: str = "rss_mib") -> tuple[float, float, int] | None:
     """The trend of ``column`` in ``memory.csv`` over the samples taken after ``after_step`` (the first evaluation:
-    the Jetson seed's memory climbed during training, past the allocations of the first steps and evaluation):
+    the Darknet-on-Jetson write-up's memory climbed during training, past the allocations of the first steps and
+    evaluation):
     ``(MiB per 1,000 steps, R^2 of the least-squares line, samples)``, or None with fewer than 3 samples over at
     least two steps (samples without a value are left out).
     Slope ``b = sum (s - s_mean)(m - m_mean) / sum (s - s_mean)^2``; ``R^2 = b^2 var(s) / var(m)``."""

@@ -11,8 +11,8 @@ and the noise scale B_simple = tr(Sigma) / |G|^2, the batch size above which lar
 (linearly). Each estimate is noisy; as the paper advises, |G|^2 and tr(Sigma) are each smoothed by an exponential
 moving average over steps and B_simple is the ratio of the two averages (not an average of ratios).
 
-Within one accumulated step bigbatch already computes S micro-batch gradients of b images each (seed
-``darknet-batch-subdivisions``): micro-batch i's backward of ``loss_i * scale / S`` adds ``(scale / S) g_i`` to
+Within one accumulated step bigbatch already computes S micro-batch gradients of b images each (Darknet's
+``subdivisions``): micro-batch i's backward of ``loss_i * scale / S`` adds ``(scale / S) g_i`` to
 ``.grad``, g_i being the gradient of micro-batch i's mean loss. :class:`MicroBatchGradients` reads g_i as the change
 of the accumulated gradient across that backward (one gradient-sized buffer: the previous accumulated gradient; no
 extra forward or backward) and gives

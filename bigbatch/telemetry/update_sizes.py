@@ -1,10 +1,10 @@
 """Per-layer size of the weight update of an optimizer step, and a CSV log of it.
 
-The Darknet/Jetson seed (``darknet-yolov3-jetson-memory``) watches the largest weight update of each layer per
-iteration (it drives its ``update_ratio`` loss scale, ``recipe/precision.py``); here, for every named parameter
+The write-up "Darknet/YOLO optimized for Jetson" (docs/references.md) watches the largest weight update of each layer
+per iteration (it drives its ``update_ratio`` loss scale, ``recipe/precision.py``); here, for every named parameter
 tensor W, with Delta W = W_after - W_before across one optimizer step:
 
-    max_abs  = max |Delta W|                      (the seed's per-layer maximum update)
+    max_abs  = max |Delta W|                      (the write-up's per-layer maximum update)
     relative = ||Delta W||_2 / ||W_before||_2     (the update-to-weight ratio, as LARS's trust ratio reads it)
 
 ``relative`` is None where ||W_before|| = 0 (a zero-initialised bias, say): the ratio is undefined there, and None

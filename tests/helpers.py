@@ -1,0 +1,255 @@
+"""What the tests share: the project's paths, ways to run the CLI (in a fresh process or in this one), spawned
+process groups, the small settings and files that several test modules train with, and their checks.
+
+Test modules import from here, never from one another (tests/test_suite_layout.py checks it); ``conftest.py`` holds
+the fixtures only."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bigbatch.engine.hooks import Hook
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+"""Small files the tests read: reference files (tests/data/darknet/README.md says where they come from) and a run
+directory written by an earlier version (run-format1)."""
+DARKNET_DATA = DATA / "darknet"
+"""Darknet's own yolov3.cfg, yolov3-tiny.cfg, coco.names and coco.data, verbatim (tests/data/darknet/README.md)."""
+
+HANG_GUARD_S = 900
+"""How long a test's subprocess, group of spawned workers or Gloo collective may take before it is taken to hang.
+
+A hang guard, not a speed expectation: no test may fail because the machine is slow or busy. The slowest single
+process of the suite, the 150-step detection run of test_detection_train, took 59 s on the project's 2-core machine
+beside other work (2026-12-01); 15 minutes is fifteen times that. A whole test is guarded by pytest-timeout's
+``timeout`` in pyproject.toml: 30 minutes, as a test may run several such processes one after the other."""
+
+
+def bigbatch_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bigbatch", *args]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
+    """Run the real ``bigbatch`` CLI in a fresh process (``timeout``: a hang guard, see ``HANG_GUARD_S``)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.run(bigbatch_command(*args), cwd=cwd or ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_main(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``run_cli`` in this process: ``bigbatch.cli.main(args)`` with its stdout and stderr captured, in ``cwd``
+    (default: the project's root) and without ``WORLD_SIZE`` or ``RANK`` in the environment, all restored after.
+
+    For tests of what a command does, where the process itself is not what is tested: it saves a Python start and
+    torch's import (seconds each on the 2-core machine). A test keeps ``run_cli`` where the real process matters: a
+    signal, torchrun, the ``python -m bigbatch`` entry point and its exit status, an environment variable read
+    before torch is imported, or a fresh interpreter (global torch state, a DataLoader worker's own stderr).
+    Only what Python writes to ``sys.stdout``/``sys.stderr`` is captured (tqdm draws only on a terminal); an
+    exception that ``main`` lets through is raised here, with its traceback, rather than turned into exit status 1.
+    """
+    from bigbatch.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    removed = {key: os.environ.pop(key) for key in ("WORLD_SIZE", "RANK") if key in os.environ}
+    previous = os.getcwd()
+    os.chdir(cwd or ROOT)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                returncode = main(list(args))
+            except SystemExit as e:  # argparse's usage errors, as the process would exit
+                if e.code is None or isinstance(e.code, int):
+                    returncode = e.code
+                else:
+                    print(e.code, file=sys.stderr)
+                    returncode = 1
+    finally:
+        os.chdir(previous)
+        os.environ.update(removed)
+    return subprocess.CompletedProcess(bigbatch_command(*args), returncode or 0, stdout.getvalue(), stderr.getvalue())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_spawned(worker: Callable[[int, int, str], None], world: int, out_dir: Path,
+                timeout_s: float = HANG_GUARD_S) -> list:
+    """Run ``worker(rank, port, out_dir)`` in ``world`` spawned processes (they join a Gloo group on ``port``) and
+    return what each wrote to ``out_dir/rank<r>.pt``; fail the test if they do not finish within ``timeout_s`` (a
+    hang guard). Workers still running when this returns or raises (a failed rank, pytest-timeout) are killed."""
+    import torch
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(worker, args=(free_port(), str(out_dir)), nprocs=world, join=False,
+                             start_method="spawn")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"distributed workers did not finish within {timeout_s} s (hung?)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]
+
+
+def count_host_transfers(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the Python-level ways a tensor's value reaches the host (each one a device sync on CUDA)."""
+    import torch
+
+    calls = {"n": 0}
+    for method in ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy"):
+        original = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _original=original, **kwargs):
+            calls["n"] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    return calls
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment for a launcher subprocess: one thread, unbuffered, and no torchrun variables."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+# --- digits runs under torchrun, and their weights ------------------------------------------------------------------
+
+COMMON = ["batch=64", "steps=3", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.batch=50",
+          "schedule.warmup=[]"]
+"""The short digits run that the layout tests (one process against several) train."""
+
+
+def torchrun(out, *overrides: str, processes: int = 2) -> subprocess.CompletedProcess:
+    """``bigbatch train digits`` with ``COMMON`` and ``overrides`` under a real ``torchrun`` of ``processes``, on the
+    CPU."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", *COMMON, *overrides]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def weights(out) -> dict[str, torch.Tensor]:
+    """The model weights of the run directory ``out``'s last checkpoint."""
+    return torch.load(out / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+
+def assert_same_weights(a, b, atol: float = 1e-4) -> None:
+    """Every floating-point weight of ``a`` equals ``b``'s within ``atol`` (BN running statistics left out)."""
+    for key, value in a.items():
+        if value.is_floating_point() and not key.endswith(("running_mean", "running_var")):
+            torch.testing.assert_close(b[key], value, rtol=0, atol=atol, msg=key)
+
+
+# --- a small run directory, and one held by another process ---------------------------------------------------------
+
+TINY = ["batch=32", "subdivisions=2", "data.size=16", "model.width=8", "log.tensorboard=false", "eval.every=100",
+        "memory.interval=60"]
+"""Settings of a digits run small enough to train in a test that is about the CLI's checks."""
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from bigbatch.engine.run_dir import hold_run_dir
+    with hold_run_dir(Path(sys.argv[1])):
+        print("held", flush=True)
+        sys.stdin.read()  # until the test closes stdin or kills this process
+""")
+"""A Python program that holds the run directory ``argv[1]`` (as a training would) until its stdin closes."""
+
+
+# --- a folder of real photographs -----------------------------------------------------------------------------------
+
+PHOTOS = ("china.jpg", "flower.jpg")
+"""The two photographs (427 x 640 JPEG) that ship with scikit-learn: one class each, plus a third class of
+crops of both turned upside down."""
+
+
+def write_photo_folder(root: Path, train: int = 8, val: int = 3, seed: int = 0) -> Path:
+    """``root/{train,val}/{china,flower,upside_down}/`` with JPEG crops (and one PNG) of the sample photos."""
+    from sklearn.datasets import load_sample_image
+
+    rng = np.random.default_rng(seed)
+    photos = [load_sample_image(name) for name in PHOTOS]
+    for split, count in (("train", train), ("val", val)):
+        for name in ("china", "flower", "upside_down"):
+            (root / split / name).mkdir(parents=True)
+        for i in range(count):
+            for label, photo in enumerate(photos):
+                h, w = int(rng.integers(60, 200)), int(rng.integers(60, 200))
+                top, left = int(rng.integers(0, 427 - h)), int(rng.integers(0, 640 - w))
+                crop = Image.fromarray(photo[top:top + h, left:left + w])
+                crop.save(root / split / PHOTOS[label].removesuffix(".jpg") / f"{i:03d}.jpg", quality=90)
+                flipped = crop.transpose(Image.Transpose.ROTATE_180)
+                suffix = "png" if i == 0 else "JPEG"  # a PNG, and ImageNet's upper-case suffix
+                flipped.save(root / split / "upside_down" / f"{label}{i:03d}.{suffix}",
+                             format="PNG" if suffix == "png" else "JPEG")
+    return root
+
+
+class StopAfter(Hook):
+    """Interrupts the run after the given step (the checkpoint of an earlier step is on disk)."""
+
+    stage = "write"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_step(self, run) -> None:
+        if run.state.step == self.step:
+            raise KeyboardInterrupt
+
+
+# --- Darknet networks written by hand -------------------------------------------------------------------------------
+
+
+def net_header(width: int, height: int, channels: int) -> str:
+    """A Darknet cfg's ``[net]`` section for one image of ``width`` x ``height`` x ``channels``."""
+    return f"[net]\nbatch=1\nwidth={width}\nheight={height}\nchannels={channels}\n"
+
+
+SMALL = net_header(5, 5, 2) + """
+[convolutional]
+batch_normalize=1
+filters=3
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+filters=2
+size=1
+stride=1
+groups=1
+activation=linear
+"""
+"""A two-convolution Darknet network (BN and leaky, then a linear one with a bias): the .weights layout tests' own."""
