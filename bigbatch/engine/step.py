@@ -1,8 +1,8 @@
 """One optimizer step: accumulation over micro-batches, one DDP sync, autocast and loss scale, clipping, the
 update, and the retries.
 
-As in Darknet (seed ``darknet-batch-subdivisions``), each device runs its ``subdivisions`` micro-batches of
-``batch / (world * subdivisions)`` images through forward and backward, each loss scaled by
+As in Darknet (pjreddie/darknet ``src/network.c``, ``train_network``), each device runs its ``subdivisions``
+micro-batches of ``batch / (world * subdivisions)`` images through forward and backward, each loss scaled by
 ``1 / subdivisions``, so that the accumulated gradient is the mean gradient over the whole global batch
 (DDP averages across devices); then one update:
 

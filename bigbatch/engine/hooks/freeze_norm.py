@@ -1,6 +1,6 @@
 """``norm.freeze_during_warmup``: BatchNorm layers in eval mode until the schedule's warmup ends.
 
-MegDet's loop (seed ``megdet-large-minibatch-detector``: ``if iter < warmup_iters: bn.eval()``): while the learning
+MegDet's loop (Peng et al., arXiv 1711.07240: ``if iter < warmup_iters: bn.eval()``): while the learning
 rate ramps up, each BN layer normalises with its running statistics and leaves them as they are; its scale and
 shift still learn. From the step the warmup ends on, the layers train as usual. Every process freezes the same steps
 (the warmup is a function of the config), so cross-device BN stays in step; evaluation puts the model in eval mode

@@ -1,5 +1,5 @@
-"""``log.updates``: how large each layer's update is, every ``log.every`` steps (the Jetson seed's per-layer maximum
-weight update, which the ``update_ratio`` loss scale follows).
+"""``log.updates``: how large each layer's update is, every ``log.every`` steps (the per-layer maximum weight update
+of the Darknet-on-Jetson write-up, docs/references.md, which the ``update_ratio`` loss scale follows).
 
 At the steps the training record is written, the weights are copied before the step and compared after it
 (``telemetry/update_sizes.py``): per parameter tensor max |dW| and ||dW|| / ||W||, one row each in ``updates.csv``
