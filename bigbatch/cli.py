@@ -319,16 +319,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
     from bigbatch.config import config_to_yaml
     from bigbatch.engine import distributed
+    from bigbatch.registry import MODELS
     from bigbatch.tasks import train_set_size
 
     cfg = load_resolved(args.config, args.overrides, reads_data=False)
     world = distributed.world_size_from_env()
     plan = make_plan(cfg, world, train_set_size(cfg))
-    network = None
-    if cfg.model.name == "darknet":  # read (and checked) before anything is printed
-        from bigbatch.models.darknet_models import describe_network
-
-        network = describe_network(cfg.model.cfg, cfg.data.size)
+    describe = MODELS.get(cfg.model.name).info.get("describe")
+    model_text = describe(cfg) if describe is not None else None  # read (and checked) before anything is printed
     print(config_to_yaml(cfg).rstrip())
     print()
     print(plan.describe())
@@ -340,9 +338,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         rule = "Darknet's rule" if settings.sizes == "auto" else "drawn uniformly"
         print(f"multi-scale     {', '.join(map(str, sizes))} ({rule}, a new size every {settings.every} steps; the "
               f"first {settings.every} and the last {min(settings.final, plan.steps)} at {max(sizes)})")
-    if network is not None:
+    if model_text is not None:
         print()
-        print(network)
+        print(model_text)
     return 0
 
 
@@ -518,7 +516,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from bigbatch.export import export
+    from bigbatch.darknet.export import export
 
     for line in export(args.source, args.darknet_weights, args.checkpoint, args.weights, args.seed):
         print(line)

@@ -20,9 +20,9 @@ from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from bigbatch.darknet.yolo_data import load_yolo, read_darknet_data, read_names, yolo_label_path
 from bigbatch.data.coco import coco_ground_truth, load_coco
 from bigbatch.data.detection import DataIssues, DetectionDataset, DetectionRecord
-from bigbatch.data.yolo import load_yolo, read_darknet_data, read_names, yolo_label_path
 from bigbatch.errors import UserError
 
 CATEGORIES = [{"id": 3, "name": "dog"}, {"id": 7, "name": "cat"}, {"id": 1, "name": "bird"}]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bigbatch.darknet_text import read_options
+from bigbatch.darknet.text import read_options
 from bigbatch.data.coco import ClassNames, class_mapping
 from bigbatch.data.detection import EDGE_TOLERANCE, DataIssues, DetectionRecord, check_box, inspect_images
 from bigbatch.data.formats import train_images_given
