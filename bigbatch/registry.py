@@ -191,7 +191,7 @@ any work. obj loads it, by task:
   (image ``[C, H, W]`` float tensor, label int) read by index;
 - ``detection``: obj(cfg, issues, rank) -> (train_records, val_records, class_names), lists of
   ``data.detection.DetectionRecord`` (labels ``0..C-1`` in ``class_names``' order, the same classes in both
-  splits); ``issues`` (``data.detection.DataIssues``) collects the data problems; ``rank`` 0 alone prepares shared
+  splits); ``issues`` (``data.problems.DataIssues``) collects the data problems; ``rank`` 0 alone prepares shared
   files (the other ranks wait at a barrier)."""
 MODELS = Registry("model", "model.name",
                   ("bigbatch.models", "bigbatch.models.timm_models", "bigbatch.models.detectors",

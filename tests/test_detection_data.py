@@ -22,7 +22,8 @@ from torchvision.transforms import v2
 
 from bigbatch.darknet.yolo_data import load_yolo, read_darknet_data, read_names, yolo_label_path
 from bigbatch.data.coco import coco_ground_truth, load_coco
-from bigbatch.data.detection import DataIssues, DetectionDataset, DetectionRecord
+from bigbatch.data.detection import DetectionDataset, DetectionRecord
+from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
 
 CATEGORIES = [{"id": 3, "name": "dog"}, {"id": 7, "name": "cat"}, {"id": 1, "name": "bird"}]
