@@ -48,16 +48,18 @@ def from_checkpoint(path: Path) -> Exported:
     from bigbatch.config import validate_config
     from bigbatch.darknet.models import darknet_network, network_state
     from bigbatch.engine import checkpoint
+    from bigbatch.engine.run_dir import last_checkpoint
+    from bigbatch.recipe.ema import counted_weights
 
     if path.is_dir():
-        path = path / "checkpoints" / "last.pt"
+        path = last_checkpoint(path)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     cfg = validate_config(state["config"])
     if cfg.model.name != "darknet":
         raise UserError(f"SOURCE: {path} holds a {cfg.model.name} model; export writes Darknet networks "
                         "(model.name: darknet) only")
-    use_ema = state.get("ema") is not None and cfg.ema.evaluate
-    weights = network_state(state["ema"]["module"] if use_ema else state["model"])
+    counted, use_ema = counted_weights(state, cfg)
+    weights = network_state(counted)
     network = darknet_network(cfg.model.cfg, classes_in(weights, cfg.model.cfg), cfg.data.size)
     network.load_state_dict(weights)
     return Exported(network, int(state["step"]) * cfg.batch,
