@@ -1,4 +1,4 @@
-"""YOLOv3 built from Darknet's yolov3.cfg (bigbatch.models.darknet) against the same network written by hand in
+"""YOLOv3 built from Darknet's yolov3.cfg (bigbatch.darknet) against the same network written by hand in
 plain torch: time of one training iteration (forward + backward), side by side.
 
 The hand-written network below is YOLOv3 as the paper and yolov3.cfg describe it: the Darknet-53 backbone (a 3x3
@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bigbatch.models.darknet import load_network, parameter_count
+from bigbatch.darknet import load_network, parameter_count
 
 DEFAULT_CFG = Path(__file__).resolve().parents[1] / "tests" / "data" / "darknet" / "yolov3.cfg"
 

@@ -1,4 +1,10 @@
-"""The command line: ``bigbatch train | eval | show``. Thin: parse, load the config, call in.
+"""The command line: ``bigbatch train | eval | show | ...``. Thin: parse the arguments and dispatch to a command.
+
+A command checks its arguments, loads its config (``engine/preflight.py``) and calls the module that does the work
+(the run directory's rules: ``engine/run_dir.py``; evaluating a checkpoint: ``engine/eval_checkpoint.py``; a model's
+text for ``show``: its ``MODELS`` entry's ``describe``); what it prints is the only logic it keeps.
+``tests/test_layout.py`` holds it to that: every function here is the parser, ``main``, a ``cmd_*`` command, an
+``_add_*`` argument helper or an argparse ``type=``.
 
 User mistakes print one ``error: ...`` line on stderr and exit with code 2.
 """
@@ -7,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
 
 from bigbatch import __version__
-from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
 MAX_PROFILED_STEPS = 100
@@ -155,19 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
     from bigbatch.engine import distributed
-    from bigbatch.engine.run_dir import hold_run_dir, holder
+    from bigbatch.engine.preflight import load_checked, resolve_auto
+    from bigbatch.engine.run_dir import check_resumable, hold_run_dir, holds_this_run, timestamped
 
     if args.resume is not None:
         if args.out is not None and args.out != args.resume:
             raise UserError("--out: with --resume the run continues in the --resume directory; drop --out")
         out_dir = args.resume
-        if not out_dir.is_dir():
-            raise UserError(f"--resume: {out_dir} is not a folder (expected the run directory of bigbatch train)")
-        held_by = holder(out_dir) if distributed.rank_from_env() == 0 else None
-        if held_by is not None:  # a run still going, perhaps before its first checkpoint
-            raise UserError(f"--resume: {out_dir} is in use by {held_by}")
-        if not (out_dir / "checkpoints" / "last.pt").is_file():
-            raise UserError(f"--resume: {out_dir} holds no checkpoints/last.pt")
+        check_resumable(out_dir)
         source = args.config or str(out_dir / "config.yaml")
     else:
         source = args.config or "digits"
@@ -175,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_checked(source, args.overrides)
     world = distributed.world_size_from_env()
     if args.resume is None:
-        out_dir = args.out or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        out_dir = args.out or timestamped(cfg.name)
     held = hold_run_dir(out_dir) if distributed.rank_from_env() == 0 else contextlib.nullcontext()
     with held:
         cfg = resolve_auto(cfg)
@@ -197,171 +196,52 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_checked(source: str, overrides: list[str], reads_data: bool = True) -> RunConfig:
-    """Load a config and check what can be checked without any work: the batch layout (unless ``subdivisions``
-    is ``auto``), the memory the run needs at the least against this machine's, and, for a command that
-    ``reads_data`` (not ``show``, ``schedule``, ``scale``: they plan from ``data.train_images``), that the data is
-    named."""
-    from bigbatch.batching import check_batch
-    from bigbatch.config import load_config
-    from bigbatch.engine import distributed
-    from bigbatch.telemetry.capacity import check_capacity
-
-    cfg = load_config(source, overrides)
-    if reads_data:
-        from bigbatch.tasks import check_data_given
-
-        check_data_given(cfg)
-    world = distributed.world_size_from_env()
-    if cfg.subdivisions != "auto":
-        check_batch(cfg, world)
-    check_capacity(cfg, world)
-    return cfg
-
-
-def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
-    """Whether ``out_dir`` already holds a checkpoint of this very run, which ``train`` then resumes (a worker
-    restarted by ``torchrun --max-restarts`` runs the same command again). A checkpoint of another config is
-    refused rather than overwritten. ``subdivisions`` may differ: the layout does not change the training."""
-    if not (out_dir / "checkpoints" / "last.pt").is_file():
-        return False
-    from bigbatch.config import flatten, load_config
-
-    try:
-        saved = flatten(load_config(str(out_dir / "config.yaml")).model_dump(mode="json"))
-    except UserError:
-        saved = {}
-    wanted = flatten(cfg.model_dump(mode="json"))
-    differ = [k for k in sorted(saved.keys() | wanted.keys()) if k != "subdivisions" and saved.get(k) != wanted.get(k)]
-    if differ:
-        first = differ[0]
-        raise UserError(f"--out: {out_dir} already holds a run of another config ({first}: {saved.get(first)!r} "
-                        f"there, {wanted.get(first)!r} here); continue it with --resume {out_dir}, "
-                        f"or choose another --out")
-    from bigbatch.engine import distributed
-
-    if distributed.rank_from_env() == 0:
-        print(f"resuming the run in {out_dir} from its last checkpoint", flush=True)
-    return True
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    from bigbatch.config import apply_overrides, validate_config
-    from bigbatch.engine import checkpoint, distributed
-    from bigbatch.engine.state import load_weights
-    from bigbatch.outputs import check_output_file, probe_writable
-    from bigbatch.registry import TASKS
-    from bigbatch.tasks import build_task
-    from bigbatch.telemetry.capacity import check_capacity
+    from bigbatch.engine.eval_checkpoint import evaluate_checkpoint
 
-    path: Path = args.checkpoint
-    if path.is_dir():
-        path = path / "checkpoints" / "last.pt"
-    out = eval_record_path(path)
-    probe_writable(out.parent, "eval")
-    if args.save_detections is not None:
-        check_output_file(args.save_detections, "--save-detections", ours=is_results_file)
-    state = checkpoint.load(path, checkpoint.EVAL_KEYS)
-    cfg = validate_config(apply_overrides(state["config"], args.overrides))
-    check_capacity(cfg, distributed.world_size_from_env())
-    task = build_task(cfg)
-    if args.save_detections is not None and task.prediction_format is None:
-        kind = TASKS.get(cfg.task).info.get("model_kind", cfg.task)
-        raise UserError(f"--save-detections: the checkpoint is a {kind}; detections exist for detectors only")
-    model = task.build_model(cfg)
-    use_ema = state.get("ema") is not None and cfg.ema.evaluate
-    load_weights(model, state["ema"]["module"] if use_ema else state["model"], "model")
-    print(f"weights  {'EMA' if use_ema else 'raw'} from {path}")
-    metrics, predictions = task.predict(model, cfg.eval.batch)
-    if args.save_detections is not None:
-        task.save_predictions(args.save_detections, predictions)
-        note = getattr(task, "predictions_note", "")  # how the saved categories are numbered
-        print(f"{len(predictions)} detections written to {args.save_detections} ({task.prediction_format} format"
-              f"{', ' + note if note else ''})")
-    record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
-              **metrics}
-    print(task.report(metrics))
-    checkpoint.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
-    print(f"written to {out}")
+    evaluate_checkpoint(args.checkpoint, args.overrides, args.save_detections)
     return 0
-
-
-def is_results_file(path: Path) -> bool:
-    """Whether ``path`` is a COCO results file ``eval --save-detections`` wrote (``[]`` or a list of detections
-    starting with an ``image_id``): such a file may be replaced by the next one, anything else is the user's."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except OSError:
-        return False
-    return head == b"[]" or head.startswith(b'[{"image_id": ')
-
-
-def eval_record_path(path: Path) -> Path:
-    """Where ``eval`` writes its record: ``eval-<name>.json`` in the run of ``checkpoints/<name>.pt``, else
-    ``<checkpoint>.eval.json`` beside it. A file already there is replaced only if it is an earlier record of
-    ``eval`` (a JSON object naming a checkpoint); anything else is the user's and stops ``eval`` before any work."""
-    in_run = path.parent.name == "checkpoints"
-    out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
-    if out.exists() or out.is_symlink():
-        try:
-            record = json.loads(out.read_text()) if out.is_file() and not out.is_symlink() else None
-            ours = isinstance(record, dict) and "checkpoint" in record
-        except (OSError, ValueError, TypeError):
-            ours = False
-        if not ours:
-            raise UserError(f"eval: {out} exists and is not a record bigbatch eval wrote; bigbatch never overwrites "
-                            f"a file it did not create: move it away first")
-    return out
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
     from bigbatch.config import config_to_yaml
+    from bigbatch.data.multiscale import describe as describe_multiscale
     from bigbatch.engine import distributed
+    from bigbatch.engine.preflight import load_resolved
+    from bigbatch.registry import MODELS
     from bigbatch.tasks import train_set_size
 
     cfg = load_resolved(args.config, args.overrides, reads_data=False)
     world = distributed.world_size_from_env()
     plan = make_plan(cfg, world, train_set_size(cfg))
-    network = None
-    if cfg.model.name == "darknet":  # read (and checked) before anything is printed
-        from bigbatch.models.darknet_models import describe_network
-
-        network = describe_network(cfg.model.cfg, cfg.data.size)
+    describe = MODELS.get(cfg.model.name).info.get("describe")
+    model_text = describe(cfg) if describe is not None else None  # read (and checked) before anything is printed
     print(config_to_yaml(cfg).rstrip())
     print()
     print(plan.describe())
-    settings = cfg.data.multiscale
-    if cfg.data.is_detection and settings.sizes is not None:
-        from bigbatch.data.multiscale import draw_for
-
-        sizes = draw_for(settings.sizes, cfg.data.size, settings.range).sizes
-        rule = "Darknet's rule" if settings.sizes == "auto" else "drawn uniformly"
-        print(f"multi-scale     {', '.join(map(str, sizes))} ({rule}, a new size every {settings.every} steps; the "
-              f"first {settings.every} and the last {min(settings.final, plan.steps)} at {max(sizes)})")
-    if network is not None:
+    multiscale = describe_multiscale(cfg, plan.steps)
+    if multiscale is not None:
+        print(multiscale)
+    if model_text is not None:
         print()
-        print(network)
+        print(model_text)
     return 0
-
-
-SCHEDULE_PNG_MARK = b"bigbatch schedule"
-"""The ``Software`` text of a PNG ``schedule --png`` wrote: such a file may be replaced by the next one."""
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
     from bigbatch.engine import distributed
-    from bigbatch.engine.checkpoint import atomic_write
-    from bigbatch.outputs import check_output_file, starts_with
+    from bigbatch.engine.preflight import load_resolved
+    from bigbatch.outputs import check_output_file
     from bigbatch.recipe.schedule import build_schedule
+    from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
     from bigbatch.tasks import train_set_size
 
     if args.csv is not None:
-        check_output_file(args.csv, "--csv", ours=starts_with(b"step,lr\n", 8))
+        check_output_file(args.csv, "--csv", ours=is_schedule_csv)
     if args.png is not None:
-        check_output_file(args.png, "--png", ours=starts_with(SCHEDULE_PNG_MARK))
+        check_output_file(args.png, "--png", ours=is_schedule_png)
     cfg = load_resolved(args.config, args.overrides, reads_data=False)
     plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size(cfg))
     lr_at = build_schedule(cfg, plan)
@@ -372,25 +252,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     for step in sorted({*range(0, plan.steps, every), plan.steps - 1}):
         print(f"{step:10d}  {plan.epoch_at(step):9.3f}  {lrs[step]:.6g}")
     if args.csv is not None:
-        rows = "".join(f"{step},{lr!r}\n" for step, lr in enumerate(lrs))
-        atomic_write(args.csv, lambda f: f.write("step,lr\n" + rows), mode="w")
+        write_csv(args.csv, lrs)
         print(f"written to {args.csv}")
     if args.png is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 4))
-        ax.plot(range(plan.steps), lrs)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("learning rate")
-        ax.set_title(f"{cfg.name}: batch {plan.batch}, {plan.steps} steps")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        atomic_write(args.png, lambda f: fig.savefig(f, format="png", dpi=100,
-                                                     metadata={"Software": SCHEDULE_PNG_MARK.decode()}))
-        plt.close(fig)
+        plot_png(args.png, lrs, f"{cfg.name}: batch {plan.batch}, {plan.steps} steps")
         print(f"plotted to {args.png}")
     return 0
 
@@ -399,6 +264,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bigbatch.config import parse_size
     from bigbatch.engine import distributed
     from bigbatch.engine.planner import plan_layout
+    from bigbatch.engine.preflight import load_checked
 
     cfg = load_checked(args.config, args.overrides)
     budget = None
@@ -425,11 +291,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    import time
-
     from bigbatch.batching import total_steps
-    from bigbatch.engine.profile import profile
-    from bigbatch.outputs import probe_writable
+    from bigbatch.engine.preflight import load_checked
+    from bigbatch.engine.profile import make_trace_dir, profile
+    from bigbatch.engine.run_dir import timestamped
     from bigbatch.tasks import train_set_size
 
     if not 1 <= args.steps <= MAX_PROFILED_STEPS:
@@ -438,38 +303,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     length = total_steps(cfg, train_set_size(cfg))
     if args.steps > length:
         raise UserError(f"--steps: {args.steps} steps, but the run of {cfg.name} is {length} steps long")
-    out: Path = args.out or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out: {out} exists and is not an empty folder; bigbatch writes its trace into a new or "
-                        "empty one")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out: cannot make {out}: {e.strerror}") from None
-    probe_writable(out, "--out")
+    out: Path = args.out or timestamped("profile")
+    make_trace_dir(out)
     print(f"profiling {args.steps} training step(s) of {cfg.name} after one warm-up step: {cfg.precision.dtype}, "
           f"batch {cfg.batch} in {cfg.subdivisions} micro-batch(es)")
     trace, table = profile(cfg, args.steps, out)
     print(table)
     print(f"trace written to {trace} (chrome://tracing or https://ui.perfetto.dev)")
     return 0
-
-
-def load_resolved(source: str, overrides: list[str], reads_data: bool = True) -> RunConfig:
-    """Load a config and, for ``subdivisions: auto``, measure and choose the subdivisions."""
-    return resolve_auto(load_checked(source, overrides, reads_data))
-
-
-def resolve_auto(cfg: RunConfig) -> RunConfig:
-    """``subdivisions: auto``: measure and choose the subdivisions (printing the measurements)."""
-    from bigbatch.engine import distributed
-    from bigbatch.engine.planner import resolve_auto_subdivisions
-
-    cfg, plan = resolve_auto_subdivisions(cfg, distributed.world_size_from_env())
-    if plan is not None:
-        print(plan.table())
-        print(f"subdivisions: auto -> {cfg.subdivisions} (micro-batch {plan.micro_batch})")
-    return cfg
 
 
 SCALE_MARK = b"by bigbatch scale"
@@ -481,6 +322,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.config import config_to_yaml
     from bigbatch.engine import distributed
     from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.engine.preflight import load_resolved
     from bigbatch.outputs import check_output_file, starts_with
     from bigbatch.recipe.rescale import changes_table, rescale
 
@@ -518,7 +360,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from bigbatch.export import export
+    from bigbatch.darknet.export import export
 
     for line in export(args.source, args.darknet_weights, args.checkpoint, args.weights, args.seed):
         print(line)
@@ -549,6 +391,7 @@ def cmd_data_bench(args: argparse.Namespace) -> int:
     import os
 
     from bigbatch.data.bench import bench, table
+    from bigbatch.engine.preflight import load_checked
     from bigbatch.tasks import build_task, train_set_size
 
     if args.images <= 0:

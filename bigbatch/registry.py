@@ -102,6 +102,8 @@ class ModelInfo(Info):
     """``model.weights`` names a local weights file it loads."""
     size_key: str = "model.name"
     """The key that sets its size, named when it is too large."""
+    describe: Callable[[Any], str] | None = None
+    """describe(cfg) -> the text ``bigbatch show`` prints after the plan (a network's layer table)."""
     check: Callable[[Any], None] | None = None
 
 
@@ -265,8 +267,8 @@ absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: th
 the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of the section that is a per-step rate
 (``config.SLOPE``, ``config.POWER``, ``config.COMPLEMENT``), which ``bigbatch scale`` adapts to the new batch."""
 DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.folder", "bigbatch.data.shards",
-                                             "bigbatch.data.shapes", "bigbatch.data.coco", "bigbatch.data.yolo"),
-                    DatasetInfo)
+                                             "bigbatch.data.shapes", "bigbatch.data.coco",
+                                             "bigbatch.darknet.yolo_data"), DatasetInfo)
 """``data.name``: info ``task`` names the task whose data it is; ``count(cfg) -> int`` is the training set's size
 found without loading it (``show``, ``schedule``, ``scale``, the batch plan); ``held_in_memory(cfg) -> (bytes,
 what)`` (optional) is the memory the loaded set holds whatever the layout, checked against the machine's before
@@ -276,14 +278,16 @@ any work. obj loads it, by task:
   (image ``[C, H, W]`` float tensor, label int) read by index;
 - ``detection``: obj(cfg, issues, rank) -> (train_records, val_records, class_names), lists of
   ``data.detection.DetectionRecord`` (labels ``0..C-1`` in ``class_names``' order, the same classes in both
-  splits); ``issues`` (``data.detection.DataIssues``) collects the data problems; ``rank`` 0 alone prepares shared
+  splits); ``issues`` (``data.problems.DataIssues``) collects the data problems; ``rank`` 0 alone prepares shared
   files (the other ranks wait at a barrier)."""
 MODELS = Registry("model", "model.name",
                   ("bigbatch.models", "bigbatch.models.timm_models", "bigbatch.models.detectors",
-                   "bigbatch.models.darknet_models"), ModelInfo)
+                   "bigbatch.darknet.models"), ModelInfo)
 """``model.name``: info ``task``; ``min_input_size`` (optional: the smallest square input in pixels);
 ``reads_weights`` (optional: ``model.weights`` names a local weights file it loads); ``size_key`` (optional: the key
-that sets its size, named when it is too large; default ``model.name``). obj builds the model, random
+that sets its size, named when it is too large; default ``model.name``); ``describe`` (optional: describe(cfg) ->
+the text ``bigbatch show`` prints after the plan, such as a network's layer table; it is called, and may raise a
+``UserError``, before anything is printed). obj builds the model, random
 weights unless ``model.weights``, nothing downloaded, by task:
 
 - ``classification``: obj(model_cfg, num_classes, in_channels) -> nn.Module, images -> logits;
@@ -292,6 +296,6 @@ weights unless ``model.weights``, nothing downloaded, by task:
 HOOKS = Registry("hook", "", ("bigbatch.engine.hooks",))
 """Hooks every run builds: obj(run) -> a ``Hook`` or None (not wanted by this config); each hook declares its stage
 (``engine/hooks/base.py``), so a hook registers no facts."""
-CONFIG_FORMATS = Registry("config format", "", ("bigbatch.models.darknet_models",))
+CONFIG_FORMATS = Registry("config format", "", ("bigbatch.darknet.recipe",))
 """Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
 a mistake in the file is a ``UserError`` naming it."""

@@ -27,7 +27,7 @@ def test_show_counts_the_parameters_as_darknet(name, layers, parameters):
 def test_export_writes_darknet_weights_that_read_back_bit_identically(tmp_path):
     """A fresh yolov3 as Darknet weights: exactly 248,007,048 bytes; converted back through --weights, the same bytes
     and the same tensors in a checkpoint that model.weights reads."""
-    from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
+    from bigbatch.darknet.models import darknet_network, load_darknet_weights
 
     cfg = DARKNET_DATA / "yolov3.cfg"
     first = tmp_path / "first.weights"

@@ -1,4 +1,4 @@
-"""Darknet networks from a .cfg (bigbatch.models.darknet) against independent oracles: the layer and parameter
+"""Darknet networks from a .cfg (bigbatch.darknet) against independent oracles: the layer and parameter
 counts and .weights sizes Darknet itself reports for yolov3 and yolov3-tiny (tests/data/darknet/README.md), the
 C formulas of Darknet's layers and activations transcribed element by element, and a small network written out by
 hand in plain torch."""
@@ -14,8 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bigbatch.errors import UserError
-from bigbatch.models.darknet import (
+from bigbatch.darknet import (
     DarknetNetwork,
     ignored_keys,
     layer_table,
@@ -27,8 +26,9 @@ from bigbatch.models.darknet import (
     with_classes,
     write_weights,
 )
-from bigbatch.models.darknet.activations import ACTIVATIONS, activation
-from bigbatch.models.darknet.shapes import Shape
+from bigbatch.darknet.activations import ACTIVATIONS, activation
+from bigbatch.darknet.shapes import Shape
+from bigbatch.errors import UserError
 from tests.helpers import DARKNET_DATA, SMALL, net_header
 
 FLT_MAX = float(np.finfo(np.float32).max)

@@ -27,7 +27,7 @@ def shapes(tmp_path_factory) -> Path:
 
 
 def network_weights(out: Path) -> dict[str, torch.Tensor]:
-    from bigbatch.models.darknet_models import network_state
+    from bigbatch.darknet.models import network_state
 
     return network_state(torch.load(out / "checkpoints" / "last.pt", weights_only=True))
 
@@ -55,7 +55,7 @@ def test_the_loss_and_the_update_are_the_same_for_1_and_4_subdivisions(shapes, t
 def test_weights_files_start_a_run_and_come_out_of_it(shapes, tmp_path):
     """A .weights file written by ``export`` starts a run (model.weights); the run's weights, exported, read back
     as the checkpoint holds them."""
-    from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
+    from bigbatch.darknet.models import darknet_network, load_darknet_weights
 
     start = tmp_path / "start.weights"
     assert run_main("export", "yolov3-tiny-shapes.cfg", "--darknet-weights", str(start)).returncode == 2  # no file

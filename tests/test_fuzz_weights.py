@@ -8,7 +8,7 @@ major < 1000 && minor < 1000``, else an int32 that Darknet stores into its ``siz
 then exactly the network's float32 values. A file of that size must load, bit for bit, with that ``seen``; a file
 of any other size must be refused.
 
-What the fuzz found (fixed in ``bigbatch/models/darknet/weights.py``): a 32-bit ``seen`` that is negative (an old
+What the fuzz found (fixed in ``bigbatch/darknet/weights.py``): a 32-bit ``seen`` that is negative (an old
 header followed by ``00 00 00 80``) was returned negative, and ``bigbatch export --darknet-weights`` then stopped
 with a ``ValueError`` traceback from ``write_weights``. What reading the reader found besides, tested here too: a
 FIFO given to ``read_weights`` blocked forever in ``open``, a folder raised ``IsADirectoryError``, a NUL in the path
@@ -31,9 +31,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bigbatch.darknet import DarknetNetwork, read_darknet_cfg, read_weights, write_weights
+from bigbatch.darknet.weights import weight_tensors
 from bigbatch.errors import UserError
-from bigbatch.models.darknet import DarknetNetwork, read_darknet_cfg, read_weights, write_weights
-from bigbatch.models.darknet.weights import weight_tensors
 from tests.helpers import SMALL, run_main
 
 # Two convolutions (one with batch norm, one with a bias): 3 * 4 + 3 * 2 * 3 * 3 + 2 + 2 * 3 = 74 float32 values

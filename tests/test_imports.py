@@ -80,7 +80,7 @@ def test_the_registries_import_nothing_of_bigbatch():
 
 
 def test_the_darknet_text_reader_imports_only_the_errors():
-    assert GRAPH["bigbatch.darknet_text"] <= {"bigbatch.errors"}
+    assert GRAPH["bigbatch.darknet.text"] <= {"bigbatch.errors"}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

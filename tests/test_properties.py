@@ -35,8 +35,9 @@ from pydantic import BaseModel
 
 from bigbatch.cli import main
 from bigbatch.config import RunConfig, parse_override
+from bigbatch.darknet.recipe import net_recipe
+from bigbatch.darknet.text import read_cfg
 from bigbatch.errors import UserError
-from bigbatch.recipe.darknet_cfg import net_recipe, read_cfg
 from tests.helpers import DARKNET_DATA
 
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")  # a failure's strategy, printed

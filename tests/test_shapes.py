@@ -252,7 +252,7 @@ def test_yolo_layout_holds_the_same_boxes_as_the_coco_files(tmp_path):
 
     from bigbatch.cli import main
     from bigbatch.config import load_config
-    from bigbatch.data.detection import DataIssues
+    from bigbatch.data.problems import DataIssues
     from bigbatch.registry import DATASETS
 
     out = tmp_path / "set"

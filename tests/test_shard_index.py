@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bigbatch.data.detection import DataIssues
 from bigbatch.data.pack import INDEX, pack
+from bigbatch.data.problems import DataIssues
 from bigbatch.data.shard_index import read_index
 from bigbatch.data.shards import ShardImages
 from bigbatch.errors import UserError

@@ -1,4 +1,4 @@
-"""Darknet's YOLO loss and decoding (bigbatch.models.darknet.yolo_loss, .detector) against independent oracles: a
+"""Darknet's YOLO loss and decoding (bigbatch.darknet.yolo_loss, .detector) against independent oracles: a
 literal transcription of AlexeyAB's process_batch (src/yolo_layer.c) in plain Python loops, whose deltas must be
 minus the autograd gradient; the same step gradient for every batch/micro-batch layout; boxes built by hand that
 must decode back to themselves."""
@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+from bigbatch.darknet import DarknetNetwork, read_darknet_cfg
+from bigbatch.darknet.cfg import Yolo
+from bigbatch.darknet.detector import DarknetDetector, decode_yolo_output, postprocess
+from bigbatch.darknet.yolo_loss import darknet_truths, yolo_layer_loss, yolo_loss
 from bigbatch.errors import UserError
-from bigbatch.models.darknet import DarknetNetwork, read_darknet_cfg
-from bigbatch.models.darknet.cfg import Yolo
-from bigbatch.models.darknet.detector import DarknetDetector, decode_yolo_output, postprocess
-from bigbatch.models.darknet.yolo_loss import darknet_truths, yolo_layer_loss, yolo_loss
 
 pytestmark = pytest.mark.fast
 
@@ -553,7 +553,7 @@ def test_reference_yolov3_tiny_cfg_trains():
     from tests.helpers import DARKNET_DATA
 
     path = DARKNET_DATA / "yolov3-tiny.cfg"
-    from bigbatch.models.darknet import load_network
+    from bigbatch.darknet import load_network
 
     torch.manual_seed(0)
     model = DarknetDetector(load_network(path, 96, 96, classes=CLASSES))

@@ -13,7 +13,7 @@
   file against the original annotation file as bigbatch does. A set without ids (YOLO) numbers categories
   ``label + 1`` (``CATEGORY_ID_OFFSET``; COCO ids start at 1).
 
-Bad data (see ``bigbatch.data.detection``): images are checked by their headers (existence, format, the
+Bad data (see ``bigbatch.data.problems``): images are checked by their headers (existence, format, the
 size against the file's width and height), or fully decoded in strict mode; annotations are checked one
 by one and reported as ``<annotation file>:annotation #k (id N): ...``.
 """
@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bigbatch.data.detection import DataIssues, DetectionRecord, check_box, inspect_images
+from bigbatch.data.detection import DetectionRecord, check_box
 from bigbatch.data.formats import images_in_annotations
+from bigbatch.data.images import inspect_images
+from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 

@@ -1,4 +1,4 @@
-"""Detection samples: the record of an image and its boxes, the data problems found on the way, and the
+"""Detection samples: the record of an image and its boxes, the check of a box against its image, and the
 dataset that decodes a record into ``(image, target)``.
 
 Shared conventions: ``image`` is a ``tv_tensors.Image`` uint8 [3, H, W]; ``target`` holds ``boxes``
@@ -6,7 +6,7 @@ Shared conventions: ``image`` is a ``tv_tensors.Image`` uint8 [3, H, W]; ``targe
 contiguous 0..C-1), ``image_id`` (int, the COCO id for COCO data) and ``orig_size`` ((H, W) as decoded).
 
 Bad data never crashes a run. Each problem is reported once with its file (and line) and the image or box
-is skipped (``DataIssues``); with ``strict`` the first problem raises a ``UserError`` instead, which the
+is skipped (``problems.DataIssues``); with ``strict`` the first problem raises a ``UserError`` instead, which the
 CLI prints as ``error: data: <file>:<line>: <message>`` before any training. Loading reads only image
 headers (size and format); a corrupt body is found when the sample is decoded, reported once per process,
 and the sample replaced by the next readable one so that batch sizes stay fixed. In strict mode the
@@ -17,28 +17,22 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import re
-import sys
-from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
-from torchvision.io import ImageReadMode, decode_image
 
+from bigbatch.data.images import decode_rgb, error_reason
 from bigbatch.data.order import sample_rng
+from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
 
 EDGE_TOLERANCE = 1.0  # px a box may overshoot the image by (annotation rounding): clipped without a report
 MOSTLY_INSIDE = 0.5  # a box overshooting more is clipped (and reported) if this share of its area is inside
-DECODABLE = ("GIF", "JPEG", "PNG", "WEBP")  # the formats torchvision.io.decode_image reads (PIL's names)
 
 Transform = Callable[[tv_tensors.Image, dict[str, Any], Any], tuple[Any, dict[str, Any]]]
 
@@ -91,93 +85,6 @@ class DetectionRecord:
             raise ValueError("boxes, labels and areas differ in length")
 
 
-@dataclass(frozen=True)
-class DataProblem:
-    path: str
-    line: int | str | None
-    message: str
-
-    def __str__(self) -> str:
-        where = self.path if self.line is None else f"{self.path}:{self.line}"
-        return f"{where}: {self.message}"
-
-
-_PLURALS = {"box": "boxes"}
-_UNIT_ORDER = ("image", "box")
-_ACTION_ORDER = ("skipped", "replaced", "clipped")
-
-
-def _count(n: int, unit: str) -> str:
-    return f"{n} {unit if n == 1 else _PLURALS.get(unit, unit + 's')}"
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
-
-
-def _rank(order: tuple[str, ...], name: str) -> tuple[int, str]:
-    return (order.index(name) if name in order else len(order), name)
-
-
-class DataIssues:
-    """Collects data problems ``(path, line | None, message)``.
-
-    Default mode: each problem is printed once to stderr as ``warning: <path>:<line>: <message>`` and the
-    caller skips the image or box. Strict mode: the first problem raises ``UserError("data: ...")``.
-    Picklable; a DataLoader worker holds its own copy, so "once" is once per process.
-    """
-
-    def __init__(self, strict: bool = False):
-        self.strict = strict
-        self.problems: list[DataProblem] = []
-        self._seen: set[DataProblem] = set()
-        self._outcomes: Counter[tuple[str, str]] = Counter()  # (action, unit) -> count
-
-    def report(self, path: str | os.PathLike, line: int | str | None, message: str, unit: str = "image",
-               action: str = "skipped") -> None:
-        """A problem with ``path`` (at ``line``); what happened to it: ``unit`` (image, box) ``action``."""
-        problem = DataProblem(str(path), line, message)
-        if self.strict:
-            raise UserError(f"data: {problem}")
-        if problem in self._seen:
-            return
-        self._seen.add(problem)
-        self.problems.append(problem)
-        self._outcomes[(action, unit)] += 1
-        print(f"warning: {problem}", file=sys.stderr, flush=True)
-
-    def absorb(self, found: Sequence[tuple[str, str]], unit: str = "image", action: str = "replaced") -> None:
-        """Count problems found (and printed) in another process, a DataLoader worker: ``(path, message)`` pairs
-        that samples carry in ``target["data_problems"]``. A problem already known is not counted again."""
-        for path, message in found:
-            problem = DataProblem(str(path), None, message)
-            if problem not in self._seen:
-                self._seen.add(problem)
-                self.problems.append(problem)
-                self._outcomes[(action, unit)] += 1
-
-    def absorb_targets(self, targets: Sequence[dict[str, Any]]) -> None:
-        """``absorb`` the problems carried by a batch's targets."""
-        for target in targets:
-            if "data_problems" in target:
-                self.absorb(target["data_problems"])
-
-    def __len__(self) -> int:
-        return len(self.problems)
-
-    def summary(self) -> str:
-        """E.g. ``data: 3 problems in 2 files: 1 image and 2 boxes skipped``."""
-        if not self.problems:
-            return "data: no problems"
-        files = len({p.path for p in self.problems})
-        by_action: dict[str, list[str]] = {}
-        order = sorted(self._outcomes, key=lambda k: (_rank(_ACTION_ORDER, k[0]), _rank(_UNIT_ORDER, k[1])))
-        for action, unit in order:
-            by_action.setdefault(action, []).append(_count(self._outcomes[(action, unit)], unit))
-        outcomes = "; ".join(f"{_and(units)} {action}" for action, units in by_action.items())
-        return f"data: {_count(len(self.problems), 'problem')} in {_count(files, 'file')}: {outcomes}"
-
-
 def check_box(box: Sequence[float], width: int, height: int) -> tuple[tuple[float, ...] | None, str | None]:
     """An XYXY box checked against a ``width`` x ``height`` image: ``(kept box or None, problem or None)``.
 
@@ -200,48 +107,6 @@ def check_box(box: Sequence[float], width: int, height: int) -> tuple[tuple[floa
     if inside < MOSTLY_INSIDE:
         return None, f"box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] (xyxy) lies mostly outside {image} ({inside:.0%} inside)"
     return kept, f"box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] (xyxy) extends {overshoot:g} px beyond {image}; clipped"
-
-
-def error_reason(error: Exception) -> str:
-    """torchvision's message without its C++ source location (``decode_jpeg, /path/file.cpp:171, ...``)."""
-    return re.sub(r"^\w+, \S+:\d+, ", "", str(error)).strip()
-
-
-def decode_rgb(path: str) -> torch.Tensor:
-    """The image decoded by torchvision (libjpeg-turbo for JPEG) as uint8 [3, H, W] RGB."""
-    return decode_image(path, mode=ImageReadMode.RGB)
-
-
-def inspect_image(path: str, decode: bool = False) -> tuple[tuple[int, int] | None, str | None]:
-    """``((width, height), None)`` from the image header (PIL reads the header only), or ``(None, problem)``.
-
-    With ``decode`` the whole image is also decoded as the dataset will decode it (strict mode).
-    """
-    if not os.path.isfile(path):
-        return None, "image not found"
-    try:
-        with Image.open(path) as image:
-            size, fmt = image.size, image.format
-    except (OSError, ValueError, Image.DecompressionBombError) as error:  # UnidentifiedImageError is an OSError
-        return None, f"unreadable image: {error}"
-    if fmt not in DECODABLE:
-        return None, f"unsupported image format {fmt} (torchvision decodes {', '.join(DECODABLE)})"
-    if decode:
-        try:
-            pixels = decode_rgb(path)
-        except RuntimeError as error:
-            return None, f"corrupt image: {error_reason(error)}"
-        if (pixels.shape[2], pixels.shape[1]) != size:
-            return None, f"decodes to {pixels.shape[2]}x{pixels.shape[1]}, its header says {size[0]}x{size[1]}"
-    return size, None
-
-
-def inspect_images(paths: Sequence[str], decode: bool = False) -> list[tuple[tuple[int, int] | None, str | None]]:
-    """``inspect_image`` of each path, in order; threads overlap the file reads (and decoding releases the GIL)."""
-    if len(paths) < 64:
-        return [inspect_image(p, decode) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(16, 2 * (os.cpu_count() or 1))) as pool:
-        return list(pool.map(lambda p: inspect_image(p, decode), paths, chunksize=64))
 
 
 class DetectionDataset(Dataset):

@@ -39,9 +39,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 
-from bigbatch.data.detection import DataIssues, error_reason, inspect_images
 from bigbatch.data.files import read_regular
+from bigbatch.data.images import error_reason, inspect_images
 from bigbatch.data.order import sample_rng
+from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 

@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from bigbatch.config import RunConfig
 
 MULTIPLE = 32  # the stride of Darknet's and most detectors' deepest feature map
 _SALT = 0x6D756C7469  # "multi": keeps the (seed, k) draws apart from the data order's (seed, epoch) ones
@@ -130,3 +134,15 @@ class MultiScale:
         if k == 0 or (self.stop is not None and step >= self.stop - self.final):
             return self.largest
         return self.draw(np.random.default_rng([self.seed, k, _SALT]))
+
+
+def describe(cfg: RunConfig, steps: int) -> str | None:
+    """``bigbatch show``'s line for a detector's multi-scale training over ``steps`` steps (None without it): the
+    sizes, how they are drawn, how often, and the steps at the largest size."""
+    settings = cfg.data.multiscale
+    if not cfg.data.is_detection or settings.sizes is None:
+        return None
+    sizes = draw_for(settings.sizes, cfg.data.size, settings.range).sizes
+    rule = "Darknet's rule" if settings.sizes == "auto" else "drawn uniformly"
+    return (f"multi-scale     {', '.join(map(str, sizes))} ({rule}, a new size every {settings.every} steps; the "
+            f"first {settings.every} and the last {min(settings.final, steps)} at {max(sizes)})")

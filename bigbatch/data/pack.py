@@ -55,9 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bigbatch.data.detection import DataIssues
 from bigbatch.data.files import read_regular
 from bigbatch.data.folder import SPLITS, find_classes, list_samples
+from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
 
 FORMAT = "bigbatch shards"

@@ -45,7 +45,8 @@ from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:
     from bigbatch.config import RunConfig
-    from bigbatch.data.detection import DataIssues, DetectionRecord
+    from bigbatch.data.detection import DetectionRecord
+    from bigbatch.data.problems import DataIssues
 
 CLASSES = ("circle", "square", "triangle", "star", "cross")
 CATEGORY_IDS = (1, 3, 5, 7, 9)

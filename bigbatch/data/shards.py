@@ -64,10 +64,11 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
-from bigbatch.data.detection import DataIssues, error_reason
 from bigbatch.data.files import open_regular
 from bigbatch.data.folder import DECODE_ERRORS, PREPROCESSING, CropFirst, EncodedImages, preprocessing
+from bigbatch.data.images import error_reason
 from bigbatch.data.pack import INDEX
+from bigbatch.data.problems import DataIssues
 from bigbatch.data.shard_index import SplitIndex, read_index
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS

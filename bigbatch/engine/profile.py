@@ -63,6 +63,22 @@ def kinds_table(events: Any) -> tuple[dict[str, dict[str, float]], str]:
     return dict(sums), "\n".join(lines)
 
 
+def make_trace_dir(out: Path) -> None:
+    """The folder for ``profile``'s trace: new or empty (anything else is the user's), made, and writable; else one
+    ``UserError`` naming ``--out``."""
+    from bigbatch.errors import UserError
+    from bigbatch.outputs import probe_writable
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out: {out} exists and is not an empty folder; bigbatch writes its trace into a new or "
+                        "empty one")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out: cannot make {out}: {e.strerror}") from None
+    probe_writable(out, "--out")
+
+
 def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     """Profile ``steps`` training steps of ``cfg`` after one warm-up step; -> (the trace's path, the table)."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # Kineto's own log: errors about absent GPUs, on a CPU machine

@@ -15,6 +15,7 @@ from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.state import TrainingState
 from bigbatch.engine.step import StepResult, TrainStep
+from bigbatch.recipe.ema import ema_counts
 
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import Hooks
@@ -75,10 +76,10 @@ class Run:
     def evaluate(self, raw_too: bool = True) -> tuple[dict[str, float], dict[str, float] | None]:
         """(metrics of the weights that count, metrics of the raw weights when those are the EMA's, else None).
 
-        The EMA weights count when there is an EMA and ``ema.evaluate`` (the default); the raw ones are then
-        evaluated too (``raw_too``), for comparison."""
+        The EMA weights count when there is an EMA and ``ema.evaluate`` (the default: ``recipe.ema.ema_counts``); the
+        raw ones are then evaluated too (``raw_too``), for comparison."""
         cfg, task, proc, ema = self.cfg, self.task, self.proc, self.state.ema
-        if ema is None or not cfg.ema.evaluate:
+        if not ema_counts(ema, cfg):
             return task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world), None
         raw = task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world) if raw_too else None
         return task.evaluate(ema.module, cfg.eval.batch, proc.rank, proc.world), raw

@@ -15,6 +15,11 @@
 - **Leave nothing** when the run stops before it wrote anything (a data or config error found after the folder
   was made): the lock file it made and the folders it made are removed again, so a folder of the user's is left
   as it was.
+
+Which run a folder holds: ``check_resumable`` (``--resume DIR``: a folder of a run with a checkpoint, held by no
+one) and ``holds_this_run`` (``--out DIR`` of a run with the same config: resumed, as ``torchrun --max-restarts``
+needs; another config's: refused). A run's own folder defaults to ``runs/<name>-<date>-<time>``
+(:func:`timestamped`).
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ import errno
 import fcntl
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bigbatch.errors import UserError
+
+if TYPE_CHECKING:
+    from bigbatch.config import RunConfig
 
 LOCK_NAME = ".bigbatch.lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "tensorboard", "checkpoints")
@@ -200,3 +210,53 @@ def remove_stale_temporaries(checkpoints: Path) -> list[Path]:
             entry.unlink()
             removed.append(entry)
     return removed
+
+
+def timestamped(name: str) -> Path:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>``: the folder of a run (or a profile) not given one, by the local time."""
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a run continues from and ``eval`` and ``export`` read by default: ``checkpoints/last.pt``."""
+    return run_dir / "checkpoints" / "last.pt"
+
+
+def check_resumable(run_dir: Path) -> None:
+    """``--resume DIR``: a folder, not held by a run still going (looked at on rank 0 only), with a last checkpoint;
+    else one ``UserError`` saying which."""
+    from bigbatch.engine import distributed
+
+    if not run_dir.is_dir():
+        raise UserError(f"--resume: {run_dir} is not a folder (expected the run directory of bigbatch train)")
+    held_by = holder(run_dir) if distributed.rank_from_env() == 0 else None
+    if held_by is not None:  # a run still going, perhaps before its first checkpoint
+        raise UserError(f"--resume: {run_dir} is in use by {held_by}")
+    if not last_checkpoint(run_dir).is_file():
+        raise UserError(f"--resume: {run_dir} holds no checkpoints/last.pt")
+
+
+def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``out_dir`` already holds a checkpoint of this very run, which ``train`` then resumes (a worker
+    restarted by ``torchrun --max-restarts`` runs the same command again). A checkpoint of another config is
+    refused rather than overwritten. ``subdivisions`` may differ: the layout does not change the training."""
+    if not last_checkpoint(out_dir).is_file():
+        return False
+    from bigbatch.config import flatten, load_config
+
+    try:
+        saved = flatten(load_config(str(out_dir / "config.yaml")).model_dump(mode="json"))
+    except UserError:
+        saved = {}
+    wanted = flatten(cfg.model_dump(mode="json"))
+    differ = [k for k in sorted(saved.keys() | wanted.keys()) if k != "subdivisions" and saved.get(k) != wanted.get(k)]
+    if differ:
+        first = differ[0]
+        raise UserError(f"--out: {out_dir} already holds a run of another config ({first}: {saved.get(first)!r} "
+                        f"there, {wanted.get(first)!r} here); continue it with --resume {out_dir}, "
+                        f"or choose another --out")
+    from bigbatch.engine import distributed
+
+    if distributed.rank_from_env() == 0:
+        print(f"resuming the run in {out_dir} from its last checkpoint", flush=True)
+    return True

@@ -9,15 +9,34 @@ where n counts the optimizer steps applied so far, this one included: TensorFlow
 the Inception v3 TPU guide (decay 0.995). Floating-point buffers (BatchNorm running mean and
 variance) are averaged the same way, as TF averages ``tf.moving_average_variables()``; integer
 buffers (``num_batches_tracked``) are copied.
+
+Which weights count (are evaluated, reported as the run's metrics, written by ``bigbatch export``) is one rule,
+:func:`ema_counts`: the EMA's when the run keeps one and ``ema.evaluate`` (the default), else the raw ones.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from bigbatch.config import RunConfig
+
+
+def ema_counts(ema: object | None, cfg: RunConfig) -> bool:
+    """Whether the EMA's weights are the ones that count rather than the raw ones: when the run keeps an EMA
+    (``ema``: a :class:`WeightEMA`, or a checkpoint's ``"ema"`` entry; None without one) and ``ema.evaluate``."""
+    return ema is not None and cfg.ema.evaluate
+
+
+def counted_weights(state: dict[str, Any], cfg: RunConfig) -> tuple[dict[str, Any], bool]:
+    """The state dict of the weights that count in a checkpoint ``state`` (:func:`ema_counts`): its EMA's
+    (``state["ema"]["module"]``) or its raw model's (``state["model"]``); and whether they are the EMA's."""
+    use_ema = ema_counts(state.get("ema"), cfg)
+    return (state["ema"]["module"] if use_ema else state["model"]), use_ema
 
 
 class WeightEMA:

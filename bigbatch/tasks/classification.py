@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from bigbatch.config import RunConfig
-from bigbatch.data.detection import DataIssues
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.order import sample_seed
+from bigbatch.data.problems import DataIssues
 from bigbatch.registry import DATASETS, TASKS
 
 

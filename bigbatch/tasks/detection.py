@@ -31,10 +31,11 @@ from bigbatch.batching import total_steps
 from bigbatch.config import RunConfig
 from bigbatch.data.coco import category_ids_of, coco_ground_truth
 from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
-from bigbatch.data.detection import DataIssues, DetectionDataset
+from bigbatch.data.detection import DetectionDataset
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.multiscale import MultiScale, draw_for
 from bigbatch.data.order import sample_seed
+from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS, TASKS
 from bigbatch.tasks.coco_eval import (

@@ -1,4 +1,4 @@
-"""Darknet ``.cfg`` files: the sections, and the ``[net]`` recipe as a bigbatch config.
+"""A Darknet ``.cfg`` as a bigbatch config: the ``[net]`` recipe, and the network (the ``.cfg`` config format).
 
 A ``.cfg`` is a list of ``[section]`` headers each followed by ``key=value`` lines; ``#`` and
 ``;`` start comments. The ``[net]`` (or ``[network]``) section holds the training recipe, read
@@ -11,13 +11,11 @@ as Darknet's ``parse_net_options`` reads it (same defaults):
     burn_in, power, policy, steps, scales, step, scale, gamma, max_batches
                                   -> schedule.darknet (preset ``darknet``); steps = max_batches
 
-The input size (width, height, channels) and the network layers are read by ``models/darknet/cfg.py``
-(through ``read_cfg_sections``, the same reading with the line of each key); the recipe keys are
-``NET_RECIPE_KEYS``.
+The input size (width, height, channels) and the network layers are read by ``cfg.py`` (through
+``text.read_cfg_sections``, the same reading with the line of each key); the recipe keys are ``cfg.NET_RECIPE_KEYS``.
 
-``models/darknet_models.py``'s ``darknet_config``, the reader of the ``.cfg`` config format
-(``registry.CONFIG_FORMATS``: ``bigbatch train yolov3.cfg``), takes this recipe and adds the network; the
-``key=value`` lines are read by ``darknet_text.read_options``.
+:func:`darknet_config`, the reader of the ``.cfg`` config format (``registry.CONFIG_FORMATS``: ``bigbatch train
+yolov3.cfg``), takes this recipe and adds the network; the ``key=value`` lines are read by ``text.read_options``.
 """
 
 from __future__ import annotations
@@ -25,30 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bigbatch.darknet_text import INT_MAX, KeyedSection, parse_number, read_keyed_sections
+from bigbatch.darknet.text import INT_MAX, parse_number, read_cfg
 from bigbatch.errors import UserError
-
-
-def read_cfg_sections(path: Path, prefix: str = "config: ") -> list[KeyedSection]:
-    """The sections of a ``.cfg`` file in order, with the line of each key; errors begin ``{prefix}{path}``."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise UserError(f"{prefix}cannot read {path}: {e.strerror}") from None
-    lines = text.split("\n")  # lines as Darknet and editors count them
-    return read_keyed_sections(lines, f"{prefix}{path}", sections=True)
-
-
-def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
-    """The sections of a ``.cfg`` file in order: (name, options, line number of the header)."""
-    return [(s.name, s.options, s.line) for s in read_cfg_sections(path)]
-
-
-NET_RECIPE_KEYS = frozenset({
-    "batch", "subdivisions", "learning_rate", "momentum", "decay", "burn_in", "power", "policy", "steps", "scales",
-    "step", "scale", "gamma", "max_batches"})
-"""The ``[net]`` keys ``net_recipe`` reads (the network's own, width, height and channels, are read in
-``models/darknet/cfg.py``)."""
+from bigbatch.registry import CONFIG_FORMATS
 
 
 def _number(path: Path, line: int, key: str, value: str, kind: type) -> Any:
@@ -112,3 +89,44 @@ def net_recipe(path: Path) -> dict[str, Any]:
         recipe["steps"] = max_batches
     return recipe
 
+
+def darknet_config(path: Path) -> dict[str, Any]:
+    """A Darknet ``.cfg`` given as the CONFIG (``bigbatch train yolov3.cfg``): the ``[net]`` recipe
+    (:func:`net_recipe`: batch, subdivisions, optimizer, schedule), and the network: ``model.name: darknet``
+    with ``model.cfg`` this file (absolute), square inputs of the ``[net]`` width, letterboxed, and Darknet's
+    multi-scale when the last ``[yolo]`` layer has ``random`` (1: the range 1.4; a fraction such as 1.25: that
+    range). Darknet's augmentation as the cfg asks: the last ``[yolo]`` layer's ``jitter``, ``[net]`` ``hue``,
+    ``saturation``, ``exposure`` and ``flip``. The data default to bigbatch's generated shapes set;
+    ``--set data.name=yolo data.path=obj.data`` trains on a Darknet dataset. Evaluation reports mAP@0.5, as
+    Darknet's ``map``."""
+    import os
+
+    from bigbatch.darknet.cfg import read_darknet_cfg
+    from bigbatch.darknet.shapes import layer_shapes
+
+    recipe = net_recipe(path)
+    cfg = read_darknet_cfg(path)
+    net = cfg.net
+    if not cfg.yolo_layers:
+        raise UserError(f"config: {path}: the network has no [yolo] layer; bigbatch trains Darknet detectors")
+    for key in ("width", "height"):
+        if not getattr(net, key):
+            raise UserError(f"config: {path}:{net.line}: [net] {key}: missing; expected the input size")
+    if net.width != net.height:
+        raise UserError(f"config: {path}:{net.lines.get('height', net.line)}: [net] height: {net.height} differs from "
+                        f"width {net.width}; bigbatch trains square inputs")
+    layer_shapes(cfg, net.channels or 3, net.height, net.width)  # every layer fits its input: checked before any work
+    last = cfg.yolo_layers[-1]  # Darknet reads jitter and random from its last detection layer
+    data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox", "jitter": last.jitter,
+                            "hue": net.hue, "saturation": max(net.saturation, 1 / net.saturation),
+                            "exposure": max(net.exposure, 1 / net.exposure), "flip": 0.5 if net.flip else 0.0}
+    random = last.random
+    if random:
+        data["multiscale"] = {"sizes": "auto", "range": 1.4 if random == 1 else random}
+    recipe["optim"]["no_decay_norm_bias"] = True  # Darknet decays the convolution weights, not biases or BN scales
+    recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)}, data=data,
+                  eval={"metric": "mAP50"})
+    return recipe
+
+
+CONFIG_FORMATS.register(".cfg", darknet_config)

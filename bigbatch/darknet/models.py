@@ -1,10 +1,11 @@
 """``model.name: darknet``: the network of a Darknet ``.cfg`` (``model.cfg``), as a bigbatch detector.
 
-The network is built by ``models/darknet`` at the run's input size (``data.size``), for the dataset's classes: when
+The network is built by ``network.py`` at the run's input size (``data.size``), for the dataset's classes: when
 they differ from the cfg's, each ``[yolo]`` layer takes the dataset's number and the convolution before it
 ``len(mask) * (classes + 5)`` filters, as a Darknet user edits a cfg for a new dataset. ``model.weights`` starts it
 from a Darknet ``.weights`` file (:func:`load_darknet_weights`) or from a state dict or bigbatch checkpoint of the
-same network. The detector (training losses, decoding) is ``models/darknet/detector.py``.
+same network. The detector (training losses, decoding) is ``detector.py``. ``bigbatch show`` prints the network's
+layer table (:func:`describe_darknet`, the entry's ``describe``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import torch
 import torch.nn as nn
 
 from bigbatch.errors import UserError
-from bigbatch.registry import CONFIG_FORMATS, MODELS
+from bigbatch.registry import MODELS
 
 if TYPE_CHECKING:
-    from bigbatch.config import ModelConfig
-    from bigbatch.models.darknet import DarknetNetwork
+    from bigbatch.config import ModelConfig, RunConfig
+    from bigbatch.darknet import DarknetNetwork
 
 NETWORK_PREFIX = "network."
 """Where the network's keys sit in the detector's state dict."""
@@ -31,7 +32,7 @@ def darknet_network(cfg_path: str | None, classes: int | None = None, size: int 
     """The network of the ``.cfg`` at ``cfg_path`` for ``classes`` classes (default: the cfg's) and a ``size`` x
     ``size`` input (default: its ``[net]``). Outside torch's ``meta`` device it is first built there and refused
     (``UserError`` naming ``key``) when its weights cannot fit this machine's memory, whichever command builds it."""
-    from bigbatch.models.darknet import load_network
+    from bigbatch.darknet import load_network
 
     if not cfg_path:
         raise UserError(f"{key}: missing; model.name darknet builds the network of a Darknet .cfg file "
@@ -71,8 +72,8 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
     """Load ``path`` into ``network``: a Darknet ``.weights`` file, or a state dict / bigbatch checkpoint holding
     this network's weights; -> images seen (the ``.weights`` header's ``seen``; 0 for a state dict). A missing or
     non-matching file is one ``UserError`` naming ``key``."""
+    from bigbatch.darknet import read_weights
     from bigbatch.engine.checkpoint import load_tensors, mismatch_detail
-    from bigbatch.models.darknet import read_weights
 
     path = Path(path)
     if not path.is_file():
@@ -95,7 +96,7 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
 def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_size: int) -> nn.Module:
     """``MODELS``' builder for ``darknet``: the network of ``model.cfg`` at ``data.size`` for the dataset's
     classes, from ``model.weights`` when given, as a detector."""
-    from bigbatch.models.darknet.detector import DarknetDetector
+    from bigbatch.darknet.detector import DarknetDetector
 
     network = darknet_network(cfg.cfg, num_classes, min_size)
     if cfg.weights is not None:
@@ -103,62 +104,11 @@ def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_s
     return DarknetDetector(network)
 
 
-# min_input_size: one cell of the deepest stride of YOLO networks (32)
-MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True, min_input_size=32,
-                fields={"cfg": (str | None, None)})
-
-
-# ----------------------------------------------------------------------------- a .cfg as the CONFIG
-
-
-def darknet_config(path: Path) -> dict[str, Any]:
-    """A Darknet ``.cfg`` given as the CONFIG (``bigbatch train yolov3.cfg``): the ``[net]`` recipe
-    (``recipe/darknet_cfg.py``: batch, subdivisions, optimizer, schedule), and the network: ``model.name: darknet``
-    with ``model.cfg`` this file (absolute), square inputs of the ``[net]`` width, letterboxed, and Darknet's
-    multi-scale when the last ``[yolo]`` layer has ``random`` (1: the range 1.4; a fraction such as 1.25: that
-    range). Darknet's augmentation as the cfg asks: the last ``[yolo]`` layer's ``jitter``, ``[net]`` ``hue``,
-    ``saturation``, ``exposure`` and ``flip``. The data default to bigbatch's generated shapes set;
-    ``--set data.name=yolo data.path=obj.data`` trains on a Darknet dataset. Evaluation reports mAP@0.5, as
-    Darknet's ``map``."""
-    import os
-
-    from bigbatch.models.darknet import read_darknet_cfg
-    from bigbatch.models.darknet.shapes import layer_shapes
-    from bigbatch.recipe.darknet_cfg import net_recipe
-
-    recipe = net_recipe(path)
-    cfg = read_darknet_cfg(path)
-    net = cfg.net
-    if not cfg.yolo_layers:
-        raise UserError(f"config: {path}: the network has no [yolo] layer; bigbatch trains Darknet detectors")
-    for key in ("width", "height"):
-        if not getattr(net, key):
-            raise UserError(f"config: {path}:{net.line}: [net] {key}: missing; expected the input size")
-    if net.width != net.height:
-        raise UserError(f"config: {path}:{net.lines.get('height', net.line)}: [net] height: {net.height} differs from "
-                        f"width {net.width}; bigbatch trains square inputs")
-    layer_shapes(cfg, net.channels or 3, net.height, net.width)  # every layer fits its input: checked before any work
-    last = cfg.yolo_layers[-1]  # Darknet reads jitter and random from its last detection layer
-    data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox", "jitter": last.jitter,
-                            "hue": net.hue, "saturation": max(net.saturation, 1 / net.saturation),
-                            "exposure": max(net.exposure, 1 / net.exposure), "flip": 0.5 if net.flip else 0.0}
-    random = last.random
-    if random:
-        data["multiscale"] = {"sizes": "auto", "range": 1.4 if random == 1 else random}
-    recipe["optim"]["no_decay_norm_bias"] = True  # Darknet decays the convolution weights, not biases or BN scales
-    recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)}, data=data,
-                  eval={"metric": "mAP50"})
-    return recipe
-
-
-CONFIG_FORMATS.register(".cfg", darknet_config)
-
-
 def describe_network(cfg_path: str, size: int) -> str:
     """``bigbatch show``'s part for a Darknet network: the cfg's layer table at ``size`` (as Darknet lists its layers
     when it loads a cfg) with the parameter count, and the keys bigbatch does not use. Built on the meta device: no
     memory, no weights."""
-    from bigbatch.models.darknet import ignored_keys, layer_table
+    from bigbatch.darknet import ignored_keys, layer_table
 
     with torch.device("meta"):
         network = darknet_network(cfg_path, None, size)
@@ -168,3 +118,14 @@ def describe_network(cfg_path: str, size: int) -> str:
     if ignored:
         lines.append(f"keys Darknet uses and bigbatch ignores: {', '.join(ignored)}")
     return "\n".join(lines)
+
+
+def describe_darknet(cfg: RunConfig) -> str:
+    """``MODELS``' ``describe`` for ``darknet``: the network of ``model.cfg`` at ``data.size``
+    (:func:`describe_network`)."""
+    return describe_network(cfg.model.cfg, cfg.data.size)
+
+
+# min_input_size: one cell of the deepest stride of YOLO networks (32)
+MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True, min_input_size=32,
+                describe=describe_darknet, fields={"cfg": (str | None, None)})

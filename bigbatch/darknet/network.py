@@ -34,9 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bigbatch.errors import UserError
-from bigbatch.models.darknet.activations import activation
-from bigbatch.models.darknet.cfg import (
+from bigbatch.darknet.activations import activation
+from bigbatch.darknet.cfg import (
     Convolutional,
     DarknetCfg,
     Dropout,
@@ -49,7 +48,8 @@ from bigbatch.models.darknet.cfg import (
     read_darknet_cfg,
     with_classes,
 )
-from bigbatch.models.darknet.shapes import Shape, layer_shapes
+from bigbatch.darknet.shapes import Shape, layer_shapes
+from bigbatch.errors import UserError
 
 BN_EPS = 1e-5
 """Darknet's batch-norm epsilon (normalize_cpu in AlexeyAB's blas.c, cuDNN's in both forks)."""

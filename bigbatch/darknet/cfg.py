@@ -1,8 +1,8 @@
 """A Darknet ``.cfg`` as typed layer specs: every section after ``[net]`` read and checked, one dataclass per kind.
 
 The semantics are Darknet's ``parse_*`` functions (src/parser.c, AlexeyAB/darknet, a superset of pjreddie's), with
-their defaults; the reading of the text is ``darknet_text`` (shared with the ``[net]`` recipe,
-``recipe/darknet_cfg.py``). Built here: ``[convolutional]`` (alias ``[conv]``), ``[maxpool]`` (``[max]``),
+their defaults; the reading of the text is ``text.py`` (shared with the ``[net]`` recipe,
+``recipe.py``). Built here: ``[convolutional]`` (alias ``[conv]``), ``[maxpool]`` (``[max]``),
 ``[upsample]``, ``[shortcut]``, ``[route]``, ``[yolo]`` and ``[dropout]``.
 
 Where bigbatch is stricter than Darknet, it says so rather than guess:
@@ -32,10 +32,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bigbatch.darknet_text import KeyedSection, parse_number
+from bigbatch.darknet.activations import ACTIVATIONS
+from bigbatch.darknet.text import KeyedSection, parse_number, read_cfg_sections
 from bigbatch.errors import UserError
-from bigbatch.models.darknet.activations import ACTIVATIONS
-from bigbatch.recipe.darknet_cfg import NET_RECIPE_KEYS, read_cfg_sections
 
 # ----------------------------------------------------------------------------- the specs
 
@@ -217,6 +216,13 @@ def ignored_keys(cfg: DarknetCfg) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the keys Darknet knows
+
+NET_RECIPE_KEYS = frozenset({
+    "batch", "subdivisions", "learning_rate", "momentum", "decay", "burn_in", "power", "policy", "steps", "scales",
+    "step", "scale", "gamma", "max_batches"})
+"""The ``[net]`` keys of the training recipe, which ``recipe.net_recipe`` reads (the network's own, width, height
+and channels, are read here)."""
+
 
 NET_KEYS = NET_RECIPE_KEYS | {
     # the network's input: read here

@@ -32,8 +32,8 @@ class Exported:
 def classes_in(state: dict[str, torch.Tensor], cfg_path: str) -> int:
     """The classes a network's state dict was trained on: the filters of the convolution before its first ``[yolo]``
     are ``len(mask) * (classes + 5)``."""
-    from bigbatch.models.darknet import read_darknet_cfg
-    from bigbatch.models.darknet_models import find_cfg
+    from bigbatch.darknet import read_darknet_cfg
+    from bigbatch.darknet.models import find_cfg
 
     cfg = read_darknet_cfg(find_cfg(cfg_path))
     yolo = cfg.yolo_layers[0]
@@ -46,18 +46,20 @@ def classes_in(state: dict[str, torch.Tensor], cfg_path: str) -> int:
 def from_checkpoint(path: Path) -> Exported:
     """The network of a bigbatch checkpoint (or a run directory's ``last.pt``) with the weights it evaluates."""
     from bigbatch.config import validate_config
+    from bigbatch.darknet.models import darknet_network, network_state
     from bigbatch.engine import checkpoint
-    from bigbatch.models.darknet_models import darknet_network, network_state
+    from bigbatch.engine.run_dir import last_checkpoint
+    from bigbatch.recipe.ema import counted_weights
 
     if path.is_dir():
-        path = path / "checkpoints" / "last.pt"
+        path = last_checkpoint(path)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     cfg = validate_config(state["config"])
     if cfg.model.name != "darknet":
         raise UserError(f"SOURCE: {path} holds a {cfg.model.name} model; export writes Darknet networks "
                         "(model.name: darknet) only")
-    use_ema = state.get("ema") is not None and cfg.ema.evaluate
-    weights = network_state(state["ema"]["module"] if use_ema else state["model"])
+    counted, use_ema = counted_weights(state, cfg)
+    weights = network_state(counted)
     network = darknet_network(cfg.model.cfg, classes_in(weights, cfg.model.cfg), cfg.data.size)
     network.load_state_dict(weights)
     return Exported(network, int(state["step"]) * cfg.batch,
@@ -66,7 +68,7 @@ def from_checkpoint(path: Path) -> Exported:
 
 def from_cfg(path: Path, weights: Path | None, seed: int) -> Exported:
     """The network of a ``.cfg``: initialised as Darknet does under ``seed``, or loaded from ``weights``."""
-    from bigbatch.models.darknet_models import darknet_network, load_darknet_weights
+    from bigbatch.darknet.models import darknet_network, load_darknet_weights
 
     torch.manual_seed(seed)
     network = darknet_network(str(path), key="SOURCE")
@@ -79,8 +81,8 @@ def from_cfg(path: Path, weights: Path | None, seed: int) -> Exported:
 def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | None, weights: Path | None = None,
            seed: int = 0) -> list[str]:
     """Write the outputs asked for; -> the lines to print. Every output is checked before anything is written."""
+    from bigbatch.darknet import write_weights
     from bigbatch.engine.checkpoint import atomic_write
-    from bigbatch.models.darknet import write_weights
     from bigbatch.outputs import check_output_file
 
     if darknet_weights is None and checkpoint_out is None:

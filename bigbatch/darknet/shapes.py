@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bigbatch.models.darknet.cfg import (
+from bigbatch.darknet.cfg import (
     Convolutional,
     DarknetCfg,
     Dropout,

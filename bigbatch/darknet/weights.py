@@ -28,9 +28,9 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
+from bigbatch.darknet.network import DarknetNetwork
 from bigbatch.engine.checkpoint import atomic_write
 from bigbatch.errors import UserError
-from bigbatch.models.darknet.network import DarknetNetwork
 
 VERSION = (0, 2, 5)
 """(major, minor, revision) written, as Darknet writes them."""

@@ -1,20 +1,22 @@
 """Darknet's text files: ``key=value`` lines, under ``[section]`` headers in a ``.cfg``.
 
-One reader for the ``.cfg`` (``recipe/darknet_cfg.py``, ``models/darknet/cfg.py``) and the ``.data`` file
-(``data/yolo.py``), as Darknet reads both (``read_option`` in src/option_list.c, ``read_cfg`` in src/parser.c): each
-line is stripped; an empty line, or one starting with ``#`` or ``;``, is skipped; in a ``.cfg``, ``[name]`` starts a
-section; every other line is ``key=value``, both sides stripped (a later key replaces an earlier one). Lines are
+One reader for the ``.cfg`` (``recipe.py``, ``cfg.py``) and the ``.data`` file (``yolo_data.py``), as Darknet
+reads both (``read_option`` in src/option_list.c, ``read_cfg`` in src/parser.c): each line is stripped; an empty
+line, or one starting with ``#`` or ``;``, is skipped; in a ``.cfg``, ``[name]`` starts a section; every other line
+is ``key=value``, both sides stripped (a later key replaces an earlier one). Lines are
 numbered from 1, as given.
 
 ``read_keyed_sections`` is the same reading that also keeps the line of every key (for messages naming a key's
 line); ``read_options`` is it without those lines. ``parse_number`` reads one number as ``atoi``/``atof`` would be
-asked to, but strictly: the caller words the message when it is not one.
+asked to, but strictly: the caller words the message when it is not one. ``read_cfg_sections`` and ``read_cfg``
+read a ``.cfg`` file (lines split on ``\n``, as Darknet and editors count them).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import NamedTuple
 
 from bigbatch.errors import UserError
@@ -84,3 +86,18 @@ def parse_number(value: str, kind: type) -> int | float | None:
     if not math.isfinite(number):
         return None
     return number
+
+
+def read_cfg_sections(path: Path, prefix: str = "config: ") -> list[KeyedSection]:
+    """The sections of a ``.cfg`` file in order, with the line of each key; errors begin ``{prefix}{path}``."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise UserError(f"{prefix}cannot read {path}: {e.strerror}") from None
+    lines = text.split("\n")  # lines as Darknet and editors count them
+    return read_keyed_sections(lines, f"{prefix}{path}", sections=True)
+
+
+def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:
+    """The sections of a ``.cfg`` file in order: (name, options, line number of the header)."""
+    return [(s.name, s.options, s.line) for s in read_cfg_sections(path)]

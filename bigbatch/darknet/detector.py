@@ -27,9 +27,9 @@ import torch.nn as nn
 from torch import Tensor
 from torchvision.ops import batched_nms, box_convert, clip_boxes_to_image
 
-from bigbatch.models.darknet.cfg import Yolo
-from bigbatch.models.darknet.network import DarknetNetwork
-from bigbatch.models.darknet.yolo_loss import decode_boxes, yolo_loss
+from bigbatch.darknet.cfg import Yolo
+from bigbatch.darknet.network import DarknetNetwork
+from bigbatch.darknet.yolo_loss import decode_boxes, yolo_loss
 
 UNSUPPORTED = {
     "new_coords": "the scaled-YOLOv4 box coordinates",

@@ -32,7 +32,7 @@ target, a constant: ``d bce / dz = p - y`` and ``bce = 0`` at ``p = y``):
      obj_normalizer to both the no-object and the object delta);
    - classes ``sum_c bce(z_c, y_c)``, ``y`` one-hot, or ``y = y (1 - eps) + eps / 2`` with ``label_smooth_eps``
      (delta_yolo_class). AlexeyAB multiplies by ``cls_normalizer`` only the true class and only together with
-     ``counters_per_class`` (not implemented, refused by :class:`~bigbatch.models.darknet.detector.DarknetDetector`),
+     ``counters_per_class`` (not implemented, refused by :class:`~bigbatch.darknet.detector.DarknetDetector`),
      so, as the C, ``cls_normalizer`` changes nothing here;
    - box, ``iou_loss=mse`` (delta_yolo_box's old loss), with ``scale = 2 - w h`` of the truth:
      ``iou_normalizer * scale * s * (bce(z_x, (t_x + (s - 1) / 2) / s) + bce(z_y, ...))``, ``t_x = x W - i``
@@ -75,8 +75,8 @@ from torchvision.ops import (
     generalized_box_iou_loss,
 )
 
+from bigbatch.darknet.cfg import Yolo
 from bigbatch.errors import UserError
-from bigbatch.models.darknet.cfg import Yolo
 
 LOSS_NAMES = ("loss_box", "loss_obj", "loss_cls")
 CLASS_MATCH_THRESH = 0.25

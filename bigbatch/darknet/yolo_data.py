@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bigbatch.darknet_text import read_options
+from bigbatch.darknet.text import read_options
 from bigbatch.data.coco import ClassNames, class_mapping
-from bigbatch.data.detection import EDGE_TOLERANCE, DataIssues, DetectionRecord, check_box, inspect_images
+from bigbatch.data.detection import EDGE_TOLERANCE, DetectionRecord, check_box
 from bigbatch.data.formats import train_images_given
+from bigbatch.data.images import inspect_images
+from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 

@@ -1,0 +1,36 @@
+"""Darknet networks from a ``.cfg``, and Darknet ``.weights`` files.
+
+    cfg = read_darknet_cfg("yolov3.cfg")          # typed, checked layer specs (cfg.py); cfg.ignored: unused keys
+    net = DarknetNetwork(cfg, width=416, height=416)   # or load_network(path, width, height, classes)
+    print(layer_table(net))                       # Darknet's load-time table and the parameter count
+    seen = read_weights(net, "yolov3.weights")    # weights.py; write_weights(net, path, seen, overwrite=False)
+    outputs = net(images)                         # the raw input of each [yolo] layer; net.yolo_heads
+
+Everything of Darknet's in bigbatch lives in this package:
+
+    text.py        Darknet's key=value text files (.cfg, .data), read one way
+    cfg.py         a .cfg as typed, checked layer specs
+    activations.py Darknet's activations as torch
+    shapes.py      the shape rules (each layer's output at an input size)
+    network.py     the torch modules and Darknet's layer table
+    weights.py     the .weights file format
+    yolo_loss.py   Darknet's [yolo] loss and box decoding
+    detector.py    a network as a bigbatch detector (loss in training, detections in eval)
+    models.py      ``model.name: darknet`` in ``MODELS`` (and what ``bigbatch show`` prints of it)
+    recipe.py      a .cfg as a bigbatch config (``CONFIG_FORMATS``: ``bigbatch train yolov3.cfg``)
+    yolo_data.py   the ``yolo`` dataset format in ``DATASETS`` (Darknet's .data files and label files)
+    export.py      ``bigbatch export``: a network's weights as .weights and/or a checkpoint
+"""
+
+from bigbatch.darknet.cfg import DarknetCfg, ignored_keys, read_darknet_cfg, with_classes
+from bigbatch.darknet.network import (
+    DarknetNetwork,
+    YoloHead,
+    layer_table,
+    load_network,
+    parameter_count,
+)
+from bigbatch.darknet.weights import read_weights, weights_size, write_weights
+
+__all__ = ["DarknetCfg", "DarknetNetwork", "YoloHead", "ignored_keys", "layer_table", "load_network",
+           "parameter_count", "read_darknet_cfg", "read_weights", "weights_size", "with_classes", "write_weights"]

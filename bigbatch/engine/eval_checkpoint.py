@@ -1,0 +1,87 @@
+"""``bigbatch eval``: one checkpoint (or a run directory's last one) evaluated on the validation set.
+
+The weights evaluated are those that count (``recipe.ema.counted_weights``: the EMA's when the run keeps one and
+``ema.evaluate``, else the raw ones), with the checkpoint's config and any ``--set`` overrides. The record (the
+checkpoint, its step, which weights, the metrics) is written as JSON where :func:`eval_record_path` says; a detector's
+detections can also be saved as a COCO results file. Every output is checked before any work, and nothing bigbatch
+did not write is overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bigbatch.errors import UserError
+
+
+def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path | None = None) -> None:
+    """Evaluate the checkpoint at ``path`` (a run directory: its ``checkpoints/last.pt``), printing the weights
+    used, the metrics and where the record went; ``save_detections``: also write the detections there."""
+    from bigbatch.config import apply_overrides, validate_config
+    from bigbatch.engine import checkpoint, distributed
+    from bigbatch.engine.run_dir import last_checkpoint
+    from bigbatch.engine.state import load_weights
+    from bigbatch.outputs import check_output_file, probe_writable
+    from bigbatch.recipe.ema import counted_weights
+    from bigbatch.registry import TASKS
+    from bigbatch.tasks import build_task
+    from bigbatch.telemetry.capacity import check_capacity
+
+    if path.is_dir():
+        path = last_checkpoint(path)
+    out = eval_record_path(path)
+    probe_writable(out.parent, "eval")
+    if save_detections is not None:
+        check_output_file(save_detections, "--save-detections", ours=is_results_file)
+    state = checkpoint.load(path, checkpoint.EVAL_KEYS)
+    cfg = validate_config(apply_overrides(state["config"], overrides))
+    check_capacity(cfg, distributed.world_size_from_env())
+    task = build_task(cfg)
+    if save_detections is not None and task.prediction_format is None:
+        kind = TASKS.get(cfg.task).info.get("model_kind", cfg.task)
+        raise UserError(f"--save-detections: the checkpoint is a {kind}; detections exist for detectors only")
+    model = task.build_model(cfg)
+    weights, use_ema = counted_weights(state, cfg)
+    load_weights(model, weights, "model")
+    print(f"weights  {'EMA' if use_ema else 'raw'} from {path}")
+    metrics, predictions = task.predict(model, cfg.eval.batch)
+    if save_detections is not None:
+        task.save_predictions(save_detections, predictions)
+        note = getattr(task, "predictions_note", "")  # how the saved categories are numbered
+        print(f"{len(predictions)} detections written to {save_detections} ({task.prediction_format} format"
+              f"{', ' + note if note else ''})")
+    record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
+              **metrics}
+    print(task.report(metrics))
+    checkpoint.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
+    print(f"written to {out}")
+
+
+def is_results_file(path: Path) -> bool:
+    """Whether ``path`` is a COCO results file ``eval --save-detections`` wrote (``[]`` or a list of detections
+    starting with an ``image_id``): such a file may be replaced by the next one, anything else is the user's."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return head == b"[]" or head.startswith(b'[{"image_id": ')
+
+
+def eval_record_path(path: Path) -> Path:
+    """Where ``eval`` writes its record: ``eval-<name>.json`` in the run of ``checkpoints/<name>.pt``, else
+    ``<checkpoint>.eval.json`` beside it. A file already there is replaced only if it is an earlier record of
+    ``eval`` (a JSON object naming a checkpoint); anything else is the user's and stops ``eval`` before any work."""
+    in_run = path.parent.name == "checkpoints"
+    out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
+    if out.exists() or out.is_symlink():
+        try:
+            record = json.loads(out.read_text()) if out.is_file() and not out.is_symlink() else None
+            ours = isinstance(record, dict) and "checkpoint" in record
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise UserError(f"eval: {out} exists and is not a record bigbatch eval wrote; bigbatch never overwrites "
+                            f"a file it did not create: move it away first")
+    return out
