@@ -41,7 +41,7 @@ from pydantic_core import InitErrorDetails
 from bigbatch.errors import UserError
 from bigbatch.registry import CONFIG_FORMATS, DATASETS, DECAYS, MODELS, OPTIMIZERS, SCHEDULES, TASKS, Registry
 
-RECIPES_DIR = Path(__file__).parent / "configs"
+RECIPES_DIR = Path(__file__).parent.parent / "configs"
 
 
 # ----------------------------------------------------------------------------- sections and parts
