@@ -1,0 +1,106 @@
+"""The bases of every config section: :class:`Section` (strict, finite, no unknown key) and :class:`PartSection`
+(a section that chooses a part from a registry and takes the keys the registered parts add)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
+from pydantic_core import InitErrorDetails
+
+from bigbatch.registry import Registry
+
+
+def _annotation(field: Any) -> Any:
+    """A pydantic field's annotation with the ``Annotated`` metadata pydantic keeps apart (markers, constraints)."""
+    return Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, types are not coerced, numbers are finite
+    (``.inf``, ``.nan`` and YAML floats too large for a double, such as ``1.0e+400``, are refused)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @classmethod
+    def keys(cls) -> dict[str, Any]:
+        """Every key the section takes -> its annotation (``Annotated`` markers included)."""
+        return {name: _annotation(field) for name, field in cls.model_fields.items()}
+
+
+def registered(registry: Registry) -> AfterValidator:
+    """A check that a name is registered in ``registry`` ("unknown optimizer 'x' (expected one of: ...)")."""
+
+    def check(name: str) -> str:
+        registry.get(name)
+        return name
+
+    return AfterValidator(check)
+
+
+class PartSection(Section):
+    """A section that chooses a part from a registry (``parts``; its ``key`` names the choosing field) and takes
+    the fields the registered parts add (``register(..., fields={"root": (str, "x")})``: the key ``root``, typed
+    and defaulted as given, whatever part is chosen). A key neither declared nor registered is an error, as in
+    any section. Once the section is valid, the chosen part's ``info["check"](section)`` runs, if it has one."""
+
+    model_config = ConfigDict(extra="allow")  # the parts' fields; any other key is refused below
+    parts: ClassVar[Registry]
+
+    @classmethod
+    def added_fields(cls) -> dict[str, tuple[Any, Any]]:
+        """The fields the registered parts add: ``{key: (type, default)}``."""
+        added = cls.parts.all_fields()
+        taken = sorted(added.keys() & cls.model_fields.keys())
+        if taken:
+            raise TypeError(f"{cls.parts.kind} fields {taken} are keys of {cls.__name__} already")
+        return added
+
+    @classmethod
+    def keys(cls) -> dict[str, Any]:
+        return {**super().keys(), **{key: annotation for key, (annotation, _) in cls.added_fields().items()}}
+
+    def part(self) -> Any:
+        """The registry entry of the chosen part."""
+        return self.parts.get(getattr(self, self.parts.key.rpartition(".")[2]))
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _with_added_fields(cls, data: Any, handler: Any) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)
+        added = cls.added_fields()
+        errors: list[dict[str, Any]] = []
+        section = None
+        try:
+            section = handler({k: v for k, v in data.items() if k in cls.model_fields})
+        except ValidationError as e:
+            errors += e.errors()
+        values = {}
+        for key, (annotation, default) in added.items():
+            if key not in data:
+                values[key] = copy.deepcopy(default)
+                continue
+            try:
+                values[key] = _adapter(annotation).validate_python(data[key])
+            except ValidationError as e:
+                errors += [{**error, "loc": (key, *error["loc"])} for error in e.errors()]
+        errors += [{"type": "extra_forbidden", "loc": (key,), "input": value} for key, value in data.items()
+                   if key not in cls.model_fields and key not in added]
+        if errors:
+            details = [InitErrorDetails(type=e["type"], loc=e["loc"], input=e["input"], ctx=e.get("ctx", {}))
+                       for e in errors]
+            raise ValidationError.from_exception_data(cls.__name__, details)
+        section.__pydantic_extra__.update(values)
+        check = section.part().info.get("check")
+        if check is not None:
+            check(section)
+        return section
+
+
+def _adapter(annotation: Any) -> TypeAdapter:
+    """A validator of one added field, as strict as a section's own fields."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return TypeAdapter(annotation)  # a section brings its own config
+    return TypeAdapter(annotation, config=ConfigDict(strict=True, allow_inf_nan=False))
