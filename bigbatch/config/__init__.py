@@ -26,7 +26,7 @@ Its modules, each one idea:
 Every public name is importable from ``bigbatch.config`` itself.
 """
 
-from bigbatch.config.data import DataConfig, MultiScaleConfig, SizeList, SplitPaths
+from bigbatch.config.data import DataConfig, MultiScaleConfig, SizeList
 from bigbatch.config.loading import (
     INT64_LIMIT,
     MAX_YAML_NODES,
@@ -77,7 +77,7 @@ __all__ = [
     "CheckpointConfig", "ClipConfig", "DarknetScheduleConfig", "DataConfig", "DebugConfig", "DecayConfig",
     "EMAConfig", "EvalConfig", "InImages", "InceptionTPUConfig", "Interval", "Length", "LogConfig", "LossConfig",
     "MemoryConfig", "ModelConfig", "MultiScaleConfig", "NormConfig", "OptimConfig", "PartSection", "PerStep",
-    "PrecisionConfig", "RunConfig", "ScheduleConfig", "Section", "Size", "SizeList", "SplitPaths", "StepCount",
+    "PrecisionConfig", "RunConfig", "ScheduleConfig", "Section", "Size", "SizeList", "StepCount",
     "Steps", "UsedWhen", "WarmupPhase", "YAMLTooLarge",
     "apply_overrides", "builtin_recipes", "config_to_yaml", "flatten", "load_config", "load_yaml", "parse_length",
     "parse_override", "parse_size", "read_yaml", "resolve_config_source", "validate_config",

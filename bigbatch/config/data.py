@@ -9,16 +9,6 @@ from pydantic import Field, model_validator
 from bigbatch.config.section import PartSection, Section, registered
 from bigbatch.registry import DATASETS
 
-
-class SplitPaths(Section):
-    """Where one split (train or val) of a COCO dataset is. Relative paths are taken from the current directory."""
-
-    images: str
-    """The folder of the split's images."""
-    annotations: str
-    """The split's COCO JSON annotation file."""
-
-
 SizeList = Annotated[list[Annotated[int, Field(gt=0, multiple_of=32)]], Field(min_length=1)]
 """One or more input sizes, multiples of 32."""
 
@@ -40,7 +30,15 @@ class MultiScaleConfig(Section):
 
 
 class DataConfig(PartSection):
+    """The dataset: the keys every format shares. A format declares its own keys when it registers (``fields=``):
+    ``coco`` its splits (``train``, ``val``), ``shapes`` ``shapes_images``, every detection format the augmentation
+    keys (``data/detection_keys.py``), ``folder`` and ``shards`` ``preprocessing``."""
+
     parts = DATASETS
+    layout = ("name", "size", "max_size", "resize", "path", "train", "val", "classes", "strict", "train_images",
+              "shapes_images", "flip", "crop", "jitter", "hue", "saturation", "exposure", "crop_size", "color_jitter",
+              "multiscale", "workers")
+    """The order config.yaml has always written these keys in, the formats' own among the shared ones."""
 
     name: Annotated[str, registered(DATASETS)] = "digits"
     """The dataset. Classification: ``digits`` (scikit-learn's 8x8 handwritten digits, upscaled to ``size`` px RGB),
@@ -59,10 +57,6 @@ class DataConfig(PartSection):
     path: str | None = None
     """``folder``: the folder holding ``train/`` and ``val/``; ``shapes``: the folder of the generated set (default
     ``data/shapes``); ``yolo``: the ``.data`` file or the dataset folder."""
-    train: SplitPaths | None = None
-    """``coco``: the training split."""
-    val: SplitPaths | None = None
-    """``coco``: the validation split."""
     classes: list[str] | None = None
     """Detection: train and evaluate on these classes only, by name, in this order (e.g. ``[cat, dog]``)."""
     strict: bool = False
@@ -72,26 +66,6 @@ class DataConfig(PartSection):
     train_images: int | None = Field(None, gt=0)
     """The training set's size (``folder``, detection), used by ``show``, ``schedule`` and ``scale`` only when the
     data is not at hand (e.g. ``118287`` for COCO train2017); training always counts the images it loads."""
-    shapes_images: int = Field(2000, gt=0)
-    """``shapes``: images to generate (train and val together) when ``path`` holds no set yet."""
-    flip: float = Field(0.5, ge=0, le=1)
-    """Detection: probability of a horizontal flip."""
-    crop: bool = False
-    """Detection: a random crop (boxes leaving it dropped, the rest clipped) before resizing."""
-    jitter: float = Field(0.0, ge=0, lt=0.5)
-    """Detection: Darknet's jitter crop: each side moved in or out by up to ``jitter`` x the side (outside: black),
-    the window then stretched to size x size (Darknet's ``letter_box=0``) in place of ``resize``; 0: off."""
-    hue: float = Field(0.0, ge=0, le=0.5)
-    """Detection: Darknet's hue shift, U(-hue, hue) turns of the colour circle."""
-    saturation: float = Field(1.0, ge=1)
-    """Detection: Darknet's saturation scale, u or 1/u with u ~ U[1, saturation]."""
-    exposure: float = Field(1.0, ge=1)
-    """Detection: Darknet's exposure (HSV value) scale, u or 1/u with u ~ U[1, exposure]."""
-    crop_size: int | None = Field(None, gt=0)
-    """Detection: after the resize, a random ``crop_size`` x ``crop_size`` window of the training image (a shorter
-    side is kept whole) that keeps at least one box: MegDet's 800 x 800 after the shorter side is resized to 800."""
-    color_jitter: float = Field(0.0, ge=0, le=1)
-    """Detection: brightness, contrast and saturation jitter of +-this (MegDet: 0.4)."""
     multiscale: MultiScaleConfig = MultiScaleConfig()
     workers: int = Field(0, ge=0)
     """DataLoader worker processes (0: load in the training process)."""

@@ -12,6 +12,8 @@ from bigbatch.registry import MODELS
 
 class ModelConfig(PartSection):
     parts = MODELS
+    layout = ("name", "weights", "norm", "width", "dropout", "aux_logits", "cfg")
+    """The order config.yaml has always written these keys in, the model families' own after the shared ones."""
 
     name: Annotated[str, registered(MODELS)] = "small_cnn"
     """Classification: ``small_cnn`` (the built-in demo CNN) or a torchvision classification model (``resnet18``,

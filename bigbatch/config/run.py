@@ -12,7 +12,7 @@ from bigbatch.config.model import ModelConfig
 from bigbatch.config.monitoring import CheckpointConfig, DebugConfig, EvalConfig, LogConfig, MemoryConfig
 from bigbatch.config.optim import ClipConfig, OptimConfig
 from bigbatch.config.schedule import ScheduleConfig
-from bigbatch.config.section import Section, registered
+from bigbatch.config.section import Section, one_of, registered
 from bigbatch.config.training import EMAConfig, LossConfig, NormConfig, PrecisionConfig
 from bigbatch.config.values import Steps
 from bigbatch.registry import DATASETS, TASKS
@@ -63,7 +63,7 @@ class RunConfig(Section):
     def _task_data_and_model_agree(self) -> RunConfig:
         task = TASKS.get(self.task).info
         if self.data.part().info.get("task") != self.task:
-            expected = _one_of(DATASETS.names(task=self.task))
+            expected = one_of(DATASETS.names(task=self.task))
             raise ValueError(f"data.name: {self.data.name!r} is not a {self.task} dataset; expected {expected}")
         model = self.model.part().info
         if model.get("task") != self.task:
@@ -86,7 +86,3 @@ class RunConfig(Section):
             raise ValueError("steps: give either steps or epochs, not both")
         return self
 
-
-def _one_of(names: list[str]) -> str:
-    """``a``, ``a or b``, ``a, b or c``."""
-    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none registered"

@@ -6,7 +6,15 @@ from __future__ import annotations
 import copy
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails
 
 from bigbatch.registry import Registry
@@ -42,11 +50,28 @@ def registered(registry: Registry) -> AfterValidator:
 class PartSection(Section):
     """A section that chooses a part from a registry (``parts``; its ``key`` names the choosing field) and takes
     the fields the registered parts add (``register(..., fields={"root": (str, "x")})``: the key ``root``, typed
-    and defaulted as given, whatever part is chosen). A key neither declared nor registered is an error, as in
-    any section. Once the section is valid, the chosen part's ``info["check"](section)`` runs, if it has one."""
+    and defaulted as given). Every registered part's fields are in the section, whatever part is chosen, so that
+    a written config holds every key; but a part's own key given a value other than its default, when another
+    part is chosen, is an error naming the parts that use it (a default is accepted: a config written by an
+    earlier bigbatch holds them all). A key neither declared nor registered is an error, as in any section.
+    Once the section is valid, the chosen part's ``info["check"](section)`` runs, if it has one."""
 
     model_config = ConfigDict(extra="allow")  # the parts' fields; any other key is refused below
     parts: ClassVar[Registry]
+    layout: ClassVar[tuple[str, ...]] = ()
+    """The order of the section's keys, declared and added, in a written config and in the lists of its keys;
+    keys not named follow, in their own order."""
+
+    @classmethod
+    def _in_layout(cls, keys: dict[str, Any]) -> dict[str, Any]:
+        """``keys`` in the order of :attr:`layout`, then the others."""
+        first = {key: keys[key] for key in cls.layout if key in keys}
+        return {**first, **{key: value for key, value in keys.items() if key not in first}}
+
+    @model_serializer(mode="wrap")
+    def _written_in_layout(self, handler: Any) -> Any:
+        dumped = handler(self)
+        return self._in_layout(dumped) if isinstance(dumped, dict) else dumped
 
     @classmethod
     def added_fields(cls) -> dict[str, tuple[Any, Any]]:
@@ -59,7 +84,13 @@ class PartSection(Section):
 
     @classmethod
     def keys(cls) -> dict[str, Any]:
-        return {**super().keys(), **{key: annotation for key, (annotation, _) in cls.added_fields().items()}}
+        added = {key: annotation for key, (annotation, _) in cls.added_fields().items()}
+        return cls._in_layout({**super().keys(), **added})
+
+    @classmethod
+    def users_of(cls, key: str) -> list[str]:
+        """The registered parts that declare the added field ``key``."""
+        return [name for name in cls.parts.names() if key in cls.parts.get(name).fields]
 
     def part(self) -> Any:
         """The registry entry of the chosen part."""
@@ -93,7 +124,14 @@ class PartSection(Section):
                        for e in errors]
             raise ValidationError.from_exception_data(cls.__name__, details)
         section.__pydantic_extra__.update(values)
-        check = section.part().info.get("check")
+        part = section.part()
+        for key, (_, default) in added.items():
+            if key in data and key not in part.fields and values[key] != default:
+                section_name = cls.parts.key.rpartition(".")[0]
+                raise ValueError(f"{section_name}.{key}: used by {cls.parts.kind} {one_of(cls.users_of(key))} only, "
+                                 f"not by {part.name!r} ({cls.parts.key}); leave it out, or at its default "
+                                 f"{default!r}")
+        check = part.info.get("check")
         if check is not None:
             check(section)
         return section
@@ -104,3 +142,8 @@ def _adapter(annotation: Any) -> TypeAdapter:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return TypeAdapter(annotation)  # a section brings its own config
     return TypeAdapter(annotation, config=ConfigDict(strict=True, allow_inf_nan=False))
+
+
+def one_of(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none registered"
