@@ -317,7 +317,7 @@ def eval_record_path(path: Path) -> Path:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
-    from bigbatch.config import config_to_yaml
+    from bigbatch.config import config_to_yaml, flatten
     from bigbatch.engine import distributed
     from bigbatch.tasks import train_set_size
 
@@ -343,6 +343,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if network is not None:
         print()
         print(network)
+    filled_in = cfg.filled_in()
+    if filled_in:
+        print()
+        for key, source in filled_in.items():
+            print(f"{key:<15} {flatten(cfg.model_dump(mode='json'))[key]}  (unset in the config: {source})")
     return 0
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bigbatch.config import loading as config_loading
 from bigbatch.cli import main
 from bigbatch.config import (
     MAX_YAML_NODES,
@@ -26,6 +25,7 @@ from bigbatch.config import (
     load_config,
     load_yaml,
 )
+from bigbatch.config import loading as config_loading
 from bigbatch.report import charts, write_report
 from bigbatch.report.runs import MAX_EVENTS, MAX_POINTS, MAX_UPDATE_STEPS, Curve, read_runs
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from bigbatch.config.data import DataConfig
 from bigbatch.config.model import ModelConfig
@@ -47,6 +47,12 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
+    _filled_in: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def filled_in(self) -> dict[str, str]:
+        """The keys the config left unset and validation filled in from other keys -> where the value came from
+        (``{"eval.metric": "the task's default"}``); ``bigbatch show`` prints them."""
+        return dict(self._filled_in)
 
     @model_validator(mode="after")
     def _input_large_enough(self) -> RunConfig:
@@ -73,6 +79,7 @@ class RunConfig(Section):
         metrics, prefixes = task["metrics"], task.get("metric_prefixes", ())
         if self.eval.metric is None:
             self.eval.metric = metrics[0]
+            self._filled_in["eval.metric"] = f"the {self.task} task's default"
         elif self.eval.metric not in metrics and not self.eval.metric.startswith(prefixes):
             raise ValueError(f"eval.metric: {self.eval.metric!r} is not a {self.task} metric; expected one of "
                              f"{', '.join([*metrics, *(f'{p}<class>' for p in prefixes)])}")
