@@ -12,7 +12,6 @@ from pydantic import (
     ConfigDict,
     TypeAdapter,
     ValidationError,
-    model_serializer,
     model_validator,
 )
 from pydantic_core import InitErrorDetails
@@ -35,6 +34,12 @@ class Section(BaseModel):
     def keys(cls) -> dict[str, Any]:
         """Every key the section takes -> its annotation (``Annotated`` markers included)."""
         return {name: _annotation(field) for name, field in cls.model_fields.items()}
+
+    def model_dump(self, **options: Any) -> dict[str, Any]:
+        """pydantic's dump, each part section's keys in its :attr:`PartSection.layout` (reordered here, in Python,
+        not by a pydantic serializer, whose JSON mode makes new key strings: a checkpoint pickles each shared key
+        string once, so its bytes stay the same)."""
+        return _laid_out(self, super().model_dump(**options))
 
 
 def registered(registry: Registry) -> AfterValidator:
@@ -68,10 +73,6 @@ class PartSection(Section):
         first = {key: keys[key] for key in cls.layout if key in keys}
         return {**first, **{key: value for key, value in keys.items() if key not in first}}
 
-    @model_serializer(mode="wrap")
-    def _written_in_layout(self, handler: Any) -> Any:
-        dumped = handler(self)
-        return self._in_layout(dumped) if isinstance(dumped, dict) else dumped
 
     @classmethod
     def added_fields(cls) -> dict[str, tuple[Any, Any]]:
@@ -147,3 +148,15 @@ def _adapter(annotation: Any) -> TypeAdapter:
 def one_of(names: list[str]) -> str:
     """``a``, ``a or b``, ``a, b or c``."""
     return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none registered"
+
+
+
+def _laid_out(section: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
+    """``dumped`` (``section``'s dump) with every part section in it, ``section`` included, in its layout."""
+    if isinstance(section, PartSection):
+        dumped = section._in_layout(dumped)
+    for key, value in dumped.items():
+        child = getattr(section, key, None)
+        if isinstance(child, BaseModel) and isinstance(value, dict):
+            dumped[key] = _laid_out(child, value)
+    return dumped
