@@ -5,6 +5,7 @@ is written back byte for byte, and training goes on from its last checkpoint."""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,16 @@ def test_show_says_where_a_filled_in_metric_came_from(capsys):
     assert "eval.metric     top1  (unset in the config: the classification task's default)" in capsys.readouterr().out
     assert main(["show", "digits", "--set", "eval.metric=top5"]) == 0
     assert "unset in the config" not in capsys.readouterr().out
+
+
+def test_a_dump_shares_its_key_strings_so_checkpoints_pickle_the_same_bytes():
+    """The laid-out sections keep pydantic's own (interned) key strings: a checkpoint, which pickles the dump, writes
+    a repeated key once, as before the keys were laid out (a pydantic serializer would make new strings)."""
+    def keys(value):
+        if isinstance(value, dict):
+            return [*value, *(k for v in value.values() for k in keys(v))]
+        return [k for v in value for k in keys(v)] if isinstance(value, list) else []
+
+    dumped = load_config("shapes-detect").model_dump(mode="json")
+    assert list(dumped["data"])[:6] == ["name", "size", "max_size", "resize", "path", "train"]
+    assert all(key is sys.intern(key) for key in keys(dumped))
