@@ -205,7 +205,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
-    from bigbatch.config import config_to_yaml
+    from bigbatch.config import config_to_yaml, flatten
     from bigbatch.data.multiscale import describe as describe_multiscale
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_resolved
@@ -226,6 +226,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if model_text is not None:
         print()
         print(model_text)
+    filled_in = cfg.filled_in()
+    if filled_in:
+        print()
+        for key, source in filled_in.items():
+            print(f"{key:<15} {flatten(cfg.model_dump(mode='json'))[key]}  (unset in the config: {source})")
     return 0
 
 

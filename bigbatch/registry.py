@@ -17,7 +17,8 @@ parts and no import cycle exists.
 A part may add fields of its own to the config section its registry fills (``data.*`` for a dataset
 format, ``model.*`` for a model family, ``optim.*``, ``schedule.*``, ``schedule.decay.*``):
 ``register(name, obj, fields={"root": (str, "data/toy")})`` makes ``data.root`` a typed, checked key with that
-default, whatever the chosen part (see ``config.PartSection``). The type may be any pydantic type, e.g.
+default: the part's own key, which another chosen part accepts at its default only (see ``config.PartSection``;
+every config keeps every key). The type may be any pydantic type, e.g.
 ``config.Length`` (which ``bigbatch scale`` then rescales, as every length).
 
 What each registry's ``obj`` is, and the ``info`` it reads, is written below each registry; the facts a part may

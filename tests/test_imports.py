@@ -71,8 +71,17 @@ def test_the_source_is_read():
     assert "bigbatch.config" not in GRAPH["bigbatch.data.digits"]  # under TYPE_CHECKING only
 
 
+CONFIG = {name for name in MODULES if name == "bigbatch.config" or name.startswith("bigbatch.config.")}
+"""The config package: its ``__init__`` and its modules (values, sections, schema, loading, messages)."""
+
+
 def test_the_config_imports_only_the_errors_and_the_registries():
-    assert GRAPH["bigbatch.config"] <= {"bigbatch.errors", "bigbatch.registry"}
+    assert {"bigbatch.config", "bigbatch.config.loading", "bigbatch.config.run"} <= CONFIG
+    outside = {name: GRAPH[name] - CONFIG for name in CONFIG}
+    assert {name: imported for name, imported in outside.items()
+            if not imported <= {"bigbatch.errors", "bigbatch.registry"}} == {}
+    assert all("bigbatch.config" not in GRAPH[name] for name in CONFIG - {"bigbatch.config"})  # no module reads
+    # the package's __init__, which imports them all
 
 
 def test_the_registries_import_nothing_of_bigbatch():

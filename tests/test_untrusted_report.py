@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bigbatch import config as config_module
 from bigbatch.cli import main
 from bigbatch.config import (
     MAX_YAML_NODES,
@@ -26,6 +25,7 @@ from bigbatch.config import (
     load_config,
     load_yaml,
 )
+from bigbatch.config import loading as config_loading
 from bigbatch.report import charts, write_report
 from bigbatch.report.runs import MAX_EVENTS, MAX_POINTS, MAX_UPDATE_STEPS, Curve, read_runs
 
@@ -244,9 +244,9 @@ def test_the_count_is_the_expanded_documents_nodes(monkeypatch, text):
     """The bound counts what the document expands to, nested anchors included: a bound of exactly that many nodes
     reads it, one less refuses it."""
     expanded = nodes(yaml.safe_load(text))
-    monkeypatch.setattr(config_module, "MAX_YAML_NODES", expanded)
+    monkeypatch.setattr(config_loading, "MAX_YAML_NODES", expanded)
     assert load_yaml(text) == yaml.safe_load(text)
-    monkeypatch.setattr(config_module, "MAX_YAML_NODES", expanded - 1)
+    monkeypatch.setattr(config_loading, "MAX_YAML_NODES", expanded - 1)
     with pytest.raises(YAMLTooLarge):
         load_yaml(text)
 

@@ -36,6 +36,7 @@ import numpy as np
 from bigbatch.darknet.text import read_options
 from bigbatch.data.coco import ClassNames, class_mapping
 from bigbatch.data.detection import EDGE_TOLERANCE, DetectionRecord, check_box
+from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.data.formats import train_images_given
 from bigbatch.data.images import inspect_images
 from bigbatch.data.problems import DataIssues
@@ -283,4 +284,4 @@ def _path_given(data: DataConfig) -> None:
         raise ValueError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
 
 
-DATASETS.register("yolo", load, task="detection", count=train_images, check=_path_given)
+DATASETS.register("yolo", load, task="detection", count=train_images, check=_path_given, fields=AUGMENTATION_FIELDS)

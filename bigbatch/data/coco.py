@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bigbatch.config import Section
 from bigbatch.data.detection import DetectionRecord, check_box
+from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.data.formats import images_in_annotations
 from bigbatch.data.images import inspect_images
 from bigbatch.data.problems import DataIssues
@@ -312,4 +314,15 @@ def _splits_given(data: DataConfig) -> None:
             raise ValueError(f"data.{split}: missing; coco needs data.{split}.images and data.{split}.annotations")
 
 
-DATASETS.register("coco", load, task="detection", count=train_images, check=_splits_given)
+class SplitPaths(Section):
+    """Where one split (``data.train``, ``data.val``) of a COCO dataset is. Relative paths are taken from the
+    current directory."""
+
+    images: str
+    """The folder of the split's images."""
+    annotations: str
+    """The split's COCO JSON annotation file."""
+
+
+DATASETS.register("coco", load, task="detection", count=train_images, check=_splits_given,
+                  fields={"train": (SplitPaths | None, None), "val": (SplitPaths | None, None), **AUGMENTATION_FIELDS})

@@ -33,11 +33,13 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 from PIL import Image, ImageDraw
+from pydantic import Field
 
+from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.data.formats import images_in_annotations
 from bigbatch.errors import UserError
 from bigbatch.processes import process_exists
@@ -421,4 +423,6 @@ def train_images(cfg: RunConfig) -> int:
     return images_in_annotations(path, cfg.data)
 
 
-DATASETS.register("shapes", load, task="detection", count=train_images)
+DATASETS.register("shapes", load, task="detection", count=train_images,
+                  fields={"shapes_images": (Annotated[int, Field(gt=0)], 2000), **AUGMENTATION_FIELDS})
+"""``data.shapes_images``: images to generate (train and val together) when ``data.path`` holds no set yet."""

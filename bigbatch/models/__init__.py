@@ -70,8 +70,11 @@ MODELS.register("small_cnn", small_cnn, task="classification", min_input_size=8,
 AUX_HEADS = ("inception_v3", "googlenet")
 """torchvision classifiers with auxiliary heads (``model.aux_logits``; their loss: ``loss.aux_weight``)."""
 
-MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification",
-                       fields={"aux_logits": (bool, False)})
+AUX_FIELDS = {"aux_logits": (bool, False)}
+"""``model.aux_logits``: build the auxiliary head (a key of the models in :data:`AUX_HEADS` only)."""
+
+MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification")
 # Inception v3's stem needs 75 px; its auxiliary head, on the 17x17 grid, needs 299 (298 leaves 16x16: too small).
-MODELS.register("inception_v3", torchvision_classifier, task="classification",
+MODELS.register("inception_v3", torchvision_classifier, task="classification", fields=AUX_FIELDS,
                 min_input_size=lambda model: 299 if model.aux_logits else 75)
+MODELS.register("googlenet", torchvision_classifier, task="classification", fields=AUX_FIELDS)

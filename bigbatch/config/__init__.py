@@ -1,0 +1,84 @@
+"""The run configuration: typed, validated, loaded from YAML plus ``--set a.b=c`` overrides.
+
+A config is a YAML file, a file another tool writes whose reader registered its suffix
+(``registry.CONFIG_FORMATS``: Darknet's ``.cfg``) or the name of a built-in recipe
+(``bigbatch/configs/<name>.yaml``). Every mistake (unknown key, wrong type, bad value) becomes one
+:class:`UserError` that names the dotted key and says what is expected, before any work starts.
+
+The package is a leaf: it imports nothing from bigbatch but ``errors`` and ``registry``. The names a config
+may give (``optim.name``, ``schedule.preset``, ``schedule.decay.kind``, ``data.name``, ``model.name``, ``task``)
+are those registered there, and what it checks across sections (task, data and model agree; the smallest input;
+the metric) reads what the parts registered about themselves. A part may add keys to its section
+(:class:`PartSection`).
+
+Its modules, each one idea:
+
+- ``values``: the value types and their parsers (:data:`Length`, :data:`Interval`, :data:`Size`,
+  :func:`parse_length`, :func:`parse_size`) and the markers ``bigbatch scale`` reads (:class:`InImages`,
+  :class:`Steps`, :class:`PerStep`, :class:`UsedWhen`);
+- ``section``: the bases :class:`Section` and :class:`PartSection`;
+- the schema, by section: ``model``, ``data``, ``optim`` (and ``clip``), ``schedule``, ``training`` (``ema``,
+  ``norm``, ``precision``, ``loss``), ``monitoring`` (``eval``, ``checkpoint``, ``log``, ``memory``, ``debug``),
+  and ``run`` (:class:`RunConfig`, the checks across sections);
+- ``loading``: the source, the bounded YAML reader, ``--set`` overrides, validation, :func:`config_to_yaml`;
+- ``messages``: a pydantic error as one line naming the dotted key.
+
+Every public name is importable from ``bigbatch.config`` itself.
+"""
+
+from bigbatch.config.data import DataConfig, MultiScaleConfig, SizeList
+from bigbatch.config.loading import (
+    INT64_LIMIT,
+    MAX_YAML_NODES,
+    RECIPES_DIR,
+    YAMLTooLarge,
+    apply_overrides,
+    builtin_recipes,
+    config_to_yaml,
+    flatten,
+    load_config,
+    load_yaml,
+    parse_override,
+    read_yaml,
+    resolve_config_source,
+    validate_config,
+)
+from bigbatch.config.model import ModelConfig
+from bigbatch.config.monitoring import CheckpointConfig, DebugConfig, EvalConfig, LogConfig, MemoryConfig
+from bigbatch.config.optim import ClipConfig, OptimConfig
+from bigbatch.config.run import RunConfig
+from bigbatch.config.schedule import (
+    DarknetScheduleConfig,
+    DecayConfig,
+    InceptionTPUConfig,
+    ScheduleConfig,
+    WarmupPhase,
+)
+from bigbatch.config.section import PartSection, Section
+from bigbatch.config.training import EMAConfig, LossConfig, NormConfig, PrecisionConfig
+from bigbatch.config.values import (
+    COMPLEMENT,
+    POWER,
+    SLOPE,
+    InImages,
+    Interval,
+    Length,
+    PerStep,
+    Size,
+    StepCount,
+    Steps,
+    UsedWhen,
+    parse_length,
+    parse_size,
+)
+
+__all__ = [
+    "COMPLEMENT", "INT64_LIMIT", "MAX_YAML_NODES", "POWER", "RECIPES_DIR", "SLOPE",
+    "CheckpointConfig", "ClipConfig", "DarknetScheduleConfig", "DataConfig", "DebugConfig", "DecayConfig",
+    "EMAConfig", "EvalConfig", "InImages", "InceptionTPUConfig", "Interval", "Length", "LogConfig", "LossConfig",
+    "MemoryConfig", "ModelConfig", "MultiScaleConfig", "NormConfig", "OptimConfig", "PartSection", "PerStep",
+    "PrecisionConfig", "RunConfig", "ScheduleConfig", "Section", "Size", "SizeList", "StepCount",
+    "Steps", "UsedWhen", "WarmupPhase", "YAMLTooLarge",
+    "apply_overrides", "builtin_recipes", "config_to_yaml", "flatten", "load_config", "load_yaml", "parse_length",
+    "parse_override", "parse_size", "read_yaml", "resolve_config_source", "validate_config",
+]

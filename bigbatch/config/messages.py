@@ -1,0 +1,74 @@
+"""Error text: a pydantic validation error becomes one line per dotted key (``data.size: input should be greater
+than 0, got -1``), an unknown key lists the keys its section takes."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from pydantic import ValidationError
+
+from bigbatch.config.section import Section
+
+_UNION_MEMBERS = {"float", "int", "str", "bool", "list", "dict", "tuple", "none"}
+
+
+def _key(loc: tuple[Any, ...], kind: str = "") -> tuple[Any, ...]:
+    """The config key of an error location, without pydantic's union-member tags (``literal[...]``, ``float``).
+    The last part of an unknown key (``extra_forbidden``) is the user's own, kept whatever it looks like."""
+    kept = loc[-1:] if kind == "extra_forbidden" else ()
+    loc = loc[: len(loc) - len(kept)]
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p in _UNION_MEMBERS))) + kept
+
+
+def dotted(parts: tuple[Any, ...] | list[Any]) -> str:
+    """A dotted key for a one-line message; quoted when it is empty or holds a line break, a control character, a
+    colon (``error: KEY: ...`` is read up to the first colon) or surrounding space."""
+    key = ".".join(str(p) for p in parts)
+    return key if key and key.isprintable() and key == key.strip() and ":" not in key else repr(key)
+
+
+def _describe(error: dict[str, Any], section: type[Section] | None) -> tuple[str, str]:
+    """(the dotted key, what is wrong with it) for one pydantic error."""
+    kind = error["type"]
+    loc = dotted(_key(error["loc"], kind))
+    if kind == "extra_forbidden":
+        expected = f" (expected one of: {', '.join(section.keys())})" if section is not None else ""
+        return loc, f"unknown key{expected}"
+    if kind == "missing":
+        return loc, "missing (required)"
+    message = error["msg"]
+    if kind == "value_error":  # our own validators start with the key they are about
+        message = message.removeprefix("Value error, ")
+        key, sep, rest = message.partition(": ")
+        return (key, rest) if sep and " " not in key else (loc, message)
+    return loc, f"{message[0].lower() + message[1:]}, got {error['input']!r}"
+
+
+def _section_in(annotation: Any) -> type[Section] | None:
+    """The config class an annotation holds: itself, ``X | None``, ``list[X]`` or ``Annotated[X, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    return next((cls for cls in map(_section_in, get_args(annotation)) if cls is not None), None)
+
+
+def _section_of(loc: tuple[Any, ...], root: type[Section]) -> type[Section] | None:
+    """The config class under ``root`` that holds the parent of ``loc`` (for listing the keys it accepts)."""
+    cls: type[Section] | None = root
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an item of a list of sections (schedule.warmup.0)
+            continue
+        annotation = cls.keys().get(str(part))
+        cls = _section_in(annotation) if annotation is not None else None
+        if cls is None:
+            return None
+    return cls
+
+
+def describe_validation_error(error: ValidationError, root: type[Section]) -> str:
+    """A pydantic error of validating ``root`` as one line: ``key: what is wrong; other.key: ...`` (the messages of
+    one key joined by ``or``, as pydantic reports each member of a union)."""
+    by_key: dict[str, list[str]] = {}
+    for err in error.errors():
+        key, message = _describe(err, _section_of(_key(err["loc"], err["type"]), root))
+        by_key.setdefault(key, []).append(message)
+    return "; ".join(f"{key}: {' or '.join(messages)}" for key, messages in by_key.items())

@@ -1,0 +1,72 @@
+"""The ``optim`` and ``clip`` sections: the optimizer and gradient clipping."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from bigbatch.config.section import PartSection, Section, registered
+from bigbatch.config.values import StepCount
+from bigbatch.registry import OPTIMIZERS
+
+
+class OptimConfig(PartSection):
+    """The optimizer. ``lr`` is stated for ``ref_batch`` images per step and scaled to the global batch."""
+
+    parts = OPTIMIZERS
+
+    name: Annotated[str, registered(OPTIMIZERS)] = "sgd"
+    """``sgd``: torch.optim.SGD (LR outside the momentum buffer); ``momentum``: Caffe2's momentum SGD, Goyal et al.
+    eq. 10 (v = m v + lr g; w -= v: LR inside the buffer); ``rmsprop_tf``: TF RMSProp; ``adamw``; ``lars``;
+    ``lamb`` (as timm's: it also clips the global gradient norm at 1.0, and like ``lars`` applies its trust ratio
+    only to parameters with weight decay)."""
+    lr: float = Field(0.1, gt=0)
+    """Learning rate for ``ref_batch`` images per step (for the global batch itself when ``ref_batch`` is unset)."""
+    ref_batch: int | None = Field(None, gt=0)
+    """The batch ``lr`` is stated for; unset: ``lr`` is used as it is, whatever the batch."""
+    scaling: Literal["linear", "sqrt", "none"] = "linear"
+    """How ``lr`` follows the batch: lr * (batch / ref_batch) (Goyal et al. 2017), its square root, or not at all."""
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(0.0, ge=0)
+    no_decay_norm_bias: bool = False
+    """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
+    eps: float | None = Field(None, gt=0)
+    """Epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in the Inception seed, adamw and lars 1e-8,
+    lamb 1e-6 as timm)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam-style moment decays (adamw, lamb)."""
+    rmsprop_decay: float = Field(0.9, gt=0, lt=1)
+    """RMSProp's mean-square decay (TF's ``decay``; the Inception seed uses 0.9)."""
+    trust_coefficient: float = Field(0.001, gt=0)
+    """LARS trust coefficient."""
+    momentum_correction: bool = False
+    """For optimizers with the LR inside the momentum buffer (momentum, rmsprop_tf): when the LR changes from
+    lr_old to lr_new, scale the buffer by lr_new / lr_old (Goyal et al. 2017, remark 2)."""
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_from_list(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
+
+
+class ClipConfig(Section):
+    """Gradient clipping, at most one kind; applied to unscaled gradients, once per optimizer step."""
+
+    max_norm: float | None = Field(None, gt=0)
+    """Clip the global 2-norm of all gradients to this (MegDet: 3.0 from step 300)."""
+    max_value: float | None = Field(None, gt=0)
+    """Clip every gradient element to [-max_value, max_value]."""
+    agc: float | None = Field(None, gt=0)
+    """Adaptive gradient clipping factor (Brock et al. 2021): unit-wise ||g|| <= agc * max(||w||, eps)."""
+    agc_eps: float = Field(1e-3, gt=0)
+    start_step: StepCount = Field(0, ge=0)
+    """Clip from this optimizer step on (0-based)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ClipConfig:
+        kinds = [k for k in ("max_norm", "max_value", "agc") if getattr(self, k) is not None]
+        if len(kinds) > 1:
+            raise ValueError(f"clip.{kinds[1]}: give one of clip.max_norm, clip.max_value, clip.agc, not several")
+        return self

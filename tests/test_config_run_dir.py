@@ -1,0 +1,74 @@
+"""A run directory written before the config became a package (``tests/data/run-digits-before-config-package``:
+digits, 4 steps of batch 32, a checkpoint every 2, EMA on) still reads and resumes: its ``config.yaml`` validates and
+is written back byte for byte, and training goes on from its last checkpoint."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigbatch.cli import main
+from bigbatch.config import config_to_yaml, load_config, read_yaml, validate_config
+from bigbatch.errors import UserError
+
+BEFORE_PACKAGE_RUN = Path(__file__).parent / "data" / "run-digits-before-config-package"
+
+
+def test_its_config_is_written_back_byte_for_byte():
+    text = (BEFORE_PACKAGE_RUN / "config.yaml").read_text(encoding="utf-8")
+    assert config_to_yaml(validate_config(read_yaml(BEFORE_PACKAGE_RUN / "config.yaml"))) == text
+
+
+def test_it_resumes_from_its_last_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(BEFORE_PACKAGE_RUN, run)  # never write into tests/data
+    before = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert before["step"] == 4
+    assert main(["train", "--resume", str(run), "--set", "steps=6"]) == 0
+    after = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert after["step"] == 6 and after["ema"]["updates"] == 6
+    assert not torch.equal(after["model"][next(iter(after["model"]))], before["model"][next(iter(before["model"]))])
+
+
+def test_a_key_of_another_format_is_accepted_at_its_default_and_refused_otherwise():
+    """``data.shapes_images`` is a key of ``shapes``: a config of ``digits`` may hold it at its default (as every
+    config.yaml written before does), not with another value; the error names the key and the format that uses it."""
+    assert load_config("digits", ["data.shapes_images=2000", "data.flip=0.5"]).data.shapes_images == 2000
+    with pytest.raises(UserError, match=r"^data\.shapes_images: used by dataset shapes only, not by 'digits' "
+                                        r"\(data\.name\); leave it out, or at its default 2000$"):
+        load_config("digits", ["data.shapes_images=10"])
+    with pytest.raises(UserError, match=r"^data\.flip: used by dataset shapes, coco or yolo only, not by 'digits'"):
+        load_config("digits", ["data.flip=0.25"])
+    assert load_config("shapes-detect", ["data.shapes_images=10", "data.flip=0.25"]).data.flip == 0.25
+
+
+def test_an_unknown_data_key_lists_every_key_in_the_written_order():
+    with pytest.raises(UserError) as raised:
+        load_config("digits", ["data.shape_images=10"])
+    listed = str(raised.value).partition("expected one of: ")[2].rstrip(")").split(", ")
+    written = list(read_yaml(BEFORE_PACKAGE_RUN / "config.yaml")["data"])
+    assert listed == written
+
+
+def test_show_says_where_a_filled_in_metric_came_from(capsys):
+    assert main(["show", "digits", "--set", "eval.metric=null"]) == 0
+    assert "eval.metric     top1  (unset in the config: the classification task's default)" in capsys.readouterr().out
+    assert main(["show", "digits", "--set", "eval.metric=top5"]) == 0
+    assert "unset in the config" not in capsys.readouterr().out
+
+
+def test_a_dump_shares_its_key_strings_so_checkpoints_pickle_the_same_bytes():
+    """The laid-out sections keep pydantic's own (interned) key strings: a checkpoint, which pickles the dump, writes
+    a repeated key once, as before the keys were laid out (a pydantic serializer would make new strings)."""
+    def keys(value):
+        if isinstance(value, dict):
+            return [*value, *(k for v in value.values() for k in keys(v))]
+        return [k for v in value for k in keys(v)] if isinstance(value, list) else []
+
+    dumped = load_config("shapes-detect").model_dump(mode="json")
+    assert list(dumped["data"])[:6] == ["name", "size", "max_size", "resize", "path", "train"]
+    assert all(key is sys.intern(key) for key in keys(dumped))
