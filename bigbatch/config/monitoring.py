@@ -56,7 +56,8 @@ class LogConfig(Section):
 
 class MemoryConfig(Section):
     interval: float = Field(5.0, gt=0)
-    """Seconds between two samples of ``memory.csv`` (the seed's tegrastats interval)."""
+    """Seconds between two samples of ``memory.csv`` (the tegrastats interval of the Darknet-on-Jetson write-up,
+    docs/references.md)."""
     limit: Size | None = None
     """On the CPU, a micro-batch starting while the process's RSS exceeds this counts as out of memory
     (``subdivisions`` is doubled and the step re-run). On CUDA the device's own out-of-memory error does."""

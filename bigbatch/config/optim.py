@@ -33,12 +33,12 @@ class OptimConfig(PartSection):
     no_decay_norm_bias: bool = False
     """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
     eps: float | None = Field(None, gt=0)
-    """Epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in the Inception seed, adamw and lars 1e-8,
-    lamb 1e-6 as timm)."""
+    """Epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in Cloud TPU's Inception v3 recipe, adamw and lars
+    1e-8, lamb 1e-6 as timm)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """Adam-style moment decays (adamw, lamb)."""
     rmsprop_decay: float = Field(0.9, gt=0, lt=1)
-    """RMSProp's mean-square decay (TF's ``decay``; the Inception seed uses 0.9)."""
+    """RMSProp's mean-square decay (TF's ``decay``; Cloud TPU's Inception v3 recipe uses 0.9)."""
     trust_coefficient: float = Field(0.001, gt=0)
     """LARS trust coefficient."""
     momentum_correction: bool = False

@@ -86,7 +86,8 @@ class DarknetScheduleConfig(Section):
 
 
 class ScheduleConfig(PartSection):
-    """lr(step) = scaled lr x warmup factor x max(decay factor, floor); or a seed's preset."""
+    """lr(step) = scaled lr x warmup factor x max(decay factor, floor); or a preset (``inception_tpu``,
+    ``darknet``: docs/references.md)."""
 
     parts = SCHEDULES
 

@@ -15,7 +15,7 @@ class EMAConfig(Section):
     """Exponential moving average of the weights, updated once per applied optimizer step."""
 
     decay: Annotated[float, PerStep(POWER)] | None = Field(None, gt=0, lt=1)
-    """EMA decay per optimizer step (Inception seed: 0.995); unset: no EMA."""
+    """EMA decay per optimizer step (Cloud TPU's Inception v3 recipe: 0.995); unset: no EMA."""
     warmup: bool = False
     """Use min(decay, (1 + n) / (10 + n)) at the n-th update (TensorFlow's num_updates rule)."""
     evaluate: bool = True
@@ -54,7 +54,8 @@ class PrecisionConfig(Section):
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     loss_scale: Literal["auto", "none", "dynamic", "update_ratio"] | float = "auto"
     """``auto`` (dynamic for fp16, none otherwise), ``none``, a number (static), ``dynamic``
-    (torch.amp.GradScaler's rule) or ``update_ratio`` (the Darknet/Jetson seed's rule)."""
+    (torch.amp.GradScaler's rule) or ``update_ratio`` (the rule of the Darknet-on-Jetson write-up,
+    docs/references.md)."""
     init_scale: float = Field(2.0**16, gt=0)
     """The first scale (``update_ratio``: its base scale, 1.0 unless given)."""
     growth_factor: float = Field(2.0, gt=1)
