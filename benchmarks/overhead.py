@@ -38,7 +38,7 @@ from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.parts import build_parts
 from bigbatch.engine.transfer import to_device
-from bigbatch.recipe.optim import build_optimizer, set_lr
+from bigbatch.largebatch.optim import build_optimizer, set_lr
 from bigbatch.tasks import build_task
 
 

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.engine import host_all_reduce
 from bigbatch.engine.host_all_reduce import HostAllReduce
-from bigbatch.recipe.sync_bn import convert_batchnorm
+from bigbatch.largebatch.sync_bn import convert_batchnorm
 
 WORLD = 2
 MICRO = 8

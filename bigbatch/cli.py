@@ -238,8 +238,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.batching import make_plan
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_resolved
+    from bigbatch.largebatch.schedule import build_schedule
     from bigbatch.outputs import check_output_file
-    from bigbatch.recipe.schedule import build_schedule
     from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
     from bigbatch.tasks import train_set_size
 
@@ -328,8 +328,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.engine import distributed
     from bigbatch.engine.checkpoint import atomic_write
     from bigbatch.engine.preflight import load_resolved
+    from bigbatch.largebatch.rescale import changes_table, rescale
     from bigbatch.outputs import check_output_file, starts_with
-    from bigbatch.recipe.rescale import changes_table, rescale
 
     if args.batch <= 0:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")

@@ -255,14 +255,14 @@ TASKS = Registry("task", "task", ("bigbatch.tasks.classification", "bigbatch.tas
 info: ``metrics`` (the names ``eval.metric`` may take, the default first), ``metric_prefixes`` (optional: per-class
 metrics, ``("AP/",)`` admits ``AP/<class>``), ``model_kind`` (what a model of the task is called in an error
 message: ``classifier``, ``detector``)."""
-OPTIMIZERS = Registry("optimizer", "optim.name", ("bigbatch.recipe.optim",), OptimInfo)
+OPTIMIZERS = Registry("optimizer", "optim.name", ("bigbatch.largebatch.optim",), OptimInfo)
 """``optim.name``: obj(param_groups, lr, optim_cfg) -> torch.optim.Optimizer (``lr``: for the global batch)."""
-SCHEDULES = Registry("schedule", "schedule.preset", ("bigbatch.recipe.schedule",), ScheduleInfo)
+SCHEDULES = Registry("schedule", "schedule.preset", ("bigbatch.largebatch.schedule",), ScheduleInfo)
 """``schedule.preset``: obj(cfg, plan) -> lr(step), the LR of each 0-based optimizer step for the batch plan;
 ``none`` composes ``schedule.warmup`` and ``schedule.decay``. Optional info ``burn_in(schedule_cfg) -> steps``: the
 schedule's burn-in, which the ``update_ratio`` loss scaler follows by default; ``warmup_steps(cfg, plan) -> steps``:
 where its warmup ends (``norm.freeze_during_warmup``)."""
-DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.recipe.schedule",), DecayInfo)
+DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.largebatch.schedule",), DecayInfo)
 """``schedule.decay.kind``: obj(decay_cfg, plan, start, floor) -> factor(step), the factor on the scaled LR at
 absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: the factor's lower bound, applied by
 the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of the section that is a per-step rate

@@ -10,7 +10,7 @@ import torch.nn as nn
 from timm.utils.agc import adaptive_clip_grad
 
 from bigbatch.config import ClipConfig
-from bigbatch.recipe.clip import clip_gradients
+from bigbatch.largebatch.clip import clip_gradients
 
 pytestmark = pytest.mark.fast
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 from bigbatch.config import load_config
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import seed_everything, train
-from bigbatch.recipe.ema import WeightEMA
+from bigbatch.largebatch.ema import WeightEMA
 from bigbatch.tasks import build_task
 
 

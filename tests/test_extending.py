@@ -28,8 +28,8 @@ from bigbatch.config import (
 )
 from bigbatch.data.loader import TensorImages
 from bigbatch.errors import UserError
-from bigbatch.recipe.rescale import rescale
-from bigbatch.recipe.schedule import build_schedule, scaled_lr
+from bigbatch.largebatch.rescale import rescale
+from bigbatch.largebatch.schedule import build_schedule, scaled_lr
 from bigbatch.registry import DATASETS, DECAYS, MODELS, OPTIMIZERS
 from tests.helpers import run_main
 
@@ -90,7 +90,7 @@ def test_the_optimizer_names_the_config_takes_are_the_registered_ones(toy_sgd):
 @pytest.fixture
 def toy_halving():
     """A decay kind with a key of its own, a length: the LR halves every ``schedule.decay.halve_every``."""
-    from bigbatch.recipe.schedule import length_in_steps
+    from bigbatch.largebatch.schedule import length_in_steps
 
     def halving(cfg, plan, start, floor):
         every = length_in_steps(cfg.halve_every, plan)

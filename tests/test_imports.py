@@ -65,7 +65,7 @@ GRAPH = {name: imports_of(name) for name in MODULES}
 def test_the_source_is_read():
     """The reading itself: known edges are found, including an import inside a function, and a TYPE_CHECKING
     import is not one."""
-    assert "bigbatch.config" in GRAPH["bigbatch.recipe.optim"]
+    assert "bigbatch.config" in GRAPH["bigbatch.largebatch.optim"]
     assert "bigbatch.models.small_cnn" in GRAPH["bigbatch.models"]
     assert "bigbatch.models" in GRAPH["bigbatch.telemetry.capacity"]  # inside parameter_count
     assert "bigbatch.config" not in GRAPH["bigbatch.data.digits"]  # under TYPE_CHECKING only

@@ -177,7 +177,7 @@ def test_the_ema_rule_is_found_where_it_is_written():
 
 def test_the_ema_or_raw_rule_is_one_function():
     sources = {module_name(path): parse(path) for path in sorted(PACKAGE.rglob("*.py"))}
-    assert ema_rule_functions(sources) == ["bigbatch.recipe.ema.ema_counts"]
+    assert ema_rule_functions(sources) == ["bigbatch.largebatch.ema.ema_counts"]
 
 
 def test_eval_export_and_the_run_use_that_function():

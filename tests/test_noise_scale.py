@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.engine.step import attempt_step
-from bigbatch.recipe.precision import LossScaler
+from bigbatch.largebatch.precision import LossScaler
 from bigbatch.telemetry.noise_scale import GradientNorms, MicroBatchGradients, NoiseScale, batch_sizes
 from tests.helpers import HANG_GUARD_S, count_host_transfers, run_spawned
 

@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from bigbatch.batching import BatchPlan
 from bigbatch.config import NormConfig
 from bigbatch.engine.step import attempt_step
-from bigbatch.models.small_cnn import SmallCNN
-from bigbatch.recipe.norm import (
+from bigbatch.largebatch.norm import (
     PerStepRunningStats,
     bn_momentum,
     configure_batchnorm,
     momentum_from_half_life,
     momentum_per_update,
 )
+from bigbatch.models.small_cnn import SmallCNN
 from bigbatch.tasks.classification import ClassificationTask
 
 pytestmark = pytest.mark.fast
@@ -291,7 +291,7 @@ def test_freeze_during_warmup_keeps_batchnorm_in_eval_mode_until_the_warmup_ends
 
 def test_warmup_steps_of_each_schedule_preset():
     from bigbatch.config import load_config
-    from bigbatch.recipe.schedule import warmup_steps
+    from bigbatch.largebatch.schedule import warmup_steps
 
     plan = BatchPlan(batch=256, world=1, subdivisions=1, steps=5000, train_images=118287)
     megdet = load_config("megdet-r50-fpn")

@@ -15,7 +15,7 @@ from timm.optim import param_groups_weight_decay
 
 from bigbatch.config import OptimConfig
 from bigbatch.errors import UserError
-from bigbatch.recipe.optim import Lamb, Lars, MomentumSGD, RMSpropTF, build_optimizer, set_lr
+from bigbatch.largebatch.optim import Lamb, Lars, MomentumSGD, RMSpropTF, build_optimizer, set_lr
 
 pytestmark = pytest.mark.fast
 

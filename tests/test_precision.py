@@ -13,7 +13,7 @@ import torch.nn as nn
 from bigbatch.config import load_config
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import train
-from bigbatch.recipe.precision import DynamicLossScaler, UpdateRatioLossScaler, build_scaler
+from bigbatch.largebatch.precision import DynamicLossScaler, UpdateRatioLossScaler, build_scaler
 from tests.helpers import run_main
 
 

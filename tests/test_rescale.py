@@ -7,8 +7,8 @@ import yaml
 
 from bigbatch.batching import make_plan
 from bigbatch.config import load_config, parse_length
-from bigbatch.recipe.rescale import rescale
-from bigbatch.recipe.schedule import build_schedule, scaled_lr
+from bigbatch.largebatch.rescale import rescale
+from bigbatch.largebatch.schedule import build_schedule, scaled_lr
 from tests.helpers import DARKNET_DATA, run_cli
 
 RECIPE = [

@@ -10,7 +10,7 @@ import torch
 
 from bigbatch.batching import make_plan
 from bigbatch.config import load_config
-from bigbatch.recipe.schedule import build_schedule, scaled_lr
+from bigbatch.largebatch.schedule import build_schedule, scaled_lr
 from tests.helpers import DARKNET_DATA, run_cli
 
 TRAIN_IMAGES = 1437  # the digits training split

@@ -16,7 +16,7 @@ from torch import nn
 
 from bigbatch.engine import host_all_reduce
 from bigbatch.engine.host_all_reduce import HostAllReduce
-from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
+from bigbatch.largebatch.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
 from tests.helpers import HANG_GUARD_S, run_spawned
 
 WORLD = 2
@@ -279,7 +279,7 @@ def test_convert_batchnorm_nested_keeps_state():
 def test_the_function_alone_equals_batch_norm(monkeypatch, shape, affine):
     """One process whose sums are the global ones (the all-reduce made a no-op): exactly torch's BatchNorm, for
     every input rank, with and without weight and bias."""
-    from bigbatch.recipe import sync_bn
+    from bigbatch.largebatch import sync_bn
 
     monkeypatch.setattr(sync_bn, "_all_reduce_sum", lambda packed, group: None)
     gen = torch.Generator().manual_seed(len(shape) + affine)

@@ -49,7 +49,7 @@ class NormConfig(Section):
 
 
 class PrecisionConfig(Section):
-    """Mixed precision (autocast, fp32 master weights) and loss scaling; see ``recipe/precision.py``."""
+    """Mixed precision (autocast, fp32 master weights) and loss scaling; see ``largebatch/precision.py``."""
 
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     loss_scale: Literal["auto", "none", "dynamic", "update_ratio"] | float = "auto"

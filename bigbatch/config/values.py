@@ -1,5 +1,5 @@
 """The value types of the config and their parsers: lengths (:data:`Length`, :data:`Interval`: steps, epochs or
-images), byte sizes (:data:`Size`), and the markers that tell ``bigbatch scale`` (``recipe/rescale.py``) what a
+images), byte sizes (:data:`Size`), and the markers that tell ``bigbatch scale`` (``largebatch/rescale.py``) what a
 field means when the global batch changes (:class:`InImages`, :class:`Steps`, :class:`PerStep`, :class:`UsedWhen`)."""
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def from_checkpoint(path: Path) -> Exported:
     from bigbatch.darknet.models import darknet_network, network_state
     from bigbatch.engine import checkpoint
     from bigbatch.engine.run_dir import last_checkpoint
-    from bigbatch.recipe.ema import counted_weights
+    from bigbatch.largebatch.ema import counted_weights
 
     if path.is_dir():
         path = last_checkpoint(path)

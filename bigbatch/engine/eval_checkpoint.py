@@ -1,6 +1,6 @@
 """``bigbatch eval``: one checkpoint (or a run directory's last one) evaluated on the validation set.
 
-The weights evaluated are those that count (``recipe.ema.counted_weights``: the EMA's when the run keeps one and
+The weights evaluated are those that count (``largebatch.ema.counted_weights``: the EMA's when the run keeps one and
 ``ema.evaluate``, else the raw ones), with the checkpoint's config and any ``--set`` overrides. The record (the
 checkpoint, its step, which weights, the metrics) is written as JSON where :func:`eval_record_path` says; a detector's
 detections can also be saved as a COCO results file. Every output is checked before any work, and nothing bigbatch
@@ -22,8 +22,8 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     from bigbatch.engine import checkpoint, distributed
     from bigbatch.engine.run_dir import last_checkpoint
     from bigbatch.engine.state import load_weights
+    from bigbatch.largebatch.ema import counted_weights
     from bigbatch.outputs import check_output_file, probe_writable
-    from bigbatch.recipe.ema import counted_weights
     from bigbatch.registry import TASKS
     from bigbatch.tasks import build_task
     from bigbatch.telemetry.capacity import check_capacity

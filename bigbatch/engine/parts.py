@@ -22,13 +22,13 @@ from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.step import TrainStep
 from bigbatch.engine.transfer import DeviceFeed
 from bigbatch.errors import UserError
-from bigbatch.recipe.clip import clip_gradients
-from bigbatch.recipe.ema import WeightEMA
-from bigbatch.recipe.norm import configure_batchnorm
-from bigbatch.recipe.optim import build_optimizer
-from bigbatch.recipe.precision import autocast, build_scaler, check_precision, schedule_burn_in
-from bigbatch.recipe.schedule import Schedule, build_schedule
-from bigbatch.recipe.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
+from bigbatch.largebatch.clip import clip_gradients
+from bigbatch.largebatch.ema import WeightEMA
+from bigbatch.largebatch.norm import configure_batchnorm
+from bigbatch.largebatch.optim import build_optimizer
+from bigbatch.largebatch.precision import autocast, build_scaler, check_precision, schedule_burn_in
+from bigbatch.largebatch.schedule import Schedule, build_schedule
+from bigbatch.largebatch.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
 from bigbatch.tasks.base import Task
 
 

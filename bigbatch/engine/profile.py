@@ -92,7 +92,7 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     from bigbatch.engine.events import EventStorage
     from bigbatch.engine.parts import build_parts
     from bigbatch.engine.trainer import seed_everything
-    from bigbatch.recipe.optim import set_lr
+    from bigbatch.largebatch.optim import set_lr
     from bigbatch.tasks import build_task
 
     proc = setup()

@@ -15,7 +15,7 @@ from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.state import TrainingState
 from bigbatch.engine.step import StepResult, TrainStep
-from bigbatch.recipe.ema import ema_counts
+from bigbatch.largebatch.ema import ema_counts
 
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import Hooks
@@ -76,8 +76,8 @@ class Run:
     def evaluate(self, raw_too: bool = True) -> tuple[dict[str, float], dict[str, float] | None]:
         """(metrics of the weights that count, metrics of the raw weights when those are the EMA's, else None).
 
-        The EMA weights count when there is an EMA and ``ema.evaluate`` (the default: ``recipe.ema.ema_counts``); the
-        raw ones are then evaluated too (``raw_too``), for comparison."""
+        The EMA weights count when there is an EMA and ``ema.evaluate`` (the default: ``largebatch.ema.ema_counts``);
+        the raw ones are then evaluated too (``raw_too``), for comparison."""
         cfg, task, proc, ema = self.cfg, self.task, self.proc, self.state.ema
         if not ema_counts(ema, cfg):
             return task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world), None

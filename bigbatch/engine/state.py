@@ -39,7 +39,7 @@ from bigbatch.errors import UserError
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import Hooks
     from bigbatch.engine.step import TrainStep
-    from bigbatch.recipe.ema import WeightEMA
+    from bigbatch.largebatch.ema import WeightEMA
 
 
 @dataclass

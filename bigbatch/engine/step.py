@@ -7,8 +7,8 @@ micro-batches of ``batch / (world * subdivisions)`` images through forward and b
 (DDP averages across devices); then one update:
 
     for each micro-batch i:  (loss_i * scale / S).backward()     # DDP all-reduces during the last one only
-    unscale (g /= scale); finite? -> clip, optimizer.step()       # recipe/precision.py, recipe/clip.py
-    BatchNorm per-step statistics; weight EMA                     # recipe/norm.py, recipe/ema.py
+    unscale (g /= scale); finite? -> clip, optimizer.step()       # largebatch/precision.py, largebatch/clip.py
+    BatchNorm per-step statistics; weight EMA                     # largebatch/norm.py, largebatch/ema.py
 
 Retries: a step whose gradient is not finite changes nothing (weights, BatchNorm statistics, EMA, step) and
 is run again on the same images at the loss scaler's new scale; after ``precision.max_skipped`` in a row the
@@ -33,9 +33,9 @@ from bigbatch.config import NormConfig
 from bigbatch.data.loader import split_micro_batches
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
-from bigbatch.recipe.ema import WeightEMA
-from bigbatch.recipe.norm import PerStepRunningStats, RunningStatsSnapshot, running_buffers, set_momentum
-from bigbatch.recipe.precision import LossScaler, first_nonfinite
+from bigbatch.largebatch.ema import WeightEMA
+from bigbatch.largebatch.norm import PerStepRunningStats, RunningStatsSnapshot, running_buffers, set_momentum
+from bigbatch.largebatch.precision import LossScaler, first_nonfinite
 from bigbatch.telemetry.memory import MemoryLimitExceeded
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]

@@ -3,7 +3,7 @@
     parts: model, optimizer, scaler, EMA, schedule          engine/parts.py
     state: everything a checkpoint holds                     engine/state.py
     for step in steps:                                       data/loader.py: this device's micro-batches
-        set the LR to lr(step)                               recipe/schedule.py
+        set the LR to lr(step)                               largebatch/schedule.py
         one optimizer step over the micro-batches            engine/step.py (accumulation, retries, EMA)
         hooks, stage by stage: prepare, measure, record,     engine/hooks/ (base.py: the stages, build_hooks)
                evaluate, checkpoint, guard, write
@@ -36,7 +36,7 @@ from bigbatch.engine.parts import build_parts
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.state import Best, TrainingState
-from bigbatch.recipe.optim import set_lr
+from bigbatch.largebatch.optim import set_lr
 from bigbatch.tasks import build_task
 
 

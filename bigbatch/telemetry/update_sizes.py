@@ -1,7 +1,7 @@
 """Per-layer size of the weight update of an optimizer step, and a CSV log of it.
 
 The write-up "Darknet/YOLO optimized for Jetson" (docs/references.md) watches the largest weight update of each layer
-per iteration (it drives its ``update_ratio`` loss scale, ``recipe/precision.py``); here, for every named parameter
+per iteration (it drives its ``update_ratio`` loss scale, ``largebatch/precision.py``); here, for every named parameter
 tensor W, with Delta W = W_after - W_before across one optimizer step:
 
     max_abs  = max |Delta W|                      (the write-up's per-layer maximum update)

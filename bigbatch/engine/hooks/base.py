@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 from bigbatch.batching import BatchPlan
 from bigbatch.engine.events import Record
 from bigbatch.errors import UserError
-from bigbatch.recipe.schedule import length_in_steps
+from bigbatch.largebatch.schedule import length_in_steps
 from bigbatch.registry import HOOKS
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.engine.step import unwrap
-from bigbatch.recipe.norm import batchnorm_layers
-from bigbatch.recipe.schedule import warmup_steps
+from bigbatch.largebatch.norm import batchnorm_layers
+from bigbatch.largebatch.schedule import warmup_steps
 from bigbatch.registry import HOOKS
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from bigbatch.engine.hooks.base import Hook, is_due
 from bigbatch.engine.run import Run
-from bigbatch.recipe.precision import LossScaler
+from bigbatch.largebatch.precision import LossScaler
 from bigbatch.registry import HOOKS
 
 

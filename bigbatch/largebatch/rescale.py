@@ -44,7 +44,7 @@ from bigbatch.config import (
     parse_length,
     validate_config,
 )
-from bigbatch.recipe.schedule import scaled_lr
+from bigbatch.largebatch.schedule import scaled_lr
 
 Change = tuple[str, Any, Any]
 

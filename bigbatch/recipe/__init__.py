@@ -1,1 +1,0 @@
-"""The large-batch recipe: optimizers, schedules and the rest, each one small idea."""
