@@ -91,3 +91,23 @@ def test_best_checkpoint_by_loss_keeps_the_lowest():
     cfg = load_config("digits", ["eval.metric=loss"])
     assert cfg.eval.better == "min"
     assert load_config("digits", ["eval.metric=loss", "eval.mode=max"]).eval.better == "max"
+
+
+def test_each_optimizer_declares_its_own_keys():
+    """momentum, betas, eps, ... are the optimizers' own keys (``largebatch/optim.py``): another optimizer's key is
+    accepted at its default only, and config.yaml still holds every key in the order it always had."""
+    from bigbatch.config import config_to_yaml
+    from bigbatch.registry import OPTIMIZERS
+
+    assert set(OPTIMIZERS.get("adamw").fields) == {"eps", "betas"}
+    assert "momentum" in OPTIMIZERS.get("sgd").fields and "betas" not in OPTIMIZERS.get("sgd").fields
+    with pytest.raises(UserError, match=r"^optim.momentum: used by optimizer sgd, momentum, rmsprop_tf or lars only, "
+                                        r"not by 'adamw' \(optim.name\)"):
+        load_config("digits", ["optim.name=adamw", "optim.momentum=0.5"])
+    cfg = load_config("digits", ["optim.name=adamw", "optim.momentum=0.9", "optim.betas=[0.8, 0.99]"])
+    assert cfg.optim.betas == (0.8, 0.99)
+    optim = config_to_yaml(cfg).split("\noptim:\n")[1].split("\n")
+    keys = [line.split(":")[0].strip() for line in optim if line.startswith("  ") and not line.startswith("  - ")]
+    assert keys[:13] == ["name", "lr", "ref_batch", "scaling", "momentum", "nesterov", "weight_decay",
+                         "no_decay_norm_bias", "eps", "betas", "rmsprop_decay", "trust_coefficient",
+                         "momentum_correction"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from bigbatch.config.section import PartSection, Section, registered
 from bigbatch.config.values import StepCount
@@ -15,6 +15,10 @@ class OptimConfig(PartSection):
     """The optimizer. ``lr`` is stated for ``ref_batch`` images per step and scaled to the global batch."""
 
     parts = OPTIMIZERS
+    layout = ("name", "lr", "ref_batch", "scaling", "momentum", "nesterov", "weight_decay", "no_decay_norm_bias",
+              "eps", "betas", "rmsprop_decay", "trust_coefficient", "momentum_correction")
+    """The order config.yaml has always written these keys in, the optimizers' own (``largebatch/optim.py``:
+    momentum, betas, eps, ...) among the shared ones."""
 
     name: Annotated[str, registered(OPTIMIZERS)] = "sgd"
     """``sgd``: torch.optim.SGD (LR outside the momentum buffer); ``momentum``: Caffe2's momentum SGD, Goyal et al.
@@ -27,28 +31,9 @@ class OptimConfig(PartSection):
     """The batch ``lr`` is stated for; unset: ``lr`` is used as it is, whatever the batch."""
     scaling: Literal["linear", "sqrt", "none"] = "linear"
     """How ``lr`` follows the batch: lr * (batch / ref_batch) (Goyal et al. 2017), its square root, or not at all."""
-    momentum: float = Field(0.9, ge=0, lt=1)
-    nesterov: bool = False
     weight_decay: float = Field(0.0, ge=0)
     no_decay_norm_bias: bool = False
     """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
-    eps: float | None = Field(None, gt=0)
-    """Epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in Cloud TPU's Inception v3 recipe, adamw and lars
-    1e-8, lamb 1e-6 as timm)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam-style moment decays (adamw, lamb)."""
-    rmsprop_decay: float = Field(0.9, gt=0, lt=1)
-    """RMSProp's mean-square decay (TF's ``decay``; Cloud TPU's Inception v3 recipe uses 0.9)."""
-    trust_coefficient: float = Field(0.001, gt=0)
-    """LARS trust coefficient."""
-    momentum_correction: bool = False
-    """For optimizers with the LR inside the momentum buffer (momentum, rmsprop_tf): when the LR changes from
-    lr_old to lr_new, scale the buffer by lr_new / lr_old (Goyal et al. 2017, remark 2)."""
-
-    @field_validator("betas", mode="before")
-    @classmethod
-    def _betas_from_list(cls, value: Any) -> Any:
-        return tuple(value) if isinstance(value, list) else value
 
 
 class ClipConfig(Section):

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
+from pydantic import BeforeValidator, Field
 
 from bigbatch.config import OptimConfig
 from bigbatch.errors import UserError
@@ -287,26 +288,48 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module, lr: float | None = None)
     return OPTIMIZERS.get(cfg.name).obj(param_groups(cfg, model), lr, cfg)
 
 
+def _tuple_from_list(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+# The keys each optimizer adds to ``optim`` (a key several optimizers share is the same field in each).
+MOMENTUM = {"momentum": (Annotated[float, Field(ge=0, lt=1)], 0.9)}
+"""``optim.momentum``: the momentum coefficient m."""
+NESTEROV = {"nesterov": (bool, False)}
+EPS = {"eps": (Annotated[float, Field(gt=0)] | None, None)}
+"""``optim.eps``: epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in Cloud TPU's Inception v3 recipe,
+adamw and lars 1e-8, lamb 1e-6 as timm)."""
+BETAS = {"betas": (Annotated[tuple[float, float], BeforeValidator(_tuple_from_list)], (0.9, 0.999))}
+"""``optim.betas``: Adam-style moment decays (adamw, lamb)."""
+MOMENTUM_CORRECTION = {"momentum_correction": (bool, False)}
+"""``optim.momentum_correction``: for optimizers with the LR inside the momentum buffer (momentum, rmsprop_tf): when
+the LR changes from lr_old to lr_new, scale the buffer by lr_new / lr_old (Goyal et al. 2017, remark 2)."""
+RMSPROP_DECAY = {"rmsprop_decay": (Annotated[float, Field(gt=0, lt=1)], 0.9)}
+"""``optim.rmsprop_decay``: RMSProp's mean-square decay (TF's ``decay``; Cloud TPU's Inception v3 recipe: 0.9)."""
+TRUST_COEFFICIENT = {"trust_coefficient": (Annotated[float, Field(gt=0)], 0.001)}
+"""``optim.trust_coefficient``: LARS's trust coefficient."""
+
+
 def _momentum_for_nesterov(cfg: OptimConfig) -> None:
     if cfg.nesterov and cfg.momentum == 0:
         raise UserError("optim.nesterov: Nesterov momentum needs optim.momentum > 0")
 
 
-@OPTIMIZERS.register("sgd")
+@OPTIMIZERS.register("sgd", fields={**MOMENTUM, **NESTEROV})
 def _sgd(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     """torch.optim.SGD: v = m v + g; w -= lr v (the LR outside the momentum buffer)."""
     _momentum_for_nesterov(cfg)
     return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
 
 
-@OPTIMIZERS.register("momentum")
+@OPTIMIZERS.register("momentum", fields={**MOMENTUM, **NESTEROV, **MOMENTUM_CORRECTION})
 def _momentum(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     _momentum_for_nesterov(cfg)
     return MomentumSGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
                        momentum_correction=cfg.momentum_correction)
 
 
-@OPTIMIZERS.register("rmsprop_tf")
+@OPTIMIZERS.register("rmsprop_tf", fields={**MOMENTUM, **EPS, **RMSPROP_DECAY, **MOMENTUM_CORRECTION})
 def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     """eps 1.0 unless given, as in Cloud TPU's Inception v3 recipe (tensorflow/tpu ``inception_v3.py``)."""
     return RMSpropTF(groups, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.momentum,
@@ -314,20 +337,20 @@ def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> to
                      momentum_correction=cfg.momentum_correction)
 
 
-@OPTIMIZERS.register("adamw")
+@OPTIMIZERS.register("adamw", fields={**EPS, **BETAS})
 def _adamw(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=1e-8 if cfg.eps is None else cfg.eps,
                              weight_decay=cfg.weight_decay)
 
 
-@OPTIMIZERS.register("lars")
+@OPTIMIZERS.register("lars", fields={**MOMENTUM, **NESTEROV, **EPS, **TRUST_COEFFICIENT})
 def _lars(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     _momentum_for_nesterov(cfg)
     return Lars(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
                 trust_coeff=cfg.trust_coefficient, eps=1e-8 if cfg.eps is None else cfg.eps)
 
 
-@OPTIMIZERS.register("lamb")
+@OPTIMIZERS.register("lamb", fields={**EPS, **BETAS})
 def _lamb(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     """eps 1e-6 unless given, as timm."""
     return Lamb(groups, lr=lr, betas=cfg.betas, eps=1e-6 if cfg.eps is None else cfg.eps,
