@@ -23,5 +23,7 @@ class ModelConfig(PartSection):
     Nothing is ever downloaded."""
     norm: Literal["batch", "group", "none"] = "batch"
     """Normalisation layers of ``small_cnn``; torchvision models with a ``norm_layer`` argument take it too."""
+    width: int = Field(32, gt=0)
+    """Channels of the first ``small_cnn`` stage (doubled at each of the next two)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout before the classifier (``small_cnn``; torchvision models that take a ``dropout`` argument)."""

@@ -9,10 +9,9 @@ Every model is built from scratch (random weights): nothing is downloaded.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
-from pydantic import Field
 
 from bigbatch.errors import UserError
 from bigbatch.models.small_cnn import SmallCNN, norm_layer
@@ -66,11 +65,8 @@ def torchvision_classifier(cfg: ModelConfig, num_classes: int, in_channels: int 
         raise
 
 
-WIDTH_FIELD = {"width": (Annotated[int, Field(gt=0)], 32)}
-"""``model.width``: channels of the first ``small_cnn`` stage (doubled at each of the next two)."""
-
 MODELS.register("small_cnn", small_cnn, task="classification", min_input_size=8,  # three 2x poolings
-                size_key="model.width", fields=WIDTH_FIELD)
+                size_key="model.width")
 AUX_HEADS = ("inception_v3", "googlenet")
 """torchvision classifiers with auxiliary heads (``model.aux_logits``; their loss: ``loss.aux_weight``)."""
 
