@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bigbatch.data.loader import TensorImages, eval_batches, train_steps
+from bigbatch.data.loader import TensorImages, batches_by_step, eval_batches
 from bigbatch.data.order import GlobalBatchOrder
 
 pytestmark = pytest.mark.fast
@@ -44,8 +44,8 @@ def test_layouts_share_the_global_batch():
 def test_loader_started_mid_run_continues_the_same_stream():
     data = TensorImages(torch.arange(50).float()[:, None], torch.arange(50))
     order = GlobalBatchOrder(50, 8, seed=2)
-    whole = [step for step in train_steps(data, order, 0, 12, rank=0, world=1, subdivisions=2)]
-    tail = [step for step in train_steps(data, order, 7, 12, rank=0, world=1, subdivisions=2)]
+    whole = [step for step in batches_by_step(data, order, 0, 12, rank=0, world=1, subdivisions=2)]
+    tail = [step for step in batches_by_step(data, order, 7, 12, rank=0, world=1, subdivisions=2)]
     assert len(whole) == 12 and len(tail) == 5
     for a, b in zip(whole[7:], tail, strict=True):
         for (xa, ya), (xb, yb) in zip(a, b, strict=True):

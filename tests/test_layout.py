@@ -190,7 +190,7 @@ def test_eval_export_and_the_run_use_that_function():
         calls = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call)
                  and isinstance(node.func, ast.Name)}
         assert function in calls, path
-    ema = parse(PACKAGE / "recipe" / "ema.py")
+    ema = parse(PACKAGE / "largebatch" / "ema.py")
     counted = next(f for name, f in _functions(ema, "ema") if name == "ema.counted_weights")
     assert "ema_counts" in {n.func.id for n in ast.walk(counted) if isinstance(n, ast.Call)
                             and isinstance(n.func, ast.Name)}

@@ -34,6 +34,9 @@ class OptimConfig(PartSection):
     weight_decay: float = Field(0.0, ge=0)
     no_decay_norm_bias: bool = False
     """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
+    momentum_correction: bool = False
+    """For optimizers with the LR inside the momentum buffer (momentum, rmsprop_tf): when the LR changes from
+    lr_old to lr_new, scale the buffer by lr_new / lr_old (Goyal et al. 2017, remark 2); a no-op for the others."""
 
 
 class ClipConfig(Section):

@@ -301,9 +301,6 @@ EPS = {"eps": (Annotated[float, Field(gt=0)] | None, None)}
 adamw and lars 1e-8, lamb 1e-6 as timm)."""
 BETAS = {"betas": (Annotated[tuple[float, float], BeforeValidator(_tuple_from_list)], (0.9, 0.999))}
 """``optim.betas``: Adam-style moment decays (adamw, lamb)."""
-MOMENTUM_CORRECTION = {"momentum_correction": (bool, False)}
-"""``optim.momentum_correction``: for optimizers with the LR inside the momentum buffer (momentum, rmsprop_tf): when
-the LR changes from lr_old to lr_new, scale the buffer by lr_new / lr_old (Goyal et al. 2017, remark 2)."""
 RMSPROP_DECAY = {"rmsprop_decay": (Annotated[float, Field(gt=0, lt=1)], 0.9)}
 """``optim.rmsprop_decay``: RMSProp's mean-square decay (TF's ``decay``; Cloud TPU's Inception v3 recipe: 0.9)."""
 TRUST_COEFFICIENT = {"trust_coefficient": (Annotated[float, Field(gt=0)], 0.001)}
@@ -322,14 +319,14 @@ def _sgd(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.opt
     return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
 
 
-@OPTIMIZERS.register("momentum", fields={**MOMENTUM, **NESTEROV, **MOMENTUM_CORRECTION})
+@OPTIMIZERS.register("momentum", fields={**MOMENTUM, **NESTEROV})
 def _momentum(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     _momentum_for_nesterov(cfg)
     return MomentumSGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
                        momentum_correction=cfg.momentum_correction)
 
 
-@OPTIMIZERS.register("rmsprop_tf", fields={**MOMENTUM, **EPS, **RMSPROP_DECAY, **MOMENTUM_CORRECTION})
+@OPTIMIZERS.register("rmsprop_tf", fields={**MOMENTUM, **EPS, **RMSPROP_DECAY})
 def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     """eps 1.0 unless given, as in Cloud TPU's Inception v3 recipe (tensorflow/tpu ``inception_v3.py``)."""
     return RMSpropTF(groups, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.momentum,
