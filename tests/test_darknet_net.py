@@ -599,14 +599,12 @@ YOLO = ("\n[convolutional]\nfilters=14\nsize=1\nactivation=linear\n"
 @pytest.mark.parametrize("body, marker, start", [
     (CONV + "\n[reorg3d]\nstride=2\n", "[reorg3d]", "[reorg3d]: a Darknet layer bigbatch does not build"),
     (CONV + "\n[foo]\n", "[foo]", "[foo]: unknown section"),
-    (CONV.replace("size=3", "size=3\nsizes=3"), "sizes=3", "[convolutional] sizes: unknown key"),
     (CONV.replace("size=3", "size=3x"), "size=3x", "[convolutional] size: expected an integer >= 1"),
     (CONV.replace("size=3", "size=0"), "size=0", "[convolutional] size: expected an integer >= 1"),
     (CONV.replace("size=3", "size=1.5"), "size=1.5", "[convolutional] size: expected an integer"),
     (CONV.replace("leaky", "sigmoid"), "activation=sigmoid", "[convolutional] activation: expected one of"),
     (CONV.replace("size=3", "size=3\nxnor=1"), "xnor=1", "[convolutional] xnor: '1' is not supported"),
     (CONV.replace("size=3", "size=3\ndontload=1"), "dontload=1", "[convolutional] dontload: '1' is not supported"),
-    (CONV.replace("size=3", "size=3\nsize=5"), "size=5", "[convolutional] size: given twice"),
     (CONV + "\n[route]\nlayers=-2\n", "layers=-2", "[route] layers: -2 is layer -1, not a layer before this one"),
     (CONV + "\n[route]\nlayers=1\n", "layers=1", "[route] layers: 1 is layer 1, not a layer before this one"),
     (CONV + "\n[route]\nlayers=0\ngroups=3\n", "groups=3", "[route] groups: 3 does not divide the 4 channels"),
@@ -631,7 +629,6 @@ YOLO = ("\n[convolutional]\nfilters=14\nsize=1\nactivation=linear\n"
     ("\n[dropout]\nprobability=1\n", "probability=1", "[dropout] probability: expected a number in [0, 1)"),
     ("", "[net]", "[net]: the cfg has no layers"),
     (CONV + "\n[network]\n", "[network]", "[network]: a second [net] section"),
-    ("\nwidht=8\n" + CONV, "widht=8", "[net] widht: unknown key"),
     ("\n[conv\n" + CONV, "[conv", "malformed section header '[conv'"),
 ])
 def test_malformed_cfg_is_one_line_naming_file_line_section_and_key(tmp_path, body, marker, start):
@@ -701,3 +698,21 @@ truth_thresh=1"""
         0.07, 0.4, 0.1, 1)
     assert ignored_keys(cfg) == []
     assert with_classes(cfg, 2) == cfg
+
+
+@pytest.mark.parametrize("body, line, message", [
+    (CONV.replace("size=3", "size=3\nsizes=3"), 10, "[convolutional] sizes: unknown key, not used"),
+    (CONV.replace("size=3", "size=3\nsize=5"), 9, "[convolutional] size: given twice (also line 10); Darknet reads "
+                                                   "the first, '3'"),
+    ("\nmax_epochs=8\n" + CONV, 7, "[net] max_epochs: unknown key, not used"),
+    ("\nheight=16\n" + CONV, 4, "[net] height: given twice (also line 7)"),
+    (CONV.replace("filters=4", "filters=4 ###P6"), 8, "filters: the comment after the value (###P6) is ignored"),
+])
+def test_darknet_leniencies_are_warnings_and_read_as_darknet_reads(tmp_path, body, line, message):
+    """What Darknet reads with a warning (or silently), bigbatch reads the same way and says once."""
+    path = write_cfg(tmp_path, net_header(8, 8, 3) + body)
+    cfg = read_darknet_cfg(path)
+    assert any(w.startswith(f"{path}:{line}: ") and message in w for w in cfg.warnings), cfg.warnings
+    network = DarknetNetwork(cfg)
+    assert network.input_shape.height == 8  # the first height, as Darknet's option_find
+    assert network.shapes[0][1].channels == 4 and network.layers[0].conv.kernel_size == (3, 3)

@@ -9,9 +9,12 @@
 Everything of Darknet's in bigbatch lives in this package:
 
     text.py        Darknet's key=value text files (.cfg, .data), read one way
+    reading.py     one section read key by key, with Darknet's defaults and bigbatch's checks
+    spec.py        what every layer has, and the table of layer kinds (KINDS)
+    layers/        one module per layer kind: spec, parser, shape rule, torch module, table row
     cfg.py         a .cfg as typed, checked layer specs
     activations.py Darknet's activations as torch
-    shapes.py      the shape rules (each layer's output at an input size)
+    shapes.py      each layer's input and output shape at an input size
     network.py     the torch modules and Darknet's layer table
     weights.py     the .weights file format
     yolo_loss.py   Darknet's [yolo] loss and box decoding

@@ -3,8 +3,10 @@
 One reader for the ``.cfg`` (``recipe.py``, ``cfg.py``) and the ``.data`` file (``yolo_data.py``), as Darknet
 reads both (``read_option`` in src/option_list.c, ``read_cfg`` in src/parser.c): each line is stripped; an empty
 line, or one starting with ``#`` or ``;``, is skipped; in a ``.cfg``, ``[name]`` starts a section; every other line
-is ``key=value``, both sides stripped (a later key replaces an earlier one). Lines are
-numbered from 1, as given.
+is ``key=value``, both sides stripped. A key given twice keeps its first value, as Darknet's ``option_find``
+reads the first (``warnings`` gets one line naming both lines). In a ``.cfg``, a ``#`` after a value starts a comment
+(``layers = 180 ###P6``: Darknet's ``atoi`` stops there), also noted in ``warnings``. Lines are numbered from 1, as
+given.
 
 ``read_keyed_sections`` is the same reading that also keeps the line of every key (for messages naming a key's
 line); ``read_options`` is it without those lines. ``parse_number`` reads one number as ``atoi``/``atof`` would be
@@ -34,9 +36,11 @@ class KeyedSection(NamedTuple):
     key_lines: dict[str, list[int]]
 
 
-def read_keyed_sections(lines: Iterable[str], where: str, expected: str = "key=value", sections: bool = False
-                        ) -> list[KeyedSection]:
-    """The sections of ``lines`` in order, with the line of every key; errors as :func:`read_options`."""
+def read_keyed_sections(lines: Iterable[str], where: str, expected: str = "key=value", sections: bool = False,
+                        warnings: list[str] | None = None) -> list[KeyedSection]:
+    """The sections of ``lines`` in order, with the line of every key; errors as :func:`read_options`; the
+    leniencies taken (a key given twice, a comment after a value) are appended to ``warnings``."""
+    warnings = [] if warnings is None else warnings
     found: list[KeyedSection] = [] if sections else [KeyedSection("", {}, 0, {})]
     for number, raw in enumerate(lines, start=1):
         line = raw.strip()
@@ -52,8 +56,21 @@ def read_keyed_sections(lines: Iterable[str], where: str, expected: str = "key=v
             raise UserError(f"{where}:{number}: expected {expected}, got {line!r}")
         if not found:
             raise UserError(f"{where}:{number}: option {key.strip()!r} before any [section]")
-        found[-1].options[key.strip()] = value.strip()
-        found[-1].key_lines.setdefault(key.strip(), []).append(number)
+        key, value = key.strip(), value.strip()
+        hash_ = comment = ""
+        if sections:  # a .cfg; a .data file's values are paths, which may hold a '#'
+            value, hash_, comment = value.partition("#")
+            value = value.strip()
+        if hash_:
+            warnings.append(f"{where}:{number}: {key}: the comment after the value ({'#' + comment}) is ignored, "
+                            f"as Darknet ignores it; read as {value!r}")
+        section = found[-1]
+        if key in section.options:
+            warnings.append(f"{where}:{section.key_lines[key][0]}: [{section.name}] {key}: given twice (also line "
+                            f"{number}); Darknet reads the first, {section.options[key]!r}, and so does bigbatch")
+        else:
+            section.options[key] = value
+        section.key_lines.setdefault(key, []).append(number)
     return found
 
 
@@ -88,14 +105,16 @@ def parse_number(value: str, kind: type) -> int | float | None:
     return number
 
 
-def read_cfg_sections(path: Path, prefix: str = "config: ") -> list[KeyedSection]:
-    """The sections of a ``.cfg`` file in order, with the line of each key; errors begin ``{prefix}{path}``."""
+def read_cfg_sections(path: Path, prefix: str = "config: ", warnings: list[str] | None = None
+                      ) -> list[KeyedSection]:
+    """The sections of a ``.cfg`` file in order, with the line of each key; errors begin ``{prefix}{path}``;
+    leniencies are appended to ``warnings``."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise UserError(f"{prefix}cannot read {path}: {e.strerror}") from None
     lines = text.split("\n")  # lines as Darknet and editors count them
-    return read_keyed_sections(lines, f"{prefix}{path}", sections=True)
+    return read_keyed_sections(lines, f"{prefix}{path}", sections=True, warnings=warnings)
 
 
 def read_cfg(path: Path) -> list[tuple[str, dict[str, str], int]]:

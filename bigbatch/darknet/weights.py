@@ -4,7 +4,8 @@ The layout (``load_weights_upto``/``save_weights_upto`` in src/parser.c, pjreddi
 
     int32 major, minor, revision
     seen: uint64 if major * 10 + minor >= 2 and major < 1000 and minor < 1000, else int32   (images trained on)
-    then float32 values, for each [convolutional] layer in order:
+    then float32 values, for each layer with weights in order, as its kind saves them (its module's
+    ``darknet_tensors``, in ``layers/``); a [convolutional] layer:
         biases[n]                                   (the BN shift when batch_normalize)
         scales[n], rolling_mean[n], rolling_variance[n]     (only when batch_normalize)
         weights[n * c / groups * size * size]       (OIHW, torch's Conv2d layout)
@@ -38,17 +39,16 @@ HEADER_BYTES = 20
 """Three int32 and a uint64 ``seen``."""
 
 
+def named_weight_tensors(network: DarknetNetwork) -> list[tuple[int, str, torch.Tensor]]:
+    """(layer index, Darknet's name, tensor) of every tensor a ``.weights`` file holds, in the file's order: each
+    layer module's ``darknet_tensors()``, layer by layer."""
+    return [(index, name, tensor) for index, layer in enumerate(network.layers)
+            if hasattr(layer, "darknet_tensors") for name, tensor in layer.darknet_tensors()]
+
+
 def weight_tensors(network: DarknetNetwork) -> list[torch.Tensor]:
     """The tensors a ``.weights`` file holds, in the file's order."""
-    tensors: list[torch.Tensor] = []
-    for block in network.conv_blocks():
-        if block.bn is not None:
-            tensors += [block.bn.bias, block.bn.weight, block.bn.running_mean, block.bn.running_var]
-        else:
-            assert block.conv.bias is not None
-            tensors.append(block.conv.bias)
-        tensors.append(block.conv.weight)
-    return tensors
+    return [tensor for _, _, tensor in named_weight_tensors(network)]
 
 
 def weights_size(network: DarknetNetwork) -> int:
