@@ -97,7 +97,6 @@ class DarknetDetector(nn.Module):
         super().__init__()
         if not network.yolo_heads:
             raise ValueError(f"{network.cfg.path}: the network has no [yolo] layer")
-        check_supported(network)
         self.network = network
         self.score_thresh = score_thresh
         self.nms_thresh = nms_thresh

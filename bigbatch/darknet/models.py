@@ -21,7 +21,7 @@ from bigbatch.registry import MODELS
 
 if TYPE_CHECKING:
     from bigbatch.config import ModelConfig, RunConfig
-    from bigbatch.darknet import DarknetNetwork
+    from bigbatch.darknet import DarknetCfg, DarknetNetwork
 
 NETWORK_PREFIX = "network."
 """Where the network's keys sit in the detector's state dict."""
@@ -42,7 +42,27 @@ def darknet_network(cfg_path: str | None, classes: int | None = None, size: int 
         from bigbatch.telemetry.capacity import check_built_fits
 
         check_built_fits(lambda: load_network(path, size, size, classes), key, f"the network of {cfg_path}")
-    return load_network(path, size, size, classes)
+    network = load_network(path, size, size, classes)
+    if torch.get_default_device().type != "meta":
+        warn_leniencies(network.cfg)
+    return network
+
+
+def warn_leniencies(cfg: DarknetCfg) -> None:
+    """Print, once per process (rank 0 under torchrun), each leniency taken in reading ``cfg`` (a key given
+    twice, an unknown key, a comment after a value), as ``warning: ...`` on stderr."""
+    import sys
+
+    if not cfg.warnings or (torch.distributed.is_initialized() and torch.distributed.get_rank() != 0):
+        return
+    if cfg.path in _WARNED:
+        return
+    _WARNED.add(cfg.path)
+    for line in cfg.warnings:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+_WARNED: set[Path] = set()
 
 
 def find_cfg(cfg_path: str) -> Path:
@@ -96,9 +116,11 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
 def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_size: int) -> nn.Module:
     """``MODELS``' builder for ``darknet``: the network of ``model.cfg`` at ``data.size`` for the dataset's
     classes, from ``model.weights`` when given, as a detector."""
-    from bigbatch.darknet.detector import DarknetDetector
+    from bigbatch.darknet.detector import DarknetDetector, check_supported
 
     network = darknet_network(cfg.cfg, num_classes, min_size)
+    if torch.get_default_device().type != "meta":  # a run (train, eval), not show's or the planner's count
+        check_supported(network)  # what the YOLO loss and decoder cannot do, said before any step
     if cfg.weights is not None:
         load_darknet_weights(network, cfg.weights)
     return DarknetDetector(network)
@@ -117,6 +139,9 @@ def describe_network(cfg_path: str, size: int) -> str:
     ignored = ignored_keys(network.cfg)
     if ignored:
         lines.append(f"keys Darknet uses and bigbatch ignores: {', '.join(ignored)}")
+    if network.cfg.warnings:
+        lines.append("read as Darknet reads it:")
+        lines += [f"  {line}" for line in network.cfg.warnings]
     return "\n".join(lines)
 
 

@@ -100,6 +100,8 @@ class DarknetNetwork(nn.Module):
         for i, (layer, sources) in enumerate(zip(self.layers, self._sources, strict=True)):
             if i in self._heads:
                 heads.append(x)
+                if every is None:  # a head's own output (Darknet's activated one) is read by no later layer
+                    continue
             x = layer(x, [kept[j] for j in sources]) if sources else layer(x)
             if i in self._kept:
                 kept[i] = x

@@ -1,6 +1,6 @@
-"""``[yolo]`` (yolo_layer.c): the raw input of a YOLO head, one of the network's outputs.
+"""``[yolo]`` (yolo_layer.c): a YOLO head; its raw input is one of the network's outputs.
 
-The network passes the layer's input through unchanged: the logistic on x, y, objectness and classes and the box
+The network returns the layer's input unchanged: the logistic on x, y, objectness and classes and the box
 decoding that forward_yolo_layer applies belong to the loss (``yolo_loss.py``) and the decoder
 (``detector.py``), which read the anchors, masks, classes and strides from ``DarknetNetwork.yolo_heads``. Its
 input must be ``len(mask) * (classes + 5)`` channels.
@@ -125,14 +125,24 @@ def shape(cfg: DarknetCfg, layer: Yolo, x: Shape, outputs: list[Shape]) -> Shape
 
 
 class YoloOutput(nn.Module):
-    """``[yolo]``: the identity; its input is one of the network's outputs."""
+    """``[yolo]``: Darknet's inference output (forward_yolo_layer, both forks): per anchor, the logistic on x, y,
+    objectness and classes (not with ``new_coords``, whose inputs are already activated), then
+    ``x, y = scale_x_y * x - (scale_x_y - 1) / 2`` (AlexeyAB; pjreddie's scale_x_y is 1). The network returns
+    this layer's input, raw, for the loss and the decoder; this output is what ``forward_layers`` shows."""
 
     def __init__(self, spec: Yolo) -> None:
         super().__init__()
         self.spec = spec
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+        n, _, h, w = x.shape
+        spec = self.spec
+        y = x.view(n, len(spec.mask), spec.classes + 5, h, w)
+        if not spec.new_coords:
+            y = torch.cat([y[:, :, :2].sigmoid(), y[:, :, 2:4], y[:, :, 4:].sigmoid()], dim=2)
+        if spec.scale_x_y != 1:
+            y = torch.cat([y[:, :, :2] * spec.scale_x_y - 0.5 * (spec.scale_x_y - 1), y[:, :, 2:]], dim=2)
+        return y.reshape(x.shape)
 
     def extra_repr(self) -> str:
         return f"mask={list(self.spec.mask)}, classes={self.spec.classes}"
