@@ -30,6 +30,7 @@ from torchvision.ops import batched_nms, box_convert, clip_boxes_to_image
 from bigbatch.darknet.cfg import Yolo
 from bigbatch.darknet.network import DarknetNetwork
 from bigbatch.darknet.yolo_loss import decode_boxes, yolo_loss
+from bigbatch.errors import UserError
 
 UNSUPPORTED = {
     "new_coords": "the scaled-YOLOv4 box coordinates",
@@ -41,7 +42,19 @@ UNSUPPORTED = {
 
 
 def check_supported(network: DarknetNetwork) -> None:
-    """A :class:`UserError` naming the cfg line of the first ``[yolo]`` key in :data:`UNSUPPORTED` that is set."""
+    """A :class:`UserError` when the network cannot be trained as a detector: it has no ``[yolo]`` layer (a backbone,
+    or YOLOv1/v2's ``[detection]``/``[region]`` heads, whose losses bigbatch does not implement), or it sets a
+    ``[yolo]`` key of :data:`UNSUPPORTED` (naming its line)."""
+    cfg = network.cfg
+    if not cfg.yolo_layers:
+        from bigbatch.darknet.spec import KINDS
+
+        heads = [layer for layer in cfg.layers if KINDS[layer.kind].head]
+        if heads:
+            raise cfg.error(heads[0], None, "bigbatch trains Darknet detectors through [yolo] layers; this head's "
+                                            "training loss is not implemented (show, export and forward work)")
+        raise UserError(f"{cfg.path}: the network has no [yolo] layer nor a classifier head: bigbatch cannot train "
+                        "it (show, export and forward work)")
     for spec in network.cfg.yolo_layers:
         for key, what in UNSUPPORTED.items():
             value = getattr(spec, key)
@@ -95,8 +108,6 @@ class DarknetDetector(nn.Module):
     def __init__(self, network: DarknetNetwork, score_thresh: float = 0.005, nms_thresh: float = 0.45,
                  detections_per_image: int = 100) -> None:
         super().__init__()
-        if not network.yolo_heads:
-            raise ValueError(f"{network.cfg.path}: the network has no [yolo] layer")
         self.network = network
         self.score_thresh = score_thresh
         self.nms_thresh = nms_thresh

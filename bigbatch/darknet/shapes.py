@@ -20,7 +20,8 @@ def layer_shapes(cfg: DarknetCfg, channels: int, height: int, width: int) -> lis
     previous = Shape(channels, height, width)
     for layer in cfg.layers:
         before = cfg.layers[layer.index - 1] if layer.index else None
-        if before is not None and KINDS[before.kind].head and not KINDS[layer.kind].reads_sources_only:
+        if before is not None and KINDS[before.kind].head and not (KINDS[layer.kind].reads_sources_only
+                                                                   or KINDS[layer.kind].may_follow_head):
             raise cfg.error(layer, None, f"reads the output of the [{before.section}] before it, which Darknet "
                                          "decodes; bigbatch's network returns a head's input raw (put a [route] in "
                                          "between)")

@@ -125,7 +125,8 @@ class LayerKind:
     - ``ignored``: keys Darknet reads that change nothing bigbatch builds; ``refused``: keys bigbatch does not
       implement, with the value that leaves them off;
     - ``head``: its input is one of the network's outputs (``[yolo]``, ``[region]``, a final ``[softmax]``...);
-    - ``reads_sources_only``: it ignores the previous layer's output (``[route]``), so it may follow a head.
+    - ``reads_sources_only``: it ignores the previous layer's output (``[route]``), so it may follow a head;
+    - ``may_follow_head``: it may read a head's output (``[cost]`` after ``[softmax]``).
     """
 
     kind: str
@@ -138,6 +139,7 @@ class LayerKind:
     refused: Mapping[str, str] = field(default_factory=dict)
     head: bool = False
     reads_sources_only: bool = False
+    may_follow_head: bool = False
 
 
 KINDS: dict[str, LayerKind] = {}

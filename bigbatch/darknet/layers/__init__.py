@@ -4,13 +4,19 @@ Importing this package registers every kind in ``spec.KINDS``. To add a kind: a 
 ``register_kind``, imported below.
 """
 
-from bigbatch.darknet.layers import conv, dropout, merge, pool, upsample, yolo
+from bigbatch.darknet.layers import classify, conv, crop, dense, dropout, merge, pool, upsample, yolo
+from bigbatch.darknet.layers.classify import AvgPool, Cost, Softmax
 from bigbatch.darknet.layers.conv import Convolutional
+from bigbatch.darknet.layers.crop import Crop
+from bigbatch.darknet.layers.dense import Connected, Local
 from bigbatch.darknet.layers.dropout import Dropout
 from bigbatch.darknet.layers.merge import Route, Shortcut
-from bigbatch.darknet.layers.pool import MaxPool
+from bigbatch.darknet.layers.pool import LocalAvgPool, MaxPool
 from bigbatch.darknet.layers.upsample import Upsample
 from bigbatch.darknet.layers.yolo import Yolo
 
-__all__ = ["Convolutional", "Dropout", "MaxPool", "Route", "Shortcut", "Upsample", "Yolo", "conv", "dropout",
-           "merge", "pool", "upsample", "yolo"]
+MODULES = (classify, conv, crop, dense, dropout, merge, pool, upsample, yolo)
+"""The modules that register the kinds."""
+
+__all__ = ["MODULES", "AvgPool", "Connected", "Convolutional", "Cost", "Crop", "Dropout", "Local", "LocalAvgPool",
+           "MaxPool", "Route", "Shortcut", "Softmax", "Upsample", "Yolo"]

@@ -1,7 +1,9 @@
-"""``[maxpool]`` (alias ``[max]``): the max over ``size x size`` windows (maxpool_layer.c).
+"""``[maxpool]`` (alias ``[max]``): the max over ``size x size`` windows, and AlexeyAB's ``[local_avgpool]`` (alias
+``[local_avg]``): the mean over each window of its cells inside the input (maxpool_layer.c).
 
 ``padding`` (default ``size - 1``) cells of padding in all, ``padding // 2`` left and top, the rest right and
-bottom; out-of-bounds cells never win (Darknet reads them as ``-FLT_MAX``). ``size`` defaults to ``stride``,
+bottom; out-of-bounds cells never win a max (Darknet reads them as ``-FLT_MAX``) and are not counted in a mean.
+``size`` defaults to ``stride``,
 ``stride_x``/``stride_y`` to ``stride``. Output size per axis: ``out = (in + padding - size) // stride + 1``.
 """
 
@@ -80,5 +82,47 @@ def row(spec: MaxPool, x: Shape, out: Shape, net: Shape) -> TableRow:
     return TableRow("max", "", f"{spec.size} x{spec.size:2d}/{strides(spec.stride_x, spec.stride_y):>2}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class LocalAvgPool(MaxPool):
+    kind = "local_avgpool"
+
+
+def parse_local_avgpool(s: SectionReader, common: dict[str, Any]) -> LocalAvgPool:
+    stride = s.integer("stride", 1, 1)
+    size = s.integer("size", stride, 1)
+    return LocalAvgPool(**common, size=size, stride_x=s.integer("stride_x", stride, 1),
+                        stride_y=s.integer("stride_y", stride, 1), padding=s.integer("padding", size - 1, 0))
+
+
+def window_padding(size: int, stride: tuple[int, int], p: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """(left, right, top, bottom) cells of padding: ``p // 2`` left and top, right and bottom as many as the
+    last window of ``out = (in + p - size) // stride + 1`` needs."""
+    sy, sx = stride
+    out_h, out_w = (h + p - size) // sy + 1, (w + p - size) // sx + 1
+    first = p // 2
+    return (first, max(0, (out_w - 1) * sx + size - w - first), first, max(0, (out_h - 1) * sy + size - h - first))
+
+
+class DarknetLocalAvgPool(DarknetMaxPool):
+    """``[local_avgpool]``: the sum over the window's cells inside the input, divided by their number."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pads = window_padding(self.size, self.stride, self.padding, *x.shape[-2:])
+        ones = torch.ones_like(x[:1, :1])
+        total = F.avg_pool2d(F.pad(x, pads), self.size, self.stride, divisor_override=1)
+        count = F.avg_pool2d(F.pad(ones, pads), self.size, self.stride, divisor_override=1)
+        return total / count
+
+
+def build_local_avgpool(spec: LocalAvgPool, x: Shape, outputs: list[Shape]) -> DarknetLocalAvgPool:
+    return DarknetLocalAvgPool(spec)
+
+
+def local_avgpool_row(spec: LocalAvgPool, x: Shape, out: Shape, net: Shape) -> TableRow:
+    return TableRow("avg", "", f"{spec.size} x{spec.size:2d}/{strides(spec.stride_x, spec.stride_y):>2}")
+
+
+register_kind(LayerKind("local_avgpool", ("local_avgpool", "local_avg"), parse_local_avgpool, shape,
+                        build_local_avgpool, local_avgpool_row))
 register_kind(LayerKind("maxpool", ("maxpool", "max"), parse, shape, build, row,
                         ignored=frozenset({"out_channels"}), refused=REFUSED))
