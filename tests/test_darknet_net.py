@@ -597,7 +597,7 @@ YOLO = ("\n[convolutional]\nfilters=14\nsize=1\nactivation=linear\n"
 
 
 @pytest.mark.parametrize("body, marker, start", [
-    (CONV + "\n[reorg3d]\nstride=2\n", "[reorg3d]", "[reorg3d]: a Darknet layer bigbatch does not build"),
+    (CONV + "\n[lstm]\noutput=4\n", "[lstm]", "[lstm]: a recurrent layer, which bigbatch does not build"),
     (CONV + "\n[foo]\n", "[foo]", "[foo]: unknown section"),
     (CONV.replace("size=3", "size=3x"), "size=3x", "[convolutional] size: expected an integer >= 1"),
     (CONV.replace("size=3", "size=0"), "size=0", "[convolutional] size: expected an integer >= 1"),
@@ -612,11 +612,9 @@ YOLO = ("\n[convolutional]\nfilters=14\nsize=1\nactivation=linear\n"
     (CONV + "\n[shortcut]\nfrom=-5\n", "from=-5", "[shortcut] from: -5 is layer -4"),
     (CONV + "\n[shortcut]\nfrom=-1\nweights_type=per_channel\n", "weights_type",
      "[shortcut] weights_type: 'per_channel' is not supported"),
-    (CONV + CONV.replace("filters=4", "filters=6") + "\n[shortcut]\nfrom=-2\n", "from=-2",
-     "[shortcut] from: layer 0 is"),
+    (CONV + "\n[maxpool]\nsize=3\nstride=1\npadding=0\n" + "\n[shortcut]\nfrom=-2\n", "from=-2",
+     "[shortcut] from: layer 0 is    8 x   8 x    4, the previous layer    6 x   6 x    4: Darknet adds"),
     (CONV.replace("filters=4", "filters=6\ngroups=4"), "groups=4", "[convolutional] groups: 4 does not divide"),
-    (YOLO.replace("mask=0,1", "mask=0,2"), "mask=0,2", "[yolo] mask: index 2 is not below num=2"),
-    (YOLO.replace("anchors=1,2, 3,4", "anchors=1,2, 3"), "anchors=1,2, 3", "[yolo] anchors: 3 numbers, expected 4"),
     (YOLO.replace("anchors=1,2, 3,4", "anchors=1,2, 3,-4"), "anchors=1,2, 3,-4", "[yolo] anchors: expected a number"),
     (YOLO.replace("classes=2", "classes=3"), "[yolo]", "[yolo]: its input has 14 channels"),
     (YOLO.replace("num=2", "num=2\niou_loss=l1"), "iou_loss=l1", "[yolo] iou_loss: expected one of mse, iou, giou"),
@@ -707,6 +705,13 @@ truth_thresh=1"""
     ("\nmax_epochs=8\n" + CONV, 7, "[net] max_epochs: unknown key, not used"),
     ("\nheight=16\n" + CONV, 4, "[net] height: given twice (also line 7)"),
     (CONV.replace("filters=4", "filters=4 ###P6"), 8, "filters: the comment after the value (###P6) is ignored"),
+    (CONV + YOLO.replace("anchors=1,2, 3,4", "anchors=1,2, 3"), 20, "[yolo] anchors: 3 numbers, 4 expected (num=2); "
+                                                                    "the last 1 are Darknet's default, 0.5"),
+    (CONV + YOLO.replace("anchors=1,2, 3,4", "anchors=1,2, 3,4, 5,6"), 20, "[yolo] anchors: 6 numbers; Darknet reads "
+                                                                           "the first 4"),
+    (CONV + YOLO.replace("anchors=1,2, 3,4", "anchors=1,2  3,4"), 20, "[yolo] anchors: '2  3' read as 2"),
+    (CONV + YOLO.replace("mask=0,1", "mask=0,2"), 19, "[yolo] mask: index 2 is not below num=2: Darknet reads an "
+                                                      "undefined anchor"),
 ])
 def test_darknet_leniencies_are_warnings_and_read_as_darknet_reads(tmp_path, body, line, message):
     """What Darknet reads with a warning (or silently), bigbatch reads the same way and says once."""

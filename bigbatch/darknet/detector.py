@@ -56,6 +56,8 @@ def check_supported(network: DarknetNetwork) -> None:
         raise UserError(f"{cfg.path}: the network has no [yolo] layer nor a classifier head: bigbatch cannot train "
                         "it (show, export and forward work)")
     for spec in network.cfg.yolo_layers:
+        if any(m >= spec.num for m in spec.mask):
+            raise cfg.error(spec, "mask", f"index {max(spec.mask)} is not below num={spec.num}: no anchor to train")
         for key, what in UNSUPPORTED.items():
             value = getattr(spec, key)
             if value not in (0, None):

@@ -74,6 +74,9 @@ class DarknetNetwork(nn.Module):
         outputs = [out for _, out in self.shapes]
         self.layers = nn.ModuleList(KINDS[spec.kind].build(spec, x, outputs[:spec.index])
                                     for spec, (x, _) in zip(cfg.layers, self.shapes, strict=True))
+        for layer in self.layers:
+            if hasattr(layer, "link"):  # layers that use another's parameters (share_index)
+                layer.link(self.layers)
         self.yolo_heads = [
             YoloHead(spec.index, n, spec.masked_anchors, spec.mask, spec.classes,
                      (self.shapes[spec.index][1].height, self.shapes[spec.index][1].width),

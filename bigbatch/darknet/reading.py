@@ -11,6 +11,7 @@ read ``"3x"`` as 3 and ``""`` as 0); an unknown activation is an error (Darknet 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -25,6 +26,10 @@ LAYER_KEYS_IGNORED = frozenset({
 
 LAYER_KEYS_REFUSED = frozenset({"dontload", "dontloadscales"})
 """Keys of every layer that change how ``.weights`` are read when non-zero."""
+
+
+LEADING_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+"""The longest prefix of an item that C's ``atof`` reads as a number."""
 
 
 class SectionReader:
@@ -115,6 +120,33 @@ class SectionReader:
     def numbers(self, key: str, above: float | None = None) -> list[float] | None:
         items = self.items(key)
         return None if items is None else [self._number(key, item, None, None, above) for item in items]
+
+    def anchors(self, num: int) -> list[float]:
+        """``anchors``: ``2 * num`` positive numbers, read as Darknet's parse_yolo reads them, which bigbatch follows
+        with a warning: only the first ``2 * num`` items count, missing ones are 0.5 (make_yolo_layer's), and an item
+        is read up to its first character that is not part of a number (``atof``: ``"45    61"`` is 45)."""
+        items = self.items("anchors")
+        if items is None:
+            raise self.error("anchors", f"missing: expected {2 * num} numbers, w,h for each of num={num} anchors")
+        if len(items) > 2 * num:
+            self.warn("anchors", f"{len(items)} numbers; Darknet reads the first {2 * num} (num={num}), and so does "
+                                 "bigbatch")
+            items = items[:2 * num]
+        missing = 2 * num - len(items)
+        if missing > 0:
+            self.warn("anchors", f"{len(items)} numbers, {2 * num} expected (num={num}); the last {missing} are "
+                                 "Darknet's default, 0.5, as make_yolo_layer leaves them")
+        values = []
+        for item in items:
+            if parse_number(item, float) is None:
+                match = LEADING_NUMBER.match(item)
+                if match is None:
+                    raise self.error("anchors", f"expected a number > 0, not {item!r}")
+                self.warn("anchors", f"{item!r} read as {match.group(0)}, as Darknet's atof reads it (a comma "
+                                     "missing?)")
+                item = match.group(0)
+            values.append(self._number("anchors", item, None, None, 0))
+        return values + [0.5] * max(0, missing)
 
     def activation(self, default: str) -> str:
         return self.choice("activation", default, ACTIVATIONS)

@@ -4,7 +4,20 @@ Importing this package registers every kind in ``spec.KINDS``. To add a kind: a 
 ``register_kind``, imported below.
 """
 
-from bigbatch.darknet.layers import classify, conv, crop, dense, dropout, merge, pool, upsample, yolo
+from bigbatch.darknet.layers import (
+    attention,
+    classify,
+    conv,
+    crop,
+    dense,
+    dropout,
+    heads,
+    merge,
+    pool,
+    reorg,
+    upsample,
+    yolo,
+)
 from bigbatch.darknet.layers.classify import AvgPool, Cost, Softmax
 from bigbatch.darknet.layers.conv import Convolutional
 from bigbatch.darknet.layers.crop import Crop
@@ -15,7 +28,7 @@ from bigbatch.darknet.layers.pool import LocalAvgPool, MaxPool
 from bigbatch.darknet.layers.upsample import Upsample
 from bigbatch.darknet.layers.yolo import Yolo
 
-MODULES = (classify, conv, crop, dense, dropout, merge, pool, upsample, yolo)
+MODULES = (attention, classify, conv, crop, dense, dropout, heads, merge, pool, reorg, upsample, yolo)
 """The modules that register the kinds."""
 
 __all__ = ["MODULES", "AvgPool", "Connected", "Convolutional", "Cost", "Crop", "Dropout", "Local", "LocalAvgPool",

@@ -16,7 +16,8 @@ A dilated convolution runs in Darknet with ``padding * dilation`` cells of paddi
 ``2 * padding == size - 1``, which bigbatch requires of a dilated convolution.
 
 In a ``.weights`` file (save_convolutional_weights): biases (the BN shift), then with BN scales, rolling mean,
-rolling variance, then the weights (OIHW).
+rolling variance, then the weights (OIHW). A layer with AlexeyAB's ``share_index`` uses another convolution's
+weights, biases and BN (its dilation and stride may differ) and saves nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class Convolutional(LayerSpec):
     dilation: int = 1
     batch_normalize: bool = False
     activation: str = "logistic"
+    share_index: int | None = None
+    """AlexeyAB's ``share_index``: the layer whose weights, biases and BN (scales and rolling statistics) this one
+    uses; it saves none of its own in a ``.weights`` file."""
 
 
 REFUSED = {"binary": "0", "xnor": "0", "bin_output": "0", "sway": "0", "rotate": "0", "stretch": "0",
@@ -60,9 +64,7 @@ REFUSED = {"binary": "0", "xnor": "0", "bin_output": "0", "sway": "0", "rotate":
 
 def parse(s: SectionReader, common: dict[str, Any]) -> Convolutional:
     s.refuse(REFUSED)
-    if s.has("share_index"):
-        s.read.add("share_index")
-        raise s.error("share_index", "shared weights are not supported by bigbatch")
+    share = s.integer("share_index", -1000000000)  # parser.c: absent is -1000000000; i < 0 means index + i
     size = s.integer("size", 1, 1)
     stride = s.integer("stride", 1, 1)
     pad = s.integer("pad", 0, 0)
@@ -79,6 +81,7 @@ def parse(s: SectionReader, common: dict[str, Any]) -> Convolutional:
         dilation=1 if size == 1 else dilation,  # parser.c: if (size == 1) dilation = 1;
         batch_normalize=s.flag("batch_normalize"),
         activation=s.activation("logistic"),  # Darknet's default for a convolution
+        share_index=None if share == -1000000000 else s.layer_index(share, "share_index"),
     )
 
 
@@ -91,6 +94,14 @@ def window_out(cfg: DarknetCfg, layer: LayerSpec, size_in: int, span: int, strid
 
 
 def shape(cfg: DarknetCfg, layer: Convolutional, x: Shape, outputs: list[Shape]) -> Shape:
+    if layer.share_index is not None:
+        owner = cfg.layers[layer.share_index]
+        owner_in = outputs[owner.index - 1].channels if owner.index else None
+        if not isinstance(owner, Convolutional) or owner.share_index is not None or (
+                owner.filters, owner.size, owner.groups, owner.batch_normalize, owner_in) != (
+                layer.filters, layer.size, layer.groups, layer.batch_normalize, x.channels):
+            raise cfg.error(layer, "share_index", f"layer {layer.share_index} is not a [convolutional] of the same "
+                                                  "filters, size, groups, batch_normalize and input channels")
     if x.channels % layer.groups or layer.filters % layer.groups:
         raise cfg.error(layer, "groups", f"{layer.groups} does not divide both the input channels "
                                          f"({x.channels}) and filters ({layer.filters})")
@@ -119,14 +130,24 @@ class ConvBlock(nn.Module):
             if self.conv.bias is not None:
                 self.conv.bias.zero_()
 
+        self.share_index = spec.share_index
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
         if self.bn is not None:
             x = self.bn(x)
         return self.act(x)
 
+    def link(self, layers: nn.ModuleList) -> None:
+        """With ``share_index``: use that layer's weight, bias and BN module (one set of parameters)."""
+        if self.share_index is not None:
+            owner = layers[self.share_index]
+            self.conv.weight, self.conv.bias, self.bn = owner.conv.weight, owner.conv.bias, owner.bn
+
     def darknet_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """The tensors of the layer in a ``.weights`` file, in order, by Darknet's names."""
+        """The tensors of the layer in a ``.weights`` file, in order, by Darknet's names (none when shared)."""
+        if self.share_index is not None:
+            return []
         if self.bn is not None:
             return [("biases", self.bn.bias), ("scales", self.bn.weight), ("rolling_mean", self.bn.running_mean),
                     ("rolling_variance", self.bn.running_var), ("weights", self.conv.weight)]

@@ -4,7 +4,11 @@
   ``groups`` equal channel chunks of each. The sources share one height and width;
   ``channels = sum(c_i) / groups``.
 - ``[shortcut]``: ``activation(alpha * previous + beta * sum(outputs of from))`` (``alpha``, ``beta`` are
-  pjreddie's, default 1); the output has the previous layer's shape.
+  pjreddie's, default 1); the output has the previous layer's shape. A source of other channels (same height and
+  width) adds to the first ``min(c_source, c)`` channels (AlexeyAB's shortcut_multilayer_cpu adds the flat prefix,
+  pjreddie's shortcut_cpu the common channels: the same at one height and width). A source ``s`` times larger is
+  read every ``s`` cells, one ``s`` times smaller added every ``s`` cells (pjreddie's shortcut_cpu: its ResNets;
+  AlexeyAB's Darknet crashes on those cfgs).
 
 A relative (negative) index ``i`` in ``layers``/``from`` means layer ``index + i``.
 """
@@ -16,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from bigbatch.darknet.activations import activation
 from bigbatch.darknet.reading import SectionReader
@@ -65,10 +70,42 @@ def parse_shortcut(s: SectionReader, common: dict[str, Any]) -> Shortcut:
 def shortcut_shape(cfg: DarknetCfg, layer: Shortcut, x: Shape, outputs: list[Shape]) -> Shape:
     check_sources(cfg, layer, "from")
     for source in layer.sources:
-        if outputs[source] != x:
-            raise cfg.error(layer, "from", f"layer {source} is {outputs[source]}, the previous layer {x}: bigbatch "
-                                           "adds only outputs of the same shape")
+        shape = outputs[source]
+        if sampling(shape, x) is None:
+            raise cfg.error(layer, "from", f"layer {source} is {shape}, the previous layer {x}: Darknet adds a source "
+                                           "of an integer multiple or fraction of the size, the same in both axes")
     return x
+
+
+def sampling(source: Shape, x: Shape) -> tuple[int, int] | None:
+    """pjreddie's shortcut_cpu: (stride, sample), the source read every ``stride`` cells and added every ``sample``
+    cells of the output; None when the sizes are not so related."""
+    if (source.height, source.width) == (x.height, x.width):
+        return 1, 1
+    if source.width >= x.width and source.width % x.width == 0 and source.height == x.height * (
+            source.width // x.width):
+        return source.width // x.width, 1
+    if x.width % source.width == 0 and x.height == source.height * (x.width // source.width):
+        return 1, x.width // source.width
+    return None
+
+
+def fitted(source: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``source`` as shortcut_cpu adds it to ``like``: the common channels, read every ``stride`` cells or written
+    every ``sample`` cells (zero elsewhere)."""
+    (n, c, h, w), (sc, sh, sw) = like.shape, source.shape[1:]
+    common = min(c, sc)
+    if (sh, sw) == (h, w):
+        if sc == c:
+            return source
+        return source[:, :c] if sc > c else F.pad(source, (0, 0, 0, 0, 0, c - sc))
+    if sw > w:
+        stride = sw // w
+        return F.pad(source[:, :common, ::stride, ::stride], (0, 0, 0, 0, 0, c - common))
+    sample = w // sw
+    out = like.new_zeros(n, c, h, w)
+    out[:, :common, ::sample, ::sample] = source[:, :common]
+    return out
 
 
 class DarknetShortcut(nn.Module):
@@ -80,8 +117,9 @@ class DarknetShortcut(nn.Module):
         self.act = activation(spec.activation)
 
     def forward(self, x: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
-        added = sources[0]
-        for other in sources[1:]:
+        common = [fitted(source, x) for source in sources]
+        added = common[0]
+        for other in common[1:]:
             added = added + other
         if self.alpha != 1:
             x = self.alpha * x

@@ -55,8 +55,9 @@ class Yolo(LayerSpec):
 
     @property
     def masked_anchors(self) -> tuple[tuple[float, float], ...]:
-        """The (w, h) anchors this layer predicts, in mask order."""
-        return tuple(self.anchors[m] for m in self.mask)
+        """The (w, h) anchors this layer predicts, in mask order (NaN for a mask index past the anchors)."""
+        nan = float("nan")
+        return tuple(self.anchors[m] if m < len(self.anchors) else (nan, nan) for m in self.mask)
 
     @property
     def filters(self) -> int:
@@ -75,13 +76,10 @@ def parse(s: SectionReader, common: dict[str, Any]) -> Yolo:
     mask = s.integers("mask", 0)
     if mask is None:
         mask = list(range(num))  # make_yolo_layer: without a mask, every anchor
-    elif any(m >= num for m in mask):
-        raise s.error("mask", f"index {max(mask)} is not below num={num}")
-    anchors = s.numbers("anchors", above=0)
-    if anchors is None:
-        raise s.error("anchors", f"missing: expected {2 * num} numbers, w,h for each of num={num} anchors")
-    if len(anchors) != 2 * num:
-        raise s.error("anchors", f"{len(anchors)} numbers, expected {2 * num} (w,h for each of num={num} anchors)")
+    elif any(m >= num for m in mask):  # Darknet reads past its anchors: built, not trained
+        s.warn("mask", f"index {max(mask)} is not below num={num}: Darknet reads an undefined anchor; bigbatch builds "
+                       "the network, and refuses to train it")
+    anchors = s.anchors(num)
     counters = s.integers("counters_per_class", 0)
     if counters is not None and len(counters) != classes:
         raise s.error("counters_per_class", f"{len(counters)} numbers, expected one per class (classes={classes})")
