@@ -35,6 +35,18 @@ REFUSED_SECTIONS = ("[rnn]", "[gru]", "[lstm]", "[crnn]", "[conv_lstm]")
 """Recurrent layers: refused by design, as binary (xnor) convolutions are."""
 
 
+UNDECODED_HEADS = ("region", "Gaussian_yolo", "contrastive")
+"""Heads whose own output is Darknet's decoding (region: logistic and softmax, laid out differently by each fork),
+which bigbatch does not implement: the network returns their input, which is compared (the layer before)."""
+
+CPU_DARKNET_DIFFERS = {
+    ("alexeyab", "efficientnet-lite3.cfg"):
+        "relu6: AlexeyAB's CPU activate() has no RELU6 case and returns 0; its CUDA kernel, which people train with, "
+        "and bigbatch compute min(max(x, 0), 6)",
+}
+"""Cfgs whose outputs Darknet's CPU build computes wrongly: their bytes and shapes are compared, not their values."""
+
+
 def refused_by_design(text: str) -> bool:
     lines = {line.split("#")[0].replace(" ", "") for line in text.splitlines()}
     return any(section in lines for section in REFUSED_SECTIONS) or "xnor=1" in lines
@@ -117,6 +129,10 @@ def test_a_stock_cfg_darknet_builds_is_built_with_its_bytes_and_outputs(entry):
     network = DarknetNetwork(read_darknet_cfg(path), entry["width"], entry["height"]).eval()
     assert weights_size(network) == entry["weights_bytes"]
     assert len(network.layers) == len(entry["layers"])
+    shapes = [(out.channels * out.height * out.width) for _, out in network.shapes]
+    assert shapes == [layer["outputs"] for layer in entry["layers"]]
+    if (entry["fork"], entry["cfg"]) in CPU_DARKNET_DIFFERS:
+        return
     fill_as_the_oracle(network)
     with torch.no_grad():
         outputs = network.forward_layers(oracle_input(network.input_shape.channels, network.input_shape.height,
@@ -126,6 +142,8 @@ def test_a_stock_cfg_darknet_builds_is_built_with_its_bytes_and_outputs(entry):
         assert output.numel() == expected["outputs"], where
         if expected["type"] == "cost" and expected["max_abs"] == 0:
             continue  # AlexeyAB's [cost] output is its per-element loss, zero without a truth; the network skips it
+        if network.cfg.layers[index].kind in UNDECODED_HEADS:
+            continue
         values = output.detach().double().flatten()
         scale = max(expected["std"], abs(expected["mean"]), 1e-3)
         positions = [j * (values.numel() - 1) // 7 for j in range(8)]
