@@ -37,7 +37,8 @@ from bigbatch.darknet.text import KeyedSection, read_cfg_sections
 from bigbatch.errors import UserError
 
 __all__ = ["Convolutional", "DarknetCfg", "Dropout", "LayerSpec", "MaxPool", "NetInput", "Route", "Shortcut",
-           "Upsample", "Yolo", "ignored_keys", "read_darknet_cfg", "with_classes"]
+           "Upsample", "Yolo", "classifier_head", "ignored_keys", "read_darknet_cfg", "with_classes",
+           "with_head_classes"]
 
 
 def ignored_keys(cfg: DarknetCfg) -> list[str]:
@@ -141,11 +142,47 @@ def read_darknet_cfg(path: str | Path) -> DarknetCfg:
     return DarknetCfg(path, net, tuple(layers), tuple(dict.fromkeys(ignored)), tuple(dict.fromkeys(warnings)))
 
 
+def classifier_head(cfg: DarknetCfg) -> LayerSpec | None:
+    """The ``[softmax]`` a classifier ends in (only ``[cost]`` layers after it), else None."""
+    for layer in reversed(cfg.layers):
+        if layer.kind == "softmax":
+            return layer
+        if layer.kind != "cost":
+            return None
+    return None
+
+
+def with_head_classes(cfg: DarknetCfg, classes: int) -> DarknetCfg:
+    """A classifier ``cfg`` for ``classes`` classes: the last ``[convolutional]`` (``filters``) or ``[connected]``
+    (``output``) before its ``[softmax]`` gives ``classes`` outputs, as one edits a cfg for a new dataset."""
+    head = classifier_head(cfg)
+    if head is None:
+        raise UserError(f"{cfg.path}: the network does not end in a [softmax]: not a classifier")
+    if getattr(head, "tree_groups", ()):
+        raise cfg.error(head, "tree", "a WordTree head cannot follow a new number of classes; remove tree= to train "
+                                      "on another dataset")
+    last = next((layer for layer in reversed(cfg.layers[:head.index]) if layer.kind in ("convolutional", "connected")),
+                None)
+    if last is None:
+        raise cfg.error(head, None, "no [convolutional] or [connected] before it to give the dataset's classes")
+    key = "filters" if last.kind == "convolutional" else "output"
+    if getattr(last, key) == classes:
+        return cfg
+    if getattr(last, "groups", 1) > 1 and classes % last.groups:
+        raise cfg.error(last, "groups", f"{last.groups} groups do not divide {classes} classes")
+    layers = list(cfg.layers)
+    layers[last.index] = replace(last, **{key: classes})
+    return replace(cfg, layers=tuple(layers))
+
+
 def with_classes(cfg: DarknetCfg, classes: int) -> DarknetCfg:
     """``cfg`` for ``classes`` classes: each ``[yolo]`` gets ``classes``, and the convolution before it
-    ``filters = len(mask) * (classes + 5)``. Each ``[yolo]`` must follow a ``[convolutional]``."""
+    ``filters = len(mask) * (classes + 5)``. Each ``[yolo]`` must follow a ``[convolutional]``. A classifier (no
+    ``[yolo]``, a final ``[softmax]``): :func:`with_head_classes`."""
     if classes < 1:
         raise UserError(f"classes: expected an integer >= 1, not {classes}")
+    if not cfg.yolo_layers and classifier_head(cfg) is not None:
+        return with_head_classes(cfg, classes)
     layers = list(cfg.layers)
     for yolo in cfg.yolo_layers:
         before = layers[yolo.index - 1] if yolo.index else None

@@ -10,6 +10,7 @@ layer table (:func:`describe_darknet`, the entry's ``describe``).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from bigbatch.darknet import DarknetCfg, DarknetNetwork
 
 NETWORK_PREFIX = "network."
+DARKNET_PARTIAL = re.compile(r"\.conv\.\d+$")
+"""A backbone file ``darknet partial`` writes (``darknet53.conv.74``): Darknet weights, whatever the suffix."""
 """Where the network's keys sit in the detector's state dict."""
 
 
@@ -92,15 +95,24 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
     """Load ``path`` into ``network``: a Darknet ``.weights`` file, or a state dict / bigbatch checkpoint holding
     this network's weights; -> images seen (the ``.weights`` header's ``seen``; 0 for a state dict). A missing or
     non-matching file is one ``UserError`` naming ``key``."""
-    from bigbatch.darknet import read_weights
+    from bigbatch.darknet.weights import named_weight_tensors, read_weights_upto
     from bigbatch.engine.checkpoint import load_tensors, mismatch_detail
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{key}: {path} does not exist (expected a Darknet .weights file, a state dict or a "
                         "bigbatch checkpoint)")
-    if path.suffix == ".weights":
-        return read_weights(network, path)
+    if path.suffix == ".weights" or DARKNET_PARTIAL.search(path.name):
+        seen, layers = read_weights_upto(network, path)
+        if layers < len(network.layers) and torch.get_default_device().type != "meta":
+            import sys
+
+            with_weights = {index for index, _, _ in named_weight_tensors(network)}
+            loaded = len([i for i in with_weights if i < layers])
+            print(f"{key}: {path} holds the first {layers} of {len(network.layers)} layers: loaded the weights of "
+                  f"{loaded} of {len(with_weights)} layers with weights (as Darknet's load_weights_upto)",
+                  file=sys.stderr, flush=True)
+        return seen
     state = load_tensors(path, key)
     if not isinstance(state, dict):
         raise UserError(f"{key}: {path} holds no state dict (a dict of tensors)")
@@ -126,6 +138,33 @@ def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_s
     return DarknetDetector(network)
 
 
+class DarknetClassifier(nn.Module):
+    """A Darknet classifier network: the logits are the input of its final ``[softmax]``, flattened."""
+
+    def __init__(self, network: DarknetNetwork) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.network(images)[-1].flatten(1)
+
+
+def darknet_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3, size: int | None = None
+                       ) -> nn.Module:
+    """``MODELS``' builder for ``darknet_classifier``: the network of ``model.cfg`` at ``data.size``, its last layer
+    giving the dataset's classes (``cfg.with_head_classes``), from ``model.weights`` when given (a whole
+    ``.weights`` file, a ``.conv.N`` backbone, a state dict or a checkpoint)."""
+    network = darknet_network(cfg.cfg, num_classes, size)
+    from bigbatch.darknet.cfg import classifier_head
+
+    if classifier_head(network.cfg) is None:
+        raise UserError(f"model.cfg: {network.cfg.path}: the network does not end in a [softmax]; "
+                        "model.name darknet_classifier trains Darknet classifiers")
+    if cfg.weights is not None:
+        load_darknet_weights(network, cfg.weights)
+    return DarknetClassifier(network)
+
+
 def describe_network(cfg_path: str, size: int) -> str:
     """``bigbatch show``'s part for a Darknet network: the cfg's layer table at ``size`` (as Darknet lists its layers
     when it loads a cfg) with the parameter count, and the keys bigbatch does not use. Built on the meta device: no
@@ -134,8 +173,9 @@ def describe_network(cfg_path: str, size: int) -> str:
 
     with torch.device("meta"):
         network = darknet_network(cfg_path, None, size)
-    lines = [f"network of {network.cfg.path} ({size} x {size} input; the run gives each [yolo] layer the dataset's "
-             f"classes):", layer_table(network)]
+    gives = ("each [yolo] layer" if network.cfg.yolo_layers else "the last layer before the [softmax]")
+    lines = [f"network of {network.cfg.path} ({size} x {size} input; the run gives {gives} the dataset's classes):",
+             layer_table(network)]
     ignored = ignored_keys(network.cfg)
     if ignored:
         lines.append(f"keys Darknet uses and bigbatch ignores: {', '.join(ignored)}")
@@ -153,4 +193,6 @@ def describe_darknet(cfg: RunConfig) -> str:
 
 # min_input_size: one cell of the deepest stride of YOLO networks (32)
 MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True, min_input_size=32,
+                describe=describe_darknet, fields={"cfg": (str | None, None)})
+MODELS.register("darknet_classifier", darknet_classifier, task="classification", reads_weights=True,
                 describe=describe_darknet, fields={"cfg": (str | None, None)})

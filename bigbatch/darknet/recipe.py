@@ -98,17 +98,21 @@ def darknet_config(path: Path) -> dict[str, Any]:
     range). Darknet's augmentation as the cfg asks: the last ``[yolo]`` layer's ``jitter``, ``[net]`` ``hue``,
     ``saturation``, ``exposure`` and ``flip``. The data default to bigbatch's generated shapes set;
     ``--set data.name=yolo data.path=obj.data`` trains on a Darknet dataset. Evaluation reports mAP@0.5, as
-    Darknet's ``map``."""
+    Darknet's ``map``.
+
+    A classifier (a network ending in ``[softmax]``, without ``[yolo]``) becomes a classification run:
+    ``model.name: darknet_classifier``, an image folder (``--set data.path=DIR``; or ``data.name=shards``) with
+    Darknet's classifier augmentation from ``[net]`` (``data.preprocessing: darknet``, :func:`classifier_augment`).
+    Any other network (a backbone, YOLOv1/v2 heads) is a detection config that ``show`` and ``export`` use and a run
+    refuses with one line."""
     import os
 
-    from bigbatch.darknet.cfg import read_darknet_cfg
+    from bigbatch.darknet.cfg import classifier_head, read_darknet_cfg
     from bigbatch.darknet.shapes import layer_shapes
 
     recipe = net_recipe(path)
     cfg = read_darknet_cfg(path)
     net = cfg.net
-    if not cfg.yolo_layers:
-        raise UserError(f"config: {path}: the network has no [yolo] layer; bigbatch trains Darknet detectors")
     for key in ("width", "height"):
         if not getattr(net, key):
             raise UserError(f"config: {path}:{net.line}: [net] {key}: missing; expected the input size")
@@ -116,6 +120,16 @@ def darknet_config(path: Path) -> dict[str, Any]:
         raise UserError(f"config: {path}:{net.lines.get('height', net.line)}: [net] height: {net.height} differs from "
                         f"width {net.width}; bigbatch trains square inputs")
     layer_shapes(cfg, net.channels or 3, net.height, net.width)  # every layer fits its input: checked before any work
+    recipe["optim"]["no_decay_norm_bias"] = True  # Darknet decays the convolution weights, not biases or BN scales
+    if not cfg.yolo_layers and classifier_head(cfg) is not None:
+        recipe.update(task="classification", model={"name": "darknet_classifier", "cfg": os.path.abspath(path)},
+                      data={"name": "folder", "size": net.width, "preprocessing": "darknet",
+                            "darknet": classifier_augment(path, net)})
+        return recipe
+    if not cfg.yolo_layers:  # a backbone, or YOLOv1/v2: shown and exported; a run says why it cannot train
+        recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)},
+                      data={"name": "shapes", "size": net.width, "resize": "letterbox"}, eval={"metric": "mAP50"})
+        return recipe
     last = cfg.yolo_layers[-1]  # Darknet reads jitter and random from its last detection layer
     data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox", "jitter": last.jitter,
                             "hue": net.hue, "saturation": max(net.saturation, 1 / net.saturation),
@@ -123,10 +137,25 @@ def darknet_config(path: Path) -> dict[str, Any]:
     random = last.random
     if random:
         data["multiscale"] = {"sizes": "auto", "range": 1.4 if random == 1 else random}
-    recipe["optim"]["no_decay_norm_bias"] = True  # Darknet decays the convolution weights, not biases or BN scales
     recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)}, data=data,
                   eval={"metric": "mAP50"})
     return recipe
+
+
+def classifier_augment(path: Path, net: Any) -> dict[str, Any]:
+    """``data.darknet`` from a classifier's ``[net]``, with ``parse_net_options``' defaults: ``min_crop`` (w) and
+    ``max_crop`` (2 w) as fractions of the width, ``aspect``, ``angle``, ``hue``, ``saturation``, ``exposure``,
+    ``flip``."""
+
+    def get(key: str, default: float) -> float:
+        value = net.options.get(key)
+        return default if value is None else float(_number(path, net.lines.get(key, net.line), key, value, float))
+
+    width = float(net.width)
+    return {"min_crop": get("min_crop", width) / width, "max_crop": get("max_crop", 2 * width) / width,
+            "aspect": max(get("aspect", 1.0), 1 / get("aspect", 1.0)), "angle": get("angle", 0.0), "hue": net.hue,
+            "saturation": max(net.saturation, 1 / net.saturation), "exposure": max(net.exposure, 1 / net.exposure),
+            "flip": net.flip}
 
 
 CONFIG_FORMATS.register(".cfg", darknet_config)

@@ -56,11 +56,19 @@ def weights_size(network: DarknetNetwork) -> int:
     return HEADER_BYTES + 4 * sum(t.numel() for t in weight_tensors(network))
 
 
-def _wrong_size(path: Path, network: DarknetNetwork, header: int, size: int) -> UserError:
+def _wrong_size(path: Path, network: DarknetNetwork, header: int, size: int,
+                boundaries: dict[int, int] | None = None) -> UserError:
     values = sum(t.numel() for t in weight_tensors(network))
     expected = header + 4 * values
+    nearest = ""
+    if boundaries:
+        sizes = sorted(header + 4 * n for n in boundaries if n)
+        below = [b for b in sizes if b < size][-1:]
+        above = [b for b in sizes if b > size][:1]
+        near = ", ".join(f"{b:,} (the first {boundaries[(b - header) // 4]} layers)" for b in below + above)
+        nearest = f"; a file of the first layers only would be one of the layer boundaries, nearest: {near}"
     return UserError(f"{path}: expected {expected:,} bytes for {network.cfg.path} ({header}-byte header + "
-                     f"{values:,} float32 values), got {size:,} bytes")
+                     f"{values:,} float32 values), got {size:,} bytes{nearest}")
 
 
 def header_bytes(major: int, minor: int) -> int:
@@ -70,13 +78,35 @@ def header_bytes(major: int, minor: int) -> int:
     return HEADER_BYTES if major * 10 + minor >= 2 and major < 1000 and minor < 1000 else 16
 
 
+def layer_boundaries(network: DarknetNetwork) -> dict[int, int]:
+    """Values in a file of the first ``n`` layers -> the largest such ``n`` (``darknet partial``'s cutoff; layers
+    without weights add nothing, so several cutoffs share a count)."""
+    per_layer = [0] * len(network.layers)
+    for index, _, tensor in named_weight_tensors(network):
+        per_layer[index] += tensor.numel()
+    boundaries, total = {0: 0}, 0
+    for index, values in enumerate(per_layer):
+        total += values
+        boundaries[total] = index + 1
+    return boundaries
+
+
 def read_weights(network: DarknetNetwork, path: str | Path) -> int:
     """Load the ``.weights`` file at ``path`` into ``network`` (parameters and BN running statistics, bit for bit);
     -> ``seen``, the number of images it was trained on. A file that is not a regular file, or whose size does not
     fit ``network``, is one ``UserError`` and ``network`` is left as it was."""
+    return read_weights_upto(network, path, partial=False)[0]
+
+
+def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool = True) -> tuple[int, int]:
+    """:func:`read_weights`, also from a file of the first layers only (``partial``), as Darknet's
+    ``load_weights_upto`` reads a ``.conv.N`` backbone file that ``darknet partial`` wrote: its size must be the
+    header plus the values of the first ``n`` layers, and those layers are loaded, the others left as they are.
+    -> (``seen``, ``n``: the layers loaded, all of them for a whole file)."""
     path = Path(path)
     tensors = weight_tensors(network)
     count = sum(t.numel() for t in tensors)
+    boundaries = layer_boundaries(network) if partial else {count: len(network.layers)}
     try:
         # O_NONBLOCK: opening a FIFO does not wait for a writer; it is then refused as not a regular file
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
@@ -99,8 +129,10 @@ def read_weights(network: DarknetNetwork, path: str | Path) -> int:
                 raise _wrong_size(path, network, HEADER_BYTES, size)
             major, minor, _revision = struct.unpack("<3i", _read_exactly(f, 12, path))
             header = header_bytes(major, minor)
-            if size != header + 4 * count:
-                raise _wrong_size(path, network, header, size)
+            values_in_file, remainder = divmod(size - header, 4)
+            if remainder or values_in_file not in boundaries or (values_in_file == 0 and count):
+                raise _wrong_size(path, network, header, size, boundaries if partial else None)
+            count, layers = values_in_file, boundaries[values_in_file]
             # Darknet stores a 32-bit seen into its size_t: *net->seen = iseen (a negative int wraps modulo 2**64)
             wide = header == HEADER_BYTES
             (seen,) = struct.unpack("<Q" if wide else "<i", _read_exactly(f, header - 12, path))
@@ -114,9 +146,11 @@ def read_weights(network: DarknetNetwork, path: str | Path) -> int:
     with torch.no_grad():
         for tensor in tensors:
             n = tensor.numel()
+            if offset + n > count:
+                break
             tensor.copy_(torch.from_numpy(values[offset:offset + n]).view(tensor.shape))
             offset += n
-    return int(seen) % 2**64
+    return int(seen) % 2**64, layers
 
 
 def _read_exactly(f: BinaryIO, n: int, path: Path, into: memoryview | None = None) -> bytes | None:
@@ -133,9 +167,11 @@ def _read_exactly(f: BinaryIO, n: int, path: Path, into: memoryview | None = Non
     return bytes(buffer) if into is None else None
 
 
-def write_weights(network: DarknetNetwork, path: str | Path, seen: int = 0, overwrite: bool = False) -> None:
+def write_weights(network: DarknetNetwork, path: str | Path, seen: int = 0, overwrite: bool = False,
+                  upto: int | None = None) -> None:
     """Write ``network`` as a Darknet ``.weights`` file at ``path``, atomically (a temporary file in the same folder,
-    then renamed); an existing ``path`` is refused unless ``overwrite``. ``seen``: images trained on."""
+    then renamed); an existing ``path`` is refused unless ``overwrite``. ``seen``: images trained on. ``upto``: only
+    the layers before it, as ``darknet partial cfg weights out upto`` writes a backbone."""
     path = Path(path)
     if not 0 <= seen < 2**64:
         raise ValueError(f"seen: expected an integer in [0, 2**64), got {seen}")
@@ -143,7 +179,9 @@ def write_weights(network: DarknetNetwork, path: str | Path, seen: int = 0, over
         raise UserError(f"{path}: exists; not overwritten (ask for overwrite to replace it)")
     if not path.parent.is_dir():
         raise UserError(f"{path}: the folder {path.parent} does not exist")
-    tensors = weight_tensors(network)
+    if upto is not None and not 0 <= upto <= len(network.layers):
+        raise UserError(f"--upto: expected a layer count in [0, {len(network.layers)}], not {upto}")
+    tensors = [t for index, _, t in named_weight_tensors(network) if upto is None or index < upto]
 
     def write(f) -> None:
         f.write(struct.pack("<3iQ", *VERSION, seen))

@@ -326,6 +326,10 @@ def preprocessing(data: DataConfig) -> Preprocessing:
 
     if data.preprocessing == "inception":
         return Preprocessing(crops.InceptionTrainCrop(data.size), crops.InceptionEvalCrop(data.size))
+    if data.preprocessing == "darknet":
+        from bigbatch.data.darknet_crop import DarknetEvalCrop, DarknetTrainCrop
+
+        return Preprocessing(DarknetTrainCrop(data.size, data.darknet), DarknetEvalCrop(data.size))
     return Preprocessing(crops.StandardTrainCrop(data.size), crops.StandardEvalCrop(data.size))
 
 
@@ -372,9 +376,18 @@ def _path_given(data: DataConfig) -> None:
                         "val/CLASS/*")
 
 
-PREPROCESSING = Literal["inception", "standard"]
-"""``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/inception.py``), or
-``standard``, torchvision's ImageNet recipe (``data/crops.py``)."""
+PREPROCESSING = Literal["inception", "standard", "darknet"]
+"""``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/inception.py``),
+``standard``, torchvision's ImageNet recipe (``data/crops.py``), or ``darknet``, Darknet's classifier augmentation
+with the keys of ``data.darknet`` (``data/darknet_crop.py``)."""
+
+
+def classification_fields() -> dict:
+    """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing`` and ``darknet``."""
+    from bigbatch.data.darknet_crop import DarknetAugment
+
+    return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment())}
+
 
 DATASETS.register("folder", load, task="classification", count=train_images, check=_check, given=_path_given,
-                  fields={"preprocessing": (PREPROCESSING, "inception")})
+                  fields=classification_fields())

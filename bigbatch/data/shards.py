@@ -65,7 +65,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.files import open_regular
-from bigbatch.data.folder import DECODE_ERRORS, PREPROCESSING, CropFirst, EncodedImages, preprocessing
+from bigbatch.data.folder import DECODE_ERRORS, CropFirst, EncodedImages, classification_fields, preprocessing
 from bigbatch.data.images import error_reason
 from bigbatch.data.pack import INDEX
 from bigbatch.data.problems import DataIssues
@@ -324,4 +324,4 @@ def _path_given(data: DataConfig) -> None:
 
 
 DATASETS.register("shards", load, task="classification", count=train_images, check=_check, given=_path_given,
-                  fields={"preprocessing": (PREPROCESSING, "inception")})
+                  fields=classification_fields())

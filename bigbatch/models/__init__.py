@@ -30,13 +30,21 @@ def torchvision_classifiers() -> tuple[str, ...]:
 
 def build_model(cfg: ModelConfig, num_classes: int, **shape: int) -> nn.Module:
     """The model ``cfg.name`` as registered in ``MODELS``, for ``num_classes`` classes: ``obj(cfg, num_classes,
-    **shape)``, ``shape`` being ``in_channels`` for a classifier, ``min_size`` and ``max_size`` for a detector."""
-    return MODELS.get(cfg.name).obj(cfg, num_classes, **shape)
+    **shape)``, ``shape`` being ``in_channels`` and ``size`` (the training input, which a network built for one size
+    needs; given to builders that take a ``size`` argument) for a classifier, ``min_size`` and ``max_size`` for a
+    detector."""
+    import inspect
+
+    build = MODELS.get(cfg.name).obj
+    if "size" in shape and "size" not in inspect.signature(build).parameters:
+        shape = {key: value for key, value in shape.items() if key != "size"}
+    return build(cfg, num_classes, **shape)
 
 
-def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-    """The classifier ``cfg.name`` for ``num_classes`` classes of ``in_channels``-channel images."""
-    return build_model(cfg, num_classes, in_channels=in_channels)
+def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3, size: int | None = None) -> nn.Module:
+    """The classifier ``cfg.name`` for ``num_classes`` classes of ``in_channels``-channel ``size`` x ``size``
+    images."""
+    return build_model(cfg, num_classes, in_channels=in_channels, size=size)
 
 
 def small_cnn(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:

@@ -56,7 +56,7 @@ class ClassificationTask:
     def build_model(self, cfg: RunConfig) -> nn.Module:
         from bigbatch.models import build_classifier
 
-        return build_classifier(cfg.model, self.num_classes, self.in_channels)
+        return build_classifier(cfg.model, self.num_classes, self.in_channels, cfg.data.size)
 
     def sample_keys(self, step: int, indices: list[int]) -> list[Any]:
         """A micro-batch's keys: the indices, each with its augmentation seed when the set augments (its crop

@@ -86,7 +86,7 @@ def parameter_count(cfg: RunConfig) -> int | None:
         classes, shape = len(cfg.data.classes or ["object"]), {"min_size": cfg.data.size,
                                                                "max_size": max(largest_input(cfg))}
     else:
-        classes, shape = 10, {"in_channels": 3}
+        classes, shape = 10, {"in_channels": 3, "size": cfg.data.size}
     try:
         with torch.device("meta"):
             model = build_model(model_cfg, classes, **shape)
