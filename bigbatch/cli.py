@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "model.weights")
     export.add_argument("--weights", type=Path, metavar="IN.weights", help="with a .cfg SOURCE: start from these "
                         "weights (Darknet .weights or a state dict): a conversion")
+    export.add_argument("--upto", type=count, default=None, metavar="N",
+                        help="write only the first N layers' weights (a backbone, as `darknet partial` writes)")
     export.add_argument("--seed", type=count, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
                         "fresh network (default: %(default)s)")
 
@@ -367,7 +369,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from bigbatch.darknet.export import export
 
-    for line in export(args.source, args.darknet_weights, args.checkpoint, args.weights, args.seed):
+    for line in export(args.source, args.darknet_weights, args.checkpoint, args.weights, args.seed, args.upto):
         print(line)
     return 0
 

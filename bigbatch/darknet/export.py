@@ -31,11 +31,21 @@ class Exported:
 
 def classes_in(state: dict[str, torch.Tensor], cfg_path: str) -> int:
     """The classes a network's state dict was trained on: the filters of the convolution before its first ``[yolo]``
-    are ``len(mask) * (classes + 5)``."""
+    are ``len(mask) * (classes + 5)``; a classifier's, the outputs of its last layer with weights before the
+    ``[softmax]``."""
     from bigbatch.darknet import read_darknet_cfg
+    from bigbatch.darknet.cfg import classifier_head
     from bigbatch.darknet.models import find_cfg
 
     cfg = read_darknet_cfg(find_cfg(cfg_path))
+    head = classifier_head(cfg)
+    if not cfg.yolo_layers and head is not None:
+        last = next(layer for layer in reversed(cfg.layers[:head.index])
+                    if layer.kind in ("convolutional", "connected"))
+        key = f"layers.{last.index}.{'conv' if last.kind == 'convolutional' else 'linear'}.weight"
+        if key not in state:
+            raise UserError(f"SOURCE: the saved network has no {key}: it is not the network of {cfg_path}")
+        return state[key].shape[0]
     yolo = cfg.yolo_layers[0]
     key = f"layers.{yolo.index - 1}.conv.weight"
     if key not in state:
@@ -55,9 +65,9 @@ def from_checkpoint(path: Path) -> Exported:
         path = last_checkpoint(path)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     cfg = validate_config(state["config"])
-    if cfg.model.name != "darknet":
+    if cfg.model.name not in ("darknet", "darknet_classifier"):
         raise UserError(f"SOURCE: {path} holds a {cfg.model.name} model; export writes Darknet networks "
-                        "(model.name: darknet) only")
+                        "(model.name: darknet or darknet_classifier) only")
     counted, use_ema = counted_weights(state, cfg)
     weights = network_state(counted)
     network = darknet_network(cfg.model.cfg, classes_in(weights, cfg.model.cfg), cfg.data.size)
@@ -79,7 +89,7 @@ def from_cfg(path: Path, weights: Path | None, seed: int) -> Exported:
 
 
 def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | None, weights: Path | None = None,
-           seed: int = 0) -> list[str]:
+           seed: int = 0, upto: int | None = None) -> list[str]:
     """Write the outputs asked for; -> the lines to print. Every output is checked before anything is written."""
     from bigbatch.darknet import write_weights
     from bigbatch.engine.checkpoint import atomic_write
@@ -90,6 +100,8 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
     for key, out in (("--darknet-weights", darknet_weights), ("--checkpoint", checkpoint_out)):
         if out is not None:
             check_output_file(out, key)  # new, in a folder that exists and can be written
+    if upto is not None and darknet_weights is None:
+        raise UserError("--upto: writes the first layers of --darknet-weights; give --darknet-weights OUT")
     if darknet_weights is not None and darknet_weights == checkpoint_out:
         raise UserError("--checkpoint: the same file as --darknet-weights; give two files")
     if not source.exists():
@@ -102,9 +114,10 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
         exported = from_checkpoint(source)
     lines = [f"network: {exported.origin}"]
     if darknet_weights is not None:
-        write_weights(exported.network, darknet_weights, exported.seen)
+        write_weights(exported.network, darknet_weights, exported.seen, upto=upto)
+        part = f", the first {upto} layers" if upto is not None else ""
         lines.append(f"Darknet weights written to {darknet_weights} ({darknet_weights.stat().st_size:,} bytes, "
-                     f"seen {exported.seen:,})")
+                     f"seen {exported.seen:,}{part})")
     if checkpoint_out is not None:
         state = {"model": exported.network.state_dict(), "darknet_cfg": str(exported.network.cfg.path),
                  "seen": exported.seen}

@@ -129,6 +129,9 @@ def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool =
                 raise _wrong_size(path, network, HEADER_BYTES, size)
             major, minor, _revision = struct.unpack("<3i", _read_exactly(f, 12, path))
             header = header_bytes(major, minor)
+            if (major > 1000 or minor > 1000) and any(layer.kind == "connected" for layer in network.cfg.layers):
+                raise UserError(f"{path}: version {major}.{minor}: an old file whose [connected] weights Darknet "
+                                "transposes on load; not supported by bigbatch")
             values_in_file, remainder = divmod(size - header, 4)
             if remainder or values_in_file not in boundaries or (values_in_file == 0 and count):
                 raise _wrong_size(path, network, header, size, boundaries if partial else None)

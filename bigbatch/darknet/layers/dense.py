@@ -27,9 +27,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bigbatch.darknet.activations import activation
-from bigbatch.darknet.layers.conv import BN_EPS, BN_MOMENTUM
+from bigbatch.darknet.layers.conv import BN_EPS
 from bigbatch.darknet.reading import SectionReader
 from bigbatch.darknet.spec import DarknetCfg, LayerKind, LayerSpec, Shape, TableRow, register_kind, strides
+
+CONNECTED_BN_MOMENTUM = 0.05
+"""A connected layer's rolling statistics in training: ``.95 * rolling + .05 * batch`` (AlexeyAB's CPU code)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +71,9 @@ class ConnectedBlock(nn.Module):
     def __init__(self, spec: Connected, inputs: int) -> None:
         super().__init__()
         self.linear = nn.Linear(inputs, spec.output, bias=not spec.batch_normalize)
-        self.bn = nn.BatchNorm1d(spec.output, eps=BN_EPS, momentum=BN_MOMENTUM) if spec.batch_normalize else None
+        # forward_connected_layer (AlexeyAB, CPU): rolling = .95 rolling + .05 batch (a convolution's is .99/.01)
+        self.bn = (nn.BatchNorm1d(spec.output, eps=BN_EPS, momentum=CONNECTED_BN_MOMENTUM) if spec.batch_normalize
+                   else None)
         self.act = activation(spec.activation)
         with torch.no_grad():  # make_connected_layer: scale * rand_uniform(-1, 1), scale = sqrt(2 / inputs)
             self.linear.weight.uniform_(-1, 1).mul_(math.sqrt(2.0 / inputs))
