@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 
@@ -72,9 +71,9 @@ def verify_weights(path, segpath):
             segs.append((int(s), int(c), role, float(fan)))
     total = sum(c for _, c, _, _ in segs)
     if vals.size != total:
-        return False, "stream has %d values, segments %d" % (vals.size, total)
+        return False, f"stream has {vals.size} values, segments {total}"
     if (hdr[0], hdr[1]) != (0, 2):
-        return False, "unexpected version %s" % (hdr.tolist(),)
+        return False, f"unexpected version {hdr.tolist()}"
     for s, c, role, fan in segs:
         chunk = 1 << 22
         for a in range(s, s + c, chunk):
@@ -82,7 +81,7 @@ def verify_weights(path, segpath):
             want = rule(np.arange(a, b, dtype=np.uint64).astype(np.uint32), role, fan)
             if not np.array_equal(vals[a:b].view(np.uint32), want.view(np.uint32)):
                 bad = np.nonzero(vals[a:b].view(np.uint32) != want.view(np.uint32))[0][0] + a
-                return False, "mismatch at k=%d (%s)" % (bad, role)
+                return False, f"mismatch at k={bad} ({role})"
     return True, None
 
 
@@ -120,7 +119,7 @@ def resized_text(text, size):
         elif in_net:
             m = re.match(r"(\s*)(width|height)(\s*=\s*)\d+(.*?)(\r?\n?)$", line)
             if m:
-                line = "%s%s%s%d%s%s" % (m.group(1), m.group(2), m.group(3), size, m.group(4), m.group(5))
+                line = f"{m.group(1)}{m.group(2)}{m.group(3)}{size}{m.group(4)}{m.group(5)}"
         out.append(line)
     return "".join(out)
 
@@ -130,17 +129,16 @@ def run_oracle(exe, fork_dir, cfg, outdir, timeout, shapes=False):
     os.makedirs(outdir, exist_ok=True)
     cmd = [exe, cfg, outdir] + (["--shapes"] if shapes else [])
     try:
-        p = subprocess.run(cmd, cwd=fork_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=timeout)
+        p = subprocess.run(cmd, cwd=fork_dir, capture_output=True, timeout=timeout)
         rc = p.returncode
         err = p.stderr.decode("utf-8", "replace")
         outtxt = p.stdout.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired as e:
-        return None, "timeout after %d s" % timeout
+    except subprocess.TimeoutExpired:
+        return None, f"timeout after {timeout} s"
     if rc == 0:
         return 0, None
-    lines = [l for l in (err + "\n" + outtxt).splitlines() if l.strip()]
-    errl = [l for l in err.splitlines() if l.strip()]
+    lines = [line for line in (err + "\n" + outtxt).splitlines() if line.strip()]
+    errl = [line for line in err.splitlines() if line.strip()]
     last = errl[-1] if errl else (lines[-1] if lines else "")
     if rc < 0:
         try:
@@ -148,8 +146,8 @@ def run_oracle(exe, fork_dir, cfg, outdir, timeout, shapes=False):
             sig = signal.Signals(-rc).name
         except Exception:
             sig = str(-rc)
-        return rc, "killed by %s; last stderr line: %s" % (sig, last.strip()[:300])
-    return rc, "exit %d; last stderr line: %s" % (rc, last.strip()[:300])
+        return rc, f"killed by {sig}; last stderr line: {last.strip()[:300]}"
+    return rc, f"exit {rc}; last stderr line: {last.strip()[:300]}"
 
 
 def read_meta(outdir):
@@ -308,10 +306,10 @@ def main():
                 r = fut.result()
             except Exception as exc:  # driver bug: record, keep going
                 r = {"fork": f, "cfg": os.path.basename(c), "commit": commits[f], "built": False,
-                     "error": "driver error: %r" % (exc,), "layers": []}
+                     "error": f"driver error: {exc!r}", "layers": []}
             results[(f, os.path.basename(c))] = r
-            print("%-9s %-32s %s %s %s" % (f, os.path.basename(c), "OK " if r["built"] else "ERR",
-                                            "%sx%s" % (r.get("width"), r.get("height")),
+            print("{:<9} {:<32} {} {} {}".format(f, os.path.basename(c), "OK " if r["built"] else "ERR",
+                                            "{}x{}".format(r.get("width"), r.get("height")),
                                             r.get("error") or ""), flush=True)
     entries = [results[k] for k in sorted(results)]
     doc = {
