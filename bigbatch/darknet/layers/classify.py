@@ -4,8 +4,8 @@
 - ``[avgpool]`` (alias ``[avg]``): the mean of each channel over its ``h x w`` cells; out ``1 x 1 x c``.
 - ``[softmax]`` (alias ``[soft]``): over the ``c * h * w`` inputs taken flat, in ``groups`` equal consecutive
   chunks, ``softmax(x / temperature)`` per chunk; with ``tree=FILE`` (a WordTree, ``read_tree`` in tree.c: one
-  ``name parent`` line per class), per run of consecutive classes with the same parent. A head: the network returns
-  its input, the logits.
+  ``name parent`` line per class), per run of consecutive classes with the same parent (inputs past the tree's
+  classes are 0, where Darknet leaves its output untouched). A head: the network returns its input, the logits.
 - ``[cost]``: Darknet's loss layer. At inference it computes nothing the network returns (``get_network_output``
   skips it; its ``l.output`` is the per-element loss, zero without a truth): here the identity. It may follow the
   ``[softmax]`` head.
@@ -133,7 +133,7 @@ def parse_softmax(s: SectionReader, common: dict[str, Any]) -> Softmax:
 
 
 def softmax_shape(cfg: DarknetCfg, layer: Softmax, x: Shape, outputs: list[Shape]) -> Shape:
-    if layer.tree_groups and sum(layer.tree_groups) != x.size:
+    if layer.tree_groups and sum(layer.tree_groups) > x.size:
         raise cfg.error(layer, "tree", f"the tree has {sum(layer.tree_groups)} classes, the input {x.size} values")
     if not layer.tree_groups and x.size % layer.groups:
         raise cfg.error(layer, "groups", f"{layer.groups} does not divide the {x.size} inputs")
@@ -149,8 +149,10 @@ class DarknetSoftmax(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(1) / self.temperature
-        if self.sizes:
-            out = torch.cat([chunk.softmax(dim=1) for chunk in flat.split(list(self.sizes), dim=1)], dim=1)
+        if self.sizes:  # values past the tree's classes stay 0, as Darknet leaves its output there
+            rest = flat.shape[1] - sum(self.sizes)
+            chunks = flat.split([*self.sizes, rest], dim=1)
+            out = torch.cat([*(chunk.softmax(dim=1) for chunk in chunks[:-1]), torch.zeros_like(chunks[-1])], dim=1)
         else:
             out = flat.view(flat.shape[0], self.groups, -1).softmax(dim=2)
         return out.reshape(x.shape)
