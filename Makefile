@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint clean
+.PHONY: demo test test-fast test-slow lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ demo: $(VENV)/.installed
 	$(BIN)/bigbatch train digits
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -n 2 -q --durations=15 tests; rc=$$?; \
+	$(BIN)/python -m pytest -n 2 -q --durations=15 -m "not slow" tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 # One process: on 2 cores the fast subset takes longer in two workers, each importing torch, than in one (2026-12-03,
@@ -39,6 +39,10 @@ test: $(VENV)/.installed-dev
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -n 0 -q -m fast --durations=5 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+# The large stock Darknet cfgs against Darknet's own outputs (p6/p7 detectors, VGG, ResNet-152...): minutes.
+test-slow: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -n 2 -q --durations=15 -m slow tests
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check bigbatch tests benchmarks

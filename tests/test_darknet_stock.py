@@ -97,16 +97,47 @@ def oracle_input(channels: int, height: int, width: int) -> torch.Tensor:
     return torch.from_numpy(uniform(0x9E3779B9, channels * height * width)).view(1, channels, height, width)
 
 
-def entries(built: bool) -> list[dict]:
-    return [e for e in ORACLE if e["built"] == built]
-
-
 def stock_path(entry: dict):
     return STOCK / entry["fork"] / entry["cfg"]
 
 
 def entry_id(entry: dict) -> str:
     return f"{entry['fork']}/{entry['cfg']}"
+
+
+SLOW_VALUES = 50_000_000
+"""A cfg whose weights and layer outputs hold more values than this (the p6/p7 detectors, VGG, ResNet-152...) is
+compared under the ``slow`` marker (``make test-slow``), the others in every run of the suite, with the smallest
+cfg of each section that only large cfgs use."""
+
+
+def cost(entry: dict) -> int:
+    return (entry["weights_bytes"] or 0) // 4 + sum(layer["outputs"] for layer in entry["layers"])
+
+
+def sections(entry: dict) -> set[str]:
+    text = stock_path(entry).read_text(encoding="utf-8", errors="replace")
+    return {line.strip() for line in text.splitlines() if line.strip().startswith("[")}
+
+
+def quick_entries() -> set[str]:
+    """The cfgs compared in every run: the small ones, and for each section only large cfgs use, the smallest."""
+    built = sorted((e for e in ORACLE if e["built"]), key=cost)
+    quick = {entry_id(e) for e in built if cost(e) <= SLOW_VALUES}
+    covered = set().union(*(sections(e) for e in built if entry_id(e) in quick)) if quick else set()
+    for entry in built:
+        if not sections(entry) <= covered:
+            quick.add(entry_id(entry))
+            covered |= sections(entry)
+    return quick
+
+
+QUICK = quick_entries()
+
+
+def entries(built: bool) -> list:
+    return [e if entry_id(e) in QUICK else pytest.param(e, marks=pytest.mark.slow)
+            for e in ORACLE if e["built"] == built]
 
 
 pytestmark = pytest.mark.skipif(not ORACLE, reason="tests/data/darknet/stock/oracle.json is absent")
@@ -116,6 +147,20 @@ def test_the_oracle_covers_every_stock_cfg():
     on_disk = {f"{p.parent.name}/{p.name}" for p in STOCK.glob("*/*.cfg")}
     measured = {entry_id(e) for e in ORACLE}
     assert on_disk == measured
+
+
+def test_every_layer_kind_is_compared_in_every_run_of_the_suite():
+    """The cfgs left to ``slow`` are large, not the only ones of a kind."""
+    from bigbatch.darknet.spec import KINDS
+
+    quick = [e for e in entries(True) if isinstance(e, dict)]
+    seen = set()
+    for entry in quick:
+        try:
+            seen |= {layer.kind for layer in read_darknet_cfg(stock_path(entry)).layers}
+        except UserError:  # refused by design
+            continue
+    assert set(KINDS) - seen == set()
 
 
 @pytest.mark.parametrize("entry", entries(True), ids=entry_id)
