@@ -35,12 +35,17 @@ class MaxPool(LayerSpec):
 REFUSED = {"maxpool_depth": "0", "antialiasing": "0", "maxpool_zero_nonmax": "0"}
 
 
-def parse(s: SectionReader, common: dict[str, Any]) -> MaxPool:
-    s.refuse(REFUSED)
+def window(s: SectionReader) -> dict[str, int]:
+    """size, stride_x, stride_y and padding, with parse_maxpool's defaults (shared by parse_local_avgpool)."""
     stride = s.integer("stride", 1, 1)
     size = s.integer("size", stride, 1)
-    return MaxPool(**common, size=size, stride_x=s.integer("stride_x", stride, 1),
-                   stride_y=s.integer("stride_y", stride, 1), padding=s.integer("padding", size - 1, 0))
+    return {"size": size, "stride_x": s.integer("stride_x", stride, 1), "stride_y": s.integer("stride_y", stride, 1),
+            "padding": s.integer("padding", size - 1, 0)}
+
+
+def parse(s: SectionReader, common: dict[str, Any]) -> MaxPool:
+    s.refuse(REFUSED)
+    return MaxPool(**common, **window(s))
 
 
 def shape(cfg: DarknetCfg, layer: MaxPool, x: Shape, outputs: list[Shape]) -> Shape:
@@ -88,10 +93,7 @@ class LocalAvgPool(MaxPool):
 
 
 def parse_local_avgpool(s: SectionReader, common: dict[str, Any]) -> LocalAvgPool:
-    stride = s.integer("stride", 1, 1)
-    size = s.integer("size", stride, 1)
-    return LocalAvgPool(**common, size=size, stride_x=s.integer("stride_x", stride, 1),
-                        stride_y=s.integer("stride_y", stride, 1), padding=s.integer("padding", size - 1, 0))
+    return LocalAvgPool(**common, **window(s))
 
 
 def window_padding(size: int, stride: tuple[int, int], p: int, h: int, w: int) -> tuple[int, int, int, int]:
