@@ -327,7 +327,7 @@ def preprocessing(data: DataConfig) -> Preprocessing:
     if data.preprocessing == "inception":
         return Preprocessing(crops.InceptionTrainCrop(data.size), crops.InceptionEvalCrop(data.size))
     if data.preprocessing == "darknet":
-        from bigbatch.data.darknet_crop import DarknetEvalCrop, DarknetTrainCrop
+        from bigbatch.data.classifier_augment import DarknetEvalCrop, DarknetTrainCrop
 
         return Preprocessing(DarknetTrainCrop(data.size, data.darknet), DarknetEvalCrop(data.size))
     return Preprocessing(crops.StandardTrainCrop(data.size), crops.StandardEvalCrop(data.size))
@@ -379,12 +379,12 @@ def _path_given(data: DataConfig) -> None:
 PREPROCESSING = Literal["inception", "standard", "darknet"]
 """``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/inception.py``),
 ``standard``, torchvision's ImageNet recipe (``data/crops.py``), or ``darknet``, Darknet's classifier augmentation
-with the keys of ``data.darknet`` (``data/darknet_crop.py``)."""
+with the keys of ``data.darknet`` (``data/classifier_augment.py``)."""
 
 
 def classification_fields() -> dict:
     """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing`` and ``darknet``."""
-    from bigbatch.data.darknet_crop import DarknetAugment
+    from bigbatch.data.classifier_augment import DarknetAugment
 
     return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment())}
 

@@ -1,5 +1,8 @@
 """Darknet's classifier augmentation (``data.preprocessing: darknet``, ``data.darknet``), in crop-first form.
 
+Data-side code, as ``det_transforms.DarknetColor`` is: the folder and shard formats use it with any classifier;
+nothing here reads a ``.cfg`` (``darknet/recipe.py`` fills ``data.darknet`` from one).
+
 Training, as AlexeyAB's ``load_data_augment`` -> ``random_augment_image`` (src/data.c, src/image.c), on an image of
 ``H x W`` for a ``size x size`` input: an aspect ``a = rand_scale(aspect)`` (``u ~ U[1, aspect]``, then ``u`` or
 ``1 / u``), a scale ``s = r / min(H, W * a)`` with ``r`` uniform in ``[min_crop, max_crop] * size`` (Darknet's
