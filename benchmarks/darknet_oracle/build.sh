@@ -13,3 +13,8 @@ P=$DN/pjreddie
 gcc $CFLAGS -I"$P/include" "$HERE/oracle.c" -o "$HERE/oracle_pjreddie" \
     -L"$P" -ldarknet -Wl,-rpath,"$P" -lm -lpthread
 echo "built $HERE/oracle_alexeyab $HERE/oracle_pjreddie"
+gcc $CFLAGS -DALEXEYAB -I"$A/include" "$HERE/yolo_delta.c" -o "$HERE/yolo_delta_alexeyab" \
+    -L"$A" -ldarknet -Wl,-rpath,"$A" -lm -lpthread
+gcc $CFLAGS -I"$P/include" "$HERE/yolo_delta.c" -o "$HERE/yolo_delta_pjreddie" \
+    -L"$P" -ldarknet -Wl,-rpath,"$P" -lm -lpthread
+echo "built $HERE/yolo_delta_alexeyab $HERE/yolo_delta_pjreddie"
