@@ -20,9 +20,10 @@ BEFORE_PACKAGE_RUN = Path(__file__).parent / "data" / "run-digits-before-config-
 
 ADDED_SINCE = {"  preprocessing: inception\n": (
     "  darknet:\n    min_crop: 1.0\n    max_crop: 2.0\n    aspect: 1.0\n    angle: 0.0\n    hue: 0.0\n"
-    "    saturation: 1.0\n    exposure: 1.0\n    flip: true\n")}
+    "    saturation: 1.0\n    exposure: 1.0\n    flip: true\n"),
+    "  cfg: null\n": "  darknet_dialect: alexeyab\n"}
 """Keys added to the config since the run was written (after the line they follow), at their defaults:
-``data.darknet``, Darknet's classifier augmentation (``data.preprocessing: darknet``)."""
+``data.darknet``, Darknet's classifier augmentation (``data.preprocessing: darknet``); ``model.darknet_dialect``."""
 
 
 def test_its_config_is_written_back_byte_for_byte():

@@ -90,16 +90,17 @@ NEW_COORDS = ("[net]\nwidth=64\nheight=64\nchannels=3\nbatch=2\nmax_batches=1\n"
 
 
 def test_show_shows_what_training_refuses_and_train_says_why_before_any_step(tmp_path):
-    """``show`` shows any network that builds; what the YOLO loss cannot do is said when training starts."""
+    """``show`` shows any network that builds; what the YOLO loss cannot do (new_coords under the gradient dialect)
+    is said when training starts."""
     path = tmp_path / "scaled.cfg"
     path.write_text(NEW_COORDS)
     shown = run_main("show", str(path))
     assert shown.returncode == 0, shown.stderr
     assert "; 2 layers; 48 parameters" in shown.stdout
     out = tmp_path / "run"
-    trained = run_main("train", str(path), "--out", str(out))
+    trained = run_main("train", str(path), "--out", str(out), "--set", "model.darknet_dialect=gradient")
     assert trained.returncode == 2
     assert trained.stderr.splitlines()[-1] == (
         f"error: {path}:16: [yolo] new_coords: the scaled-YOLOv4 box coordinates (new_coords=1) are not implemented "
-        "by bigbatch's YOLO loss; remove the key to train this cfg")
+        "by the gradient dialect's loss; use model.darknet_dialect: alexeyab, or remove the key")
     assert not (out / "checkpoints").exists()

@@ -20,6 +20,11 @@ from bigbatch.errors import UserError
 
 pytestmark = pytest.mark.fast
 
+
+def gradient_loss(*args, **keys):
+    """The ``gradient`` dialect's loss, the one this file checks (tests/test_yolo_dialects.py: the others)."""
+    return yolo_loss(*args, dialect="gradient", **keys)
+
 ANCHORS = ((8, 10), (14, 20), (24, 18), (30, 40), (44, 32), (60, 58))
 INPUT = 64
 GRID = 4
@@ -242,7 +247,8 @@ def test_gradient_is_minus_darknets_delta(variant):
     keys, class_match = VARIANTS[variant]
     spec = yolo_spec(**keys)
     raw = tiny_layer(spec).requires_grad_()
-    losses = yolo_loss([raw], [spec], targets_of(BOXES), (INPUT, INPUT), ignore_needs_class=class_match)
+    truths = darknet_truths(targets_of(BOXES), (INPUT, INPUT), CLASSES)
+    losses = yolo_layer_loss(raw, spec, truths, (INPUT, INPUT), normaliser=len(BOXES), ignore_needs_class=class_match)
     sum(losses.values()).backward()
     delta, stats = darknet_deltas(raw, fractions(BOXES), spec, INPUT, INPUT, class_match)
     assert stats["ignored"] > 0 and stats["outside_mask"] > 0 and stats["rewritten"] > 0
@@ -256,7 +262,7 @@ def test_float32_matches_too():
     """The same in float32 (the training dtype), to float32 precision."""
     spec = yolo_spec()
     raw = tiny_layer(spec).float().requires_grad_()
-    sum(yolo_loss([raw], [spec], targets_of(BOXES, torch.float32), (INPUT, INPUT)).values()).backward()
+    sum(gradient_loss([raw], [spec], targets_of(BOXES, torch.float32), (INPUT, INPUT)).values()).backward()
     delta, _ = darknet_deltas(raw, fractions(BOXES), spec, INPUT, INPUT)
     torch.testing.assert_close(raw.grad.double(), -delta / len(BOXES), rtol=0, atol=2e-6)
 
@@ -274,7 +280,7 @@ def test_ignore_rule():
         raw = torch.zeros(1, 3 * (5 + CLASSES), GRID, GRID, dtype=torch.float64)
         raw_for(raw, spec, 0, 2, 0 if box[0] < 16 else 2, 0 if box[1] < 16 else 2, box)
         raw.requires_grad_()
-        sum(yolo_loss([raw], [spec], targets_of(truth), (INPUT, INPUT)).values()).backward()
+        sum(gradient_loss([raw], [spec], targets_of(truth), (INPUT, INPUT)).values()).backward()
         cell = 0 if box[0] < 16 else 2
         expected = 0.0 if ignored else 0.5 * logistic(0.0)
         assert obj_grad(raw, spec, 2, cell, cell) == pytest.approx(expected, abs=1e-12)
@@ -287,7 +293,7 @@ def test_iou_thresh_rule():
     for iou_thresh, second in ((1.0, False), (0.45, True)):
         spec = yolo_spec(iou_thresh=iou_thresh)
         raw = torch.zeros(1, 3 * (5 + CLASSES), GRID, GRID, dtype=torch.float64, requires_grad=True)
-        sum(yolo_loss([raw], [spec], targets_of(truth), (INPUT, INPUT)).values()).backward()
+        sum(gradient_loss([raw], [spec], targets_of(truth), (INPUT, INPUT)).values()).backward()
         assert obj_grad(raw, spec, 1, 2, 2) == pytest.approx(-0.5)  # p - 1 at the best anchor
         assert obj_grad(raw, spec, 0, 2, 2) == pytest.approx(-0.5 if second else 0.5)
         assert obj_grad(raw, spec, 2, 2, 2) == pytest.approx(0.5)  # 24x18: shape IoU 0.37, below 0.45
@@ -298,10 +304,10 @@ def test_later_truth_wins_the_box_and_classes_unite():
     spec = yolo_spec()
     first, later = (24, 24, 9, 11, 0), (20, 28, 8, 10, 2)
     raw = torch.zeros(1, 3 * (5 + CLASSES), GRID, GRID, dtype=torch.float64, requires_grad=True)
-    sum(yolo_loss([raw], [spec], targets_of([[first, later]]), (INPUT, INPUT)).values()).backward()
+    sum(gradient_loss([raw], [spec], targets_of([[first, later]]), (INPUT, INPUT)).values()).backward()
     grad = raw.grad.view(1, 3, 5 + CLASSES, GRID, GRID)[0, 0, :, 1, 1]
     alone = torch.zeros_like(raw, requires_grad=True)
-    sum(yolo_loss([alone], [spec], targets_of([[later]]), (INPUT, INPUT)).values()).backward()
+    sum(gradient_loss([alone], [spec], targets_of([[later]]), (INPUT, INPUT)).values()).backward()
     torch.testing.assert_close(grad[:4], alone.grad.view(1, 3, 5 + CLASSES, GRID, GRID)[0, 0, :4, 1, 1])
     torch.testing.assert_close(grad[5:], torch.tensor([-0.5, 0.5, -0.5], dtype=torch.float64))
 
@@ -317,7 +323,7 @@ def test_iou_losses(kind):
         raw = torch.zeros(1, 3 * (5 + CLASSES), GRID, GRID, dtype=torch.float64)
         raw_for(raw, spec, 0, 1, 2, 1, box)
         raw.requires_grad_()
-        losses = yolo_loss([raw], [replace(spec, iou_normalizer=normalizer)], targets_of(truth), (INPUT, INPUT))
+        losses = gradient_loss([raw], [replace(spec, iou_normalizer=normalizer)], targets_of(truth), (INPUT, INPUT))
         sum(losses.values()).backward()
         return float(losses["loss_box"].detach()), raw.grad
 
@@ -348,7 +354,7 @@ def test_max_delta_clips_the_iou_gradient():
         raw = torch.zeros(1, 3 * (5 + CLASSES), GRID, GRID, dtype=torch.float64)
         raw_for(raw, spec, 0, 1, 2, 1, (46.0, 20.0, 24.0, 12.0))
         raw.requires_grad_()
-        sum(yolo_loss([raw], [replace(spec, max_delta=max_delta)], targets_of(truth), (INPUT, INPUT)).values()
+        sum(gradient_loss([raw], [replace(spec, max_delta=max_delta)], targets_of(truth), (INPUT, INPUT)).values()
             ).backward()
         grads[max_delta] = raw.grad.view(1, 3, 5 + CLASSES, GRID, GRID)[0, 1, :4, 1, 2]
     assert grads[math.inf].abs().max() > 0.05
@@ -367,7 +373,7 @@ def test_truths_as_darknet_reads_them():
         darknet_truths([{"boxes": torch.zeros(1, 4), "labels": torch.tensor([3])}], (INPUT, INPUT), CLASSES)
     spec = yolo_spec(max_boxes=1)
     raw = torch.zeros(1, 3 * (5 + CLASSES), GRID, GRID, dtype=torch.float64, requires_grad=True)
-    sum(yolo_loss([raw], [spec], targets_of([[(24, 24, 9, 11, 0), (52, 12, 22, 17, 1)]]),
+    sum(gradient_loss([raw], [spec], targets_of([[(24, 24, 9, 11, 0), (52, 12, 22, 17, 1)]]),
                   (INPUT, INPUT)).values()).backward()
     assert obj_grad(raw, spec, 0, 1, 1) == pytest.approx(-0.5)  # the first truth
     assert obj_grad(raw, spec, 2, 3, 0) == pytest.approx(0.5)  # the second: beyond max=1
@@ -457,11 +463,13 @@ def random_batch(n: int, size: int, seed: int) -> tuple[list[torch.Tensor], list
     return images, targets
 
 
-def test_layout_invariance(tiny):
+@pytest.mark.parametrize("dialect", ["gradient", "alexeyab", "pjreddie"])
+def test_layout_invariance(tiny, dialect):
     """The loss of a batch of 4 equals the mean of the losses of any split into equal micro-batches (4 x 1, 2 x 2),
     and so do the accumulated gradients (bigbatch averages the micro-batch losses): Darknet's update for every
-    batch/subdivisions layout. BatchNorm in eval mode: batch statistics legitimately differ between layouts."""
-    model = DarknetDetector(copy.deepcopy(tiny)).double()
+    batch/subdivisions layout, in every dialect. BatchNorm in eval mode: batch statistics legitimately differ between
+    layouts."""
+    model = DarknetDetector(copy.deepcopy(tiny), dialect=dialect).double()
     model.train()
     model.network.apply(lambda m: m.eval() if isinstance(m, torch.nn.BatchNorm2d) else None)
     images, targets = random_batch(4, 96, seed=1)
@@ -500,7 +508,7 @@ def test_multiscale_grids_and_anchors(tiny):
         raw = torch.zeros(1, 3 * (5 + CLASSES), grid, grid, dtype=torch.float64, requires_grad=True)
         aw, ah = spec_small.anchors[1]  # mask 0,1,2: position 1
         truth = [[(size / 2 + 3, size / 2 + 3, aw, ah, 0)]]
-        sum(yolo_loss([raw], [spec_small], targets_of(truth), (size, size)).values()).backward()
+        sum(gradient_loss([raw], [spec_small], targets_of(truth), (size, size)).values()).backward()
         cell = grid // 2
         g = raw.grad.view(1, 3, 5 + CLASSES, grid, grid)[0, 1, :, cell, cell]
         assert float(g[4]) == pytest.approx(-0.5)  # responsible
@@ -535,8 +543,11 @@ def test_unimplemented_yolo_keys_are_refused(tmp_path):
     path = tmp_path / "focal.cfg"
     path.write_text(tiny_cfg().replace("truth_thresh = 1\n", "truth_thresh = 1\nfocal_loss=1\n", 1), encoding="utf-8")
     network = DarknetNetwork(read_darknet_cfg(path))  # builds: show and export use it
-    with pytest.raises(UserError, match=r"focal\.cfg:\d+: \[yolo\] focal_loss"):
-        check_supported(network)  # what a run says before its first step
+    with pytest.raises(UserError, match=r"focal\.cfg:\d+: \[yolo\] focal_loss.*gradient dialect"):
+        check_supported(network, "gradient")  # what a run says before its first step
+    with pytest.raises(UserError, match=r"focal\.cfg:\d+: \[yolo\] focal_loss: pjreddie's Darknet does not read"):
+        check_supported(network, "pjreddie")
+    check_supported(network, "alexeyab")  # AlexeyAB's focal loss is implemented
 
 
 def test_layer_loss_normalises_by_the_given_count():

@@ -195,3 +195,21 @@ def with_classes(cfg: DarknetCfg, classes: int) -> DarknetCfg:
         layers[yolo.index] = replace(yolo, classes=classes)
         layers[before.index] = replace(before, filters=len(yolo.mask) * (classes + 5))
     return replace(cfg, layers=tuple(layers))
+
+
+def for_dialect(cfg: DarknetCfg, dialect: str) -> DarknetCfg:
+    """``cfg`` as the Darknet of ``dialect`` (``model.darknet_dialect``) reads it: AlexeyAB's parse_shortcut does
+    not read ``alpha`` and ``beta`` (pjreddie's scales the two inputs by them), so under ``alexeyab`` and
+    ``gradient`` a ``[shortcut]`` that sets them is read with both 1, and a warning says so."""
+    if dialect == "pjreddie":
+        return cfg
+    layers = list(cfg.layers)
+    warnings = list(cfg.warnings)
+    for layer in cfg.layers:
+        if isinstance(layer, Shortcut) and (layer.alpha != 1 or layer.beta != 1):
+            key = "alpha" if layer.alpha != 1 else "beta"
+            warnings.append(str(cfg.error(layer, key, f"alpha={layer.alpha:g}, beta={layer.beta:g}: AlexeyAB's "
+                                                      "Darknet does not read them and adds the inputs as they are; "
+                                                      "read as 1 (model.darknet_dialect: pjreddie applies them)")))
+            layers[layer.index] = replace(layer, alpha=1.0, beta=1.0)
+    return replace(cfg, layers=tuple(layers), warnings=tuple(warnings))

@@ -7,15 +7,17 @@
 
 ``images`` are float ``[3, H, W]`` tensors in ``0..1`` (Darknet feeds the image as it is: no mean or std), all of one
 size (letterboxed squares, a multiple of 32; the size may change from step to step), stacked here. Targets: ``boxes``
-XYXY in input pixels, ``labels`` ``0..classes-1``. The loss is ``yolo_loss.py``'s (its docstring has the formulas).
+XYXY in input pixels, ``labels`` ``0..classes-1``. The loss is ``yolo_loss.py``'s, under ``model.darknet_dialect``
+(its docstring and ``yolo_delta.py``'s have the formulas).
 
 Decoding (yolo_layer.c get_yolo_detections, get_yolo_box): per cell ``(col, row)`` and masked anchor,
 ``x = (col + s sigmoid(t_x) - (s - 1) / 2) / W`` (``s = scale_x_y``), ``w = exp(t_w) anchor_w / in_w`` (likewise y,
-h), ``score_c = sigmoid(t_obj) sigmoid(t_c)`` for every class (each class above the threshold is a detection, as
-Darknet's validation keeps every ``prob[j] > thresh``); kept where ``score > score_thresh`` (Darknet's mAP run uses
-0.005), then per-class NMS (``torchvision.ops.batched_nms`` at ``nms_thresh``, Darknet's do_nms_sort at 0.45; the
-cfg's ``nms_kind``/``beta_nms`` variants are not used), at most ``detections_per_image`` by score, boxes clipped to
-the input.
+h), ``score_c = sigmoid(t_obj) sigmoid(t_c)`` for every class (``new_coords``: the inputs are already logistic
+outputs, ``x = (col + s t_x - (s - 1) / 2) / W``, ``w = 4 t_w^2 anchor_w / in_w``, ``score_c = t_obj t_c``). Each
+class above the threshold is a detection, as Darknet's validation keeps every ``prob[j] > thresh``; kept where
+``score > score_thresh`` (Darknet's mAP run uses 0.005), then per-class NMS (``torchvision.ops.batched_nms`` at
+``nms_thresh``, Darknet's do_nms_sort at 0.45; the cfg's ``nms_kind``/``beta_nms`` variants are not used), at most
+``detections_per_image`` by score, boxes clipped to the input.
 """
 
 from __future__ import annotations
@@ -32,19 +34,24 @@ from bigbatch.darknet.network import DarknetNetwork
 from bigbatch.darknet.yolo_loss import decode_boxes, yolo_loss
 from bigbatch.errors import UserError
 
-UNSUPPORTED = {
+GRADIENT_UNSUPPORTED = {
     "new_coords": "the scaled-YOLOv4 box coordinates",
     "focal_loss": "the focal class loss",
     "objectness_smooth": "the IoU-scaled objectness targets",
     "counters_per_class": "the per-class loss multipliers",
 }
-"""[yolo] keys whose non-default values change the loss in ways bigbatch's YOLO loss does not implement."""
+"""[yolo] keys whose non-default values the ``gradient`` dialect's loss does not implement (the Darknet dialects
+do)."""
 
 
-def check_supported(network: DarknetNetwork) -> None:
-    """A :class:`UserError` when the network cannot be trained as a detector: it has no ``[yolo]`` layer (a backbone,
-    or YOLOv1/v2's ``[detection]``/``[region]`` heads, whose losses bigbatch does not implement), or it sets a
-    ``[yolo]`` key of :data:`UNSUPPORTED` (naming its line)."""
+def check_supported(network: DarknetNetwork, dialect: str = "alexeyab") -> None:
+    """A :class:`UserError` when the network cannot be trained as a detector under ``dialect``: it has no ``[yolo]``
+    layer (a backbone, or YOLOv1/v2's ``[detection]``/``[region]`` heads, whose losses bigbatch does not implement),
+    a mask past its anchors, a ``[yolo]`` key of :data:`GRADIENT_UNSUPPORTED` under ``gradient``, or under
+    ``pjreddie`` a key that pjreddie's Darknet does not read, set to another value than it trains with (each naming
+    its line)."""
+    from bigbatch.darknet.yolo_delta import PJREDDIE_VALUES
+
     cfg = network.cfg
     if not cfg.yolo_layers:
         from bigbatch.darknet.spec import KINDS
@@ -58,11 +65,18 @@ def check_supported(network: DarknetNetwork) -> None:
     for spec in network.cfg.yolo_layers:
         if any(m >= spec.num for m in spec.mask):
             raise cfg.error(spec, "mask", f"index {max(spec.mask)} is not below num={spec.num}: no anchor to train")
-        for key, what in UNSUPPORTED.items():
-            value = getattr(spec, key)
-            if value not in (0, None):
-                raise network.cfg.error(spec, key, f"{what} ({key}={value}) are not implemented by bigbatch's "
-                                                   "YOLO loss; remove the key to train this cfg")
+        if dialect == "gradient":
+            for key, what in GRADIENT_UNSUPPORTED.items():
+                value = getattr(spec, key)
+                if value not in (0, None):
+                    raise cfg.error(spec, key, f"{what} ({key}={value}) are not implemented by the gradient "
+                                               "dialect's loss; use model.darknet_dialect: alexeyab, or remove the key")
+        if dialect == "pjreddie":
+            for key, value in PJREDDIE_VALUES.items():
+                if key in spec.lines and getattr(spec, key) != value:
+                    shown = "unset" if value is None else f"{key}={value}"
+                    raise cfg.error(spec, key, f"pjreddie's Darknet does not read this key (it trains as if "
+                                               f"{shown}); remove it, or use model.darknet_dialect: alexeyab")
 
 
 def decode_yolo_output(raw: Tensor, spec: Yolo, input_size: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -73,11 +87,13 @@ def decode_yolo_output(raw: Tensor, spec: Yolo, input_size: tuple[int, int]) -> 
     n_anchors = len(spec.mask)
     out = raw.reshape(n_images, n_anchors, 5 + spec.classes, height, width)
     anchors = torch.tensor(spec.masked_anchors, dtype=raw.dtype, device=raw.device)
-    xywh = decode_boxes(out[:, :, :4], anchors, input_size, spec.scale_x_y).reshape(n_images, -1, 4)
+    new_coords = bool(spec.new_coords)
+    xywh = decode_boxes(out[:, :, :4], anchors, input_size, spec.scale_x_y, new_coords).reshape(n_images, -1, 4)
     in_h, in_w = input_size
     xywh = xywh * torch.tensor([in_w, in_h, in_w, in_h], dtype=raw.dtype, device=raw.device)
-    objectness = torch.sigmoid(out[:, :, 4]).reshape(n_images, -1)
-    classes = torch.sigmoid(out[:, :, 5:]).permute(0, 1, 3, 4, 2).reshape(n_images, -1, spec.classes)
+    probabilities = out[:, :, 4:] if new_coords else torch.sigmoid(out[:, :, 4:])  # new_coords: already logistic
+    objectness = probabilities[:, :, 0].reshape(n_images, -1)
+    classes = probabilities[:, :, 1:].permute(0, 1, 3, 4, 2).reshape(n_images, -1, spec.classes)
     return box_convert(xywh, "cxcywh", "xyxy"), objectness, classes
 
 
@@ -103,18 +119,17 @@ def postprocess(outputs: Sequence[Tensor], specs: Sequence[Yolo], input_size: tu
 
 
 class DarknetDetector(nn.Module):
-    """A :class:`DarknetNetwork` with Darknet's YOLO loss (train mode) and decoding (eval mode); see the module's
-    docstring. ``ignore_needs_class`` (attribute, default False: pjreddie's v3 rule): AlexeyAB's ignore rule, where a
-    prediction's IoU with a truth counts only if some class probability is above 0.25."""
+    """A :class:`DarknetNetwork` with Darknet's YOLO loss (train mode) under ``dialect`` (``model.darknet_dialect``:
+    alexeyab, pjreddie, gradient; ``yolo_loss.yolo_loss``) and decoding (eval mode); see the module's docstring."""
 
     def __init__(self, network: DarknetNetwork, score_thresh: float = 0.005, nms_thresh: float = 0.45,
-                 detections_per_image: int = 100) -> None:
+                 detections_per_image: int = 100, dialect: str = "alexeyab") -> None:
         super().__init__()
         self.network = network
         self.score_thresh = score_thresh
         self.nms_thresh = nms_thresh
         self.detections_per_image = detections_per_image
-        self.ignore_needs_class = False
+        self.dialect = dialect
 
     @property
     def specs(self) -> list[Yolo]:
@@ -131,6 +146,6 @@ class DarknetDetector(nn.Module):
         if self.training:
             if targets is None:
                 raise ValueError("DarknetDetector: targets are needed in training mode")
-            return yolo_loss(outputs, self.specs, targets, input_size, ignore_needs_class=self.ignore_needs_class)
+            return yolo_loss(outputs, self.specs, targets, input_size, dialect=self.dialect)
         return postprocess(outputs, self.specs, input_size, self.score_thresh, self.nms_thresh,
                            self.detections_per_image)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
@@ -31,10 +31,11 @@ DARKNET_PARTIAL = re.compile(r"\.conv\.\d+$")
 
 
 def darknet_network(cfg_path: str | None, classes: int | None = None, size: int | None = None,
-                    key: str = "model.cfg") -> DarknetNetwork:
+                    key: str = "model.cfg", dialect: str = "alexeyab") -> DarknetNetwork:
     """The network of the ``.cfg`` at ``cfg_path`` for ``classes`` classes (default: the cfg's) and a ``size`` x
-    ``size`` input (default: its ``[net]``). Outside torch's ``meta`` device it is first built there and refused
-    (``UserError`` naming ``key``) when its weights cannot fit this machine's memory, whichever command builds it."""
+    ``size`` input (default: its ``[net]``), read as the Darknet of ``dialect`` reads it. Outside torch's ``meta``
+    device it is first built there and refused (``UserError`` naming ``key``) when its weights cannot fit this
+    machine's memory, whichever command builds it."""
     from bigbatch.darknet import load_network
 
     if not cfg_path:
@@ -44,8 +45,9 @@ def darknet_network(cfg_path: str | None, classes: int | None = None, size: int 
     if torch.get_default_device().type != "meta":
         from bigbatch.telemetry.capacity import check_built_fits
 
-        check_built_fits(lambda: load_network(path, size, size, classes), key, f"the network of {cfg_path}")
-    network = load_network(path, size, size, classes)
+        check_built_fits(lambda: load_network(path, size, size, classes, dialect), key,
+                         f"the network of {cfg_path}")
+    network = load_network(path, size, size, classes, dialect)
     if torch.get_default_device().type != "meta":
         warn_leniencies(network.cfg)
     return network
@@ -130,12 +132,12 @@ def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_s
     classes, from ``model.weights`` when given, as a detector."""
     from bigbatch.darknet.detector import DarknetDetector, check_supported
 
-    network = darknet_network(cfg.cfg, num_classes, min_size)
+    network = darknet_network(cfg.cfg, num_classes, min_size, dialect=cfg.darknet_dialect)
     if torch.get_default_device().type != "meta":  # a run (train, eval), not show's or the planner's count
-        check_supported(network)  # what the YOLO loss and decoder cannot do, said before any step
+        check_supported(network, cfg.darknet_dialect)  # what the YOLO loss cannot do, said before any step
     if cfg.weights is not None:
         load_darknet_weights(network, cfg.weights)
-    return DarknetDetector(network)
+    return DarknetDetector(network, dialect=cfg.darknet_dialect)
 
 
 class DarknetClassifier(nn.Module):
@@ -154,7 +156,7 @@ def darknet_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3,
     """``MODELS``' builder for ``darknet_classifier``: the network of ``model.cfg`` at ``data.size``, its last layer
     giving the dataset's classes (``cfg.with_head_classes``), from ``model.weights`` when given (a whole
     ``.weights`` file, a ``.conv.N`` backbone, a state dict or a checkpoint)."""
-    network = darknet_network(cfg.cfg, num_classes, size)
+    network = darknet_network(cfg.cfg, num_classes, size, dialect=cfg.darknet_dialect)
     from bigbatch.darknet.cfg import classifier_head
 
     if classifier_head(network.cfg) is None:
@@ -165,17 +167,17 @@ def darknet_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3,
     return DarknetClassifier(network)
 
 
-def describe_network(cfg_path: str, size: int) -> str:
+def describe_network(cfg_path: str, size: int, dialect: str = "alexeyab") -> str:
     """``bigbatch show``'s part for a Darknet network: the cfg's layer table at ``size`` (as Darknet lists its layers
     when it loads a cfg) with the parameter count, and the keys bigbatch does not use. Built on the meta device: no
     memory, no weights."""
     from bigbatch.darknet import ignored_keys, layer_table
 
     with torch.device("meta"):
-        network = darknet_network(cfg_path, None, size)
+        network = darknet_network(cfg_path, None, size, dialect=dialect)
     gives = ("each [yolo] layer" if network.cfg.yolo_layers else "the last layer before the [softmax]")
-    lines = [f"network of {network.cfg.path} ({size} x {size} input; the run gives {gives} the dataset's classes):",
-             layer_table(network)]
+    lines = [f"network of {network.cfg.path} ({size} x {size} input; the run gives {gives} the dataset's classes; "
+             f"read and trained as model.darknet_dialect: {dialect}):", layer_table(network)]
     ignored = ignored_keys(network.cfg)
     if ignored:
         lines.append(f"keys Darknet uses and bigbatch ignores: {', '.join(ignored)}")
@@ -187,12 +189,17 @@ def describe_network(cfg_path: str, size: int) -> str:
 
 def describe_darknet(cfg: RunConfig) -> str:
     """``MODELS``' ``describe`` for ``darknet``: the network of ``model.cfg`` at ``data.size``
-    (:func:`describe_network`)."""
-    return describe_network(cfg.model.cfg, cfg.data.size)
+    (:func:`describe_network`), read and trained as ``model.darknet_dialect``."""
+    return describe_network(cfg.model.cfg, cfg.data.size, cfg.model.darknet_dialect)
 
 
 # min_input_size: one cell of the deepest stride of YOLO networks (32)
+DARKNET_FIELDS = {"cfg": (str | None, None), "darknet_dialect": (Literal["alexeyab", "pjreddie", "gradient"],
+                                                                   "alexeyab")}
+"""``model.cfg``; ``model.darknet_dialect``: whose Darknet the run trains as (docs/darknet.md, "Dialects"):
+``alexeyab`` (the default) or ``pjreddie``, that fork's own deltas (``yolo_delta.py``) and cfg reading, or
+``gradient``, the true gradient of the loss (``yolo_loss.py``)."""
 MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True, min_input_size=32,
-                describe=describe_darknet, fields={"cfg": (str | None, None)})
+                describe=describe_darknet, fields=DARKNET_FIELDS)
 MODELS.register("darknet_classifier", darknet_classifier, task="classification", reads_weights=True,
-                describe=describe_darknet, fields={"cfg": (str | None, None)})
+                describe=describe_darknet, fields=DARKNET_FIELDS)

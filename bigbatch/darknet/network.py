@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from bigbatch.darknet.cfg import DarknetCfg, Yolo, read_darknet_cfg, with_classes
+from bigbatch.darknet.cfg import DarknetCfg, Yolo, for_dialect, read_darknet_cfg, with_classes
 from bigbatch.darknet.layers.conv import BN_EPS, BN_MOMENTUM, ConvBlock
 from bigbatch.darknet.shapes import Shape, layer_shapes
 from bigbatch.darknet.spec import KINDS
@@ -118,10 +118,11 @@ class DarknetNetwork(nn.Module):
 
 
 def load_network(path: str | Path, width: int | None = None, height: int | None = None,
-                 classes: int | None = None) -> DarknetNetwork:
+                 classes: int | None = None, dialect: str = "alexeyab") -> DarknetNetwork:
     """The network of the ``.cfg`` at ``path`` for a ``width x height`` input (default: its ``[net]``), for
-    ``classes`` classes (default: the cfg's; see ``cfg.with_classes``)."""
-    cfg = read_darknet_cfg(path)
+    ``classes`` classes (default: the cfg's; see ``cfg.with_classes``), read as the Darknet of ``dialect`` reads
+    it (``cfg.for_dialect``)."""
+    cfg = for_dialect(read_darknet_cfg(path), dialect)
     if classes is not None:
         cfg = with_classes(cfg, classes)
     return DarknetNetwork(cfg, width, height)

@@ -1,7 +1,12 @@
-"""The loss of Darknet's ``[yolo]`` layer, as autograd: its gradient w.r.t. each raw network output is minus the
-``delta`` Darknet's ``forward_yolo_layer`` computes (AlexeyAB/darknet ``src/yolo_layer.c``: ``process_batch``,
-``delta_yolo_box``, ``delta_yolo_class``; pjreddie/darknet ``src/yolo_layer.c`` for the v3 rules), summed over the
-images of the call and divided by their number.
+"""The loss of Darknet's ``[yolo]`` layer. :func:`yolo_loss` dispatches on ``model.darknet_dialect``: ``alexeyab``
+and ``pjreddie`` hand back that fork's own ``delta`` (``yolo_delta.py``); ``gradient`` is this module's
+:func:`yolo_layer_loss`, a true loss written for autograd, described below.
+
+``gradient``: its gradient w.r.t. each raw network output is minus the ``delta`` Darknet's ``forward_yolo_layer``
+computes (AlexeyAB/darknet ``src/yolo_layer.c``: ``process_batch``, ``delta_yolo_box``, ``delta_yolo_class``;
+pjreddie/darknet ``src/yolo_layer.c`` for the v3 rules) for the objectness and class terms and the mse box term,
+and the exact gradient of the IoU loss for ``iou_loss`` giou/diou/ciou (AlexeyAB's hand-written delta is not),
+summed over the images of the call and divided by their number.
 
 Darknet's delta is ``target - output`` on the raw output ``z`` (the logistic's derivative is not applied: the conv
 before a ``[yolo]`` is linear and ``backward_yolo_layer`` adds ``delta`` as it is), and the update is the delta
@@ -93,9 +98,11 @@ class Truths:
     valid: Tensor
 
 
-def darknet_truths(targets: Sequence[dict[str, Tensor]], input_size: tuple[int, int], classes: int) -> Truths:
+def darknet_truths(targets: Sequence[dict[str, Tensor]], input_size: tuple[int, int], classes: int,
+                   dialect: str = "alexeyab") -> Truths:
     """``targets`` (``boxes`` XYXY in input pixels, ``labels`` ``0..classes-1``) as Darknet's truths for an input of
-    ``input_size = (height, width)``: clipped to the input, boxes under one input pixel wide or high dropped."""
+    ``input_size = (height, width)``: clipped to the input, boxes under one input pixel wide or high dropped
+    (AlexeyAB's fill_truth_detection; pjreddie's drops those under 0.001 of the input)."""
     in_h, in_w = input_size
     kept_boxes, kept_labels = [], []
     for n, target in enumerate(targets):
@@ -112,7 +119,10 @@ def darknet_truths(targets: Sequence[dict[str, Tensor]], input_size: tuple[int, 
         x2 = boxes[:, 2].clamp(0, in_w)
         y1 = boxes[:, 1].clamp(0, in_h)
         y2 = boxes[:, 3].clamp(0, in_h)
-        keep = ((x2 - x1) >= 1) & ((y2 - y1) >= 1)  # AlexeyAB fill_truth_detection: w < 1 / net.w is dropped
+        if dialect == "pjreddie":  # pjreddie fill_truth_detection: w < .001 || h < .001 is dropped
+            keep = ((x2 - x1) / in_w >= 0.001) & ((y2 - y1) / in_h >= 0.001)
+        else:  # AlexeyAB fill_truth_detection: w < 1 / net.w is dropped
+            keep = ((x2 - x1) >= 1) & ((y2 - y1) >= 1)
         xywh = torch.stack([(x1 + x2) / 2 / in_w, (y1 + y2) / 2 / in_h, (x2 - x1) / in_w, (y2 - y1) / in_h], dim=1)
         kept_boxes.append(xywh[keep])
         kept_labels.append(labels[keep])
@@ -130,21 +140,24 @@ def darknet_truths(targets: Sequence[dict[str, Tensor]], input_size: tuple[int, 
     return Truths(boxes, labels, valid)
 
 
-def decode_boxes(raw_box: Tensor, anchors: Tensor, input_size: tuple[int, int], scale_x_y: float) -> Tensor:
+def decode_boxes(raw_box: Tensor, anchors: Tensor, input_size: tuple[int, int], scale_x_y: float,
+                 new_coords: bool = False) -> Tensor:
     """Darknet's get_yolo_box on raw ``(N, A, 4, H, W)`` outputs (x, y, w, h) with ``anchors`` ``(A, 2)`` in input
     pixels: ``(N, A, H, W, 4)`` boxes ``(cx, cy, w, h)`` as fractions of the input, ``cx = (i + s sigmoid(z_x) -
-    (s - 1) / 2) / W``, ``w = exp(z_w) anchor_w / in_w`` (likewise y, h)."""
+    (s - 1) / 2) / W``, ``w = exp(z_w) anchor_w / in_w`` (likewise y, h). ``new_coords`` (AlexeyAB: the inputs are
+    already logistic outputs): ``cx = (i + s z_x - (s - 1) / 2) / W``, ``w = 4 z_w^2 anchor_w / in_w``."""
     in_h, in_w = input_size
     height, width = raw_box.shape[-2:]
     s = scale_x_y
     cols = torch.arange(width, device=raw_box.device, dtype=raw_box.dtype)
     rows = torch.arange(height, device=raw_box.device, dtype=raw_box.dtype)[:, None]
-    xy = torch.sigmoid(raw_box[:, :, :2]) * s - (s - 1) / 2
+    xy = (raw_box[:, :, :2] if new_coords else torch.sigmoid(raw_box[:, :, :2])) * s - (s - 1) / 2
     cx = (cols + xy[:, :, 0]) / width
     cy = (rows + xy[:, :, 1]) / height
     anchors = anchors.to(raw_box)
-    w = torch.exp(raw_box[:, :, 2]) * anchors[:, 0, None, None] / in_w
-    h = torch.exp(raw_box[:, :, 3]) * anchors[:, 1, None, None] / in_h
+    size = 4 * raw_box[:, :, 2:4] ** 2 if new_coords else torch.exp(raw_box[:, :, 2:4])
+    w = size[:, :, 0] * anchors[:, 0, None, None] / in_w
+    h = size[:, :, 1] * anchors[:, 1, None, None] / in_h
     return torch.stack([cx, cy, w, h], dim=-1)
 
 
@@ -340,23 +353,32 @@ def yolo_layer_loss(raw: Tensor, spec: Yolo, truths: Truths, input_size: tuple[i
 
 
 def yolo_loss(outputs: Sequence[Tensor], specs: Sequence[Yolo], targets: Sequence[dict[str, Tensor]],
-              input_size: tuple[int, int], *, ignore_needs_class: bool = False) -> dict[str, Tensor]:
+              input_size: tuple[int, int], *, dialect: str = "alexeyab") -> dict[str, Tensor]:
     """Darknet's loss of all ``[yolo]`` layers (``outputs[k]`` the raw input of ``specs[k]``) for the images of
-    ``targets`` (``boxes`` XYXY in input pixels, ``labels`` 0-based) at ``input_size = (height, width)``: the dict
-    ``loss_box``, ``loss_obj``, ``loss_cls``, each the sum over layers and images divided by the number of images."""
+    ``targets`` (``boxes`` XYXY in input pixels, ``labels`` 0-based) at ``input_size = (height, width)`` under
+    ``dialect`` (``alexeyab``, ``pjreddie``: ``yolo_delta.layer_loss``; ``gradient``: :func:`yolo_layer_loss`):
+    the dict ``loss_box``, ``loss_obj``, ``loss_cls``, each the sum over layers and images divided by the number of
+    images."""
+    from bigbatch.darknet.yolo_delta import DIALECTS, layer_loss
+
     if len(outputs) != len(specs):
         raise ValueError(f"{len(outputs)} outputs for {len(specs)} [yolo] layers")
     n_images = len(targets)
     if n_images == 0:
         raise ValueError("yolo_loss: no images")
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
     classes = min(spec.classes for spec in specs)
-    truths = darknet_truths(targets, input_size, classes)
+    truths = darknet_truths(targets, input_size, classes, dialect)
     total: dict[str, Tensor] = {}
     for raw, spec in zip(outputs, specs, strict=True):
         if raw.shape[0] != n_images:
             raise ValueError(f"{raw.shape[0]} images in an output, {n_images} targets")
-        part = yolo_layer_loss(raw, spec, Truths(truths.boxes.to(raw.device), truths.labels.to(raw.device),
-                                                 truths.valid.to(raw.device)), input_size,
-                               normaliser=n_images, ignore_needs_class=ignore_needs_class)
+        on_device = Truths(truths.boxes.to(raw.device), truths.labels.to(raw.device), truths.valid.to(raw.device))
+        if dialect == "gradient":
+            part = yolo_layer_loss(raw, spec, on_device, input_size, normaliser=n_images)
+        else:
+            part = layer_loss(raw.float() if raw.dtype in (torch.float16, torch.bfloat16) else raw, spec,
+                              on_device.boxes, on_device.labels, on_device.valid, input_size, dialect, n_images)
         total = {k: total[k] + v for k, v in part.items()} if total else part
     return total
