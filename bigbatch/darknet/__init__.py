@@ -17,7 +17,8 @@ Everything of Darknet's in bigbatch lives in this package:
     shapes.py      each layer's input and output shape at an input size
     network.py     the torch modules and Darknet's layer table
     weights.py     the .weights file format
-    yolo_loss.py   Darknet's [yolo] loss and box decoding
+    yolo_loss.py   Darknet's [yolo] loss and box decoding; the ``gradient`` dialect's loss
+    yolo_delta.py  the ``alexeyab`` and ``pjreddie`` dialects: each fork's own [yolo] deltas as the gradient
     detector.py    a network as a bigbatch detector (loss in training, detections in eval)
     models.py      ``model.name: darknet`` in ``MODELS`` (and what ``bigbatch show`` prints of it)
     recipe.py      a .cfg as a bigbatch config (``CONFIG_FORMATS``: ``bigbatch train yolov3.cfg``)
