@@ -1,6 +1,6 @@
 """``model.darknet_dialect``: under ``alexeyab`` and ``pjreddie`` the gradient of a micro-batch's YOLO loss with
 respect to each ``[yolo]`` input is minus that fork's own ``l.delta`` divided by the number of images, as measured
-with Darknet itself (benchmarks/darknet_oracle/yolo_delta.c on the cases of tests/yolo_delta_cases.py, stored in
+with Darknet itself (benchmarks/darknet_oracle/yolo_delta.c on YOLO_DELTA_CASES of tests/helpers.py, stored in
 tests/data/darknet/yolo_delta/); each rule the cases rely on really changes the deltas; the dialect reaches the
 network and the loss through the config."""
 
@@ -19,7 +19,7 @@ from bigbatch.darknet.shapes import layer_shapes
 from bigbatch.darknet.yolo_delta import layer_delta, layer_loss
 from bigbatch.darknet.yolo_loss import yolo_loss
 from bigbatch.errors import UserError
-from tests.yolo_delta_cases import CASES, STOCK, TRUTHS, cfg_text, layer_input
+from tests.helpers import STOCK_CFGS, YOLO_DELTA_CASES, YOLO_DELTA_TRUTHS, cfg_with_keys, yolo_delta_input
 
 pytestmark = pytest.mark.fast
 
@@ -29,12 +29,12 @@ RELATIVE = 1e-5
 
 
 def truth_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """TRUTHS as Darknet reads them (float32 fractions), padded: boxes, labels, valid."""
-    count = max(len(t) for t in TRUTHS)
-    boxes = torch.zeros(len(TRUTHS), count, 4, dtype=torch.float64)
-    labels = torch.zeros(len(TRUTHS), count, dtype=torch.long)
-    valid = torch.zeros(len(TRUTHS), count, dtype=torch.bool)
-    for b, truths in enumerate(TRUTHS):
+    """YOLO_DELTA_TRUTHS as Darknet reads them (float32 fractions), padded: boxes, labels, valid."""
+    count = max(len(t) for t in YOLO_DELTA_TRUTHS)
+    boxes = torch.zeros(len(YOLO_DELTA_TRUTHS), count, 4, dtype=torch.float64)
+    labels = torch.zeros(len(YOLO_DELTA_TRUTHS), count, dtype=torch.long)
+    valid = torch.zeros(len(YOLO_DELTA_TRUTHS), count, dtype=torch.bool)
+    for b, truths in enumerate(YOLO_DELTA_TRUTHS):
         for t, (x, y, w, h, c) in enumerate(truths):
             boxes[b, t] = torch.tensor([x, y, w, h], dtype=torch.float32).double()
             labels[b, t], valid[b, t] = c, True
@@ -43,13 +43,14 @@ def truth_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def case_layers(case, tmp_path: Path):
     path = tmp_path / case.cfg
-    path.write_text(cfg_text((REPO / STOCK / case.fork / case.cfg).read_text(), case.size, case.keys, case.images))
+    stock = (REPO / STOCK_CFGS / case.fork / case.cfg).read_text()
+    path.write_text(cfg_with_keys(stock, case.size, case.keys, case.images))
     measured = np.load(MEASURED / f"{case.name}.npz")
     cfg = read_darknet_cfg(path)
     assert sorted(spec.index for spec in cfg.yolo_layers) == list(measured["layers"])
     for spec in cfg.yolo_layers:
         delta = torch.from_numpy(measured[f"delta_{spec.index}"])
-        x = torch.from_numpy(layer_input(case, spec.index, spec, *delta.shape[-2:]))
+        x = torch.from_numpy(yolo_delta_input(case, spec.index, spec, *delta.shape[-2:]))
         yield spec, x, delta, float(measured[f"cost_{spec.index}"])
 
 
@@ -67,7 +68,7 @@ def assert_equal_deltas(ours: torch.Tensor, theirs: torch.Tensor, spec) -> None:
     assert torch.equal(ours.abs() > 1e-6, theirs.abs() > 1e-6)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", YOLO_DELTA_CASES, ids=[c.name for c in YOLO_DELTA_CASES])
 def test_gradient_is_minus_darknets_delta(case, tmp_path):
     """The loss of the case's images, backpropagated: the gradient w.r.t. each [yolo] input is -delta / N, delta
     Darknet's own; for mse (where Darknet's cost is |delta|^2 in both forks) the loss is Darknet's cost / N."""
@@ -84,11 +85,11 @@ def test_gradient_is_minus_darknets_delta(case, tmp_path):
 def test_the_loss_reads_pixel_targets_as_darknet_does(tmp_path):
     """Through ``yolo_loss`` (targets XYXY in input pixels, as the data pipeline gives them), every layer of a
     network at once: the same gradients."""
-    case = next(c for c in CASES if c.name == "alexeyab-yolov4-tiny")
+    case = next(c for c in YOLO_DELTA_CASES if c.name == "alexeyab-yolov4-tiny")
     targets = [{"boxes": torch.tensor([[(x - w / 2) * case.size, (y - h / 2) * case.size, (x + w / 2) * case.size,
                                         (y + h / 2) * case.size] for x, y, w, h, _ in truths],
                                       dtype=torch.float64).reshape(-1, 4),
-                "labels": torch.tensor([c for *_, c in truths], dtype=torch.long)} for truths in TRUTHS]
+                "labels": torch.tensor([c for *_, c in truths], dtype=torch.long)} for truths in YOLO_DELTA_TRUTHS]
     layers = list(case_layers(case, tmp_path))
     raws = [x.clone().requires_grad_() for _, x, _, _ in layers]
     sum(yolo_loss(raws, [spec for spec, *_ in layers], targets, (case.size, case.size), dialect="alexeyab")
@@ -97,16 +98,19 @@ def test_the_loss_reads_pixel_targets_as_darknet_does(tmp_path):
         assert_equal_deltas(-raw.grad * case.images, delta, spec)
 
 
+TRUTH_PAIRS = ((YOLO_DELTA_TRUTHS[0][0], YOLO_DELTA_TRUTHS[0][1]), (YOLO_DELTA_TRUTHS[1][3], YOLO_DELTA_TRUTHS[1][4]))
+
+
 def test_two_truths_share_a_slot():
-    """TRUTHS puts two truths on one cell and best anchor (the rule that AlexeyAB adds and pjreddie overwrites) on
-    some layer of each network the cases use."""
+    """YOLO_DELTA_TRUTHS puts two truths on one cell and best anchor (the rule that AlexeyAB adds and pjreddie
+    overwrites) on some layer of each network the cases use."""
     shared = set()
-    for case in CASES:
-        cfg = read_darknet_cfg(REPO / STOCK / case.fork / case.cfg)
+    for case in YOLO_DELTA_CASES:
+        cfg = read_darknet_cfg(REPO / STOCK_CFGS / case.fork / case.cfg)
         shapes = layer_shapes(cfg, cfg.net.channels, case.size, case.size)
         for spec in cfg.yolo_layers:
             grid = shapes[spec.index][1]
-            for first, second in ((TRUTHS[0][0], TRUTHS[0][1]), (TRUTHS[1][3], TRUTHS[1][4])):
+            for first, second in (TRUTH_PAIRS):
                 slots = []
                 for x, y, w, h, _ in (first, second):
                     inter = [min(w, aw / case.size) * min(h, ah / case.size) for aw, ah in spec.anchors]
@@ -115,7 +119,7 @@ def test_two_truths_share_a_slot():
                     slots.append((int(x * grid.width), int(y * grid.height), int(np.argmax(ious))))
                 if slots[0] == slots[1] and slots[0][2] in spec.mask:
                     shared.add(case.name)
-    assert shared == {c.name for c in CASES}
+    assert shared == {c.name for c in YOLO_DELTA_CASES}
 
 
 RULES = {  # key: the value that turns the rule off
@@ -129,7 +133,7 @@ def test_every_rule_the_cases_set_changes_the_deltas(tmp_path, monkeypatch):
     case: matching Darknet on the cases takes implementing it."""
     boxes, labels, valid = truth_tensors()
     changed: dict[str, bool] = {}
-    for case in CASES:
+    for case in YOLO_DELTA_CASES:
         layers = list(case_layers(case, tmp_path))
         for key, off in RULES.items():
             for spec, x, delta, _ in layers:

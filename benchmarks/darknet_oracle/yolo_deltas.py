@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure Darknet's own [yolo] training deltas on the cases of tests/yolo_delta_cases.py and write
+"""Measure Darknet's own [yolo] training deltas on the cases of tests/helpers.py (YOLO_DELTA_CASES) and write
 tests/data/darknet/yolo_delta/<case>.npz (bigbatch's tests read only those files).
 
 Usage (needs the built forks and yolo_delta_<fork> from build.sh; run with bigbatch's venv):
@@ -7,7 +7,7 @@ Usage (needs the built forks and yolo_delta_<fork> from build.sh; run with bigba
     .venv/bin/python benchmarks/darknet_oracle/yolo_deltas.py [--only CASE ...]
 
 For each case: the stock cfg with its [net] size (and the case's [yolo] keys) set is written to a temporary folder
-with truths.txt and each [yolo] layer's input (the INPUT RULE of tests/yolo_delta_cases.py); yolo_delta runs
+with truths.txt and each [yolo] layer's input (the INPUT RULE of tests/helpers.py (YOLO_DELTA_CASES)); yolo_delta runs
 every [yolo] layer's forward with train=1 and writes its l.delta. Each npz holds, per [yolo] layer index i,
 ``delta_<i>`` (the layer's l.delta as (N, A * (5 + C), H, W) float32) and ``cost_<i>`` (*l.cost), and ``layers``.
 """
@@ -24,15 +24,15 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
 
 from bigbatch.darknet import read_darknet_cfg  # noqa: E402
-from tests.yolo_delta_cases import CASES, STOCK, TRUTHS, cfg_text, layer_input  # noqa: E402
+from tests.helpers import STOCK_CFGS, YOLO_DELTA_CASES, YOLO_DELTA_TRUTHS, cfg_with_keys, yolo_delta_input  # noqa: E402
 
 OUT = os.path.join(REPO, "tests", "data", "darknet", "yolo_delta")
 
 
 def run_case(case) -> None:
     binary = os.path.join(HERE, f"yolo_delta_{case.fork}")
-    with open(os.path.join(REPO, STOCK, case.fork, case.cfg)) as f:
-        text = cfg_text(f.read(), case.size, case.keys, case.images)
+    with open(os.path.join(REPO, STOCK_CFGS, case.fork, case.cfg)) as f:
+        text = cfg_with_keys(f.read(), case.size, case.keys, case.images)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = os.path.join(tmp, case.cfg)
         with open(cfg, "w") as f:
@@ -44,12 +44,12 @@ def run_case(case) -> None:
         layers = []
         for line in filter(None, shapes):
             i, w, h, n, classes, inputs = map(int, line.split())
-            x = layer_input(case, i, specs[i], h, w)
+            x = yolo_delta_input(case, i, specs[i], h, w)
             assert x[0].size == inputs and len(specs[i].mask) == n and specs[i].classes == classes, line
             x.tofile(os.path.join(tmp, f"input_{i}.f32"))
             layers.append((i, x.shape))
         with open(os.path.join(tmp, "truths.txt"), "w") as f:
-            for b, truths in enumerate(TRUTHS):
+            for b, truths in enumerate(YOLO_DELTA_TRUTHS):
                 for x, y, w, h, c in truths:
                     f.write(f"{b} {x!r} {y!r} {w!r} {h!r} {c}\n")
         done = subprocess.run([binary, cfg, str(case.images), tmp], capture_output=True, text=True, check=True)
@@ -69,7 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="*", help="case names")
     args = parser.parse_args()
-    for case in CASES:
+    for case in YOLO_DELTA_CASES:
         if not args.only or case.name in args.only:
             run_case(case)
 

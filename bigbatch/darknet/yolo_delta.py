@@ -50,6 +50,7 @@ import math
 
 import torch
 from torch import Tensor
+from torchvision.ops import complete_box_iou, distance_box_iou, generalized_box_iou
 
 from bigbatch.darknet.cfg import Yolo
 
@@ -239,11 +240,18 @@ def _pairwise_iou(a: Tensor, b: Tensor) -> Tensor:
     return torch.where((inter == 0) | (union == 0), torch.zeros_like(inter), inter / union)
 
 
-def _shape_iou(truth_wh: Tensor, anchor_wh: Tensor, kind: str) -> Tensor:
-    """``(K, M)``: box_iou_kind of each truth with each anchor, both centred at 0 (the anchor match)."""
-    from bigbatch.darknet.yolo_loss import _shape_iou as shape_iou
-
-    return shape_iou(truth_wh, anchor_wh, kind)
+def shape_iou(truth_wh: Tensor, anchor_wh: Tensor, kind: str = "iou") -> Tensor:
+    """``(K, M)``: the IoU (or ``kind``: giou, diou, ciou, as box.c box_iou_kind) of each truth ``(K, 2)`` with each
+    anchor ``(M, 2)``, both boxes centred at 0 (the anchor match of yolo_layer.c)."""
+    if kind == "iou":
+        inter = torch.minimum(truth_wh[:, None, 0], anchor_wh[None, :, 0]) * torch.minimum(truth_wh[:, None, 1],
+                                                                                           anchor_wh[None, :, 1])
+        union = (truth_wh[:, 0] * truth_wh[:, 1])[:, None] + (anchor_wh[:, 0] * anchor_wh[:, 1])[None, :] - inter
+        return inter / union
+    truths = torch.cat([-truth_wh / 2, truth_wh / 2], dim=1)
+    anchors = torch.cat([-anchor_wh / 2, anchor_wh / 2], dim=1)
+    pairwise = {"giou": generalized_box_iou, "diou": distance_box_iou, "ciou": complete_box_iou}[kind]
+    return pairwise(truths, anchors)
 
 
 def layer_delta(raw: Tensor, spec: Yolo, boxes: Tensor, labels: Tensor, valid: Tensor,
@@ -329,10 +337,10 @@ def layer_delta(raw: Tensor, spec: Yolo, boxes: Tensor, labels: Tensor, valid: T
         i_t = (box_t[:, 0] * width).long().clamp(0, width - 1)
         j_t = (box_t[:, 1] * height).long().clamp(0, height - 1)
         anchors_norm = all_anchors / torch.tensor([in_w, in_h], dtype=torch.float64, device=device)
-        best_n = _shape_iou(box_t[:, 2:], anchors_norm, "iou").argmax(dim=1)
+        best_n = shape_iou(box_t[:, 2:], anchors_norm, "iou").argmax(dim=1)
         parts = [(torch.arange(b_t.numel(), device=device), best_n, 0)]
         if alexeyab and spec.iou_thresh < 1:
-            kind_iou = _shape_iou(box_t[:, 2:], anchors_norm, spec.iou_thresh_kind)
+            kind_iou = shape_iou(box_t[:, 2:], anchors_norm, spec.iou_thresh_kind)
             n_ids = torch.arange(spec.num, device=device)
             extra = (kind_iou > spec.iou_thresh) & (mask_index >= 0)[None, :] & (n_ids[None, :] != best_n[:, None])
             k, n = extra.nonzero(as_tuple=True)

@@ -72,15 +72,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import (
     box_convert,
-    complete_box_iou,
     complete_box_iou_loss,
-    distance_box_iou,
     distance_box_iou_loss,
-    generalized_box_iou,
     generalized_box_iou_loss,
 )
 
 from bigbatch.darknet.cfg import Yolo
+from bigbatch.darknet.yolo_delta import DIALECTS, layer_loss, shape_iou
 from bigbatch.errors import UserError
 
 LOSS_NAMES = ("loss_box", "loss_obj", "loss_cls")
@@ -180,20 +178,6 @@ def _pairwise_iou(a: Tensor, b: Tensor) -> Tensor:
     return inter / (area_a[:, :, None] + area_b[:, None, :] - inter)
 
 
-def _shape_iou(truth_wh: Tensor, anchor_wh: Tensor, kind: str = "iou") -> Tensor:
-    """``(K, M)``: the IoU (or ``kind``: giou, diou, ciou, as box.c box_iou_kind) of each truth ``(K, 2)`` with each
-    anchor ``(M, 2)``, both boxes centred at 0 (the anchor match of yolo_layer.c)."""
-    if kind == "iou":
-        inter = torch.minimum(truth_wh[:, None, 0], anchor_wh[None, :, 0]) * torch.minimum(truth_wh[:, None, 1],
-                                                                                           anchor_wh[None, :, 1])
-        union = (truth_wh[:, 0] * truth_wh[:, 1])[:, None] + (anchor_wh[:, 0] * anchor_wh[:, 1])[None, :] - inter
-        return inter / union
-    truths = torch.cat([-truth_wh / 2, truth_wh / 2], dim=1)
-    anchors = torch.cat([-anchor_wh / 2, anchor_wh / 2], dim=1)
-    pairwise = {"giou": generalized_box_iou, "diou": distance_box_iou, "ciou": complete_box_iou}[kind]
-    return pairwise(truths, anchors)
-
-
 class _FixGrad(torch.autograd.Function):
     """Identity forward; backward: non-finite elements -> 0, then clipped to ``[-bound, bound]`` (delta_yolo_box's
     fix_nan_inf and clip_value on the IoU-loss deltas)."""
@@ -281,15 +265,15 @@ def yolo_layer_loss(raw: Tensor, spec: Yolo, truths: Truths, input_size: tuple[i
         i_t = (box_t[:, 0] * width).long().clamp(0, width - 1)  # i = (truth.x * l.w)
         j_t = (box_t[:, 1] * height).long().clamp(0, height - 1)
         anchors_norm = all_anchors / torch.tensor([in_w, in_h], dtype=dtype, device=device)
-        shape_iou = _shape_iou(box_t[:, 2:], anchors_norm)  # (K, num)
-        best_n = shape_iou.argmax(dim=1) if shape_iou.numel() else torch.zeros_like(b_t)
+        anchor_iou = shape_iou(box_t[:, 2:], anchors_norm)  # (K, num)
+        best_n = anchor_iou.argmax(dim=1) if anchor_iou.numel() else torch.zeros_like(b_t)
         stride_key = spec.num + 1
         parts = [(b_tt, a_tt, j_tt, i_tt, t_tt, key_tt)]
         in_mask = mask_index[best_n] >= 0
         parts.append((b_t[in_mask], mask_index[best_n][in_mask], j_t[in_mask], i_t[in_mask], t_t[in_mask],
                       t_t[in_mask] * stride_key))
         if spec.iou_thresh < 1:  # AlexeyAB: other masked anchors above iou_thresh
-            kind_iou = shape_iou if spec.iou_thresh_kind == "iou" else _shape_iou(box_t[:, 2:], anchors_norm,
+            kind_iou = anchor_iou if spec.iou_thresh_kind == "iou" else shape_iou(box_t[:, 2:], anchors_norm,
                                                                                    spec.iou_thresh_kind)
             anchor_ids = torch.arange(spec.num, device=device)
             extra = ((kind_iou > spec.iou_thresh) & (mask_index >= 0)[None, :]
@@ -359,7 +343,6 @@ def yolo_loss(outputs: Sequence[Tensor], specs: Sequence[Yolo], targets: Sequenc
     ``dialect`` (``alexeyab``, ``pjreddie``: ``yolo_delta.layer_loss``; ``gradient``: :func:`yolo_layer_loss`):
     the dict ``loss_box``, ``loss_obj``, ``loss_cls``, each the sum over layers and images divided by the number of
     images."""
-    from bigbatch.darknet.yolo_delta import DIALECTS, layer_loss
 
     if len(outputs) != len(specs):
         raise ValueError(f"{len(outputs)} outputs for {len(specs)} [yolo] layers")
