@@ -3,9 +3,11 @@ box is chosen from the image's size, the file decoded only as finely as the outp
 
 ``inception``: the Inception v3 TPU code's preprocessing (``data/inception.py``): a distorted bounding-box crop,
 resized to size x size, flipped, colour-distorted, scaled to [-1, 1]; for evaluation TF's central crop of
-87.5 %. ``standard``: torchvision's ImageNet recipe: ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3)
-and a flip, normalised with ImageNet's mean and std; for evaluation the shorter side resized to size / 0.875
-and the centre size x size crop.
+87.5 %. ``standard``: torchvision's and timm's ImageNet recipe with the keys of ``data.standard`` (timm's ``train.py``
+flags): ``RandomResizedCrop(size, scale, ratio)`` (defaults 0.08-1, 3/4-4/3; bilinear, bicubic, or one of the two
+at random per image as timm's ``random``), a horizontal flip with probability ``hflip``, an optional
+``ColorJitter(color_jitter, color_jitter, color_jitter)``, normalised with ImageNet's mean and std; for
+evaluation the shorter side resized to size / ``crop_pct`` (0.875: 256 for 224) and the centre size x size crop.
 
 Randomness comes from torch's global RNG, which the dataset seeds per sample.
 """
@@ -13,15 +15,48 @@ Randomness comes from torch's global RNG, which the dataset seeds per sample.
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field, model_validator
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
+from bigbatch.config.section import Section
 from bigbatch.data.inception import IMAGENET_MEAN, IMAGENET_STD, InceptionEval, InceptionTrain
 
-EVAL_FRACTION = 0.875
-"""torchvision's reference: resize to size / 0.875 (256 for 224), keep the centre size x size."""
+Range = Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]
+"""``[low, high]``, both positive."""
+
+
+class StandardAugment(Section):
+    """``data.standard``: the keys of ``data.preprocessing: standard``, named as timm's ``train.py`` flags
+    (``--scale``, ``--ratio``, ``--hflip``, ``--color-jitter``, ``--train-interpolation``, ``--crop-pct``)."""
+
+    scale: Range = [0.08, 1.0]
+    """The crop's area as a fraction of the image's, drawn uniformly in this range."""
+    ratio: Range = [3 / 4, 4 / 3]
+    """The crop's aspect (width / height), drawn log-uniformly in this range."""
+    hflip: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Probability of a horizontal flip."""
+    color_jitter: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Brightness, contrast and saturation each scaled by a factor in [1 - this, 1 + this], in a random order
+    (torchvision's ``ColorJitter``; timm's default is 0.4); 0: off."""
+    interpolation: Literal["bilinear", "bicubic", "random"] = "bilinear"
+    """The crop's resize (antialiased); ``random``: bilinear or bicubic, drawn per image (timm's default)."""
+    crop_pct: Annotated[float, Field(gt=0, le=1)] = 0.875
+    """Evaluation: the shorter side resized to size / crop_pct, the centre size x size kept."""
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> StandardAugment:
+        if self.scale[0] > self.scale[1] or self.scale[1] > 1:
+            raise ValueError(f"data.standard.scale: expected [low, high] with low <= high <= 1, got {self.scale}")
+        if self.ratio[0] > self.ratio[1]:
+            raise ValueError(f"data.standard.ratio: expected [low, high] with low <= high, got {self.ratio}")
+        return self
+
+
+INTERPOLATIONS = (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC)
 
 
 class InceptionTrainCrop:
@@ -59,9 +94,13 @@ def _normalised(image: torch.Tensor) -> torch.Tensor:
 
 
 class StandardTrainCrop:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, augment: StandardAugment | None = None) -> None:
         self.size = size
-        self.crop = v2.RandomResizedCrop(size, antialias=True)
+        self.augment = augment = augment or StandardAugment()
+        self.crop = v2.RandomResizedCrop(size, scale=tuple(augment.scale), ratio=tuple(augment.ratio),
+                                         antialias=True)
+        jitter = augment.color_jitter
+        self.jitter = v2.ColorJitter(jitter, jitter, jitter) if jitter > 0 else None
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
         """torchvision's ``RandomResizedCrop`` box (uniform area in scale x image, log-uniform ratio; 10 tries,
@@ -73,16 +112,20 @@ class StandardTrainCrop:
         return self.size, self.size
 
     def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        image = TF.resize(crop, [self.size, self.size], antialias=True)
-        if torch.rand(1).item() < 0.5:
+        chosen = self.augment.interpolation
+        mode = INTERPOLATIONS[int(torch.randint(2, ()))] if chosen == "random" else TF.InterpolationMode[chosen.upper()]
+        image = TF.resize(crop, [self.size, self.size], interpolation=mode, antialias=True)
+        if torch.rand(1).item() < self.augment.hflip:
             image = TF.horizontal_flip(image)
+        if self.jitter is not None:
+            image = self.jitter(image)
         return _normalised(image)
 
 
 class StandardEvalCrop:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, crop_pct: float = 0.875) -> None:
         self.size = size
-        self.resized = int(size / EVAL_FRACTION)
+        self.resized = math.floor(size / crop_pct)  # timm's and torchvision's rule: 256 for 224 at 0.875
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
         return 0, 0, height, width  # the whole image: resized, then its centre kept

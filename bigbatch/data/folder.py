@@ -330,7 +330,8 @@ def preprocessing(data: DataConfig) -> Preprocessing:
         from bigbatch.data.classifier_augment import DarknetEvalCrop, DarknetTrainCrop
 
         return Preprocessing(DarknetTrainCrop(data.size, data.darknet), DarknetEvalCrop(data.size))
-    return Preprocessing(crops.StandardTrainCrop(data.size), crops.StandardEvalCrop(data.size))
+    return Preprocessing(crops.StandardTrainCrop(data.size, data.standard),
+                         crops.StandardEvalCrop(data.size, data.standard.crop_pct))
 
 
 def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
@@ -378,15 +379,18 @@ def _path_given(data: DataConfig) -> None:
 
 PREPROCESSING = Literal["inception", "standard", "darknet"]
 """``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/inception.py``),
-``standard``, torchvision's ImageNet recipe (``data/crops.py``), or ``darknet``, Darknet's classifier augmentation
+``standard``, torchvision's and timm's ImageNet recipe with the keys of ``data.standard`` (``data/crops.py``), or
+``darknet``, Darknet's classifier augmentation
 with the keys of ``data.darknet`` (``data/classifier_augment.py``)."""
 
 
 def classification_fields() -> dict:
-    """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing`` and ``darknet``."""
+    """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing``, ``darknet`` and ``standard``."""
     from bigbatch.data.classifier_augment import DarknetAugment
+    from bigbatch.data.crops import StandardAugment
 
-    return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment())}
+    return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment()),
+            "standard": (StandardAugment, StandardAugment())}
 
 
 DATASETS.register("folder", load, task="classification", count=train_images, check=_check, given=_path_given,
