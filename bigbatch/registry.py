@@ -105,6 +105,9 @@ class ModelInfo(Info):
     """The key that sets its size, named when it is too large."""
     describe: Callable[[Any], str] | None = None
     """describe(cfg) -> the text ``bigbatch show`` prints after the plan (a network's layer table)."""
+    channels_last: bool = False
+    """``model.memory_format: auto`` lays its tensors out channels-last (torchvision's and timm's classifiers,
+    whose convolutions run faster so: docs/benchmarks.md)."""
     check: Callable[[Any], None] | None = None
 
 

@@ -27,3 +27,7 @@ class ModelConfig(PartSection):
     """Channels of the first ``small_cnn`` stage (doubled at each of the next two)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout before the classifier (``small_cnn``; torchvision models that take a ``dropout`` argument)."""
+    memory_format: Literal["auto", "channels_last", "contiguous"] = "auto"
+    """How the model's 4-D tensors are laid out in memory: ``channels_last`` (NHWC: oneDNN's and cuDNN's faster
+    convolutions; timm's ``--channels-last``), ``contiguous`` (NCHW, torch's default); ``auto``: channels-last for
+    torchvision's and timm's classifiers, contiguous for the rest (small_cnn, Darknet networks, detectors)."""

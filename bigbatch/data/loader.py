@@ -59,6 +59,11 @@ def batches_by_step(
 ) -> Iterator[list[Any]]:
     """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches.
 
+    With workers, they keep a whole step's micro-batches in preparation (``prefetch_factor`` = subdivisions /
+    workers, at least torch's 2): the step takes its micro-batches together, so with torch's default of 2 a
+    worker would idle through most of a step and the next step would wait for the rest. The host then holds up
+    to two steps' micro-batches: the one training and the next.
+
     ``pin_memory`` (training on CUDA): batches arrive in page-locked memory, so that their copies to the device
     (``non_blocking``) return at once and the host goes on while they run."""
     sampler = MicroBatchSampler(order, start, stop, rank, world, subdivisions, keys)
@@ -70,6 +75,7 @@ def batches_by_step(
         persistent_workers=False,
         generator=own_generator(order.seed, start),
         pin_memory=pin_memory,
+        prefetch_factor=step_prefetch(subdivisions, workers),
     )
     step_batches: list[Any] = []
     done = start
@@ -80,6 +86,12 @@ def batches_by_step(
             step_batches, done = [], done + 1
     if done != stop:  # a StopIteration raised in a worker's __getitem__ ends a DataLoader quietly
         raise RuntimeError(f"the data loader ended after step {done} of {stop} (a dataset raised StopIteration?)")
+
+
+def step_prefetch(subdivisions: int, workers: int) -> int | None:
+    """Micro-batches each worker prepares ahead: together a step's, ``ceil(subdivisions / workers)``, at least 2
+    (torch's default); None without workers (torch's rule)."""
+    return max(2, -(-subdivisions // workers)) if workers else None
 
 
 def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, workers: int = 0) -> DataLoader:

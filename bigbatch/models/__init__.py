@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+import torch
 import torch.nn as nn
 
 from bigbatch.errors import UserError
@@ -35,10 +36,21 @@ def build_model(cfg: ModelConfig, num_classes: int, **shape: int) -> nn.Module:
     detector."""
     import inspect
 
-    build = MODELS.get(cfg.name).obj
-    if "size" in shape and "size" not in inspect.signature(build).parameters:
+    entry = MODELS.get(cfg.name)
+    if "size" in shape and "size" not in inspect.signature(entry.obj).parameters:
         shape = {key: value for key, value in shape.items() if key != "size"}
-    return build(cfg, num_classes, **shape)
+    model = entry.obj(cfg, num_classes, **shape)
+    if channels_last(cfg):
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def channels_last(cfg: ModelConfig) -> bool:
+    """``model.memory_format``: whether the model's 4-D tensors are laid out channels-last (``auto``: as its
+    registration says)."""
+    if cfg.memory_format == "auto":
+        return MODELS.get(cfg.name).info.channels_last
+    return cfg.memory_format == "channels_last"
 
 
 def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3, size: int | None = None) -> nn.Module:
@@ -81,8 +93,8 @@ AUX_HEADS = ("inception_v3", "googlenet")
 AUX_FIELDS = {"aux_logits": (bool, False)}
 """``model.aux_logits``: build the auxiliary head (a key of the models in :data:`AUX_HEADS` only)."""
 
-MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification")
+MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification", channels_last=True)
 # Inception v3's stem needs 75 px; its auxiliary head, on the 17x17 grid, needs 299 (298 leaves 16x16: too small).
 MODELS.register("inception_v3", torchvision_classifier, task="classification", fields=AUX_FIELDS,
-                min_input_size=lambda model: 299 if model.aux_logits else 75)
-MODELS.register("googlenet", torchvision_classifier, task="classification", fields=AUX_FIELDS)
+                min_input_size=lambda model: 299 if model.aux_logits else 75, channels_last=True)
+MODELS.register("googlenet", torchvision_classifier, task="classification", fields=AUX_FIELDS, channels_last=True)

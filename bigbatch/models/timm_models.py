@@ -50,4 +50,4 @@ def timm_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) ->
         raise
 
 
-MODELS.register_family(timm_names, timm_classifier, task="classification")
+MODELS.register_family(timm_names, timm_classifier, task="classification", channels_last=True)
