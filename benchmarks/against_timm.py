@@ -1,0 +1,220 @@
+"""bigbatch's classification training against timm's ``train.py`` on the same work, side by side.
+
+Both sides train timm's ResNet-18 from scratch on the same folder of real JPEGs (crops of the two photographs
+that ship with scikit-learn, 300-427 x 375-500 px, quality 90; 4 classes in an ImageFolder tree), at 128 px,
+batch 256 as 8 micro-batches of 32, SGD with momentum, a cosine LR, no warmup, no label smoothing, the same
+training preprocessing (RandomResizedCrop with scale 0.1-1 and ratio 3/4-4/3, bilinear; a flip with p 0.5; no
+colour jitter; ImageNet normalisation), the same number of DataLoader workers and torch threads, evaluation on
+the (small) val split after each epoch:
+
+  timm      ``train.py --model resnet18 --img-size 128 -b 32 --grad-accum-steps 8 --scale 0.1 1
+            --color-jitter 0 --train-interpolation bilinear --no-prefetcher --device cpu ...``
+            (timm's defaults would add colour jitter 0.4 and a random interpolation);
+  bigbatch  ``bigbatch train digits --set model.name=timm/resnet18 data.name=folder data.size=128 batch=256
+            subdivisions=8 data.preprocessing=standard data.standard.scale=[0.1,1] ...``.
+
+timm's ``train.py`` is not part of bigbatch: it is taken at run time from a copy of timm's repository
+(``--timm-repo``: a git directory, bare or not, e.g. the one ``git clone`` makes), at the tag of the installed
+timm when the repository has it (else at its HEAD, said so); the script runs with that commit's own ``timm``
+package first on ``PYTHONPATH``, so script and library match. Without a repository the benchmark says so and
+stops (exit code 0): nothing of timm's is fetched.
+
+Each measurement is one whole command, as a user runs it: start-up, two epochs, evaluations, checkpoints.
+images/s = training images / wall seconds. Rounds alternate which side goes first; the median is reported and
+the ratio bigbatch / timm.
+
+``--fwd-bwd`` also times the model's forward and backward alone on each side's first micro-batches (the same
+tensor shapes), the lower bound the issue names: no trainer can take less than that per image.
+
+    python benchmarks/against_timm.py --timm-repo DIR [--workers 0 1 2] [--rounds 2] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+SIZE, MICRO, ACCUM, LR, CLASSES = 128, 32, 8, 0.1, 4
+
+
+def write_folder(root: Path, train: int, val: int, classes: int = CLASSES, seed: int = 0) -> Path:
+    """An ImageFolder tree of real JPEGs: random crops of scikit-learn's two sample photographs."""
+    from sklearn.datasets import load_sample_image
+
+    rng = np.random.default_rng(seed)
+    photos = [load_sample_image(name) for name in ("china.jpg", "flower.jpg")]
+    for split, count in (("train", train), ("val", val)):
+        for i in range(count):
+            photo = photos[(i // classes) % 2]
+            h, w = int(rng.integers(300, 428)), int(rng.integers(375, 501))
+            top, left = int(rng.integers(0, 428 - h)), int(rng.integers(0, 641 - w))
+            folder = root / split / f"class{i % classes}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(photo[top:top + h, left:left + w]).save(folder / f"{i:05d}.jpg", quality=90)
+    return root
+
+
+def timm_source(repo: Path, into: Path) -> tuple[Path, str]:
+    """``train.py`` and ``timm/`` from ``repo`` at the installed timm's tag (else HEAD), extracted into ``into``."""
+    import timm
+
+    git = ["git", f"--git-dir={repo / '.git' if (repo / '.git').exists() else repo}"]
+    tags = subprocess.run(git + ["tag", "--list", f"v{timm.__version__}"], capture_output=True, text=True,
+                          check=True).stdout.split()
+    rev = tags[0] if tags else "HEAD"
+    commit = subprocess.run(git + ["rev-parse", "--short", rev], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    archive = subprocess.run(git + ["archive", rev, "train.py", "timm"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    version = re.search(r"__version__ = '([^']+)'", (into / "timm" / "version.py").read_text()).group(1)
+    note = "" if tags else f" (the repository has no tag v{timm.__version__}, the installed version: its HEAD)"
+    return into, f"timm's train.py at {rev} ({commit}, timm {version}){note}"
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+"""The bigbatch measured: this checkout's (first on ``PYTHONPATH``, whatever the venv has installed)."""
+
+
+def thread_env(threads: int, python_path: Path) -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONPATH=str(python_path))
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path, log: Path) -> float:
+    start = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command[:3])} ... failed (exit {done.returncode}); its output: {log}")
+    return seconds
+
+
+TIMM_WITHOUT_WORKERS = """
+import runpy, sys, timm.data
+create_loader = timm.data.create_loader
+def without_persistent_workers(*args, **kwargs):
+    kwargs.setdefault("persistent_workers", kwargs.get("num_workers", 1) > 0)
+    return create_loader(*args, **kwargs)
+timm.data.create_loader = without_persistent_workers
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+"""timm's ``train.py`` cannot load in the training process (``--workers 0``): its loaders ask for persistent
+workers, which torch refuses without workers. The script runs under this wrapper, which asks for them only
+with workers; nothing else of timm's changes."""
+
+
+def run_timm(src: Path, data: Path, workers: int, threads: int, epochs: int, out: Path,
+             extra: tuple[str, ...] = ()) -> tuple[float, int]:
+    command = [sys.executable, "-c", TIMM_WITHOUT_WORKERS, str(src / "train.py"), "--data-dir", str(data),
+               "--val-split", "val",
+               "--model", "resnet18", "--num-classes", str(CLASSES), "--img-size", str(SIZE), "-b", str(MICRO),
+               "--grad-accum-steps", str(ACCUM), "--epochs", str(epochs), "--lr", str(LR), "--sched", "cosine",
+               "--warmup-epochs", "0", "--smoothing", "0", "--scale", "0.1", "1", "--color-jitter", "0",
+               "--train-interpolation", "bilinear", "--device", "cpu", "--workers", str(workers),
+               "--no-prefetcher", "--output", str(out), "--log-interval", "1000", "--seed", "0", *extra]
+    seconds = timed(command, thread_env(threads, src), out, out / "log.txt")
+    train_images = sum(1 for _ in (data / "train").rglob("*.jpg"))
+    return seconds, epochs * (train_images // MICRO) * MICRO  # timm's training loader drops the last partial batch
+
+
+def run_bigbatch(data: Path, workers: int, threads: int, epochs: int, out: Path) -> tuple[float, int]:
+    sets = [f"data.path={data}", "data.name=folder", f"data.size={SIZE}", "model.name=timm/resnet18",
+            f"batch={MICRO * ACCUM}", f"subdivisions={ACCUM}", f"epochs={epochs}", f"data.workers={workers}",
+            f"optim.lr={LR}", f"optim.ref_batch={MICRO * ACCUM}", "schedule.warmup=[]", "data.preprocessing=standard",
+            "data.standard.scale=[0.1,1.0]", "eval.every=1 epoch", "checkpoint.every=1 epoch", "eval.batch=32"]
+    command = [sys.executable, "-m", "bigbatch", "train", "digits", "--out", str(out / "run"), "--set", *sets]
+    seconds = timed(command, thread_env(threads, CHECKOUT), out, out / "log.txt")
+    records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = max(r["step"] for r in records if r.get("kind", "train") == "train" and "step" in r)
+    return seconds, steps * MICRO * ACCUM
+
+
+def fwd_bwd_rate(threads: int, channels_last: bool, steps: int = 6) -> float:
+    """images/s of timm's ResNet-18 forward + backward alone on 32 x 3 x 128 x 128 (the floor of either side)."""
+    import timm
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = timm.create_model("resnet18", num_classes=CLASSES).train()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    x, y = torch.randn(MICRO, 3, SIZE, SIZE), torch.randint(0, CLASSES, (MICRO,))
+    for _ in range(2):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    start = time.perf_counter()
+    for _ in range(steps):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return steps * MICRO / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--timm-repo", type=Path, default=os.environ.get("TIMM_REPO"),
+                        help="a git directory of timm's repository (huggingface/pytorch-image-models); env TIMM_REPO")
+    parser.add_argument("--images", type=int, default=1600, help="training JPEGs")
+    parser.add_argument("--val", type=int, default=64, help="validation JPEGs")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--fwd-bwd", action="store_true", help="also time the model's forward and backward alone")
+    parser.add_argument("--timm-channels-last", action="store_true",
+                        help="give timm --channels-last (bigbatch's default layout for timm's models)")
+    args = parser.parse_args()
+    if args.timm_repo is None or not args.timm_repo.exists():
+        print("skipped: no copy of timm's repository (--timm-repo DIR or TIMM_REPO): its train.py is the peer, "
+              "and it is not fetched by this script")
+        return
+    import timm
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "timm-src").mkdir()
+        src, described = timm_source(args.timm_repo, tmp / "timm-src")
+        data = write_folder(tmp / "folder", args.images, args.val)
+        extra = ("--channels-last",) if args.timm_channels_last else ()
+        print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, installed timm "
+              f"{timm.__version__}; peer: {described} {' '.join(extra)}; {args.images} training JPEGs, "
+              f"{args.epochs} epochs, {args.threads} torch threads on both sides, {args.rounds} rounds", flush=True)
+        sides = {"timm": lambda w, out: run_timm(src, data, w, args.threads, args.epochs, out, extra),
+                 "bigbatch": lambda w, out: run_bigbatch(data, w, args.threads, args.epochs, out)}
+        print(f"{'workers':>7s}  {'timm img/s':>10s}  {'bigbatch img/s':>14s}  {'bigbatch / timm':>15s}  rounds "
+              "(bigbatch / timm)", flush=True)
+        for workers in args.workers:
+            rates: dict[str, list[float]] = {name: [] for name in sides}
+            for r in range(args.rounds):
+                for name in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+                    out = tmp / f"{name}-w{workers}-r{r}"
+                    out.mkdir()
+                    seconds, images = sides[name](workers, out)
+                    rates[name].append(images / seconds)
+            median = {name: statistics.median(values) for name, values in rates.items()}
+            each = ", ".join(f"{b / t:.2f}" for b, t in zip(rates["bigbatch"], rates["timm"], strict=True))
+            print(f"{workers:7d}  {median['timm']:10.1f}  {median['bigbatch']:14.1f}  "
+                  f"{median['bigbatch'] / median['timm']:15.2f}  {each}", flush=True)
+        if args.fwd_bwd:
+            rates = {layout: [] for layout in ("contiguous", "channels_last")}
+            for _ in range(3):
+                for layout in rates:
+                    rates[layout].append(fwd_bwd_rate(args.threads, layout == "channels_last"))
+            print("forward + backward alone (median of 3): " + ", ".join(
+                f"{layout} {statistics.median(values):.1f} img/s" for layout, values in rates.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
