@@ -1,18 +1,34 @@
-"""bigbatch's input pipeline against torchvision's usual one, side by side, per number of DataLoader workers.
+"""bigbatch's input pipeline against torchvision's, side by side, per number of DataLoader workers.
 
-Both read the same folder of real JPEGs (crops of the two photographs that ship with scikit-learn, re-encoded
-at quality 90, ImageNet-like sizes: 300-427 x 375-500 px) in an ImageFolder layout, 32 images a batch:
+All sides read the same folder of real JPEGs (crops of the two photographs that ship with scikit-learn,
+re-encoded at quality 90, ImageNet-like sizes: 300-427 x 375-500 px) in an ImageFolder layout, 32 images a
+batch, to a float tensor at 299 x 299:
 
-  bigbatch     ``data.name: folder`` with the Inception training preprocessing at 299 (TF's distorted
-               bounding-box crop, TF1 bilinear resize, flip, fast colour distortion), read as training
-               reads it (``data/bench.py``);
-  torchvision  ``ImageFolder`` + v2 ``RandomResizedCrop(299)``, ``RandomHorizontalFlip``,
-               ``ColorJitter(0.4, 0.4, 0.4)``, to a normalised float tensor, in a ``DataLoader``.
+  bigbatch exact   ``data.name: folder`` with the Inception training preprocessing at 299 (TF's distorted
+                   bounding-box crop, TF1 bilinear resize, flip, fast colour distortion), ``data.decode: exact``,
+                   read as training reads it (``data/bench.py``);
+  bigbatch fast    the same with ``data.decode: fast`` (reduced DCT decode where the crop allows it, the resize
+                   on uint8 pixels by torch);
+  tv equal work    torchvision v2 on ``torchvision.io.decode_jpeg`` tensors doing the same work:
+                   ``RandomResizedCrop(299, scale=(0.05, 1), ratio=(3/4, 4/3), interpolation=BILINEAR,
+                   antialias=False)`` (the Inception crop's area and aspect ranges), ``RandomHorizontalFlip()``,
+                   ``ToDtype(float32, scale=True)``, ``ColorJitter(brightness=0.125, saturation=0.5)`` (two
+                   colour operations, as the fast colour distortion's brightness and chroma offsets),
+                   ``Normalize([0.5] * 3, [0.5] * 3)`` (to [-1, 1]);
+  tv usual         ``ImageFolder`` (PIL) + v2 ``RandomResizedCrop(299)``, ``RandomHorizontalFlip``,
+                   ``ColorJitter(0.4, 0.4, 0.4)``, to a float tensor normalised by ImageNet's mean and std:
+                   the pipeline a torchvision user writes by default (more colour work than bigbatch's);
+  dali             with ``--dali`` and where ``nvidia-dali`` imports: a DALI pipeline on the CPU
+                   (``fn.readers.file``, ``fn.decoders.image_random_crop`` with the same area and aspect ranges:
+                   a region-of-interest decode, ``fn.resize`` bilinear, ``fn.flip``, ``fn.color_twist`` brightness
+                   and saturation, ``fn.crop_mirror_normalize``). DALI draws its own crops, so it is a peer, not a
+                   path bigbatch could take: bigbatch's crop comes from each sample's seed.
 
-With ``--shards`` the folder is also packed (``bigbatch pack``) and ``data.name: shards`` measured. Rounds
-alternate the order of the sides; the median images/s is reported, and the ratio to torchvision's.
+With ``--shards`` the folder is also packed (``bigbatch pack``) and ``data.name: shards`` measured (exact).
+Rounds alternate the order of the sides; the median images/s is reported, and the ratios to ``tv equal work``.
 
     python benchmarks/input_pipeline.py [--images 1000] [--per-run 320] [--rounds 3] [--workers 0 1 2]
+                                        [--shards] [--dali]
 """
 
 from __future__ import annotations
@@ -46,31 +62,81 @@ def write_folder(root: Path, images: int, classes: int = 10, seed: int = 0) -> P
     return root
 
 
-def bigbatch_rate(data: Path, name: str, workers: int, images: int) -> float:
+def bigbatch_rate(data: Path, name: str, workers: int, images: int, decode: str = "exact") -> float:
     from bigbatch.config import load_config
     from bigbatch.data.bench import measure
     from bigbatch.tasks import build_task
 
     cfg = load_config("digits", [f"data.name={name}", f"data.path={data}", "data.size=299", "batch=32",
-                                 "data.preprocessing=inception"])
+                                 "data.preprocessing=inception", f"data.decode={decode}"])
     result = measure(cfg, build_task(cfg), workers, images)
     return result.images_per_s
 
 
-def torchvision_rate(data: Path, workers: int, images: int) -> float:
+def read_jpeg_tensor(path: str) -> torch.Tensor:
+    """torchvision's own decode: libjpeg-turbo straight into a uint8 CHW tensor."""
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+    return decode_jpeg(read_file(path), mode=ImageReadMode.RGB)
+
+
+def loader_rate(dataset: torch.utils.data.Dataset, workers: int, images: int) -> float:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=workers, drop_last=True)
+    stream = iter(loader)
+    next(stream)  # start-up, not timed (as bigbatch's measurement)
+    start, read = time.perf_counter(), 0
+    while read < images:
+        read += len(next(stream)[0])
+    return read / (time.perf_counter() - start)
+
+
+def torchvision_equal_rate(data: Path, workers: int, images: int) -> float:
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import v2
+
+    transform = v2.Compose([
+        v2.RandomResizedCrop(299, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3),
+                             interpolation=v2.InterpolationMode.BILINEAR, antialias=False),
+        v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+        v2.ColorJitter(brightness=0.125, saturation=0.5), v2.Normalize([0.5] * 3, [0.5] * 3)])
+    dataset = ImageFolder(str(data / "train"), transform=transform, loader=read_jpeg_tensor)
+    return loader_rate(dataset, workers, images)
+
+
+def torchvision_usual_rate(data: Path, workers: int, images: int) -> float:
     from torchvision.datasets import ImageFolder
     from torchvision.transforms import v2
 
     transform = v2.Compose([v2.RandomResizedCrop(299, antialias=True), v2.RandomHorizontalFlip(),
                             v2.ColorJitter(0.4, 0.4, 0.4), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                             v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
-    loader = torch.utils.data.DataLoader(ImageFolder(str(data / "train"), transform=transform), batch_size=32,
-                                         shuffle=True, num_workers=workers, drop_last=True)
-    stream = iter(loader)
-    next(stream)  # start-up, not timed (as bigbatch's measurement)
+    return loader_rate(ImageFolder(str(data / "train"), transform=transform), workers, images)
+
+
+def dali_rate(data: Path, workers: int, images: int) -> float:
+    """DALI on the CPU; ``workers`` becomes its thread count (at least 1: DALI has no in-process mode)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=32, num_threads=max(1, workers), device_id=None, seed=0)
+    def pipeline():  # noqa: ANN202
+        jpegs, labels = fn.readers.file(file_root=str(data / "train"), random_shuffle=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[0.05, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.resize(images, resize_x=299, resize_y=299, interp_type=types.INTERP_LINEAR, antialias=False)
+        images = fn.flip(images, horizontal=fn.random.coin_flip())
+        images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.875, 1.125]),
+                                saturation=fn.random.uniform(range=[0.5, 1.5]))
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[127.5] * 3, std=[127.5] * 3)
+        return images, labels
+
+    pipe = pipeline()
+    pipe.build()
+    pipe.run()  # start-up, not timed
     start, read = time.perf_counter(), 0
     while read < images:
-        read += len(next(stream)[0])
+        out = pipe.run()
+        read += len(out[0])
     return read / (time.perf_counter() - start)
 
 
@@ -81,22 +147,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--shards", action="store_true", help="also measure data.name: shards")
+    parser.add_argument("--dali", action="store_true", help="also measure NVIDIA DALI on the CPU, where it imports")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, Pillow "
           f"{Image.__version__}; {args.images} JPEGs, {args.per_run} images a measurement, {args.rounds} rounds")
     with tempfile.TemporaryDirectory() as tmp:
         data = write_folder(Path(tmp) / "folder", args.images)
-        sides = {"torchvision": lambda w: torchvision_rate(data, w, args.per_run),
-                 "bigbatch folder": lambda w: bigbatch_rate(data, "folder", w, args.per_run)}
+        sides = {"tv equal work": lambda w: torchvision_equal_rate(data, w, args.per_run),
+                 "bigbatch exact": lambda w: bigbatch_rate(data, "folder", w, args.per_run, "exact"),
+                 "bigbatch fast": lambda w: bigbatch_rate(data, "folder", w, args.per_run, "fast"),
+                 "tv usual": lambda w: torchvision_usual_rate(data, w, args.per_run)}
         if args.shards:
             from bigbatch.data.pack import pack
 
             shards = Path(tmp) / "shards"
             pack(data, shards, 64 * 2**20)
             sides["bigbatch shards"] = lambda w: bigbatch_rate(shards, "shards", w, args.per_run)
-        print(f"{'workers':>7s}  " + "  ".join(f"{name + ' img/s':>22s}" for name in sides)
-              + "  " + "  ".join(f"{name + ' / torchvision':>30s}" for name in list(sides)[1:]))
+        if args.dali:
+            try:
+                import nvidia.dali
+
+                print(f"DALI {nvidia.dali.__version__}")
+                sides["dali"] = lambda w: dali_rate(data, w, args.per_run)
+            except ImportError as error:
+                print(f"DALI skipped: {error}")
+        base_name, others = "tv equal work", [name for name in sides if name != "tv equal work"]
+        print(f"{'workers':>7s}  " + "  ".join(f"{name + ' img/s':>20s}" for name in sides)
+              + "  " + "  ".join(f"{name + ' / tv equal':>24s}" for name in others))
         for workers in args.workers:
             rates: dict[str, list[float]] = {name: [] for name in sides}
             for r in range(args.rounds):
@@ -104,9 +182,9 @@ def main() -> None:
                 for name in names:
                     rates[name].append(sides[name](workers))
             median = {name: statistics.median(values) for name, values in rates.items()}
-            base = median["torchvision"]
-            print(f"{workers:7d}  " + "  ".join(f"{median[n]:22.1f}" for n in sides)
-                  + "  " + "  ".join(f"{median[n] / base:30.2f}" for n in list(sides)[1:]))
+            base = median[base_name]
+            print(f"{workers:7d}  " + "  ".join(f"{median[n]:20.1f}" for n in sides)
+                  + "  " + "  ".join(f"{median[n] / base:24.2f}" for n in others), flush=True)
 
 
 if __name__ == "__main__":

@@ -108,8 +108,8 @@ def test_a_strict_run_stops_at_the_first_bad_file_naming_it(tmp_path, damaged):
 class Box:
     """A preprocessing that crops a fixed box and keeps it (``CropFirst``)."""
 
-    def __init__(self, box, needed) -> None:
-        self._box, self._needed = box, needed
+    def __init__(self, box, needed, fast: bool = True) -> None:
+        self._box, self._needed, self.fast = box, needed, fast
 
     def box(self, height, width):
         return self._box
@@ -135,6 +135,8 @@ def test_a_jpeg_is_decoded_at_reduced_size_only_as_far_as_the_crop_allows(photos
     means = torch.nn.functional.avg_pool2d(blocks[None], 4)[0]
     assert (reduced[:, : height // 4, : width // 4].float() - means).abs().mean() < 3.0
     assert jpeg_reduction(height, width, (height, width)) == 1  # a crop as large as the output: full decode
+    exact = decode_crop(path, Box((0, 0, height, width), (height // 4, width // 4), fast=False))
+    assert torch.equal(exact, full)  # data.decode: exact never reduces
 
 
 def test_the_recipe_trains_inception_v3_with_its_auxiliary_head_on_a_folder(tmp_path):

@@ -58,10 +58,10 @@ def rand_scale(s: float) -> float:
 class DarknetTrainCrop:
     """The training crop (the module's formula); ``box`` draws the window, ``finish`` the rest."""
 
-    def __init__(self, size: int, augment: DarknetAugment) -> None:
+    def __init__(self, size: int, augment: DarknetAugment, fast: bool = False) -> None:
         from bigbatch.data.det_transforms import DarknetColor
 
-        self.size, self.augment = size, augment
+        self.size, self.augment, self.fast = size, augment, fast
         self.color = DarknetColor(augment.hue, augment.saturation, augment.exposure)
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
@@ -96,8 +96,8 @@ class DarknetTrainCrop:
 class DarknetEvalCrop:
     """The evaluation crop: the shorter side to ``size``, the centre kept, in [0, 1]."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, fast: bool = False) -> None:
+        self.size, self.fast = size, fast
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
         return 0, 0, height, width

@@ -60,8 +60,8 @@ INTERPOLATIONS = (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC)
 
 
 class InceptionTrainCrop:
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, fast: bool = False) -> None:
+        self.size, self.fast = size, fast
         self.rest = InceptionTrain(size)
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
@@ -71,12 +71,12 @@ class InceptionTrainCrop:
         return self.size, self.size  # the crop is resized to size x size, aspect ignored
 
     def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        return self.rest.after_crop(crop)
+        return self.rest.after_crop_fast(crop) if self.fast else self.rest.after_crop(crop)
 
 
 class InceptionEvalCrop:
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, fast: bool = False) -> None:
+        self.size, self.fast = size, fast
         self.eval = InceptionEval(size)
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
@@ -86,7 +86,7 @@ class InceptionEvalCrop:
         return self.size, self.size
 
     def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        return self.eval.after_crop(crop)
+        return self.eval.after_crop_fast(crop) if self.fast else self.eval.after_crop(crop)
 
 
 def _normalised(image: torch.Tensor) -> torch.Tensor:
@@ -94,8 +94,8 @@ def _normalised(image: torch.Tensor) -> torch.Tensor:
 
 
 class StandardTrainCrop:
-    def __init__(self, size: int, augment: StandardAugment | None = None) -> None:
-        self.size = size
+    def __init__(self, size: int, augment: StandardAugment | None = None, fast: bool = False) -> None:
+        self.size, self.fast = size, fast
         self.augment = augment = augment or StandardAugment()
         self.crop = v2.RandomResizedCrop(size, scale=tuple(augment.scale), ratio=tuple(augment.ratio),
                                          antialias=True)
@@ -123,8 +123,8 @@ class StandardTrainCrop:
 
 
 class StandardEvalCrop:
-    def __init__(self, size: int, crop_pct: float = 0.875) -> None:
-        self.size = size
+    def __init__(self, size: int, crop_pct: float = 0.875, fast: bool = False) -> None:
+        self.size, self.fast = size, fast
         self.resized = math.floor(size / crop_pct)  # timm's and torchvision's rule: 256 for 224 at 0.875
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:

@@ -8,9 +8,10 @@ Classes and files are listed as torchvision's ``ImageFolder`` lists them: class 
 (``.jpg``, ``.jpeg``, ``.png``, any case). Nothing is read when the set is listed.
 
 Each sample is decoded crop first (``CropFirst``): the crop box is chosen from the size in the file's header,
-then a JPEG is decoded at the smallest DCT scale (1/1, 1/2, 1/4, 1/8; PIL's ``draft``, libjpeg's scaled
-decoding) that still gives the crop at least the output's size, as TensorFlow's ``decode_and_crop_jpeg`` saves
-work, and only then cropped, resized and augmented. ``docs/data.md`` states the difference to a full decode.
+then the image decoded, cropped, resized and augmented. With ``data.decode: fast`` a JPEG is decoded at the
+smallest DCT scale (1/1, 1/2, 1/4, 1/8; PIL's ``draft``, libjpeg's scaled decoding) that still gives the crop at
+least the output's size, and the Inception resize runs on the uint8 pixels; ``exact`` (the default) decodes
+whole and keeps the preprocessing's own arithmetic. ``docs/data.md`` states how far the two differ.
 
 A sample's augmentation is drawn from its own seed (``data/order.py``'s ``sample_seed``: run seed, step,
 index), so an image gets the same crop whatever the devices, subdivisions, workers or a resume.
@@ -176,6 +177,10 @@ def list_split(data: DataConfig, split: str, classes: Sequence[str], issues: Dat
 class CropFirst(Protocol):
     """A preprocessing that chooses its crop from the image's size alone, then finishes on the cropped pixels."""
 
+    fast: bool
+    """``data.decode: fast``: a JPEG may be decoded at a reduced DCT scale, and the finish may resize
+    approximately (``docs/data.md``, "Exact and fast decoding"); ``False``: the full decode, the exact arithmetic."""
+
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
         """``(top, left, h, w)`` of the crop in the full image (may draw from torch's RNG)."""
 
@@ -193,16 +198,18 @@ def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> 
 
 
 def decode_crop(source: str | bytearray, preprocess: CropFirst) -> torch.Tensor:
-    """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), a JPEG
-    at reduced size when the crop allows it; uint8 CHW RGB.
+    """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), and
+    finish it (``preprocess.finish``).
 
-    The header is read with PIL. A JPEG the crop lets shrink is decoded by PIL at that DCT scale (``draft``);
-    any other image by torchvision (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and
-    straight into a CHW tensor), then cropped by slicing."""
+    The header is read with PIL. On the fast path (``preprocess.fast``) a JPEG the crop lets shrink is decoded by
+    PIL at that DCT scale (``draft``); any other image, and every image on the exact path, by torchvision
+    (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and straight into a CHW tensor),
+    then cropped by slicing."""
     with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
         width, height = image.size
         top, left, h, w = preprocess.box(height, width)
-        reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if image.format == "JPEG" else 1
+        reduce = preprocess.fast and image.format == "JPEG"
+        reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if reduce else 1
         if reduction > 1:
             # PIL's draft takes the largest scale 1/s with s <= min(width // w', height // h'): ask for width // r.
             image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
@@ -212,8 +219,11 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst) -> torch.Tensor:
         pixels = decode_image(encoded, mode=ImageReadMode.RGB)
         return preprocess.finish(pixels[:, top:top + h, left:left + w])
     ry, rx = height / rgb.size[1], width / rgb.size[0]  # r, or nearly (libjpeg rounds the sides up)
-    top, left = math.floor(top / ry), math.floor(left / rx)  # the box in the reduced pixels, widened to whole ones
-    h, w = min(math.ceil(h / ry), rgb.size[1] - top), min(math.ceil(w / rx), rgb.size[0] - left)
+    top_full, left_full = top, left
+    # The box in the reduced pixels, each edge rounded to the nearest one (at most half a reduced pixel off).
+    top, left = min(round(top / ry), rgb.size[1] - 1), min(round(left / rx), rgb.size[0] - 1)
+    h = max(1, min(round((top_full + h) / ry), rgb.size[1]) - top)
+    w = max(1, min(round((left_full + w) / rx), rgb.size[0]) - left)
     pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
     return preprocess.finish(pixels.contiguous())
 
@@ -324,14 +334,15 @@ class Preprocessing:
 def preprocessing(data: DataConfig) -> Preprocessing:
     from bigbatch.data import crops
 
+    fast = data.decode == "fast"
     if data.preprocessing == "inception":
-        return Preprocessing(crops.InceptionTrainCrop(data.size), crops.InceptionEvalCrop(data.size))
+        return Preprocessing(crops.InceptionTrainCrop(data.size, fast), crops.InceptionEvalCrop(data.size, fast))
     if data.preprocessing == "darknet":
         from bigbatch.data.classifier_augment import DarknetEvalCrop, DarknetTrainCrop
 
-        return Preprocessing(DarknetTrainCrop(data.size, data.darknet), DarknetEvalCrop(data.size))
-    return Preprocessing(crops.StandardTrainCrop(data.size, data.standard),
-                         crops.StandardEvalCrop(data.size, data.standard.crop_pct))
+        return Preprocessing(DarknetTrainCrop(data.size, data.darknet, fast), DarknetEvalCrop(data.size, fast))
+    return Preprocessing(crops.StandardTrainCrop(data.size, data.standard, fast),
+                         crops.StandardEvalCrop(data.size, data.standard.crop_pct, fast))
 
 
 def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
@@ -384,13 +395,21 @@ PREPROCESSING = Literal["inception", "standard", "darknet"]
 with the keys of ``data.darknet`` (``data/classifier_augment.py``)."""
 
 
+DECODE = Literal["exact", "fast"]
+"""``data.decode`` (``folder``, ``shards``): ``exact``, every image decoded whole and the preprocessing's own
+arithmetic (for ``inception``, TF1's bilinear resize, bit for bit); ``fast``, a JPEG decoded at the smallest DCT
+scale the crop allows and, for ``inception``, the resize done on the uint8 pixels by torch (``docs/data.md``
+states how far the outputs differ)."""
+
+
 def classification_fields() -> dict:
-    """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing``, ``darknet`` and ``standard``."""
+    """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing``, ``darknet``, ``standard`` and
+    ``decode``."""
     from bigbatch.data.classifier_augment import DarknetAugment
     from bigbatch.data.crops import StandardAugment
 
     return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment()),
-            "standard": (StandardAugment, StandardAugment())}
+            "standard": (StandardAugment, StandardAugment()), "decode": (DECODE, "exact")}
 
 
 DATASETS.register("folder", load, task="classification", count=train_images, check=_check, given=_path_given,

@@ -425,6 +425,35 @@ def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int],
     return top.add_(bottom.sub_(top).mul_(yl[:, None]))
 
 
+def fast_resize_bilinear(image: Tensor, size: int | Sequence[int], flip: bool = False) -> Tensor:
+    """The fast path's stand-in for :func:`tf1_resize_bilinear`: torch's bilinear resize of a uint8 CHW image,
+    computed in channels-last layout (torch's vectorised uint8 kernel), no antialiasing, optionally mirrored
+    left-right; uint8 CHW out (a channels-last view).
+
+    torch maps an output pixel to ``src = (dst + 0.5) * in / out - 0.5`` (half-pixel centres) and rounds to
+    uint8; TF1's legacy scaler maps it to ``src = dst * in / out`` in float32 (:func:`tf1_resize_bilinear`).
+    The output moves by ``0.5 * (in / out - 1)`` source pixels against TF1's and loses the float's fraction
+    of a grey level. The half-pixel mapping is symmetric, so the flip is done on the input, in the copy the
+    channels-last layout needs anyway. How far the Inception outputs differ is measured in ``docs/data.md``.
+    """
+    oh, ow = _size2(size)
+    x = image.as_subclass(Tensor).unsqueeze(0)
+    x = x.flip(-1).contiguous(memory_format=torch.channels_last) if flip else \
+        x.contiguous(memory_format=torch.channels_last)
+    return torch.nn.functional.interpolate(x, size=(oh, ow), mode="bilinear", align_corners=False,
+                                           antialias=False)[0]
+
+
+def _fast_to_signed_unit(x: Tensor, offset: Sequence[float] = (0.0, 0.0, 0.0)) -> Tensor:
+    """uint8 CHW (any layout) -> contiguous float32 ``clip(x / 255 + offset, 0, 1) * 2 - 1``, computed as
+    ``clip(x * 2/255 + (2 offset - 1), -1, 1)`` in one conversion and two in-place passes (the fast path's
+    arithmetic: equal to the exact path's up to float rounding)."""
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    out.copy_(x)
+    shift = torch.tensor([2 * o - 1 for o in offset], dtype=torch.float32, device=x.device)
+    return out.mul_(2 / 255).add_(shift[:, None, None]).clamp_(-1.0, 1.0)
+
+
 def _resize_nearest(x: Tensor, oh: int, ow: int) -> Tensor:
     """TF1 ``resize_nearest_neighbor`` (legacy): ``src = min(floor(dst * in / out), in - 1)`` in float32."""
     ih, iw = x.shape[-2:]
@@ -724,14 +753,18 @@ class DistortColorFast(_GeneratorTransform):
             "cr": _uniform(-self.cr, self.cr, generator),
         }
 
-    def apply(self, image: Tensor, params: dict[str, float]) -> Tensor:
+    def offsets(self, params: dict[str, float]) -> tuple[float, float, float]:
+        """The (R, G, B) offsets of ``params``, in float32 as the TPU code computes them."""
         br, cb, cr = _f32(params["br"]), _f32(params["cb"]), _f32(params["cr"])
         offsets = (
             _f32(1.402) * cr + br,
             _f32(-0.344136) * cb - _f32(0.714136) * cr + br,
             _f32(1.772) * cb + br,
         )
-        offset = torch.tensor([float(o) for o in offsets], dtype=image.dtype, device=image.device)
+        return tuple(float(o) for o in offsets)
+
+    def apply(self, image: Tensor, params: dict[str, float]) -> Tensor:
+        offset = torch.tensor(self.offsets(params), dtype=image.dtype, device=image.device)
         return (image + offset[:, None, None]).clamp(0.0, 1.0)
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
@@ -794,6 +827,17 @@ class InceptionTrain(_GeneratorTransform):
         """Everything after the crop, on an already cropped image (uint8 / float CHW tensor or PIL)."""
         return self._finish(_rgb_tensor(image), self.draw_params(generator))
 
+    def after_crop_fast(self, image: Any, generator: torch.Generator | None = None) -> Tensor:
+        """:meth:`after_crop` with the bilinear resize done by :func:`fast_resize_bilinear` on the uint8 pixels
+        (``data.decode: fast``); the same random draws in the same order, so the same box, flip and colours.
+        Only the bilinear method with the fast colour distortion has a fast form; any other runs as
+        :meth:`after_crop`."""
+        x, params = _rgb_tensor(image), self.draw_params(generator)
+        if params["method"] != "bilinear" or x.dtype != torch.uint8 or not isinstance(self.color, DistortColorFast):
+            return self._finish(x, params)
+        return _fast_to_signed_unit(fast_resize_bilinear(x, self.size, params["flip"]),
+                                    self.color.offsets(params["color"]))
+
     def check_inputs(self, flat_inputs: list[Any]) -> None:
         _check_classification_inputs(flat_inputs, "InceptionTrain")
 
@@ -831,6 +875,13 @@ class InceptionEval(v2.Transform):
     def after_crop(self, image: Any) -> Tensor:
         """Resize and scale an already cropped image (uint8 / float CHW tensor or PIL)."""
         return (tf1_resize_bilinear(_rgb_tensor(image), self.size, convert=_unit_float) - 0.5) * 2.0
+
+    def after_crop_fast(self, image: Any) -> Tensor:
+        """:meth:`after_crop` with :func:`fast_resize_bilinear` for a uint8 image (``data.decode: fast``)."""
+        x = _rgb_tensor(image)
+        if x.dtype != torch.uint8:
+            return self.after_crop(x)
+        return _fast_to_signed_unit(fast_resize_bilinear(x, self.size))
 
     def check_inputs(self, flat_inputs: list[Any]) -> None:
         _check_classification_inputs(flat_inputs, "InceptionEval")
