@@ -18,15 +18,18 @@ from bigbatch.errors import UserError
 BEFORE_PACKAGE_RUN = Path(__file__).parent / "data" / "run-digits-before-config-package"
 
 
-ADDED_SINCE = {"  preprocessing: inception\n": (
+ADDED_SINCE = {"  color_jitter: 0.0\n": "  mosaic: 0.0\n  mosaic_bound: false\n",
+               "  preprocessing: inception\n": (
     "  darknet:\n    min_crop: 1.0\n    max_crop: 2.0\n    aspect: 1.0\n    angle: 0.0\n    hue: 0.0\n"
     "    saturation: 1.0\n    exposure: 1.0\n    flip: true\n"
     "  standard:\n    scale:\n    - 0.08\n    - 1.0\n    ratio:\n    - 0.75\n    - 1.3333333333333333\n"
-    "    hflip: 0.5\n    color_jitter: 0.0\n    interpolation: bilinear\n    crop_pct: 0.875\n"),
+    "    hflip: 0.5\n    color_jitter: 0.0\n    interpolation: bilinear\n    crop_pct: 0.875\n"
+    "  decode: exact\n"),
     "  cfg: null\n": "  memory_format: auto\n  darknet_dialect: alexeyab\n"}
 """Keys added to the config since the run was written (after the line they follow), at their defaults:
-``data.darknet``, Darknet's classifier augmentation (``data.preprocessing: darknet``); ``data.standard``, the keys
-of ``data.preprocessing: standard``; ``model.memory_format``; ``model.darknet_dialect``."""
+``data.mosaic`` and ``data.mosaic_bound`` (detection augmentation); ``data.darknet``, Darknet's classifier
+augmentation (``data.preprocessing: darknet``); ``data.standard``, the keys of ``data.preprocessing: standard``;
+``data.decode``; ``model.memory_format``; ``model.darknet_dialect``."""
 
 
 def test_its_config_is_written_back_byte_for_byte():
@@ -66,7 +69,9 @@ def test_an_unknown_data_key_lists_every_key_in_the_written_order():
         load_config("digits", ["data.shape_images=10"])
     listed = str(raised.value).partition("expected one of: ")[2].rstrip(")").split(", ")
     written = list(read_yaml(BEFORE_PACKAGE_RUN / "config.yaml")["data"])
-    assert listed == [*written, "darknet", "standard"]  # added since (ADDED_SINCE)
+    after = written.index("color_jitter") + 1
+    written[after:after] = ["mosaic", "mosaic_bound"]  # added since (ADDED_SINCE), as the next three
+    assert listed == [*written, "darknet", "standard", "decode"]
 
 
 def test_show_says_where_a_filled_in_metric_came_from(capsys):

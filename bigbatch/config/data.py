@@ -37,7 +37,7 @@ class DataConfig(PartSection):
     parts = DATASETS
     layout = ("name", "size", "max_size", "resize", "path", "train", "val", "classes", "strict", "train_images",
               "shapes_images", "flip", "crop", "jitter", "hue", "saturation", "exposure", "crop_size", "color_jitter",
-              "multiscale", "workers")
+              "mosaic", "mosaic_bound", "multiscale", "workers")
     """The order config.yaml has always written these keys in, the formats' own among the shared ones."""
 
     name: Annotated[str, registered(DATASETS)] = "digits"

@@ -70,8 +70,12 @@ NET_KEYS = NET_RECIPE_KEYS | {
 """Every ``[net]`` key Darknet reads (pjreddie and AlexeyAB): the recipe's, the input's, and the rest (ignored)."""
 
 NET_INPUT_KEYS = frozenset({"width", "height", "channels"})
-NET_AUGMENT_KEYS = frozenset({"hue", "saturation", "exposure", "flip"})
-"""The ``[net]`` augmentation keys bigbatch uses (``data.hue``, ``saturation``, ``exposure``, ``flip``)."""
+NET_AUGMENT_KEYS = frozenset({"hue", "saturation", "exposure", "flip", "mosaic", "mosaic_bound"})
+"""The ``[net]`` augmentation keys bigbatch uses (``data.hue``, ``saturation``, ``exposure``, ``flip``, ``mosaic``,
+``mosaic_bound``)."""
+NET_DETECTOR_KEYS = frozenset({"mosaic", "mosaic_bound"})
+"""Those used by a detector only (a network with ``[yolo]`` layers): a classifier's ``mosaic`` is another augmentation
+(AlexeyAB's ``load_data_augment``) that bigbatch does not implement, so there they are listed as ignored."""
 
 NOT_BUILT_SECTIONS = {
     "rnn": "a recurrent layer", "gru": "a recurrent layer", "lstm": "a recurrent layer",
@@ -94,8 +98,9 @@ def _net_input(path: Path, section: KeyedSection, ignored: list[str], warnings: 
     for key in section.options:
         if key not in NET_KEYS:
             s.warn(key, "unknown key, not used (Darknet's [net] does not read it either)")
-        elif key not in NET_INPUT_KEYS and key not in NET_RECIPE_KEYS and key not in NET_AUGMENT_KEYS:
-            ignored.append(f"{section.name}:{key}")
+        elif key in NET_DETECTOR_KEYS or (key not in NET_INPUT_KEYS and key not in NET_RECIPE_KEYS
+                                          and key not in NET_AUGMENT_KEYS):
+            ignored.append(f"{section.name}:{key}")  # a detector's keys: taken off once the layers are known
     width = s.integer("width", 0, 0)
     height = s.integer("height", 0, 0)
     channels = s.integer("channels", 0, 0)
@@ -103,8 +108,9 @@ def _net_input(path: Path, section: KeyedSection, ignored: list[str], warnings: 
     saturation = s.number("saturation", 1.0, above=0)
     exposure = s.number("exposure", 1.0, above=0)
     flip = bool(s.integer("flip", 1, 0, 1))
+    mosaic, mosaic_bound = s.flag("mosaic"), s.flag("mosaic_bound")
     return NetInput(width or None, height or None, channels or None, section.line, s.lines(), hue, saturation,
-                    exposure, flip, dict(section.options))
+                    exposure, flip, dict(section.options), mosaic, mosaic_bound)
 
 
 def read_darknet_cfg(path: str | Path) -> DarknetCfg:
@@ -139,6 +145,8 @@ def read_darknet_cfg(path: str | Path) -> DarknetCfg:
         s.rest(layer_kind.ignored, layer_kind.refused, ignored)
     if not layers:
         raise UserError(f"{path}:{sections[0].line}: [net]: the cfg has no layers after [net]")
+    if any(layer.kind == "yolo" for layer in layers):  # a detector uses them (data.mosaic, data.mosaic_bound)
+        ignored = [key for key in ignored if key not in {f"{sections[0].name}:{k}" for k in NET_DETECTOR_KEYS}]
     return DarknetCfg(path, net, tuple(layers), tuple(dict.fromkeys(ignored)), tuple(dict.fromkeys(warnings)))
 
 

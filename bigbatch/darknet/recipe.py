@@ -27,6 +27,10 @@ from bigbatch.darknet.text import INT_MAX, parse_number, read_cfg
 from bigbatch.errors import UserError
 from bigbatch.registry import CONFIG_FORMATS
 
+MOSAIC_PROBABILITY = 0.5
+"""``data.mosaic`` of a ``.cfg``'s ``mosaic=1``: AlexeyAB's ``load_data_detection`` keeps the mosaic with even odds
+(``if (random_gen() % 2 == 0) use_mixup = 0``)."""
+
 
 def _number(path: Path, line: int, key: str, value: str, kind: type) -> Any:
     number = parse_number(value, kind)
@@ -96,7 +100,8 @@ def darknet_config(path: Path) -> dict[str, Any]:
     with ``model.cfg`` this file (absolute), square inputs of the ``[net]`` width, letterboxed, and Darknet's
     multi-scale when the last ``[yolo]`` layer has ``random`` (1: the range 1.4; a fraction such as 1.25: that
     range). Darknet's augmentation as the cfg asks: the last ``[yolo]`` layer's ``jitter``, ``[net]`` ``hue``,
-    ``saturation``, ``exposure`` and ``flip``. The data default to bigbatch's generated shapes set;
+    ``saturation``, ``exposure``, ``flip``, and ``mosaic`` (``data.mosaic: 0.5``, AlexeyAB's odds) with
+    ``mosaic_bound``. The data default to bigbatch's generated shapes set;
     ``--set data.name=yolo data.path=obj.data`` trains on a Darknet dataset. Evaluation reports mAP@0.5, as
     Darknet's ``map``.
 
@@ -134,6 +139,10 @@ def darknet_config(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox", "jitter": last.jitter,
                             "hue": net.hue, "saturation": max(net.saturation, 1 / net.saturation),
                             "exposure": max(net.exposure, 1 / net.exposure), "flip": 0.5 if net.flip else 0.0}
+    if net.mosaic:  # AlexeyAB turns a batch's mosaic off with even odds (load_data_detection): half the samples
+        data["mosaic"] = MOSAIC_PROBABILITY
+    if net.mosaic_bound:
+        data["mosaic_bound"] = True
     random = last.random
     if random:
         data["multiscale"] = {"sizes": "auto", "range": 1.4 if random == 1 else random}

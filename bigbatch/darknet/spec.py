@@ -70,6 +70,10 @@ class NetInput:
     """and a horizontal flip of half the images (AlexeyAB's ``flip``, 1 by default)."""
     options: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Every ``[net]`` key as written (the first of a key given twice, as Darknet's ``option_find``)."""
+    mosaic: bool = False
+    """A detector's mosaic augmentation (AlexeyAB's ``mosaic=1``: half the samples made of four images),"""
+    mosaic_bound: bool = False
+    """its boxes clipped to their own quadrant (AlexeyAB's ``mosaic_bound=1``)."""
 
 
 @dataclass(frozen=True)

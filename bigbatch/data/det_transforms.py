@@ -13,6 +13,8 @@ clamp, sanitize) do all the box arithmetic; this module only chooses the output 
   side ``int(side * scale + 0.5)``, centred on a ``size x size`` canvas (``left = (size - new_w) // 2``,
   the odd pixel goes right / bottom, as Darknet's integer division), padded with grey 114 (as YOLOv5/8).
 - random crop (detectron2 ``RandomCrop("relative_range")``, see :class:`RandomRelativeCrop`).
+- AlexeyAB Darknet's mosaic of four images (``data/mosaic.py``), which the training transform carries for the
+  dataset (it needs three more records).
 
 Pipelines (:func:`train_transform`, :func:`eval_transform`) return a callable
 ``(image, target, size=None) -> (image, target)`` where ``size`` is this step's multi-scale size (the
@@ -31,6 +33,8 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+
+from bigbatch.data.mosaic import Mosaic
 
 ResizeMode = Literal["shorter_side", "letterbox"]
 Target = dict[str, Any]
@@ -293,13 +297,14 @@ def boxes_from_coco(xywh: Sequence[Sequence[float]] | torch.Tensor, canvas_size:
 
 class TrainTransform:
     """``(image, target, size=None) -> (image, target)``: crop, colour jitter, resize (to this step's
-    ``size``), fixed-size crop, horizontal flip, clamp + sanitize, float32 in [0, 1]. See :func:`train_transform`."""
+    ``size``), fixed-size crop, horizontal flip, clamp + sanitize, float32 in [0, 1]. See :func:`train_transform`.
+    With ``mosaic``, its :attr:`mosaic` makes the samples it picks of four images (``DetectionDataset`` asks it)."""
 
     def __init__(self, resize: ResizeMode, size: int, max_size: int | None = None,
                  max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
                  crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
                  crop_size: int | None = None, jitter: float = 0.0, hue: float = 0.0, saturation: float = 1.0,
-                 exposure: float = 1.0):
+                 exposure: float = 1.0, mosaic: float = 0.0, mosaic_bound: bool = False):
         if max_size is not None and max_size_ratio is not None:
             raise ValueError("give max_size or max_size_ratio, not both")
         resize_transform(resize, size)  # validates the mode
@@ -311,16 +316,24 @@ class TrainTransform:
         if color_jitter:
             # before the letterbox, so the padding stays grey 114
             before.append(v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter))
+        each_image = list(before)  # a mosaic's images: these, then its own jitter window
         if jitter:
             before.append(DarknetJitter(jitter))
         self.jitter = jitter
         self.before = v2.Compose(before) if before else None
-        after: list[v2.Transform] = [RandomFixedCrop(crop_size, min_size=min_box_size)] if crop_size else []
+        fixed_crop = [RandomFixedCrop(crop_size, min_size=min_box_size)] if crop_size else []
+        after: list[v2.Transform] = list(fixed_crop)
         after += [v2.RandomHorizontalFlip(flip)] if flip else []
         after += [clamp_and_sanitize(min_box_size), v2.ToDtype(torch.float32, scale=True)]
-        if hue or saturation != 1.0 or exposure != 1.0:
-            after.append(DarknetColor(hue, saturation, exposure))
+        color = DarknetColor(hue, saturation, exposure) if hue or saturation != 1.0 or exposure != 1.0 else None
+        if color is not None:
+            after.append(color)
         self.after = v2.Compose(after)
+        self.mosaic: Mosaic | None = None  # data.mosaic: the dataset makes a sample it picks of four images
+        if mosaic:
+            self.mosaic = Mosaic(mosaic, size, mosaic_bound, jitter, flip,
+                                 before=v2.Compose(each_image) if each_image else None, color=color,
+                                 after=v2.Compose([*fixed_crop, clamp_and_sanitize(min_box_size)]))
 
     def max_size_for(self, size: int) -> int | None:
         """The cap on the longer side at shorter side ``size``: fixed ``max_size`` (detectron2 keeps 1333
@@ -345,7 +358,7 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
                     max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
                     crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
                     crop_size: int | None = None, jitter: float = 0.0, hue: float = 0.0, saturation: float = 1.0,
-                    exposure: float = 1.0) -> TrainTransform:
+                    exposure: float = 1.0, mosaic: float = 0.0, mosaic_bound: bool = False) -> TrainTransform:
     """The training pipeline, a callable ``(image, target, size=None) -> (image, target)``.
 
     In order: :class:`RandomRelativeCrop` with probability ``crop_prob`` (``crop``: ``False`` none,
@@ -358,9 +371,14 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     dropped with their labels); ``v2.ToDtype(float32, scale=True)``. Darknet's options: with ``jitter``,
     :class:`DarknetJitter` after the colour jitter, and the window stretched to ``size x size`` in place of the
     resize; with ``hue``, ``saturation`` or ``exposure``, :class:`DarknetColor` on the float image, last.
+
+    With ``mosaic`` (a probability), the transform carries a :class:`~bigbatch.data.mosaic.Mosaic` (its ``mosaic``
+    attribute), with which the training dataset makes a sample of four images, ``size x size``: AlexeyAB's mosaic
+    (``mosaic_bound``: boxes clipped to their quadrant), each image through the crop and colour jitter, then its own
+    jitter window, flip and Darknet colours; the mosaic through the fixed-size crop and the clamp + sanitize.
     """
     return TrainTransform(resize, size, max_size, max_size_ratio, flip, crop, crop_prob, color_jitter,
-                          min_box_size, crop_size, jitter, hue, saturation, exposure)
+                          min_box_size, crop_size, jitter, hue, saturation, exposure, mosaic, mosaic_bound)
 
 
 class EvalTransform:

@@ -115,7 +115,8 @@ class DetectionDataset(Dataset):
     A key is an index, or ``(index, size, sample_seed)``: ``size`` is passed to the transform (multi-scale
     training), and with a ``sample_seed`` the transform runs with torch's CPU RNG seeded with it in a
     forked RNG, so a sample's augmentation depends only on its seed (whatever the worker, layout or resume)
-    and the global RNG is left untouched.
+    and the global RNG is left untouched. A transform with a ``mosaic`` (``data.mosaic``, ``data/mosaic.py``) makes
+    the samples it picks of this record and three others, drawn under that same seed.
 
     An image that cannot be decoded is reported once (per process) and replaced by the next readable one
     (wrapping around); the substitute's target carries ``substitute_for``, the requested record's image_id,
@@ -143,9 +144,18 @@ class DetectionDataset(Dataset):
         if self.transform is None:
             return image, target
         if sample_seed is None:
-            return self.transform(image, target, size)
+            return self._transformed(image, target, size)
         with sample_rng(sample_seed):
-            return self.transform(image, target, size)
+            return self._transformed(image, target, size)
+
+    def _transformed(self, image: tv_tensors.Image, target: dict[str, Any], size: Any) -> tuple[Any, dict[str, Any]]:
+        """The transform's output, or, when the transform carries a mosaic that picks this sample, the mosaic of this
+        image and three drawn from the records (``data/mosaic.py``), every draw from the current RNG."""
+        mosaic = getattr(self.transform, "mosaic", None)
+        if mosaic is not None and mosaic.chosen():
+            partners = [self._sample(i) for i in mosaic.partners(len(self.records))]
+            return mosaic([(image, target), *partners], size)
+        return self.transform(image, target, size)
 
     def _sample(self, index: int) -> tuple[tv_tensors.Image, dict[str, Any]]:
         """The record at ``index`` decoded, or the next decodable one."""

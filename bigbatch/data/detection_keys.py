@@ -29,4 +29,9 @@ AUGMENTATION_FIELDS: dict[str, tuple[Any, Any]] = {
     # that keeps at least one box: MegDet's 800 x 800 after the shorter side is resized to 800
     "color_jitter": (Annotated[float, Field(ge=0, le=1)], 0.0),
     # brightness, contrast and saturation jitter of +-this (MegDet: 0.4)
+    "mosaic": (Annotated[float, Field(ge=0, le=1)], 0.0),
+    # probability that a training sample is AlexeyAB Darknet's mosaic of 4 images around a random cut point, each
+    # jitter-cropped, flipped and coloured, stretched to size x size (data/mosaic.py); a .cfg's mosaic=1: 0.5; 0: off
+    "mosaic_bound": (bool, False),
+    # Darknet's mosaic_bound: a mosaic's boxes clipped to their own quadrant (default: to the whole image only)
 }

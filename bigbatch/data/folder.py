@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import math
 import os
 import stat
 from abc import ABC, abstractmethod

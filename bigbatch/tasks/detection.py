@@ -85,7 +85,8 @@ class DetectionTask:
                                                                 color_jitter=data.color_jitter,
                                                                 crop_size=data.crop_size, jitter=data.jitter,
                                                                 hue=data.hue, saturation=data.saturation,
-                                                                exposure=data.exposure), issues)
+                                                                exposure=data.exposure, mosaic=data.mosaic,
+                                                                mosaic_bound=data.mosaic_bound), issues)
         val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues)
         multiscale = None
         if data.multiscale.sizes is not None:
