@@ -116,3 +116,21 @@ def test_fast_decodes_a_large_jpeg_reduced_and_exact_never_does(photos, monkeypa
     assert reductions == []  # never asked: the exact path decodes whole
     with Image.open(io.BytesIO(open(large, "rb").read())) as image:
         assert image.size == (1920, 1281)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_batch_written_in_place_equals_the_stacked_samples(photos, fast):
+    from torch.utils.data import DataLoader
+
+    from bigbatch.data.folder import EncodedImages, FolderImages
+    from bigbatch.data.problems import DataIssues
+
+    dataset = FolderImages([(path, n) for n, path in enumerate(photos)], InceptionTrainCrop(64, fast=fast),
+                           DataIssues())
+    keys = [(n % len(photos), 1000 + n) for n in range(6)]
+    stacked = EncodedImages.collate([dataset[key] for key in keys])
+    for workers in (0, 1):
+        loader = DataLoader(dataset, batch_sampler=[keys], num_workers=workers, collate_fn=dataset.collate)
+        images, labels, problems = next(iter(loader))
+        assert torch.equal(images, stacked[0]) and torch.equal(labels, stacked[1]) and problems == []
+        assert images.is_contiguous() and images.shape == (6, 3, 64, 64)

@@ -117,8 +117,8 @@ class Box:
     def needed(self, box_height, box_width):
         return self._needed
 
-    def finish(self, crop):
-        return crop
+    def finish(self, crop, out=None):
+        return crop if out is None else out.copy_(crop)
 
 
 def test_a_jpeg_is_decoded_at_reduced_size_only_as_far_as_the_crop_allows(photos):

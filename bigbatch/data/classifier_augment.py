@@ -27,6 +27,7 @@ import torchvision.transforms.v2.functional as TF
 from pydantic import Field, model_validator
 
 from bigbatch.config.section import Section
+from bigbatch.data.crops import into
 
 
 class DarknetAugment(Section):
@@ -83,14 +84,14 @@ class DarknetTrainCrop:
     def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
         return self.size, self.size
 
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         image = TF.to_dtype(TF.resize(crop, [self.size, self.size], antialias=True), torch.float32, scale=True)
         if self.augment.angle:
             image = TF.rotate(image, float(torch.empty(()).uniform_(-self.augment.angle, self.augment.angle)),
                               interpolation=TF.InterpolationMode.BILINEAR)
         if self.augment.flip and float(torch.rand(())) < 0.5:
             image = TF.horizontal_flip(image)
-        return self.color(image)
+        return into(self.color(image), out)
 
 
 class DarknetEvalCrop:
@@ -106,6 +107,6 @@ class DarknetEvalCrop:
         shorter = min(box_height, box_width)
         return (math.ceil(box_height * self.size / shorter), math.ceil(box_width * self.size / shorter))
 
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         image = TF.center_crop(TF.resize(crop, self.size, antialias=True), [self.size, self.size])
-        return TF.to_dtype(image, torch.float32, scale=True)
+        return into(TF.to_dtype(image, torch.float32, scale=True), out)

@@ -59,6 +59,11 @@ class StandardAugment(Section):
 INTERPOLATIONS = (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC)
 
 
+def into(image: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``image``, or copied into ``out`` (its slot in a batch: ``data/folder.py``'s ``EncodedImages.__getitems__``)."""
+    return image if out is None else out.copy_(image)
+
+
 class InceptionTrainCrop:
     def __init__(self, size: int, fast: bool = False) -> None:
         self.size, self.fast = size, fast
@@ -70,8 +75,10 @@ class InceptionTrainCrop:
     def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
         return self.size, self.size  # the crop is resized to size x size, aspect ignored
 
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        return self.rest.after_crop_fast(crop) if self.fast else self.rest.after_crop(crop)
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fast:
+            return self.rest.after_crop_fast(crop, out=out)
+        return into(self.rest.after_crop(crop), out)
 
 
 class InceptionEvalCrop:
@@ -85,8 +92,10 @@ class InceptionEvalCrop:
     def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
         return self.size, self.size
 
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        return self.eval.after_crop_fast(crop) if self.fast else self.eval.after_crop(crop)
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fast:
+            return self.eval.after_crop_fast(crop, out=out)
+        return into(self.eval.after_crop(crop), out)
 
 
 def _normalised(image: torch.Tensor) -> torch.Tensor:
@@ -111,7 +120,7 @@ class StandardTrainCrop:
     def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
         return self.size, self.size
 
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         chosen = self.augment.interpolation
         mode = INTERPOLATIONS[int(torch.randint(2, ()))] if chosen == "random" else TF.InterpolationMode[chosen.upper()]
         image = TF.resize(crop, [self.size, self.size], interpolation=mode, antialias=True)
@@ -119,7 +128,7 @@ class StandardTrainCrop:
             image = TF.horizontal_flip(image)
         if self.jitter is not None:
             image = self.jitter(image)
-        return _normalised(image)
+        return into(_normalised(image), out)
 
 
 class StandardEvalCrop:
@@ -134,6 +143,6 @@ class StandardEvalCrop:
         shorter = min(box_height, box_width)  # the shorter side becomes ``resized``
         return math.ceil(box_height * self.resized / shorter), math.ceil(box_width * self.resized / shorter)
 
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         image = TF.center_crop(TF.resize(crop, self.resized, antialias=True), [self.size, self.size])
-        return _normalised(image)
+        return into(_normalised(image), out)

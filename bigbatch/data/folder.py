@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import os
 import stat
 from abc import ABC, abstractmethod
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.files import read_regular
@@ -186,8 +187,9 @@ class CropFirst(Protocol):
     def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
         """The smallest ``(h, w)`` the crop may be decoded at without losing what the output keeps."""
 
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        """The uint8 CHW crop -> the float CHW sample (resize, flip, colour, normalise)."""
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The uint8 CHW crop -> the float CHW sample (resize, flip, colour, normalise), written into ``out`` when
+        given (the sample's slot in its batch)."""
 
 
 def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> int:
@@ -196,14 +198,14 @@ def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> 
     return next((r for r in JPEG_SCALES if box_height / r >= needed[0] and box_width / r >= needed[1]), 1)
 
 
-def decode_crop(source: str | bytearray, preprocess: CropFirst) -> torch.Tensor:
+def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), and
     finish it (``preprocess.finish``).
 
     The header is read with PIL. On the fast path (``preprocess.fast``) a JPEG the crop lets shrink is decoded by
     PIL at that DCT scale (``draft``); any other image, and every image on the exact path, by torchvision
     (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and straight into a CHW tensor),
-    then cropped by slicing."""
+    then cropped by slicing. With ``out`` the sample is written there."""
     with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
         width, height = image.size
         top, left, h, w = preprocess.box(height, width)
@@ -216,7 +218,7 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst) -> torch.Tensor:
     if reduction == 1:
         encoded = source if isinstance(source, str) else torch.frombuffer(source, dtype=torch.uint8)
         pixels = decode_image(encoded, mode=ImageReadMode.RGB)
-        return preprocess.finish(pixels[:, top:top + h, left:left + w])
+        return preprocess.finish(pixels[:, top:top + h, left:left + w], out)
     ry, rx = height / rgb.size[1], width / rgb.size[0]  # r, or nearly (libjpeg rounds the sides up)
     top_full, left_full = top, left
     # The box in the reduced pixels, each edge rounded to the nearest one (at most half a reduced pixel off).
@@ -224,11 +226,24 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst) -> torch.Tensor:
     h = max(1, min(round((top_full + h) / ry), rgb.size[1]) - top)
     w = max(1, min(round((left_full + w) / rx), rgb.size[0]) - left)
     pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
-    return preprocess.finish(pixels.contiguous())
+    return preprocess.finish(pixels.contiguous(), out)
 
 
 # ----------------------------------------------------------------------------- the dataset
 
+
+def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised ``(size, *like.shape)`` tensor of ``like``'s dtype; in a DataLoader worker in shared memory
+    (what torch's ``default_collate`` does there), so the batch crosses to the training process without a copy."""
+    shape = (size, *like.shape)
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=like.dtype)
+    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
+    return like.new(storage).view(shape)
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]
+"""``(images, labels, problems)``: a collated batch of ``EncodedImages``."""
 
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
 """What PIL and torchvision raise for a file that is not a readable image."""
@@ -267,21 +282,39 @@ class EncodedImages(Dataset, ABC):
         """More about where the image came from, for a message ("" when ``where`` says it all)."""
         return ""
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+    def __getitem__(self, key: int | tuple[int, int], out: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         index, seed = key if isinstance(key, tuple) else (key, None)
         if seed is None:
-            return self._sample(int(index))
+            return self._sample(int(index), out)
         with sample_rng(seed):
-            return self._sample(int(index))
+            return self._sample(int(index), out)
 
-    def _sample(self, index: int) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+    def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> Batch:
+        """A batch, collated as :meth:`collate` collates one (the same values): each sample is finished straight
+        into its slot of one batch tensor (in shared memory in a DataLoader worker, as torch's own collate puts
+        it), instead of into a tensor of its own that a stack then copies; the first sample gives the shape."""
+        images: torch.Tensor | None = None
+        labels, problems = [], []
+        for n, key in enumerate(keys):
+            image, label, found = self.__getitem__(key, None if images is None else images[n])
+            if images is None:
+                images = batch_tensor(len(keys), image)
+                images[0].copy_(image)
+            labels.append(label)
+            problems += found
+        if images is None:
+            raise ValueError("an empty batch")
+        return images, torch.tensor(labels), problems
+
+    def _sample(self, index: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         """The image at ``index``, or the next readable one (wrapping around)."""
         count, found = len(self), []
         for i in itertools.chain(range(index, count), range(index)):
             if i in self._unreadable:
                 continue
             try:
-                return decode_crop(self.source(i), self.preprocess), self.label(i), found
+                return decode_crop(self.source(i), self.preprocess, out), self.label(i), found
             except DECODE_ERRORS as error:
                 message = (f"unreadable image ({error_reason(error)}{self.origin(i)}); the next readable sample is "
                            f"used instead")
@@ -292,9 +325,11 @@ class EncodedImages(Dataset, ABC):
         raise UserError(f"data: none of the {count} images can be decoded")
 
     @staticmethod
-    def collate(batch: Sequence[tuple[torch.Tensor, int, list[tuple[str, str]]]]
-                ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]:
-        """``(images, labels, problems)``: a task reads images and labels, and counts the problems."""
+    def collate(batch: Batch | Sequence[tuple[torch.Tensor, int, list[tuple[str, str]]]]) -> Batch:
+        """``(images, labels, problems)``: a task reads images and labels, and counts the problems. A batch from
+        :meth:`__getitems__` is that already; a list of samples is stacked."""
+        if isinstance(batch, tuple):
+            return batch
         return (torch.stack([image for image, _, _ in batch]), torch.tensor([label for _, label, _ in batch]),
                 [problem for _, _, problems in batch for problem in problems])
 

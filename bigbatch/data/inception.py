@@ -444,11 +444,12 @@ def fast_resize_bilinear(image: Tensor, size: int | Sequence[int], flip: bool = 
                                            antialias=False)[0]
 
 
-def _fast_to_signed_unit(x: Tensor, offset: Sequence[float] = (0.0, 0.0, 0.0)) -> Tensor:
-    """uint8 CHW (any layout) -> contiguous float32 ``clip(x / 255 + offset, 0, 1) * 2 - 1``, computed as
+def _fast_to_signed_unit(x: Tensor, offset: Sequence[float] = (0.0, 0.0, 0.0), out: Tensor | None = None) -> Tensor:
+    """uint8 CHW (any layout) -> float32 ``clip(x / 255 + offset, 0, 1) * 2 - 1``, computed as
     ``clip(x * 2/255 + (2 offset - 1), -1, 1)`` in one conversion and two in-place passes (the fast path's
-    arithmetic: equal to the exact path's up to float rounding)."""
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    arithmetic: equal to the exact path's up to float rounding), into ``out`` when given (a batch's slot), else a
+    new contiguous tensor."""
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device) if out is None else out
     out.copy_(x)
     shift = torch.tensor([2 * o - 1 for o in offset], dtype=torch.float32, device=x.device)
     return out.mul_(2 / 255).add_(shift[:, None, None]).clamp_(-1.0, 1.0)
@@ -827,16 +828,18 @@ class InceptionTrain(_GeneratorTransform):
         """Everything after the crop, on an already cropped image (uint8 / float CHW tensor or PIL)."""
         return self._finish(_rgb_tensor(image), self.draw_params(generator))
 
-    def after_crop_fast(self, image: Any, generator: torch.Generator | None = None) -> Tensor:
+    def after_crop_fast(self, image: Any, generator: torch.Generator | None = None, out: Tensor | None = None
+                        ) -> Tensor:
         """:meth:`after_crop` with the bilinear resize done by :func:`fast_resize_bilinear` on the uint8 pixels
         (``data.decode: fast``); the same random draws in the same order, so the same box, flip and colours.
         Only the bilinear method with the fast colour distortion has a fast form; any other runs as
-        :meth:`after_crop`."""
+        :meth:`after_crop`. With ``out`` the result is written there (a batch's slot)."""
         x, params = _rgb_tensor(image), self.draw_params(generator)
         if params["method"] != "bilinear" or x.dtype != torch.uint8 or not isinstance(self.color, DistortColorFast):
-            return self._finish(x, params)
+            result = self._finish(x, params)
+            return result if out is None else out.copy_(result)
         return _fast_to_signed_unit(fast_resize_bilinear(x, self.size, params["flip"]),
-                                    self.color.offsets(params["color"]))
+                                    self.color.offsets(params["color"]), out)
 
     def check_inputs(self, flat_inputs: list[Any]) -> None:
         _check_classification_inputs(flat_inputs, "InceptionTrain")
@@ -876,12 +879,14 @@ class InceptionEval(v2.Transform):
         """Resize and scale an already cropped image (uint8 / float CHW tensor or PIL)."""
         return (tf1_resize_bilinear(_rgb_tensor(image), self.size, convert=_unit_float) - 0.5) * 2.0
 
-    def after_crop_fast(self, image: Any) -> Tensor:
-        """:meth:`after_crop` with :func:`fast_resize_bilinear` for a uint8 image (``data.decode: fast``)."""
+    def after_crop_fast(self, image: Any, out: Tensor | None = None) -> Tensor:
+        """:meth:`after_crop` with :func:`fast_resize_bilinear` for a uint8 image (``data.decode: fast``), into
+        ``out`` when given."""
         x = _rgb_tensor(image)
         if x.dtype != torch.uint8:
-            return self.after_crop(x)
-        return _fast_to_signed_unit(fast_resize_bilinear(x, self.size))
+            result = self.after_crop(x)
+            return result if out is None else out.copy_(result)
+        return _fast_to_signed_unit(fast_resize_bilinear(x, self.size), out=out)
 
     def check_inputs(self, flat_inputs: list[Any]) -> None:
         _check_classification_inputs(flat_inputs, "InceptionEval")
