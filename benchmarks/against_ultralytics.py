@@ -60,8 +60,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from against_timm import timed  # a whole command, timed (benchmarks/ is on sys.path)
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 """The bigbatch measured: this checkout's (first on ``PYTHONPATH``, whatever the venv has installed)."""
@@ -182,16 +183,6 @@ def run_peer(mode: str, env: dict[str, str], log: Path, **args) -> subprocess.Co
     command = [sys.executable, "-c", PEER, json.dumps({"mode": mode, **args})]
     with log.open("w") as out:
         return subprocess.run(command, env=env, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT)
-
-
-def timed(command: list[str], env: dict[str, str], cwd: Path, log: Path) -> float:
-    start = time.perf_counter()
-    with log.open("w") as out:
-        done = subprocess.run(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command[:4])} ... failed (exit {done.returncode}); its output: {log}")
-    return seconds
 
 
 # ----------------------------------------------------------------------------------------------- the data
