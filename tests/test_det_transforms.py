@@ -11,6 +11,7 @@ from torchvision.transforms import v2
 from bigbatch.data.det_transforms import (
     PAD_VALUE,
     DarknetColor,
+    distort_hsv,
     DarknetJitter,
     RandomFixedCrop,
     RandomRelativeCrop,
@@ -437,3 +438,23 @@ def test_darknet_color_scales_value_and_saturation_and_keeps_grey_grey():
     red = tv_tensors.Image(torch.tensor([0.8, 0.4, 0.4]).view(3, 1, 1).expand(3, 2, 2).clone())
     out = colour.transform(red, {"hue": 0.0, "saturation": 0.5, "exposure": 1.0})
     assert torch.allclose(out[:, 0, 0], torch.tensor([0.8, 0.6, 0.6]), atol=1e-6)  # HSV saturation 0.5 -> 0.25
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_distort_hsv_is_the_kernels_saturation_then_hue_then_exposure(seed: int):
+    """The one-pass HSV distortion equals TF's exact kernels applied in Darknet's order (saturation, hue, value),
+    to float rounding, on random pixels, on pixels with tied channels (where the hue's sector is decided by
+    the order of comparison), on grey, black and saturated pixels."""
+    from bigbatch.data.inception import adjust_hue, adjust_saturation
+
+    generator = torch.Generator().manual_seed(seed)
+    image = torch.rand(3, 23, 29, generator=generator)
+    if seed % 2:
+        image = (image * 4).round() / 4  # many ties between channels
+    image[:, 0, :4] = torch.tensor([[0.4, 0.0, 1.0, 1.0], [0.4, 0.0, 1.0, 0.0], [0.4, 0.0, 0.0, 0.0]])
+    hue = float(torch.empty(()).uniform_(-0.5, 0.5, generator=generator))
+    saturation = float(torch.empty(()).uniform_(0.2, 3.0, generator=generator))
+    exposure = float(torch.empty(()).uniform_(0.5, 1.7, generator=generator))
+    expected = (adjust_hue(adjust_saturation(image, saturation), hue) * exposure).clamp(0, 1)
+    torch.testing.assert_close(distort_hsv(image, hue, saturation, exposure), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(distort_hsv(image, 0.0, 1.0, exposure), (image * exposure).clamp(0, 1))
