@@ -6,18 +6,34 @@ images make one weight update; each device runs them as ``subdivisions`` micro-b
     micro_batch = batch / (world * subdivisions)
 
 Memory is that of the micro-batch; the gradient is that of the whole batch.
+
+A batch schedule (``schedule.batch``; Smith, Kindermans, Ying and Le, "Don't Decay the Learning Rate, Increase the
+Batch Size", ICLR 2018) cuts the run into phases, each with its own global batch. The micro-batch stays that of
+the first phase (what ``plan`` measured), so a batch of ``b`` is ``b / (world * micro_batch)`` micro-batches per
+device. Step ``t`` of a phase that starts at step ``s`` after ``i`` images covers images
+``[i + (t - s) b, i + (t - s + 1) b)`` of the data order.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
 INT64_MAX = 2**63 - 1
 """Images are counted (data order, records, TensorBoard steps) in 64-bit integers."""
+
+
+@dataclass(frozen=True)
+class BatchPhase:
+    """From optimizer step ``step`` on (after ``images`` images), the global batch is ``batch``."""
+
+    step: int
+    images: int
+    batch: int
 
 
 @dataclass(frozen=True)
@@ -32,6 +48,9 @@ class BatchPlan:
     """Optimizer steps of the whole run."""
     train_images: int
     """Images in the training set (one epoch)."""
+    phases: tuple[BatchPhase, ...] = ()
+    """The batch schedule's changes after the first phase (which starts at step 0 with ``batch``); none: the
+    batch is ``batch`` for the whole run."""
 
     @property
     def micro_batch(self) -> int:
@@ -39,8 +58,8 @@ class BatchPlan:
 
     @property
     def images(self) -> int:
-        """Images seen over the whole run: steps * batch."""
-        return self.steps * self.batch
+        """Images seen over the whole run: steps * batch (summed over the phases)."""
+        return self.images_before(self.steps)
 
     @property
     def epochs(self) -> float:
@@ -50,23 +69,64 @@ class BatchPlan:
     def steps_per_epoch(self) -> float:
         return self.train_images / self.batch
 
+    @property
+    def largest_batch(self) -> int:
+        return max([self.batch, *(phase.batch for phase in self.phases)])
+
+    def phase_at(self, step: int) -> BatchPhase:
+        """The phase that optimizer step ``step`` (0-based) belongs to."""
+        k = bisect.bisect_right([phase.step for phase in self.phases], step)
+        return self.phases[k - 1] if k else BatchPhase(0, 0, self.batch)
+
+    def batch_at(self, step: int) -> int:
+        """The global batch of optimizer step ``step``."""
+        return self.phase_at(step).batch
+
+    def subdivisions_at(self, step: int) -> int:
+        """Micro-batches per device in optimizer step ``step``: its batch over ``world x micro_batch``."""
+        return self.batch_at(step) // (self.world * self.micro_batch)
+
+    def images_before(self, step: int) -> int:
+        """Images of the data order that the steps before ``step`` took (the first image of step ``step``)."""
+        phase = self.phase_at(step)
+        return phase.images + (step - phase.step) * phase.batch
+
+    def steps_for_images(self, images: float) -> float:
+        """The (fractional) optimizer steps that take ``images`` images: the inverse of ``images_before``."""
+        phase = BatchPhase(0, 0, self.batch)
+        for later in self.phases:
+            if later.images > images:
+                break
+            phase = later
+        return phase.step + (images - phase.images) / phase.batch
+
+    def at(self, step: int) -> BatchPlan:
+        """The plan of a run whose batch stays that of step ``step`` (its batch and subdivisions, no phases)."""
+        if not self.phases:
+            return self
+        return replace(self, batch=self.batch_at(step), subdivisions=self.subdivisions_at(step), phases=())
+
     def epoch_at(self, step: int) -> float:
         """Epochs completed after ``step`` optimizer steps (fractional: batches straddle epochs)."""
-        return step * self.batch / self.train_images
+        return self.images_before(step) / self.train_images
 
     def describe(self) -> str:
-        return "\n".join(
-            [
-                f"global batch    {self.batch} images per optimizer step",
-                f"world size      {self.world}",
-                f"subdivisions    {self.subdivisions} micro-batches per device per step",
-                f"micro-batch     {self.micro_batch} images "
-                f"(= {self.batch} / ({self.world} x {self.subdivisions}))",
-                f"steps           {self.steps}",
-                f"images seen     {self.images}",
-                f"epochs          {self.epochs:.2f} (of {self.train_images} training images)",
-            ]
-        )
+        lines = [
+            f"global batch    {self.batch} images per optimizer step",
+            f"world size      {self.world}",
+            f"subdivisions    {self.subdivisions} micro-batches per device per step",
+            f"micro-batch     {self.micro_batch} images (= {self.batch} / ({self.world} x {self.subdivisions}))",
+        ]
+        for phase in self.phases:
+            lines.append(f"batch from step {phase.step} (epoch {phase.images / self.train_images:.2f}): "
+                         f"{phase.batch} = {self.world} x {phase.batch // (self.world * self.micro_batch)} x "
+                         f"{self.micro_batch}")
+        lines += [
+            f"steps           {self.steps} optimizer steps",
+            f"images seen     {self.images}",
+            f"epochs          {self.epochs:.2f} (of {self.train_images} training images)",
+        ]
+        return "\n".join(lines)
 
 
 def check_batch(cfg: RunConfig, world: int) -> None:
@@ -79,12 +139,57 @@ def check_batch(cfg: RunConfig, world: int) -> None:
         )
 
 
-def total_steps(cfg: RunConfig, train_images: int) -> int:
-    """The run's optimizer steps: ``steps``, or ``ceil(epochs * train_images / batch)``."""
+def batch_phases(cfg: RunConfig, world: int, train_images: int) -> tuple[BatchPhase, ...]:
+    """``schedule.batch``'s milestones as phases: each starts at the first optimizer step at or after its ``at``
+    (steps: that step; epochs and images: the first step whose images start at or past it), and its batch is a
+    whole number of the first phase's micro-batches on every device."""
+    from bigbatch.config import parse_length
+
+    devices = world * (cfg.subdivisions if isinstance(cfg.subdivisions, int) else 1)
+    unit = cfg.batch // devices * world  # world x micro-batch
+    phases: list[BatchPhase] = []
+    previous = BatchPhase(0, 0, cfg.batch)
+    for i, milestone in enumerate(cfg.schedule.batch):
+        key = f"schedule.batch[{i}]"
+        number, kind = parse_length(milestone.at)
+        if kind == "steps":
+            step = math.ceil(number - 1e-9)
+        else:
+            images = number * train_images if kind == "epochs" else number
+            step = previous.step + max(0, math.ceil((images - previous.images) / previous.batch - 1e-9))
+        if step <= previous.step:
+            raise UserError(f"{key}.at: {milestone.at} is not after the previous change of the batch (step "
+                            f"{previous.step}); milestones go in order, the first after step 0")
+        if milestone.batch is not None:
+            batch = milestone.batch
+        else:
+            exact = previous.batch * milestone.factor
+            batch = round(exact)
+            if abs(exact - batch) > 1e-9 * exact or batch <= 0:
+                raise UserError(f"{key}.factor: {previous.batch} x {milestone.factor:g} is not a whole batch")
+        if batch % unit:
+            raise UserError(f"{key}: a batch of {batch} is not a whole number of micro-batches of {unit // world} on "
+                            f"each of {world} device(s); expected a multiple of {unit} (the micro-batch stays what "
+                            f"batch and subdivisions make it)")
+        previous = BatchPhase(step, previous.images + (step - previous.step) * previous.batch, batch)
+        phases.append(previous)
+    return tuple(phases)
+
+
+def total_steps(cfg: RunConfig, train_images: int, phases: tuple[BatchPhase, ...] = ()) -> int:
+    """The run's optimizer steps: ``steps``, or the steps that take ``epochs * train_images`` images,
+    ``ceil(epochs * train_images / batch)`` at a fixed batch (summed over the phases of a batch schedule)."""
     if cfg.steps is not None:
         return cfg.steps
     assert cfg.epochs is not None  # the config guarantees one of them
-    return math.ceil(cfg.epochs * train_images / cfg.batch - 1e-9)  # 1.1 epochs of 1000 at 100: 11, not 12
+    wanted = cfg.epochs * train_images
+    phase = BatchPhase(0, 0, cfg.batch)
+    for later in phases:
+        if later.images >= wanted:
+            break
+        phase = later
+    # 1.1 epochs of 1000 at 100: 11, not 12
+    return phase.step + math.ceil((wanted - phase.images) / phase.batch - 1e-9)
 
 
 def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
@@ -92,15 +197,22 @@ def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
     check_batch(cfg, world)
     if train_images <= 0:
         raise UserError(f"data.name: the {cfg.data.name!r} training set is empty")
-    steps = total_steps(cfg, train_images)
-    if steps * cfg.batch > INT64_MAX:
+    phases = batch_phases(cfg, world, train_images)
+    steps = total_steps(cfg, train_images, phases)
+    largest = max([cfg.batch, *(phase.batch for phase in phases)])
+    if steps * largest > INT64_MAX:
         key = "steps" if cfg.steps is not None else "epochs"
-        raise UserError(f"{key}: {steps} steps of {cfg.batch} images are {steps * cfg.batch:.3g} images, more than a "
+        raise UserError(f"{key}: {steps} steps of {largest} images are {steps * largest:.3g} images, more than a "
                         f"64-bit count holds ({INT64_MAX:.3g})")
+    for i, phase in enumerate(phases):
+        if phase.step >= steps:
+            raise UserError(f"schedule.batch[{i}].at: {cfg.schedule.batch[i].at} is at step {phase.step}, past the "
+                            f"run's last step ({steps - 1}); the batch would never change")
     return BatchPlan(
         batch=cfg.batch,
         world=world,
         subdivisions=cfg.subdivisions,
         steps=steps,
         train_images=train_images,
+        phases=phases,
     )

@@ -253,16 +253,20 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size(cfg))
     lr_at = build_schedule(cfg, plan)
     lrs = [lr_at(step) for step in range(plan.steps)]
+    batches = [plan.batch_at(step) for step in range(plan.steps)] if plan.phases else None
     every = max(1, plan.steps // max(args.lines, 1))
-    print(f"{plan.steps} steps, global batch {plan.batch}; step counted from 0; every {every} shown")
-    print(f"{'step':>10s}  {'epoch':>9s}  lr")
-    for step in sorted({*range(0, plan.steps, every), plan.steps - 1}):
-        print(f"{step:10d}  {plan.epoch_at(step):9.3f}  {lrs[step]:.6g}")
+    batch = f"global batch {plan.batch}" if batches is None else f"global batch {plan.batch} to {max(batches)}"
+    print(f"{plan.steps} steps, {batch}; step counted from 0; every {every} shown")
+    print(f"{'step':>10s}  {'epoch':>9s}  lr" + ("            batch" if batches else ""))
+    shown = {*range(0, plan.steps, every), plan.steps - 1, *(phase.step for phase in plan.phases)}
+    for step in sorted(shown):
+        print(f"{step:10d}  {plan.epoch_at(step):9.3f}  " + (f"{lrs[step]:<12.6g}  {batches[step]:5d}" if batches
+                                                                  else f"{lrs[step]:.6g}"))
     if args.csv is not None:
-        write_csv(args.csv, lrs)
+        write_csv(args.csv, lrs, batches)
         print(f"written to {args.csv}")
     if args.png is not None:
-        plot_png(args.png, lrs, f"{cfg.name}: batch {plan.batch}, {plan.steps} steps")
+        plot_png(args.png, lrs, f"{cfg.name}: {batch}, {plan.steps} steps", batches)
         print(f"plotted to {args.png}")
     return 0
 

@@ -25,11 +25,13 @@ ADDED_SINCE = {"  color_jitter: 0.0\n": "  mosaic: 0.0\n  mosaic_bound: false\n"
     "  standard:\n    scale:\n    - 0.08\n    - 1.0\n    ratio:\n    - 0.75\n    - 1.3333333333333333\n"
     "    hflip: 0.5\n    color_jitter: 0.0\n    interpolation: bilinear\n    crop_pct: 0.875\n"
     "  decode: exact\n"),
-    "  cfg: null\n": "  memory_format: auto\n  darknet_dialect: alexeyab\n"}
+    "  cfg: null\n": "  memory_format: auto\n  darknet_dialect: alexeyab\n",
+    "  min_lr_ratio: null\n": "  batch: []\n  decay_at_batch_milestones: false\n"}
 """Keys added to the config since the run was written (after the line they follow), at their defaults:
 ``data.mosaic`` and ``data.mosaic_bound`` (detection augmentation); ``data.darknet``, Darknet's classifier
 augmentation (``data.preprocessing: darknet``); ``data.standard``, the keys of ``data.preprocessing: standard``;
-``data.decode``; ``model.memory_format``; ``model.darknet_dialect``."""
+``data.decode``; ``model.memory_format``; ``model.darknet_dialect``; ``schedule.batch`` and
+``schedule.decay_at_batch_milestones`` (a batch schedule)."""
 
 
 def test_its_config_is_written_back_byte_for_byte():

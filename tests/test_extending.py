@@ -279,7 +279,8 @@ def test_every_field_typed_as_a_length_or_a_step_count_is_rescaled():
             "schedule.darknet.burn_in", "schedule.darknet.steps"} <= keys.keys()
     data = load_config("digits").model_dump(mode="json")
     data.pop("epochs")
-    data["schedule"].update(preset="darknet", warmup=[{"kind": "linear"}])  # the darknet section is in use
+    data["schedule"].update(preset="darknet", warmup=[{"kind": "linear"}],  # the darknet section is in use
+                            batch=[{"factor": 2}])  # and a batch schedule's milestone
     data["schedule"]["darknet"]["scales"] = [0.1]  # one per darknet step
     for key in keys:
         *parents, last = key.split(".")

@@ -26,6 +26,23 @@ class WarmupPhase(Section):
     """power: factor (t / length) ** power, Darknet's burn_in (t counted from 1, as Darknet does)."""
 
 
+class BatchMilestone(Section):
+    """One change of the global batch (Smith, Kindermans, Ying and Le 2018: where a recipe would divide the LR by
+    k, multiply the batch by k): from the first optimizer step at or after ``at`` (steps: steps taken; epochs,
+    images: data seen), the batch is ``batch`` images, or the previous batch times ``factor``."""
+
+    at: Length
+    batch: int | None = Field(None, gt=0)
+    factor: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _batch_or_factor(self) -> BatchMilestone:
+        if (self.batch is None) == (self.factor is None):
+            raise ValueError("schedule.batch: each milestone gives batch (the new global batch) or factor (times "
+                             "the previous one), not both or neither")
+        return self
+
+
 class DecayConfig(PartSection):
     """The decay after (and under) the warmup, a factor of the scaled LR at absolute step t."""
 
@@ -98,6 +115,11 @@ class ScheduleConfig(PartSection):
     """Floor of the decayed LR, absolute."""
     min_lr_ratio: float | None = Field(None, ge=0, le=1)
     """Floor of the decayed LR, as a fraction of the scaled LR."""
+    batch: list[BatchMilestone] = []
+    """Milestones at which the global batch grows (or shrinks); the LR stays that of the initial batch."""
+    decay_at_batch_milestones: bool = False
+    """True: an LR that steps down at a ``batch`` milestone is meant (refused otherwise: the point of growing
+    the batch is to keep the LR)."""
     inception_tpu: Annotated[InceptionTPUConfig, UsedWhen("preset", "inception_tpu")] = InceptionTPUConfig()
     darknet: Annotated[DarknetScheduleConfig, UsedWhen("preset", "darknet")] = DarknetScheduleConfig()
 

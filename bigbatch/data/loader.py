@@ -25,20 +25,29 @@ class MicroBatchSampler(Sampler[list[Any]]):
     """Yields this rank's micro-batches (lists of dataset indices, or of ``keys(step, indices)``) for steps
     ``start``..``stop - 1``."""
 
-    def __init__(self, order: DataOrder, start: int, stop: int, rank: int, world: int, subdivisions: int,
+    def __init__(self, order: DataOrder, start: int, stop: int, rank: int, world: int, subdivisions: Subdivisions,
                  keys: SampleKeys | None = None):
         self.order, self.start, self.stop = order, start, stop
-        self.rank, self.world, self.subdivisions = rank, world, subdivisions
+        self.rank, self.world, self.subdivisions = rank, world, per_step(subdivisions)
         self.keys = keys
 
     def __iter__(self) -> Iterator[list[Any]]:
         for step in range(self.start, self.stop):
-            for micro in self.order.micro_batches(step, self.rank, self.world, self.subdivisions):
+            for micro in self.order.micro_batches(step, self.rank, self.world, self.subdivisions(step)):
                 indices = micro.tolist()
                 yield indices if self.keys is None else self.keys(step, indices)
 
     def __len__(self) -> int:
-        return (self.stop - self.start) * self.subdivisions
+        return sum(self.subdivisions(step) for step in range(self.start, self.stop))
+
+
+Subdivisions = int | Callable[[int], int]
+"""Micro-batches per device per step: a number, or one for each step (``BatchPlan.subdivisions_at`` under a batch
+schedule)."""
+
+
+def per_step(subdivisions: Subdivisions) -> Callable[[int], int]:
+    return (lambda step: subdivisions) if isinstance(subdivisions, int) else subdivisions
 
 
 def _collate_of(dataset: Dataset) -> Any:
@@ -52,12 +61,14 @@ def batches_by_step(
     stop: int,
     rank: int,
     world: int,
-    subdivisions: int,
+    subdivisions: Subdivisions,
     workers: int = 0,
     keys: SampleKeys | None = None,
     pin_memory: bool = False,
+    most_subdivisions: int | None = None,
 ) -> Iterator[list[Any]]:
-    """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches.
+    """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches (a number,
+    or a function of the step; ``most_subdivisions``: the most any step takes, for the prefetch).
 
     With workers, they keep a whole step's micro-batches in preparation (``prefetch_factor`` = subdivisions /
     workers, at least torch's 2): the step takes its micro-batches together, so with torch's default of 2 a
@@ -75,13 +86,13 @@ def batches_by_step(
         persistent_workers=False,
         generator=own_generator(order.seed, start),
         pin_memory=pin_memory,
-        prefetch_factor=step_prefetch(subdivisions, workers),
+        prefetch_factor=step_prefetch(most_subdivisions or sampler.subdivisions(start), workers),
     )
     step_batches: list[Any] = []
     done = start
     for micro in loader:
         step_batches.append(micro)
-        if len(step_batches) == subdivisions:
+        if len(step_batches) == sampler.subdivisions(done):
             yield step_batches
             step_batches, done = [], done + 1
     if done != stop:  # a StopIteration raised in a worker's __getitem__ ends a DataLoader quietly

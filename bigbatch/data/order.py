@@ -4,10 +4,13 @@ The training stream is the concatenation of one random permutation of the traini
 epoch, each drawn from ``(seed, epoch)`` alone. Global batch ``k`` is images
 ``[k * batch, (k + 1) * batch)`` of that stream, so batches straddle epoch boundaries and no
 image is dropped (as in TF's input pipelines, an epoch is ``images / batch`` steps, fractional).
+Under a batch schedule (``schedule.batch``) step ``k`` takes the next ``batch_at(k)`` images from
+where step ``k - 1`` ended (``BatchPlan.images_before``): the stream is keyed by image offset, so a
+change of batch never repeats or skips an image.
 
-Because the order depends only on the seed, the dataset size and the global batch, it is the
-same whatever the layout of devices and subdivisions, and resuming at step ``k`` needs nothing
-but ``k``.
+Because the order depends only on the seed, the dataset size and the global batch (its schedule),
+it is the same whatever the layout of devices and subdivisions, and resuming at step ``k`` needs
+nothing but ``k``.
 
 Each global batch is cut into ``world * subdivisions`` equal chunks in order; chunk
 ``j * world + rank`` is micro-batch ``j`` of ``rank``.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,18 +37,46 @@ class DataOrder(Protocol):
         """The ``subdivisions`` micro-batches (dataset indices) of ``rank`` at optimizer step ``step``."""
 
 
-def order_of(dataset: Any, batch: int, seed: int, world: int) -> DataOrder:
-    """The dataset's own order when it has one, else the global batch order (layout-free, see above)."""
+class Batches(Protocol):
+    """The global batch of each step and where in the stream it starts (``batching.BatchPlan`` is one)."""
+
+    def batch_at(self, step: int) -> int: ...
+
+    def images_before(self, step: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class FixedBatches:
+    """The same global batch at every step."""
+
+    batch: int
+
+    def batch_at(self, step: int) -> int:
+        return self.batch
+
+    def images_before(self, step: int) -> int:
+        return step * self.batch
+
+
+def batches_of(batches: int | Batches) -> Batches:
+    return FixedBatches(batches) if isinstance(batches, int) else batches
+
+
+def order_of(dataset: Any, batches: int | Batches, seed: int, world: int) -> DataOrder:
+    """The dataset's own order when it has one, else the global batch order (layout-free, see above); ``batches``
+    is the global batch, or the plan of a batch schedule."""
     own = getattr(dataset, "order", None)
-    return own(batch, seed, world) if own is not None else GlobalBatchOrder(len(dataset), batch, seed)
+    return own(batches_of(batches), seed, world) if own is not None else GlobalBatchOrder(len(dataset), batches,
+                                                                                          seed)
 
 
 class GlobalBatchOrder:
-    def __init__(self, num_images: int, batch: int, seed: int):
+    def __init__(self, num_images: int, batch: int | Batches, seed: int):
+        """``batch``: the global batch, or a batch schedule's plan."""
         if num_images <= 0:
             raise ValueError("the training set is empty")
         self.num_images = num_images
-        self.batch = batch
+        self.batches = batches_of(batch)
         self.seed = seed
         self._cache: dict[int, torch.Tensor] = {}
 
@@ -59,11 +91,12 @@ class GlobalBatchOrder:
 
     def global_batch(self, step: int) -> torch.Tensor:
         """Dataset indices of the global batch of optimizer step ``step`` (0-based)."""
-        start = step * self.batch
+        start = self.batches.images_before(step)
+        end = start + self.batches.batch_at(step)
         parts = []
-        while start < (step + 1) * self.batch:
+        while start < end:
             epoch, offset = divmod(start, self.num_images)
-            take = min(self.num_images - offset, (step + 1) * self.batch - start)
+            take = min(self.num_images - offset, end - start)
             parts.append(self.permutation(epoch)[offset : offset + take])
             start += take
         return torch.cat(parts)

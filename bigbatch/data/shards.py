@@ -67,6 +67,7 @@ from torchvision.io import ImageReadMode, decode_image
 from bigbatch.data.files import open_regular
 from bigbatch.data.folder import DECODE_ERRORS, CropFirst, EncodedImages, classification_fields, preprocessing
 from bigbatch.data.images import error_reason
+from bigbatch.data.order import Batches, batches_of
 from bigbatch.data.pack import INDEX
 from bigbatch.data.problems import DataIssues
 from bigbatch.data.shard_index import SplitIndex, read_index
@@ -140,8 +141,10 @@ class ShardOrder:
     the dataset indices ``sum(shard_sizes[:s]) ...`` in stored order. Nothing is read: the order is computed from
     these counts alone."""
 
-    def __init__(self, shard_sizes: Sequence[int], batch: int, seed: int, world: int,
+    def __init__(self, shard_sizes: Sequence[int], batch: int | Batches, seed: int, world: int,
                  cycle_length: int = CYCLE_LENGTH, buffer: int = BUFFER) -> None:
+        self.batches = batches_of(batch)
+        batch = self.batches.batch_at(0)
         if batch % world:
             raise ValueError(f"batch {batch} is not a multiple of the world size {world}")
         if len(shard_sizes) < world:
@@ -195,11 +198,12 @@ class ShardOrder:
         return torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, dtype=torch.int64)
 
     def micro_batches(self, step: int, rank: int, world: int, subdivisions: int) -> list[torch.Tensor]:
-        """Rank ``rank``'s ``b = batch / world`` samples of step ``step``, in ``subdivisions`` equal pieces."""
+        """Rank ``rank``'s ``b = batch / world`` samples of step ``step``, in ``subdivisions`` equal pieces: the
+        next ``b`` of its stream (under a batch schedule, from ``images_before(step) / world`` on)."""
         if world != self.world:
             raise ValueError(f"this order is for {self.world} processes, asked for {world}")
-        share = self.batch // world
-        return list(self.samples(rank, step * share, share).chunk(subdivisions))
+        start, share = self.batches.images_before(step) // world, self.batches.batch_at(step) // world
+        return list(self.samples(rank, start, share).chunk(subdivisions))
 
 
 # ----------------------------------------------------------------------------- the dataset
@@ -275,7 +279,7 @@ class ShardImages(EncodedImages):
 class TrainShards(ShardImages):
     """The training split: it brings its own data order (``data/order.py``'s ``order_of``)."""
 
-    def order(self, batch: int, seed: int, world: int) -> ShardOrder:
+    def order(self, batch: int | Batches, seed: int, world: int) -> ShardOrder:
         return ShardOrder(self.index.shard_sizes, batch, seed, world)
 
 

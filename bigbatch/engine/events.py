@@ -38,7 +38,8 @@ class EventStorage:
         """The scalars of a training step (``step``, ``images``, ``epoch``, ``lr``, ``loss``, ``images_per_s``,
         ...) of a run of ``steps`` steps."""
         message = (f"step {values['step']}/{steps}  epoch {values['epoch']:.2f}  loss {values['loss']:.4f}  "
-                   f"lr {values['lr']:.4g}  {values['images_per_s']:.0f} img/s")
+                   f"lr {values['lr']:.4g}  {values['images_per_s']:.0f} img/s"
+                   + (f"  batch {values['batch']}" if "batch" in values else ""))
         self.put(Record("train", values, message))
 
     def evaluation(self, step: int, split: str, metrics: dict[str, float]) -> None:

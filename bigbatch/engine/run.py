@@ -18,7 +18,7 @@ from bigbatch.engine.step import StepResult, TrainStep
 from bigbatch.largebatch.ema import ema_counts
 
 if TYPE_CHECKING:
-    from bigbatch.engine.hooks.base import Hooks
+    from bigbatch.engine.hooks.base import EveryImages, Hooks
     from bigbatch.tasks.base import Task
 
 
@@ -28,8 +28,8 @@ class LastCheckpoint:
     with non-finite gradients is never applied, so every checkpoint holds finite weights)."""
 
     path: Path
-    every: int
-    """Steps between checkpoints."""
+    every: int | EveryImages
+    """Steps (or, under a batch schedule, images) between checkpoints."""
     step: int | None = None
     """The step of ``path``, once there is one (a resumed run starts from it)."""
 
@@ -38,7 +38,8 @@ class LastCheckpoint:
         if self.step is not None:
             return (f"The last checkpoint, {self.path} at step {self.step}, holds finite weights: resume from it "
                     f"with a lower optim.lr or another precision")
-        return f"No checkpoint had been written yet (the first was due at step {self.every})"
+        first = f"step {self.every}" if isinstance(self.every, int) else f"{self.every.images:g} images"
+        return f"No checkpoint had been written yet (the first was due at {first})"
 
 
 @dataclass

@@ -105,7 +105,7 @@ class TrainingState:
         except (ValueError, KeyError, RuntimeError) as e:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
         step.scaler.load_state_dict(state["scaler"])
-        step.load_state_dict({"skipped": state["skipped"],
+        step.load_state_dict({"skipped": state["skipped"], "step": state["data"]["step"],
                               "subdivisions": state["data"].get("subdivisions", self.cfg.subdivisions)})
         if self.ema is not None:
             if state.get("ema") is None:

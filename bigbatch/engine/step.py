@@ -34,7 +34,13 @@ from bigbatch.data.loader import split_micro_batches
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.largebatch.ema import WeightEMA
-from bigbatch.largebatch.norm import PerStepRunningStats, RunningStatsSnapshot, running_buffers, set_momentum
+from bigbatch.largebatch.norm import (
+    PerStepRunningStats,
+    RunningStatsSnapshot,
+    batchnorm_layers,
+    running_buffers,
+    set_momentum,
+)
 from bigbatch.largebatch.precision import LossScaler, first_nonfinite
 from bigbatch.telemetry.memory import MemoryLimitExceeded
 
@@ -158,7 +164,13 @@ class TrainStep:
                  feed: Callable[[Sequence[Any]], Sequence[Any]], recut_on_oom: bool = True,
                  last_good: Callable[[], str] = lambda: "") -> None:
         self._model, self._optimizer, self.loss_fn, self._scaler = model, optimizer, loss_fn, scaler
-        self.autocast, self.clip, self.plan, self.norm = autocast, clip, plan, norm
+        self.autocast, self.clip, self.norm = autocast, clip, norm
+        self.run_plan = plan
+        """The whole run's plan (its batch schedule, if any)."""
+        self.plan = plan.at(0)
+        """The plan of the batch in effect (``enter``): its batch and subdivisions."""
+        self._layer_momentum = {layer: layer.momentum for layer in batchnorm_layers(unwrap(model))}
+        """Each BN layer's momentum at the first batch (what a per-step correction starts from)."""
         self.running_stats, self.ema, self.max_skipped, self.events = running_stats, ema, max_skipped, events
         self.has_batchnorm = bool(running_buffers(unwrap(model)))
         self._clock = clock
@@ -191,8 +203,10 @@ class TrainStep:
         return {"skipped": self._skipped, "subdivisions": self.subdivisions}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """A resumed run goes on with the skipped count and the subdivisions an out-of-memory re-cut reached."""
+        """A resumed run goes on with the skipped count and the subdivisions an out-of-memory re-cut reached (at
+        the batch of its step ``step``, when the state says it)."""
         self._skipped = state["skipped"]
+        self.enter(state.get("step", 0))
         reached = state["subdivisions"]
         if reached > self.plan.subdivisions and reached % self.plan.subdivisions == 0:
             self._set_split(reached // self.plan.subdivisions)
@@ -202,9 +216,33 @@ class TrainStep:
         """Micro-batches per device per step, as run now."""
         return self.plan.subdivisions * self.split
 
+    def enter(self, step: int) -> None:
+        """Optimizer step ``step`` is next: where the batch schedule changes the batch, its subdivisions, and what is
+        defined per step follows it (a batch ``N`` times the first: EMA decay ``d ** N``; BN momentum with
+        per-step statistics ``1 - (1 - m) ** N``, the Inception TPU guide's beta = alpha ** N)."""
+        plan = self.run_plan.at(step)
+        if plan.batch == self.plan.batch:
+            return
+        self.plan = plan
+        if self.ema is not None:
+            self.ema.per_step_power = plan.batch / self.run_plan.batch
+        self._set_momentum()
+
     def _set_split(self, split: int) -> None:
         self._split = split
-        set_momentum(unwrap(self.model), self.norm, dataclasses.replace(self.plan, subdivisions=self.subdivisions))
+        self._set_momentum()
+
+    def _set_momentum(self) -> None:
+        """BN momentum for the subdivisions in effect. Per micro-batch statistics keep the momentum of each update
+        at the first batch's (more micro-batches are more updates); per-step statistics take the per-step rule."""
+        model = unwrap(self.model)
+        if self.norm.running_stats == "per_step":
+            growth = self.plan.batch / self.run_plan.batch
+            set_momentum(model, self.norm, dataclasses.replace(self.plan, subdivisions=self.subdivisions),
+                         growth=growth, layer_momentum=self._layer_momentum)
+        else:
+            first = self.run_plan.at(0)
+            set_momentum(model, self.norm, dataclasses.replace(first, subdivisions=first.subdivisions * self.split))
 
     def __call__(self, step: int, micro_batches: list[Any], hooks: MicroBatchHooks | None = None) -> StepResult:
         """Optimizer step ``step`` (0-based) on this device's micro-batches (on the host, or already on the

@@ -86,9 +86,11 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     events.writers.append(run.hooks.write)
 
     # --- the loop ---------------------------------------------------------------------------
-    order = order_of(task.train_set, plan.batch, cfg.seed, proc.world)
-    steps = batches_by_step(task.train_set, order, state.step, plan.steps, proc.rank, proc.world, plan.subdivisions,
-                            cfg.data.workers, task.sample_keys, pin_memory=proc.device.type == "cuda")
+    order = order_of(task.train_set, plan, cfg.seed, proc.world)  # step k: images [images_before(k), + batch_at(k))
+    steps = batches_by_step(task.train_set, order, state.step, plan.steps, proc.rank, proc.world,
+                            plan.subdivisions_at, cfg.data.workers, task.sample_keys,
+                            pin_memory=proc.device.type == "cuda",
+                            most_subdivisions=plan.largest_batch // (proc.world * plan.micro_batch))
     run.model.train()
     try:
         run.hooks.before_train()
@@ -96,8 +98,9 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
             run.step = step
             task.observe(micro_batches)
             run.hooks.before_step()
-            run.lr = parts.lr_at(step)
+            run.lr = parts.lr_at(step)  # that of the first batch, whatever the batch schedule
             set_lr(train_step.optimizer, run.lr)
+            train_step.enter(step)  # the batch in effect: its subdivisions, EMA decay and BN momentum
             # moved to the device inside (engine/transfer.py); the hooks are called around each micro-batch
             run.result = train_step(step, micro_batches, run.hooks)
             state.step = step + 1

@@ -8,7 +8,8 @@ where n counts the optimizer steps applied so far, this one included: TensorFlow
 ``ExponentialMovingAverage(decay, num_updates=global_step)`` applied after the train op, as in
 the Inception v3 TPU guide (decay 0.995). Floating-point buffers (BatchNorm running mean and
 variance) are averaged the same way, as TF averages ``tf.moving_average_variables()``; integer
-buffers (``num_batches_tracked``) are copied.
+buffers (``num_batches_tracked``) are copied. Under a batch schedule (``schedule.batch``) a step of ``N`` times the
+first batch uses ``d ** N``: the decay is stated per step of the first batch, and its horizon stays the same in images.
 
 Which weights count (are evaluated, reported as the run's metrics, written by ``bigbatch export``) is one rule,
 :func:`ema_counts`: the EMA's when the run keeps one and ``ema.evaluate`` (the default), else the raw ones.
@@ -43,6 +44,9 @@ class WeightEMA:
     def __init__(self, model: nn.Module, decay: float, warmup: bool = False):
         self.decay = decay
         self.warmup = warmup
+        self.per_step_power = 1.0
+        """The batch in effect over the first (a batch schedule): the decay per step is ``d ** power``, so that the
+        average's horizon stays the same in images (``bigbatch scale``'s rule for a per-step decay)."""
         self.updates = 0
         self.module = copy.deepcopy(model).eval()
         for p in self.module.parameters():
@@ -51,7 +55,8 @@ class WeightEMA:
     def current_decay(self) -> float:
         """The decay used by the update that makes ``self.updates`` applied steps."""
         n = self.updates
-        return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
+        decay = min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
+        return decay if self.per_step_power == 1.0 else decay**self.per_step_power
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:

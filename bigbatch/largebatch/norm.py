@@ -118,12 +118,28 @@ class RunningStatsSnapshot:
             buffer.copy_(saved)
 
 
-def set_momentum(model: nn.Module, cfg: NormConfig, plan: BatchPlan) -> None:
-    """Give every BN layer the momentum ``cfg`` asks for under ``plan`` (nothing when it asks for none)."""
+def grown_momentum(momentum: float, growth: float) -> float:
+    """The per-step momentum of a batch ``growth`` times the one ``momentum`` is stated for, when its statistics are
+    updated once per step: ``1 - (1 - m) ** growth`` (alpha ** N, the Inception v3 TPU guide's beta = alpha ** N),
+    so that an image's weight decays the same per image seen."""
+    return -math.expm1(math.log1p(-momentum) * growth)
+
+
+def set_momentum(model: nn.Module, cfg: NormConfig, plan: BatchPlan, growth: float = 1.0,
+                 layer_momentum: dict[nn.Module, float | None] | None = None) -> None:
+    """Give every BN layer the momentum ``cfg`` asks for under ``plan`` (nothing when it asks for none). ``growth``:
+    under per-step statistics, the batch in effect over the first (a batch schedule); a layer's own momentum
+    (``layer_momentum``, when ``cfg`` sets none) is then grown too."""
     momentum = bn_momentum(cfg, plan)
-    if momentum is not None:
-        for layer in batchnorm_layers(model):
+    if momentum is not None and cfg.momentum is not None and growth != 1.0:
+        momentum = grown_momentum(momentum, growth)  # a half-life is in images already: plan's batch says it
+    for layer in batchnorm_layers(model):
+        if momentum is not None:
             layer.momentum = momentum
+        elif growth != 1.0 and layer_momentum and layer_momentum.get(layer) is not None:
+            layer.momentum = grown_momentum(layer_momentum[layer], growth)
+        elif layer_momentum and layer in layer_momentum:
+            layer.momentum = layer_momentum[layer]
 
 
 def configure_batchnorm(

@@ -154,6 +154,9 @@ def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, 
         put("optim.ref_batch", old_batch)
     for path, value in Rescaling(old_batch, new_batch).fields(cfg):
         put(path, value)
+    for i, milestone in enumerate(cfg.schedule.batch):  # a batch schedule's batches grow with the first
+        if milestone.batch is not None:
+            put(f"schedule.batch.{i}.batch", max(1, round(milestone.batch * new_batch / old_batch)))
 
     rescaled = validate_config(new)
     before_lr, after_lr = scaled_lr(cfg.optim, old_batch), scaled_lr(rescaled.optim, new_batch)

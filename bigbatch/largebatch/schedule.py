@@ -60,18 +60,49 @@ def scaled_lr(optim: OptimConfig, batch: int) -> float:
 
 
 def length_in_steps(length: int | float | str, plan: BatchPlan) -> float:
-    """Steps from a length in steps, epochs (x train images / batch) or images (/ batch)."""
+    """Steps from a length in steps, epochs (x train images / batch) or images (/ batch); under a batch schedule,
+    the steps that take that many images (``BatchPlan.steps_for_images``)."""
     number, unit = parse_length(length)
     if unit == "steps":
         return number
     if unit == "epochs":
-        return number * plan.train_images / plan.batch
-    return number / plan.batch
+        return plan.steps_for_images(number * plan.train_images)
+    return plan.steps_for_images(number)
 
 
 def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
-    """lr(step) of the preset ``schedule.preset`` (as registered in ``SCHEDULES``) for the batch plan."""
-    return SCHEDULES.get(cfg.schedule.preset).obj(cfg, plan)
+    """lr(step) of the preset ``schedule.preset`` (as registered in ``SCHEDULES``) for the batch plan; the LR is
+    that of the first batch throughout a batch schedule (``check_batch_milestones``)."""
+    if plan.phases and cfg.schedule.preset == "inception_tpu":
+        raise UserError("schedule.batch: the inception_tpu preset counts its decay in steps of one batch; give the "
+                        "schedule as schedule.warmup and schedule.decay to grow the batch")
+    lr = SCHEDULES.get(cfg.schedule.preset).obj(cfg, plan)
+    if not cfg.schedule.decay_at_batch_milestones:
+        check_batch_milestones(plan, lr)
+    return lr
+
+
+STEP_DOWN = 0.99
+"""An LR that falls by more than 1 % in one step, after a step where it did not and before one where it does not
+(or the run's end), steps down there; a smooth decay falls in the steps around too."""
+
+
+def check_batch_milestones(plan: BatchPlan, lr: Schedule) -> None:
+    """Refuse an LR that steps down within a step of a change of the batch (``schedule.batch``): the schedule of
+    Smith et al. grows the batch *instead of* decaying the LR, so both at once is taken for a recipe's decay left
+    in by mistake (``schedule.decay_at_batch_milestones: true`` says it is meant). A smooth decay (cosine, poly)
+    falls every step and is not a step down (:data:`STEP_DOWN`)."""
+
+    def ratio(step: int) -> float:
+        before = lr(step - 1) if 1 <= step < plan.steps else 0.0
+        return lr(step) / before if before > 0 else 1.0
+
+    for i, phase in enumerate(plan.phases):
+        for step in range(max(1, phase.step - 1), min(plan.steps, phase.step + 2)):
+            if ratio(step) < STEP_DOWN and ratio(step - 1) >= STEP_DOWN and ratio(step + 1) >= STEP_DOWN:
+                raise UserError(f"schedule.batch[{i}]: the LR also steps down at step {step} ({lr(step - 1):.4g} -> "
+                                f"{lr(step):.4g}) where the batch grows to {phase.batch}; growing the batch replaces "
+                                "that decay: remove it, or set schedule.decay_at_batch_milestones: true")
 
 
 def warmup_steps(cfg: RunConfig, plan: BatchPlan) -> int:

@@ -375,6 +375,11 @@ def learning_rate(runs: list[RunData]) -> str | None:
     return steps_and_images(runs, "lr", "learning rate", "lr", log=False)
 
 
+def global_batch(runs: list[RunData]) -> str | None:
+    """The global batch in effect, for runs with a batch schedule (their records say it)."""
+    return steps_and_images(runs, "batch", "global batch", "images per step", log=False)
+
+
 def throughput(runs: list[RunData]) -> str | None:
     return steps_and_images(runs, "images_per_s", "throughput", "images / s")
 

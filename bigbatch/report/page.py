@@ -295,17 +295,19 @@ def render(runs: list[RunData]) -> str:
                     "steps but the first (start-up).</p>"
                     + '<div class="cards">' + "".join(card(run, i) for i, run in enumerate(runs)) + "</div>")
 
-    loss, lr = charts.loss(runs), charts.learning_rate(runs)
+    loss, lr, batch = charts.loss(runs), charts.learning_rate(runs), charts.global_batch(runs)
     body["loss"] = ('<p class="how">Against steps the runs are compared update for update; against images seen, data '
                     "for data: a larger batch that reaches the same loss after the same images is using its "
-                    "extra images as well as the smaller one.</p>"
-                    + (_figure(loss) + _figure(lr) if loss or lr else _absent("No training record in these runs.")))
+                    "extra images as well as the smaller one. A run with a batch schedule "
+                    "(<code>schedule.batch</code>) shows its global batch last.</p>"
+                    + (_figure(loss) + _figure(lr) + (_figure(batch) if batch else "") if loss or lr
+                       else _absent("No training record in these runs.")))
 
     evaluation = charts.evaluation(runs)
     more = len(charts.eval_metrics(runs)) - charts.MAX_METRICS
     body["evaluation"] = (
         '<p class="how">Each split (<code>val</code>, <code>val_ema</code>, ...) is its own line style, the run its '
-        "colour; images seen = step × batch.</p>"
+        "colour; images seen = step × batch (interpolated from the training records under a batch schedule).</p>"
         + (_figure(evaluation, f"{more} more metrics in the table below" if more > 0 else "")
            if evaluation else _absent("No evaluation record in these runs."))
         + final_evaluations(runs))

@@ -338,7 +338,15 @@ class RunData:
         return images if isinstance(images, int) else None
 
     def images_at(self, step: float) -> float | None:
-        """The training images seen after ``step`` optimizer steps: step x batch (the batch is fixed for a run)."""
+        """The training images seen after ``step`` optimizer steps: step x batch (the batch is fixed for a run), or,
+        for a run with a batch schedule (its records hold ``batch``), interpolated between its records' images."""
+        curve = self.curves.get("batch")
+        if curve is not None:
+            steps, images, _ = curve.points()
+            steps, images = [0.0, *steps], [0.0, *images]
+            k = min(max(bisect_left(steps, step), 1), len(steps) - 1)  # between records k - 1 and k (or past the last)
+            if steps[k] > steps[k - 1]:
+                return images[k - 1] + (step - steps[k - 1]) * (images[k] - images[k - 1]) / (steps[k] - steps[k - 1])
         batch = self.batch
         return None if batch is None else step * batch
 

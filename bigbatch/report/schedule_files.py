@@ -1,4 +1,5 @@
-"""``bigbatch schedule --csv`` and ``--png``: the learning rate of every step as a CSV file and as a plot.
+"""``bigbatch schedule --csv`` and ``--png``: the learning rate of every step (and the global batch, under a batch
+schedule) as a CSV file and as a plot.
 
 Each file carries a mark of bigbatch's own (the CSV's header line, the PNG's ``Software`` text), by which the next
 ``schedule`` knows it may replace the file: anything else at that path is the user's and is never overwritten.
@@ -13,13 +14,16 @@ from bigbatch.outputs import starts_with
 
 CSV_HEADER = b"step,lr\n"
 """The first line of a CSV ``schedule --csv`` wrote."""
+CSV_HEADER_BATCH = b"step,lr,batch\n"
+"""The first line of one it wrote for a batch schedule."""
 SCHEDULE_PNG_MARK = b"bigbatch schedule"
 """The ``Software`` text of a PNG ``schedule --png`` wrote: such a file may be replaced by the next one."""
 
 
 def is_schedule_csv(path: Path) -> bool:
-    """Whether ``path`` is a CSV ``schedule --csv`` wrote (it starts with :data:`CSV_HEADER`)."""
-    return starts_with(CSV_HEADER, len(CSV_HEADER))(path)
+    """Whether ``path`` is a CSV ``schedule --csv`` wrote (it starts with :data:`CSV_HEADER` or
+    :data:`CSV_HEADER_BATCH`)."""
+    return any(starts_with(header, len(header))(path) for header in (CSV_HEADER, CSV_HEADER_BATCH))
 
 
 def is_schedule_png(path: Path) -> bool:
@@ -27,16 +31,22 @@ def is_schedule_png(path: Path) -> bool:
     return starts_with(SCHEDULE_PNG_MARK)(path)
 
 
-def write_csv(path: Path, lrs: Sequence[float]) -> None:
-    """Every step's learning rate, ``step,lr`` from step 0, each value as Python writes it (``repr``: exact)."""
+def write_csv(path: Path, lrs: Sequence[float], batches: Sequence[int] | None = None) -> None:
+    """Every step's learning rate, ``step,lr`` from step 0, each value as Python writes it (``repr``: exact); with
+    ``batches`` (a batch schedule), ``step,lr,batch``."""
     from bigbatch.engine.checkpoint import atomic_write
 
-    rows = "".join(f"{step},{lr!r}\n" for step, lr in enumerate(lrs))
-    atomic_write(path, lambda f: f.write(CSV_HEADER.decode() + rows), mode="w")
+    if batches is None:
+        header, rows = CSV_HEADER, "".join(f"{step},{lr!r}\n" for step, lr in enumerate(lrs))
+    else:
+        header = CSV_HEADER_BATCH
+        rows = "".join(f"{step},{lr!r},{batch}\n" for step, (lr, batch) in enumerate(zip(lrs, batches, strict=True)))
+    atomic_write(path, lambda f: f.write(header.decode() + rows), mode="w")
 
 
-def plot_png(path: Path, lrs: Sequence[float], title: str) -> None:
-    """The learning rate against the optimizer step, 800 x 400 px, marked as bigbatch's own."""
+def plot_png(path: Path, lrs: Sequence[float], title: str, batches: Sequence[int] | None = None) -> None:
+    """The learning rate against the optimizer step, 800 x 400 px, marked as bigbatch's own; with ``batches``, the
+    global batch too, on a second axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,6 +60,13 @@ def plot_png(path: Path, lrs: Sequence[float], title: str) -> None:
     ax.set_ylabel("learning rate")
     ax.set_title(title)
     ax.grid(alpha=0.3)
+    if batches is not None:
+        ax.plot([], [], color="C1", drawstyle="steps-post", label="global batch")  # one legend for both axes
+        ax.legend(["learning rate", "global batch"], loc="upper right")
+        other = ax.twinx()
+        other.plot(range(len(batches)), batches, color="C1", drawstyle="steps-post")
+        other.set_ylabel("global batch (images)")
+        other.set_ylim(bottom=0)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100,
                                              metadata={"Software": SCHEDULE_PNG_MARK.decode()}))

@@ -114,9 +114,17 @@ def check_capacity(cfg: RunConfig, world: int = 1) -> None:
     device = device_memory()
     memory, where = (device, "this GPU's") if device is not None else (host, "this machine's")
 
-    order = 8 * cfg.batch
+    largest, key, batch = cfg.batch, "batch", cfg.batch
+    for i, milestone in enumerate(cfg.schedule.batch):  # a batch schedule: its largest batch
+        batch = milestone.batch if milestone.batch is not None else batch * milestone.factor
+        if batch > largest:
+            largest, key = batch, f"schedule.batch[{i}]"
+    if cfg.steps is not None and cfg.steps * largest > INT64_MAX:
+        raise UserError(f"{key}: {cfg.steps} steps of up to {largest:.3g} images are more than a 64-bit count holds "
+                        f"({INT64_MAX:.3g})")
+    order = 8 * largest
     if order > host:
-        raise UserError(f"batch: {cfg.batch} images per step need {format_bytes(order)} for the data order alone "
+        raise UserError(f"{key}: {largest:.3g} images per step need {format_bytes(order)} for the data order alone "
                         f"(8 bytes an image), more than this machine's {format_bytes(host)} of memory")
     held_in_memory = DATASETS.get(cfg.data.name).info.get("held_in_memory")
     if held_in_memory is not None:

@@ -59,9 +59,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bigbatch.batching import BatchPlan
+from bigbatch.config import parse_length
 from bigbatch.engine.events import Record
 from bigbatch.errors import UserError
 from bigbatch.largebatch.schedule import length_in_steps
@@ -266,11 +268,30 @@ def _stage_of(name: str, hook: Hook) -> int:
     return STAGES.index(hook.stage)
 
 
-def is_due(done: int, every: int, total: int) -> bool:
-    """Whether something done every ``every`` steps (and at the last) is due after ``done`` steps."""
+@dataclass(frozen=True)
+class EveryImages:
+    """An interval of ``images`` images under a batch schedule: due after the step whose images reach or pass the
+    next multiple of it."""
+
+    images: float
+    plan: BatchPlan
+
+    def due(self, done: int) -> bool:
+        return done >= 1 and (self.plan.images_before(done) // self.images
+                              > self.plan.images_before(done - 1) // self.images)
+
+
+def is_due(done: int, every: int | EveryImages, total: int) -> bool:
+    """Whether something done every ``every`` steps (or images; and at the last step) is due after ``done`` steps."""
+    if isinstance(every, EveryImages):
+        return every.due(done) or done == total
     return done % every == 0 or done == total
 
 
-def every_steps(length: int | float | str, plan: BatchPlan) -> int:
-    """An interval given in steps, epochs or images, as a whole number of steps (at least 1)."""
+def every_steps(length: int | float | str, plan: BatchPlan) -> int | EveryImages:
+    """An interval given in steps, epochs or images, as a whole number of steps (at least 1); under a batch
+    schedule, an interval in epochs or images stays one of images (``EveryImages``)."""
+    number, unit = parse_length(length)
+    if plan.phases and unit != "steps":
+        return EveryImages(number * plan.train_images if unit == "epochs" else number, plan)
     return max(1, round(length_in_steps(length, plan)))
