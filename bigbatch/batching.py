@@ -122,7 +122,7 @@ class BatchPlan:
                          f"{phase.batch} = {self.world} x {phase.batch // (self.world * self.micro_batch)} x "
                          f"{self.micro_batch}")
         lines += [
-            f"steps           {self.steps} optimizer steps",
+            f"steps           {self.steps}" + (" optimizer steps" if self.phases else ""),
             f"images seen     {self.images}",
             f"epochs          {self.epochs:.2f} (of {self.train_images} training images)",
         ]
@@ -130,27 +130,51 @@ class BatchPlan:
 
 
 def check_batch(cfg: RunConfig, world: int) -> None:
-    """The global batch must cut into ``world * subdivisions`` equal micro-batches."""
+    """The global batch must cut into ``world * subdivisions`` equal micro-batches, and each batch of a batch
+    schedule into a whole number of those micro-batches on every device."""
     devices = world * cfg.subdivisions
     if cfg.batch % devices:
         raise UserError(
             f"batch: {cfg.batch} is not divisible by world size {world} x subdivisions "
             f"{cfg.subdivisions} = {devices}; expected a multiple of {devices}"
         )
+    unit = cfg.batch // devices * world  # world x micro-batch
+    for i, batch in enumerate(scheduled_batches(cfg)):
+        if batch % unit:
+            raise UserError(f"schedule.batch[{i}]: a batch of {batch} is not a whole number of micro-batches of "
+                            f"{unit // world} on each of {world} device(s); expected a multiple of {unit} (the "
+                            "micro-batch stays what batch and subdivisions make it)")
 
 
-def batch_phases(cfg: RunConfig, world: int, train_images: int) -> tuple[BatchPhase, ...]:
+def scheduled_batches(cfg: RunConfig) -> list[int]:
+    """The global batch from each of ``schedule.batch``'s milestones on: its ``batch``, or its ``factor`` times the
+    batch before it, which must make a whole batch."""
+    batches, previous = [], cfg.batch
+    for i, milestone in enumerate(cfg.schedule.batch):
+        if milestone.batch is not None:
+            batch = milestone.batch
+        else:
+            exact = previous * milestone.factor
+            if not math.isfinite(exact) or exact > INT64_MAX:
+                raise UserError(f"schedule.batch[{i}].factor: {previous} x {milestone.factor:g} is more images than "
+                                f"a 64-bit count holds ({INT64_MAX:.3g})")
+            batch = round(exact)
+            if abs(exact - batch) > 1e-9 * exact or batch <= 0:
+                raise UserError(f"schedule.batch[{i}].factor: {previous} x {milestone.factor:g} is not a whole batch")
+        batches.append(batch)
+        previous = batch
+    return batches
+
+
+def batch_phases(cfg: RunConfig, train_images: int) -> tuple[BatchPhase, ...]:
     """``schedule.batch``'s milestones as phases: each starts at the first optimizer step at or after its ``at``
-    (steps: that step; epochs and images: the first step whose images start at or past it), and its batch is a
-    whole number of the first phase's micro-batches on every device."""
+    (steps: that step; epochs and images: the first step whose images start at or past it), with the batch of
+    :func:`scheduled_batches` (which :func:`check_batch` checks against the micro-batch)."""
     from bigbatch.config import parse_length
 
-    devices = world * (cfg.subdivisions if isinstance(cfg.subdivisions, int) else 1)
-    unit = cfg.batch // devices * world  # world x micro-batch
     phases: list[BatchPhase] = []
     previous = BatchPhase(0, 0, cfg.batch)
-    for i, milestone in enumerate(cfg.schedule.batch):
-        key = f"schedule.batch[{i}]"
+    for i, (milestone, batch) in enumerate(zip(cfg.schedule.batch, scheduled_batches(cfg), strict=True)):
         number, kind = parse_length(milestone.at)
         if kind == "steps":
             step = math.ceil(number - 1e-9)
@@ -158,30 +182,22 @@ def batch_phases(cfg: RunConfig, world: int, train_images: int) -> tuple[BatchPh
             images = number * train_images if kind == "epochs" else number
             step = previous.step + max(0, math.ceil((images - previous.images) / previous.batch - 1e-9))
         if step <= previous.step:
-            raise UserError(f"{key}.at: {milestone.at} is not after the previous change of the batch (step "
-                            f"{previous.step}); milestones go in order, the first after step 0")
-        if milestone.batch is not None:
-            batch = milestone.batch
-        else:
-            exact = previous.batch * milestone.factor
-            batch = round(exact)
-            if abs(exact - batch) > 1e-9 * exact or batch <= 0:
-                raise UserError(f"{key}.factor: {previous.batch} x {milestone.factor:g} is not a whole batch")
-        if batch % unit:
-            raise UserError(f"{key}: a batch of {batch} is not a whole number of micro-batches of {unit // world} on "
-                            f"each of {world} device(s); expected a multiple of {unit} (the micro-batch stays what "
-                            f"batch and subdivisions make it)")
+            raise UserError(f"schedule.batch[{i}].at: {milestone.at} is not after the previous change of the batch "
+                            f"(step {previous.step}); milestones go in order, the first after step 0")
         previous = BatchPhase(step, previous.images + (step - previous.step) * previous.batch, batch)
         phases.append(previous)
     return tuple(phases)
 
 
-def total_steps(cfg: RunConfig, train_images: int, phases: tuple[BatchPhase, ...] = ()) -> int:
+def total_steps(cfg: RunConfig, train_images: int, phases: tuple[BatchPhase, ...] | None = None) -> int:
     """The run's optimizer steps: ``steps``, or the steps that take ``epochs * train_images`` images,
-    ``ceil(epochs * train_images / batch)`` at a fixed batch (summed over the phases of a batch schedule)."""
+    ``ceil(epochs * train_images / batch)`` at a fixed batch (summed over the phases of a batch schedule, ``phases``
+    or those of ``schedule.batch``)."""
     if cfg.steps is not None:
         return cfg.steps
     assert cfg.epochs is not None  # the config guarantees one of them
+    if phases is None:
+        phases = batch_phases(cfg, train_images)
     wanted = cfg.epochs * train_images
     phase = BatchPhase(0, 0, cfg.batch)
     for later in phases:
@@ -197,7 +213,7 @@ def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
     check_batch(cfg, world)
     if train_images <= 0:
         raise UserError(f"data.name: the {cfg.data.name!r} training set is empty")
-    phases = batch_phases(cfg, world, train_images)
+    phases = batch_phases(cfg, train_images)
     steps = total_steps(cfg, train_images, phases)
     largest = max([cfg.batch, *(phase.batch for phase in phases)])
     if steps * largest > INT64_MAX:

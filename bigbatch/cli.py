@@ -211,12 +211,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.data.multiscale import describe as describe_multiscale
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_resolved
+    from bigbatch.largebatch.schedule import build_schedule
     from bigbatch.registry import MODELS
     from bigbatch.tasks import train_set_size
 
     cfg = load_resolved(args.config, args.overrides, reads_data=False)
     world = distributed.world_size_from_env()
     plan = make_plan(cfg, world, train_set_size(cfg))
+    build_schedule(cfg, plan)  # refuses what a run would (an LR step down at a batch milestone) before printing
     describe = MODELS.get(cfg.model.name).info.get("describe")
     model_text = describe(cfg) if describe is not None else None  # read (and checked) before anything is printed
     print(config_to_yaml(cfg).rstrip())
@@ -266,7 +268,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         write_csv(args.csv, lrs, batches)
         print(f"written to {args.csv}")
     if args.png is not None:
-        plot_png(args.png, lrs, f"{cfg.name}: {batch}, {plan.steps} steps", batches)
+        title = f"batch {plan.batch}" if batches is None else f"batch {plan.batch} to {max(batches)}"
+        plot_png(args.png, lrs, f"{cfg.name}: {title}, {plan.steps} steps", batches)
         print(f"plotted to {args.png}")
     return 0
 

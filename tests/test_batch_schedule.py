@@ -66,7 +66,7 @@ def test_bad_milestones_are_refused_naming_the_entry(milestones, message):
 
 
 def test_a_milestone_needs_a_batch_or_a_factor():
-    with pytest.raises(UserError, match="schedule.batch: each milestone gives batch"):
+    with pytest.raises(UserError, match=r"schedule.batch.0: each milestone gives batch"):
         load_config("digits", ["schedule.batch=[{at: 5, batch: 200, factor: 2}]"])
 
 
@@ -121,18 +121,19 @@ ARGS = ["digits", "--set", "steps=20", "batch=64", "subdivisions=4", "data.size=
         "checkpoint.every=5", "eval.every=1 epochs", "log.every=1", "log.tensorboard=false", "optim.name=momentum",
         "schedule.warmup=[{kind: linear, length: 300 images}]", "schedule.decay.kind=cosine", "ema.decay=0.9",
         "norm.running_stats=per_step", "model.dropout=0.3",
-        "schedule.batch=[{at: 7, factor: 2}, {at: 14, batch: 256}]"]
+        "schedule.batch=[{at: 7, factor: 4}, {at: 10, factor: 0.5}, {at: 14, batch: 64}]"]
+"""64 images a step, 256 from step 7, 128 from step 10 (where the killed run's last checkpoint is), 64 from 14."""
 
 
-def test_a_run_killed_after_a_change_of_batch_resumes_bit_identically_across_the_next(tmp_path):
+def test_a_run_killed_at_a_change_of_batch_resumes_bit_identically_across_the_next(tmp_path):
     reference = run_main("train", *ARGS, "--out", str(tmp_path / "reference"))
     assert reference.returncode == 0, reference.stderr
     train = records(tmp_path / "reference")
-    assert [r["batch"] for r in train] == [64] * 7 + [128] * 7 + [256] * 6
-    assert [r["images"] for r in train][5:9] == [384, 448, 576, 704]
+    assert [r["batch"] for r in train] == [64] * 7 + [256] * 3 + [128] * 4 + [64] * 6
+    assert [r["images"] for r in train][5:11] == [384, 448, 704, 960, 1216, 1344]
     assert "batch from step 14 (epoch" in reference.stdout and "steps           20 optimizer steps" in reference.stdout
 
-    run_dir = tmp_path / "killed"  # paused after step 12 (phase 2), its last checkpoint at step 10
+    run_dir = tmp_path / "killed"  # paused after step 12, its last checkpoint at step 10, where the batch halves
     env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
     with open(tmp_path / "killed.stderr", "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-c", PAUSING_BIGBATCH, "train", *ARGS, "--out", str(run_dir)],

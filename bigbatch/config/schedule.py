@@ -38,7 +38,7 @@ class BatchMilestone(Section):
     @model_validator(mode="after")
     def _batch_or_factor(self) -> BatchMilestone:
         if (self.batch is None) == (self.factor is None):
-            raise ValueError("schedule.batch: each milestone gives batch (the new global batch) or factor (times "
+            raise ValueError("each milestone gives batch (the new global batch) or factor (times "
                              "the previous one), not both or neither")
         return self
 

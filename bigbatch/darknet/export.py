@@ -72,7 +72,11 @@ def from_checkpoint(path: Path) -> Exported:
     weights = network_state(counted)
     network = darknet_network(cfg.model.cfg, classes_in(weights, cfg.model.cfg), cfg.data.size)
     network.load_state_dict(weights)
-    return Exported(network, int(state["step"]) * cfg.batch,
+    data = state.get("data")
+    images = data.get("images") if isinstance(data, dict) else None  # images seen (a batch schedule's too)
+    seen = images if isinstance(images, int) and not isinstance(images, bool) and images >= 0 else (
+        int(state["step"]) * cfg.batch)
+    return Exported(network, seen,
                     f"{'EMA' if use_ema else 'raw'} weights of {path} (step {state['step']})")
 
 

@@ -20,6 +20,7 @@ available memory (CPU), less a 10 % margin.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import subprocess
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bigbatch.batching import scheduled_batches
 from bigbatch.config import RunConfig, validate_config
 from bigbatch.errors import UserError
 
@@ -152,8 +154,10 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
     per_device = cfg.batch // world
     if cfg.batch % world:
         raise UserError(f"batch: {cfg.batch} is not divisible by world size {world}")
+    # a batch schedule's later batches are whole numbers of the same micro-batch: it divides each of them
+    every_batch = math.gcd(cfg.batch, *scheduled_batches(cfg))
     measurements: list[Measurement] = []
-    for m in candidates(per_device):
+    for m in candidates(every_batch // world if every_batch % world == 0 else per_device):
         measurements.append(measure(cfg, m))
         if measurements[-1].peak_bytes > budget:
             break  # larger micro-batches need more memory still

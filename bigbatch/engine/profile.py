@@ -98,7 +98,10 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     proc = setup()
     seed_everything(cfg.seed)
     task = build_task(cfg)
-    plan = make_plan(cfg.model_copy(update={"steps": steps + 1, "epochs": None}), 1, len(task.train_set))
+    # the first batch only: a batch schedule's later phases are more micro-batches of the same size
+    first = cfg.model_copy(update={"steps": steps + 1, "epochs": None,
+                                   "schedule": cfg.schedule.model_copy(update={"batch": []})})
+    plan = make_plan(first, 1, len(task.train_set))
     parts = build_parts(cfg, task, plan, proc, EventStorage())
     model, train_step, lr_at = parts.model, parts.step, parts.lr_at
     order = order_of(task.train_set, plan.batch, cfg.seed, 1)

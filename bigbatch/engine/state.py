@@ -14,8 +14,10 @@ Saving and resuming both go through them, so the checkpoint's layout is written 
     scaler      the loss scaler's state
     skipped     optimizer steps not applied (non-finite gradients) over the whole run
     rng         torch (CPU and CUDA), Python and NumPy generators
-    data        the position in the data order: step, seed, batch (the order is a function of them),
-                and the subdivisions in effect (more than configured after an out-of-memory re-cut)
+    data        the position in the data order: step, seed, batch (the order is a function of them and of
+                ``schedule.batch``), the subdivisions in effect (more than configured after an out-of-memory
+                re-cut, or in a later phase of a batch schedule) and the images seen (for the record; absent in
+                older checkpoints)
     best        the best evaluation so far: metric, mode, value, step
     hooks       what the hooks learned, by hook name (``engine/hooks/base.py``: the noise scale's averages, the
                 memory log's baseline); absent in older checkpoints, whose runs resume with fresh hooks
@@ -88,7 +90,8 @@ class TrainingState:
             "skipped": step.skipped,
             "rng": checkpoint.rng_state(),
             "data": {"step": self.step, "seed": self.cfg.seed, "batch": self.cfg.batch,
-                     "subdivisions": step.subdivisions},
+                     "subdivisions": step.subdivisions, "split": step.split,
+                     "images": step.run_plan.images_before(self.step)},
             "best": vars(self.best).copy(),
             "hooks": self.hooks.state_dict() if self.hooks is not None else dict(self.hook_states),
             "config": self.cfg.model_dump(mode="json"),
@@ -105,8 +108,16 @@ class TrainingState:
         except (ValueError, KeyError, RuntimeError) as e:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
         step.scaler.load_state_dict(state["scaler"])
-        step.load_state_dict({"skipped": state["skipped"], "step": state["data"]["step"],
-                              "subdivisions": state["data"].get("subdivisions", self.cfg.subdivisions)})
+        data = state["data"]
+        images = data.get("images")  # absent before batch schedules
+        if isinstance(images, int) and images != step.run_plan.images_before(data["step"]):
+            raise UserError(f"schedule.batch: the checkpoint's {data['step']} steps took {images} images, this "
+                            f"config's take {step.run_plan.images_before(data['step'])}; resuming needs the same "
+                            "batch schedule")
+        split = data.get("split")
+        step.load_state_dict({"skipped": state["skipped"], "step": data["step"],
+                              "subdivisions": data.get("subdivisions", self.cfg.subdivisions),
+                              "split": split if isinstance(split, int) and not isinstance(split, bool) else None})
         if self.ema is not None:
             if state.get("ema") is None:
                 raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")

@@ -199,17 +199,20 @@ class TrainStep:
                                      doc="Micro-batches of the attempt being run.")
 
     def state_dict(self) -> dict[str, int]:
-        """What a checkpoint keeps of the step: the skipped count and the subdivisions in effect."""
-        return {"skipped": self._skipped, "subdivisions": self.subdivisions}
+        """What a checkpoint keeps of the step: the skipped count, the subdivisions in effect and the split an
+        out-of-memory re-cut reached."""
+        return {"skipped": self._skipped, "subdivisions": self.subdivisions, "split": self._split}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """A resumed run goes on with the skipped count and the subdivisions an out-of-memory re-cut reached (at
-        the batch of its step ``step``, when the state says it)."""
+    def load_state_dict(self, state: dict[str, int | None]) -> None:
+        """A resumed run goes on with the skipped count and the split an out-of-memory re-cut reached, at the batch
+        of its next step ``step`` (a checkpoint without ``split``: from the subdivisions it reached)."""
         self._skipped = state["skipped"]
-        self.enter(state.get("step", 0))
-        reached = state["subdivisions"]
-        if reached > self.plan.subdivisions and reached % self.plan.subdivisions == 0:
-            self._set_split(reached // self.plan.subdivisions)
+        self.enter(state.get("step") or 0)
+        split, reached = state.get("split"), state["subdivisions"]
+        if split is None and reached > self.plan.subdivisions and reached % self.plan.subdivisions == 0:
+            split = reached // self.plan.subdivisions
+        if isinstance(split, int) and split > 1:
+            self._set_split(split)
 
     @property
     def subdivisions(self) -> int:
@@ -297,7 +300,8 @@ class TrainStep:
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
             raise OutOfMemory(f"out of memory at step {step} on rank {rank} ({error}); with several processes "
                               f"bigbatch does not re-cut micro-batches in place: relaunch with subdivisions="
-                              f"{self.subdivisions * 2} (the run resumes from its last checkpoint)")
+                              f"{self.run_plan.subdivisions * self.split * 2} (the run resumes from its last "
+                              "checkpoint)")
         if micro % 2:
             raise OutOfMemory(f"out of memory at step {step} with micro-batches of {micro} image(s), which cannot "
                               f"be halved ({error}); lower the batch or the input size")

@@ -70,6 +70,17 @@ def length_in_steps(length: int | float | str, plan: BatchPlan) -> float:
     return plan.steps_for_images(number)
 
 
+def periods_of(every: int | float | str, plan: BatchPlan) -> Callable[[int], float]:
+    """t -> the periods of length ``every`` before step t: t / every in steps; under a batch schedule, an ``every``
+    in epochs or images counts the images the steps before t took."""
+    number, unit = parse_length(every)
+    if plan.phases and unit != "steps":
+        images = number * plan.train_images if unit == "epochs" else number
+        return lambda t: plan.images_before(t) / images
+    steps = length_in_steps(every, plan)
+    return lambda t: t / steps
+
+
 def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     """lr(step) of the preset ``schedule.preset`` (as registered in ``SCHEDULES``) for the batch plan; the LR is
     that of the first batch throughout a batch schedule (``check_batch_milestones``)."""
@@ -204,8 +215,8 @@ def _constant(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> 
 @DECAYS.register("step", check=_required("every"))
 def _step(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
     """gamma ** floor(t / every)."""
-    every = length_in_steps(cfg.every, plan)
-    return lambda t: cfg.gamma ** math.floor(t / every)
+    periods = periods_of(cfg.every, plan)
+    return lambda t: cfg.gamma ** math.floor(periods(t))
 
 
 def _milestones_and_scales(cfg: DecayConfig) -> None:
@@ -225,10 +236,10 @@ def _multistep(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) ->
 @DECAYS.register("exponential", check=_required("every"))
 def _exponential(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
     """gamma ** (t / every), the exponent floored when ``staircase``."""
-    every = length_in_steps(cfg.every, plan)
+    periods = periods_of(cfg.every, plan)
     if cfg.staircase:
-        return lambda t: cfg.gamma ** math.floor(t / every)
-    return lambda t: cfg.gamma ** (t / every)
+        return lambda t: cfg.gamma ** math.floor(periods(t))
+    return lambda t: cfg.gamma ** periods(t)
 
 
 def _progress(cfg: DecayConfig, plan: BatchPlan, start: float) -> Callable[[int], float]:

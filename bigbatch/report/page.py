@@ -133,7 +133,8 @@ def noise_verdicts(runs: list[RunData]) -> str:
         steps, _, noise = run.series("noise_scale")
         if not noise or run.batch is None:
             continue
-        last, batch = noise[-1], run.batch
+        scheduled = run.series("batch")[2]  # a batch schedule: the batch in effect at the end
+        last, batch = noise[-1], int(scheduled[-1]) if scheduled else run.batch
         verdict = ("below it: a larger batch would still cut the steps nearly in proportion" if batch < last else
                    "above it: a larger batch would cut the steps less than in proportion")
         items.append(f"<li>{_run_name(run, i)}: noise scale ~{fmt(round(last))} images at step {fmt(int(steps[-1]))}; "

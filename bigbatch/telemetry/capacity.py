@@ -19,6 +19,7 @@ Counts that must fit a 64-bit integer (images seen over the run) are checked too
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 
@@ -116,15 +117,19 @@ def check_capacity(cfg: RunConfig, world: int = 1) -> None:
 
     largest, key, batch = cfg.batch, "batch", cfg.batch
     for i, milestone in enumerate(cfg.schedule.batch):  # a batch schedule: its largest batch
-        batch = milestone.batch if milestone.batch is not None else batch * milestone.factor
+        grown = batch * milestone.factor if milestone.factor is not None else 0.0
+        if not math.isfinite(grown) or grown > INT64_MAX:
+            raise UserError(f"schedule.batch[{i}].factor: a batch of {batch} x {milestone.factor:g} is more images "
+                            f"than a 64-bit count holds ({INT64_MAX:.3g})")
+        batch = milestone.batch if milestone.batch is not None else round(grown)
         if batch > largest:
             largest, key = batch, f"schedule.batch[{i}]"
     if cfg.steps is not None and cfg.steps * largest > INT64_MAX:
-        raise UserError(f"{key}: {cfg.steps} steps of up to {largest:.3g} images are more than a 64-bit count holds "
+        raise UserError(f"{key}: {cfg.steps} steps of up to {largest} images are more than a 64-bit count holds "
                         f"({INT64_MAX:.3g})")
     order = 8 * largest
     if order > host:
-        raise UserError(f"{key}: {largest:.3g} images per step need {format_bytes(order)} for the data order alone "
+        raise UserError(f"{key}: {largest} images per step need {format_bytes(order)} for the data order alone "
                         f"(8 bytes an image), more than this machine's {format_bytes(host)} of memory")
     held_in_memory = DATASETS.get(cfg.data.name).info.get("held_in_memory")
     if held_in_memory is not None:

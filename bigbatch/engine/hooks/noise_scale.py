@@ -56,10 +56,10 @@ class NoiseScaleHook(Hook):
         batch = run.plan.batch_at(max(0, run.state.step - 1))  # the last step's, under a batch schedule
         where = ("below it: a larger batch would still cut the steps nearly in proportion" if batch < b_simple else
                  "above it: a larger batch would cut the steps less than in proportion")
-        which = "its last batch" if run.plan.phases else "this run's batch"
+        which = f"its last batch, {batch}," if run.plan.phases else f"this run's batch of {batch}"
         run.events.event(run.state.step, "noise_scale", {"noise_scale": round(b_simple, 1), "batch": batch},
                          f"gradient noise scale: ~{b_simple:,.0f} images (the critical batch, McCandlish et al. "
-                         f"2018); {which}, {batch}, is {where}")
+                         f"2018); {which} is {where}")
 
 
 HOOKS.register("noise_scale", lambda run: NoiseScaleHook(run) if run.cfg.log.noise_scale and run.proc.is_main
