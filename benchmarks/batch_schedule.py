@@ -43,7 +43,8 @@ DIGITS = {
     "base": ["digits"],
     "decay": ["schedule.decay.kind=multistep", "schedule.decay.milestones=[12 epochs, 18 epochs]",
               "schedule.decay.gamma=0.5"],
-    "batch": ["schedule.decay.kind=constant", "schedule.batch=[{at: 12 epochs, factor: 2}, {at: 18 epochs, factor: 2}]"],
+    "batch": ["schedule.decay.kind=constant",
+              "schedule.batch=[{at: 12 epochs, factor: 2}, {at: 18 epochs, factor: 2}]"],
     "cosine": [],
 }
 RESNET = {

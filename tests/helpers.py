@@ -411,3 +411,29 @@ def cfg_with_keys(text: str, size: int, keys: dict[str, str], batch: int = 1) ->
             out.append(line)
     close()
     return "\n".join(out) + "\n"
+
+
+# --- a run paused at a known step, to be killed there ----------------------------------------------------------------
+
+PAUSE_AT = 12  # the checkpoint before it is step 10: steps 11 and 12 are logged past it
+# ``bigbatch`` that, once the record of step PAUSE_AT is in metrics.jsonl, says "paused" and waits to be killed.
+# Killed there, rather than at whatever step a polling test happens to see, the run is cut at the same point
+# however fast or busy the machine (a poller starved of the CPU could let the run finish first).
+PAUSING_BIGBATCH = f"""
+import sys, time
+from bigbatch.cli import main
+from bigbatch.engine.hooks import Hook
+from bigbatch.registry import HOOKS
+
+class PauseAfterRecord(Hook):  # after the built-in hooks: the step's record is written
+    stage = "write"
+
+    def after_step(self, run):
+        if run.state.step == {PAUSE_AT}:
+            print("paused", flush=True)
+            while True:
+                time.sleep(60)
+
+HOOKS.register("pause", lambda run: PauseAfterRecord())
+sys.exit(main())
+"""

@@ -4,8 +4,8 @@ size; the data order, resume and the layout stay exact."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +20,17 @@ from bigbatch.errors import UserError
 from bigbatch.largebatch.ema import WeightEMA
 from bigbatch.largebatch.norm import grown_momentum
 from bigbatch.largebatch.schedule import build_schedule
-from tests.helpers import COMMON, HANG_GUARD_S, ROOT, assert_same_weights, run_main, torchrun, weights
-from tests.test_resume import PAUSE_AT, PAUSING_BIGBATCH
+from tests.helpers import (
+    COMMON,
+    HANG_GUARD_S,
+    PAUSE_AT,
+    PAUSING_BIGBATCH,
+    ROOT,
+    assert_same_weights,
+    run_main,
+    torchrun,
+    weights,
+)
 
 
 def plan_of(*overrides: str, world: int = 1, images: int = 1000):
@@ -91,8 +100,8 @@ def test_an_lr_step_down_at_a_batch_milestone_is_refused_unless_meant():
 
 
 def test_the_data_order_takes_each_image_once_across_a_change_of_batch():
-    _, plan = plan_of("batch=40", "subdivisions=2", "steps=30", "schedule.batch=[{at: 3, factor: 2}, {at: 7, factor: 3}]",
-                      images=100)
+    _, plan = plan_of("batch=40", "subdivisions=2", "steps=30",
+                      "schedule.batch=[{at: 3, factor: 2}, {at: 7, factor: 3}]", images=100)
     order = GlobalBatchOrder(100, plan, seed=3)
     stream = torch.cat([order.global_batch(step) for step in range(plan.steps)])
     fixed = GlobalBatchOrder(100, 20, seed=3)  # the same stream, 20 at a time
