@@ -141,6 +141,9 @@ def test_a_run_killed_at_a_change_of_batch_resumes_bit_identically_across_the_ne
     assert [r["batch"] for r in train] == [64] * 7 + [256] * 3 + [128] * 4 + [64] * 6
     assert [r["images"] for r in train][5:11] == [384, 448, 704, 960, 1216, 1344]
     assert "batch from step 14 (epoch" in reference.stdout and "steps           20 optimizer steps" in reference.stdout
+    report = run_main("report", str(tmp_path / "reference"), "--out", str(tmp_path / "report.html"))
+    assert report.returncode == 0, report.stderr
+    assert "global batch vs steps" in (tmp_path / "report.html").read_text()  # the batch in effect, charted
 
     run_dir = tmp_path / "killed"  # paused after step 12, its last checkpoint at step 10, where the batch halves
     env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
