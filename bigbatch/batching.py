@@ -12,6 +12,11 @@ Batch Size", ICLR 2018) cuts the run into phases, each with its own global batch
 the first phase (what ``plan`` measured), so a batch of ``b`` is ``b / (world * micro_batch)`` micro-batches per
 device. Step ``t`` of a phase that starts at step ``s`` after ``i`` images covers images
 ``[i + (t - s) b, i + (t - s + 1) b)`` of the data order.
+
+An adaptive batch (``batch: {mode: adaptive, base: B0, max: B}``; AdaScale, ``largebatch/adascale.py``) runs at B
+with a recipe written for B0: ``base`` is B0 and ``steps`` the base schedule's length in steps of B0, which is also
+the most optimizer steps the run can take (each step advances the schedule by r >= 1 base steps); how many it takes
+is measured, not planned.
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ class BatchPlan:
     phases: tuple[BatchPhase, ...] = ()
     """The batch schedule's changes after the first phase (which starts at step 0 with ``batch``); none: the
     batch is ``batch`` for the whole run."""
+    base: int | None = None
+    """An adaptive run's base batch B0 (AdaScale); ``steps`` is then the base schedule's length, in steps of B0."""
+    grow_to: int | None = None
+    """An adaptive run whose batch grows (``grow: true``): its largest batch; ``phases`` are then the changes made
+    so far."""
 
     @property
     def micro_batch(self) -> int:
@@ -71,7 +81,7 @@ class BatchPlan:
 
     @property
     def largest_batch(self) -> int:
-        return max([self.batch, *(phase.batch for phase in self.phases)])
+        return max([self.batch, *(phase.batch for phase in self.phases), self.grow_to or 0])
 
     def phase_at(self, step: int) -> BatchPhase:
         """The phase that optimizer step ``step`` (0-based) belongs to."""
@@ -106,6 +116,17 @@ class BatchPlan:
             return self
         return replace(self, batch=self.batch_at(step), subdivisions=self.subdivisions_at(step), phases=())
 
+    def base_plan(self) -> BatchPlan:
+        """The plan of the base recipe an adaptive run follows: ``steps`` steps of ``base`` images (its schedule's
+        steps); a fixed run's plan is its own."""
+        if self.base is None:
+            return self
+        return replace(self, batch=self.base, world=1, subdivisions=1, phases=(), base=None, grow_to=None)
+
+    def grown(self, step: int, batch: int) -> BatchPlan:
+        """This plan with the batch changed to ``batch`` from optimizer step ``step`` on (an adaptive batch grew)."""
+        return replace(self, phases=(*self.phases, BatchPhase(step, self.images_before(step), batch)))
+
     def epoch_at(self, step: int) -> float:
         """Epochs completed after ``step`` optimizer steps (fractional: batches straddle epochs)."""
         return self.images_before(step) / self.train_images
@@ -117,11 +138,24 @@ class BatchPlan:
             f"subdivisions    {self.subdivisions} micro-batches per device per step",
             f"micro-batch     {self.micro_batch} images (= {self.batch} / ({self.world} x {self.subdivisions}))",
         ]
+        phases_lines = []
         for phase in self.phases:
-            lines.append(f"batch from step {phase.step} (epoch {phase.images / self.train_images:.2f}): "
-                         f"{phase.batch} = {self.world} x {phase.batch // (self.world * self.micro_batch)} x "
-                         f"{self.micro_batch}")
-        lines += [
+            phases_lines.append(f"batch from step {phase.step} (epoch {phase.images / self.train_images:.2f}): "
+                                f"{phase.batch} = {self.world} x {phase.batch // (self.world * self.micro_batch)} x "
+                                f"{self.micro_batch}")
+        if self.base is not None:
+            base_epochs = self.steps * self.base / self.train_images
+            how = (f"AdaScale at scale {self.batch / self.base:g} = {self.batch} / base batch {self.base}"
+                   if self.batch > self.base else f"AdaScale from the base batch {self.base}, doubling up to "
+                   f"{self.grow_to} while the measured noise scale is at least twice the batch")
+            return "\n".join([*lines, *phases_lines,
+                f"adaptive        {how}",
+                f"length          {self.steps} base steps of {self.base} images ({base_epochs:.2f} epochs at the base "
+                "batch): the run ends when its progress, r per step, reaches them",
+                f"steps           measured, not planned: at most {self.steps} (r = 1), at least "
+                f"{math.ceil(self.steps * self.base / (self.grow_to or self.batch))} (r = scale)",
+            ])
+        lines += [*phases_lines,
             f"steps           {self.steps}" + (" optimizer steps" if self.phases else ""),
             f"images seen     {self.images}",
             f"epochs          {self.epochs:.2f} (of {self.train_images} training images)",
@@ -209,10 +243,12 @@ def total_steps(cfg: RunConfig, train_images: int, phases: tuple[BatchPhase, ...
 
 
 def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
-    """Check that the batch divides evenly and turn ``epochs`` into steps."""
+    """Check that the batch divides evenly and turn ``epochs`` into steps (an adaptive batch: into base steps)."""
     check_batch(cfg, world)
     if train_images <= 0:
         raise UserError(f"data.name: the {cfg.data.name!r} training set is empty")
+    if cfg.adaptive is not None:
+        return adaptive_plan(cfg, world, train_images)
     phases = batch_phases(cfg, train_images)
     steps = total_steps(cfg, train_images, phases)
     largest = max([cfg.batch, *(phase.batch for phase in phases)])
@@ -232,3 +268,25 @@ def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
         train_images=train_images,
         phases=phases,
     )
+
+
+def adaptive_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
+    """An adaptive run's plan: its batch (``batch.max``), cut as ``subdivisions`` says, and the base schedule's
+    length, ``steps`` or ``ceil(epochs * train_images / base)`` base steps. Each step must measure the gradient noise
+    from two micro-batches or more per process (``telemetry/noise_scale.py``)."""
+    assert cfg.adaptive is not None
+    if cfg.subdivisions < 2:  # type: ignore[operator]
+        raise UserError(f"subdivisions: batch.mode: adaptive measures the gradient noise from the micro-batches of "
+                        f"each step, so it needs 2 or more per process; got {cfg.subdivisions} on each of {world} "
+                        f"process(es): raise subdivisions")
+    base, largest = cfg.adaptive.base, cfg.adaptive.max
+    unit = cfg.batch // (world * cfg.subdivisions) * world  # type: ignore[operator]  # world x micro-batch
+    if cfg.adaptive.grow and largest % unit:
+        raise UserError(f"batch.max: {largest} is not a whole number of micro-batches of {unit // world} on each of "
+                        f"{world} device(s); expected a multiple of {unit} (the batch grows by micro-batches)")
+    steps = cfg.steps if cfg.steps is not None else math.ceil(cfg.epochs * train_images / base - 1e-9)  # type: ignore
+    if steps * largest > INT64_MAX:
+        key = "steps" if cfg.steps is not None else "epochs"
+        raise UserError(f"{key}: up to {steps} steps of {cfg.batch} images are more images than a 64-bit count holds")
+    return BatchPlan(batch=cfg.batch, world=world, subdivisions=cfg.subdivisions, steps=steps,  # type: ignore[arg-type]
+                     train_images=train_images, base=base, grow_to=largest if cfg.adaptive.grow else None)

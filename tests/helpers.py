@@ -416,10 +416,13 @@ def cfg_with_keys(text: str, size: int, keys: dict[str, str], batch: int = 1) ->
 # --- a run paused at a known step, to be killed there ----------------------------------------------------------------
 
 PAUSE_AT = 12  # the checkpoint before it is step 10: steps 11 and 12 are logged past it
-# ``bigbatch`` that, once the record of step PAUSE_AT is in metrics.jsonl, says "paused" and waits to be killed.
-# Killed there, rather than at whatever step a polling test happens to see, the run is cut at the same point
-# however fast or busy the machine (a poller starved of the CPU could let the run finish first).
-PAUSING_BIGBATCH = f"""
+
+
+def pausing_bigbatch(at: int) -> str:
+    """``bigbatch`` that, once the record of step ``at`` is in metrics.jsonl, says "paused" and waits to be killed.
+    Killed there, rather than at whatever step a polling test happens to see, the run is cut at the same point
+    however fast or busy the machine (a poller starved of the CPU could let the run finish first)."""
+    return f"""
 import sys, time
 from bigbatch.cli import main
 from bigbatch.engine.hooks import Hook
@@ -429,7 +432,7 @@ class PauseAfterRecord(Hook):  # after the built-in hooks: the step's record is 
     stage = "write"
 
     def after_step(self, run):
-        if run.state.step == {PAUSE_AT}:
+        if run.state.step == {at}:
             print("paused", flush=True)
             while True:
                 time.sleep(60)
@@ -437,3 +440,6 @@ class PauseAfterRecord(Hook):  # after the built-in hooks: the step's record is 
 HOOKS.register("pause", lambda run: PauseAfterRecord())
 sys.exit(main())
 """
+
+
+PAUSING_BIGBATCH = pausing_bigbatch(PAUSE_AT)

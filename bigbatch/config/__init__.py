@@ -20,12 +20,14 @@ Its modules, each one idea:
 - the schema, by section: ``model``, ``data``, ``optim`` (and ``clip``), ``schedule``, ``training`` (``ema``,
   ``norm``, ``precision``, ``loss``), ``monitoring`` (``eval``, ``checkpoint``, ``log``, ``memory``, ``debug``),
   and ``run`` (:class:`RunConfig`, the checks across sections);
+- ``adaptive``: ``batch: {mode: adaptive, ...}`` (AdaScale's base and largest batch);
 - ``loading``: the source, the bounded YAML reader, ``--set`` overrides, validation, :func:`config_to_yaml`;
 - ``messages``: a pydantic error as one line naming the dotted key.
 
 Every public name is importable from ``bigbatch.config`` itself.
 """
 
+from bigbatch.config.adaptive import AdaptiveBatch
 from bigbatch.config.data import DataConfig, MultiScaleConfig, SizeList
 from bigbatch.config.loading import (
     INT64_LIMIT,
@@ -73,6 +75,7 @@ from bigbatch.config.values import (
 )
 
 __all__ = [
+    "AdaptiveBatch",
     "COMPLEMENT", "INT64_LIMIT", "MAX_YAML_NODES", "POWER", "RECIPES_DIR", "SLOPE",
     "CheckpointConfig", "ClipConfig", "DarknetScheduleConfig", "DataConfig", "DebugConfig", "DecayConfig",
     "EMAConfig", "EvalConfig", "InImages", "InceptionTPUConfig", "Interval", "Length", "LogConfig", "LossConfig",

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
+from bigbatch.config.adaptive import AdaptiveBatch, fold_adaptive, unfold_adaptive
 from bigbatch.config.data import DataConfig
 from bigbatch.config.model import ModelConfig
 from bigbatch.config.monitoring import CheckpointConfig, DebugConfig, EvalConfig, LogConfig, MemoryConfig
@@ -23,7 +24,10 @@ class RunConfig(Section):
     """Recipe name; the default run directory is ``runs/<name>-<timestamp>``."""
     task: Annotated[str, registered(TASKS)] = "classification"
     batch: int = Field(gt=0)
-    """Global images per optimizer step, across all devices (Darknet's ``batch``)."""
+    """Global images per optimizer step, across all devices (Darknet's ``batch``); an adaptive run's first batch
+    (``batch: {mode: adaptive, ...}`` is read into ``adaptive``)."""
+    adaptive: AdaptiveBatch | None = None
+    """AdaScale's base and largest batch (``config/adaptive.py``), written as ``batch: {mode: adaptive, ...}``."""
     subdivisions: Annotated[int, Field(gt=0)] | Literal["auto"] = 1
     """Micro-batches per device per optimizer step (Darknet's ``subdivisions``); ``auto``: the smallest number
     whose micro-batch fits in memory, measured at the start (``bigbatch plan``)."""
@@ -48,6 +52,20 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
     _filled_in: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adaptive_batch(cls, data: Any) -> Any:
+        return unfold_adaptive(data)
+
+    @classmethod
+    def keys(cls) -> dict[str, Any]:
+        """The keys a config writes (``adaptive`` is written inside ``batch``)."""
+        return {key: value for key, value in super().keys().items() if key != "adaptive"}
+
+    def model_dump(self, **options: Any) -> dict[str, Any]:
+        """The dump, an adaptive batch folded back into ``batch: {mode: adaptive, ...}``."""
+        return fold_adaptive(super().model_dump(**options))
 
     def filled_in(self) -> dict[str, str]:
         """The keys the config left unset and validation filled in from other keys -> where the value came from
@@ -83,6 +101,13 @@ class RunConfig(Section):
         elif self.eval.metric not in metrics and not self.eval.metric.startswith(prefixes):
             raise ValueError(f"eval.metric: {self.eval.metric!r} is not a {self.task} metric; expected one of "
                              f"{', '.join([*metrics, *(f'{p}<class>' for p in prefixes)])}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_batch_schedule(self) -> RunConfig:
+        if self.adaptive is not None and self.schedule.batch:
+            raise ValueError("schedule.batch: an adaptive batch (batch.mode: adaptive) chooses the batch itself; "
+                             "give schedule.batch or batch.mode: adaptive, not both")
         return self
 
     @model_validator(mode="after")

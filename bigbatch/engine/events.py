@@ -36,8 +36,10 @@ class EventStorage:
 
     def train(self, values: dict[str, Any], steps: int) -> None:
         """The scalars of a training step (``step``, ``images``, ``epoch``, ``lr``, ``loss``, ``images_per_s``,
-        ...) of a run of ``steps`` steps."""
-        message = (f"step {values['step']}/{steps}  epoch {values['epoch']:.2f}  loss {values['loss']:.4f}  "
+        ...) of a run of ``steps`` steps (an adaptive run: of ``steps`` base steps, its ``progress``)."""
+        where = (f"step {values['step']}/{steps}" if "progress" not in values else
+                 f"step {values['step']}  progress {values['progress']:.1f}/{steps}  r {values['gain']:.2f}")
+        message = (f"{where}  epoch {values['epoch']:.2f}  loss {values['loss']:.4f}  "
                    f"lr {values['lr']:.4g}  {values['images_per_s']:.0f} img/s"
                    + (f"  batch {values['batch']}" if "batch" in values else ""))
         self.put(Record("train", values, message))

@@ -15,6 +15,7 @@ from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.state import TrainingState
 from bigbatch.engine.step import StepResult, TrainStep
+from bigbatch.largebatch.adascale import AdaScale
 from bigbatch.largebatch.ema import ema_counts
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class Run:
     """The last evaluation's metrics (of the weights that count)."""
     extras: dict[str, Any] = field(default_factory=dict)
     """What hooks leave for the run's result (``memory``: the peaks)."""
+    adascale: AdaScale | None = None
+    """An adaptive run's AdaScale state (``batch: {mode: adaptive}``): the gain, the progress in base steps."""
 
     @property
     def checkpoint_dir(self) -> Path:

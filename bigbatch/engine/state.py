@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.nn as nn
 
+from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.engine import checkpoint
 from bigbatch.errors import UserError
@@ -91,7 +92,9 @@ class TrainingState:
             "rng": checkpoint.rng_state(),
             "data": {"step": self.step, "seed": self.cfg.seed, "batch": self.cfg.batch,
                      "subdivisions": step.subdivisions, "split": step.split,
-                     "images": step.run_plan.images_before(self.step)},
+                     "images": step.run_plan.images_before(self.step),
+                     **({"grown": [[p.step, p.batch] for p in step.run_plan.phases]}
+                        if step.run_plan.grow_to is not None else {})},
             "best": vars(self.best).copy(),
             "hooks": self.hooks.state_dict() if self.hooks is not None else dict(self.hook_states),
             "config": self.cfg.model_dump(mode="json"),
@@ -109,6 +112,8 @@ class TrainingState:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
         step.scaler.load_state_dict(state["scaler"])
         data = state["data"]
+        if step.run_plan.grow_to is not None:  # an adaptive batch that grew: the changes made so far
+            step.replan(grown_plan(step.run_plan, data.get("grown", []), data["step"]))
         images = data.get("images")  # absent before batch schedules
         if isinstance(images, int) and images != step.run_plan.images_before(data["step"]):
             raise UserError(f"schedule.batch: the checkpoint's {data['step']} steps took {images} images, this "
@@ -139,11 +144,35 @@ class TrainingState:
 
 
 def check_resumable(cfg: RunConfig, saved: dict[str, Any]) -> None:
-    """The data order depends on the seed and the global batch: resuming must keep both."""
+    """The data order depends on the seed and the global batch: resuming must keep both (an adaptive batch: its
+    whole ``batch: {mode: adaptive, ...}``)."""
+    dumped = cfg.model_dump(mode="json")
     for key in ("batch", "seed"):
-        if saved.get(key) != getattr(cfg, key):
-            raise UserError(f"{key}: the checkpoint was trained with {key} {saved.get(key)}, not {getattr(cfg, key)}; "
+        if saved.get(key) != dumped[key]:
+            raise UserError(f"{key}: the checkpoint was trained with {key} {saved.get(key)}, not {dumped[key]}; "
                             f"resuming needs the same {key}")
+
+
+def grown_plan(plan: BatchPlan, grown: Any, steps: int) -> BatchPlan:
+    """``plan`` with the batch changes a checkpoint of an adaptive run lists (``[[step, batch], ...]``), each
+    checked: at most one per doubling from the first batch to ``grow_to``, in order of step before the
+    checkpoint's ``steps``, each batch larger than the one before, at most ``grow_to``, and a whole number of
+    micro-batches on every device."""
+    assert plan.grow_to is not None
+    unit = plan.world * plan.micro_batch
+    if not isinstance(grown, list) or len(grown) > max(1, plan.grow_to // plan.batch).bit_length():
+        raise UserError(f"checkpoint: data.grown is not a list of batch changes of this run ({str(grown)[:80]})")
+    previous_step, previous_batch = 0, plan.batch
+    for item in grown:
+        if not (isinstance(item, list) and len(item) == 2 and all(type(v) is int for v in item)):
+            raise UserError(f"checkpoint: data.grown holds {str(item)[:40]}, not [step, batch]")
+        at, batch = item
+        if not (previous_step < at <= steps and previous_batch < batch <= plan.grow_to and batch % unit == 0):
+            raise UserError(f"checkpoint: data.grown: a batch of {batch} from step {at} does not follow a batch of "
+                            f"{previous_batch} from step {previous_step} in a run of this config")
+        plan = plan.grown(at, batch)
+        previous_step, previous_batch = at, batch
+    return plan
 
 
 def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:

@@ -219,6 +219,11 @@ class TrainStep:
         """Micro-batches per device per step, as run now."""
         return self.plan.subdivisions * self.split
 
+    def replan(self, plan: BatchPlan) -> None:
+        """The whole run's plan from now on: an adaptive batch grew (``largebatch/adascale.py``), or a resumed run
+        restores the changes it had made. ``enter`` then takes the batch of the step."""
+        self.run_plan = plan
+
     def enter(self, step: int) -> None:
         """Optimizer step ``step`` is next: where the batch schedule changes the batch, its subdivisions, and what is
         defined per step follows it (a batch ``N`` times the first: EMA decay ``d ** N``; BN momentum with

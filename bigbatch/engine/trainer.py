@@ -3,7 +3,7 @@
     parts: model, optimizer, scaler, EMA, schedule          engine/parts.py
     state: everything a checkpoint holds                     engine/state.py
     for step in steps:                                       data/loader.py: this device's micro-batches
-        set the LR to lr(step)                               largebatch/schedule.py
+        set the LR to lr(step)                               largebatch/schedule.py (adaptive: adascale.py)
         one optimizer step over the micro-batches            engine/step.py (accumulation, retries, EMA)
         hooks, stage by stage: prepare, measure, record,     engine/hooks/ (base.py: the stages, build_hooks)
                evaluate, checkpoint, guard, write
@@ -36,6 +36,7 @@ from bigbatch.engine.parts import build_parts
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.state import Best, TrainingState
+from bigbatch.largebatch.adascale import AdaScale
 from bigbatch.largebatch.optim import set_lr
 from bigbatch.tasks import build_task
 
@@ -79,28 +80,29 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
         print(plan.describe(), flush=True)
 
     # --- the hooks: records, evaluation, checkpoints, memory, fault injection ---------------
+    plan = train_step.run_plan  # a resumed adaptive run's: with the changes of batch it had made
     run = Run(cfg, plan, proc, task, train_step.model, state, train_step, out_dir, events, last_checkpoint)
+    if plan.base is not None:  # batch: {mode: adaptive}: the LR and the run's length follow the measured gain
+        run.adascale = AdaScale(plan.base, plan.steps, grow_to=plan.grow_to, unit=proc.world * plan.micro_batch)
     run.hooks = build_hooks(run, hooks)
     run.hooks.load_state_dict(state.hook_states)  # a resumed run's hooks go on from the checkpoint, before before_train
     state.hooks = run.hooks  # from here on, every checkpoint holds the hooks' states
     events.writers.append(run.hooks.write)
 
     # --- the loop ---------------------------------------------------------------------------
-    order = order_of(task.train_set, plan, cfg.seed, proc.world)  # step k: images [images_before(k), + batch_at(k))
-    steps = batches_by_step(task.train_set, order, state.step, plan.steps, proc.rank, proc.world,
-                            plan.subdivisions_at, cfg.data.workers, task.sample_keys,
-                            pin_memory=proc.device.type == "cuda",
-                            most_subdivisions=plan.largest_batch // (proc.world * plan.micro_batch))
     run.model.train()
     try:
         run.hooks.before_train()
-        for step, (run.t_data, micro_batches) in enumerate(waited(steps, train_step.clock), start=state.step):
-            run.step = step
+        for step, t_data, micro_batches in step_batches(run, state.step):
+            if run.adascale is not None and run.adascale.finished:  # AdaScale: the base schedule is done
+                break
+            run.step, run.t_data = step, t_data
             task.observe(micro_batches)
-            run.hooks.before_step()
-            run.lr = parts.lr_at(step)  # that of the first batch, whatever the batch schedule
-            set_lr(train_step.optimizer, run.lr)
             train_step.enter(step)  # the batch in effect: its subdivisions, EMA decay and BN momentum
+            run.hooks.before_step()  # AdaScale's hook: the step's gain r, from the noise measured so far
+            # that of the first batch, whatever the batch schedule; AdaScale: r x lr_base(progress in base steps)
+            run.lr = parts.lr_at(step) if run.adascale is None else run.adascale.lr(parts.lr_at)
+            set_lr(train_step.optimizer, run.lr)
             # moved to the device inside (engine/transfer.py); the hooks are called around each micro-batch
             run.result = train_step(step, micro_batches, run.hooks)
             state.step = step + 1
@@ -113,11 +115,33 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     # Free DDP before the process group goes: a DDP left alive until the interpreter's exit can abort a Gloo
     # process ("terminate called without an active exception": 5 of 20 runs of a minimal torchrun script
     # here, 0 of 20 when it was freed first). The collection catches any reference cycle that would keep it.
-    result = TrainResult(out_dir, plan.steps, metrics, state.best, run.extras.get("memory", {}), task.report(metrics))
+    result = TrainResult(out_dir, state.step, metrics, state.best, run.extras.get("memory", {}), task.report(metrics))
     del run, state, parts, train_step, events
     gc.collect()
     distributed.teardown()
     return result
+
+
+def step_batches(run: Run, start: int) -> Iterator[tuple[int, float, Any]]:
+    """(step, seconds waited, this device's micro-batches) of each step from ``start`` (data/loader.py). The data
+    order is keyed by image offset (step k: images [images_before(k), + batch_at(k))), so where an adaptive batch
+    grows (``run.plan`` gains a phase after a step) the loader is built again from the next step, and no image of
+    the order is repeated or skipped."""
+    cfg, proc, task = run.cfg, run.proc, run.task
+    while True:
+        plan = run.plan
+        order = order_of(task.train_set, plan, cfg.seed, proc.world)
+        loader = batches_by_step(task.train_set, order, start, plan.steps, proc.rank, proc.world,
+                                 plan.subdivisions_at, cfg.data.workers, task.sample_keys,
+                                 pin_memory=proc.device.type == "cuda",
+                                 most_subdivisions=plan.largest_batch // (proc.world * plan.micro_batch))
+        for step, (seconds, micro_batches) in enumerate(waited(loader, run.train_step.clock), start=start):
+            yield step, seconds, micro_batches
+            if run.plan.phases != plan.phases:  # the batch grew: the next steps are cut from the new plan
+                start = step + 1
+                break
+        else:
+            return
 
 
 def waited(items: Iterator[Any], clock: PhaseClock | None = None) -> Iterator[tuple[float, Any]]:

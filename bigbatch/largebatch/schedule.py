@@ -83,10 +83,13 @@ def periods_of(every: int | float | str, plan: BatchPlan) -> Callable[[int], flo
 
 def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     """lr(step) of the preset ``schedule.preset`` (as registered in ``SCHEDULES``) for the batch plan; the LR is
-    that of the first batch throughout a batch schedule (``check_batch_milestones``)."""
+    that of the first batch throughout a batch schedule (``check_batch_milestones``). An adaptive run's: the base
+    recipe's, lr(base step) at the base batch, which AdaScale multiplies by its gain."""
     if plan.phases and cfg.schedule.preset == "inception_tpu":
         raise UserError("schedule.batch: the inception_tpu preset counts its decay in steps of one batch; give the "
                         "schedule as schedule.warmup and schedule.decay to grow the batch")
+    if plan.base is not None:  # AdaScale: the base recipe's schedule, in its steps (largebatch/adascale.py)
+        cfg, plan = cfg.model_copy(update={"batch": plan.base}), plan.base_plan()
     lr = SCHEDULES.get(cfg.schedule.preset).obj(cfg, plan)
     if not cfg.schedule.decay_at_batch_milestones:
         check_batch_milestones(plan, lr)

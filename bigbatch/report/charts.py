@@ -380,6 +380,16 @@ def global_batch(runs: list[RunData]) -> str | None:
     return steps_and_images(runs, "batch", "global batch", "images per step", log=False)
 
 
+def adascale_gain(runs: list[RunData]) -> str | None:
+    """AdaScale's gain r of each step, for adaptive runs (``batch: {mode: adaptive}``; their records say it)."""
+    return steps_and_images(runs, "gain", "AdaScale gain r", "r (LR multiplier, base steps per step)", log=False)
+
+
+def adascale_progress(runs: list[RunData]) -> str | None:
+    """AdaScale's progress through the base schedule, in base steps, for adaptive runs."""
+    return steps_and_images(runs, "progress", "base-schedule progress", "base steps done", log=False)
+
+
 def throughput(runs: list[RunData]) -> str | None:
     return steps_and_images(runs, "images_per_s", "throughput", "images / s")
 

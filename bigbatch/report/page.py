@@ -297,11 +297,14 @@ def render(runs: list[RunData]) -> str:
                     + '<div class="cards">' + "".join(card(run, i) for i, run in enumerate(runs)) + "</div>")
 
     loss, lr, batch = charts.loss(runs), charts.learning_rate(runs), charts.global_batch(runs)
+    adaptive = [chart for chart in (charts.adascale_gain(runs), charts.adascale_progress(runs)) if chart]
     body["loss"] = ('<p class="how">Against steps the runs are compared update for update; against images seen, data '
                     "for data: a larger batch that reaches the same loss after the same images is using its "
                     "extra images as well as the smaller one. A run with a batch schedule "
-                    "(<code>schedule.batch</code>) shows its global batch last.</p>"
-                    + (_figure(loss) + _figure(lr) + (_figure(batch) if batch else "") if loss or lr
+                    "(<code>schedule.batch</code>) or an adaptive batch shows its global batch after the LR; an "
+                    "adaptive run (AdaScale) then its gain r and its progress through the base schedule.</p>"
+                    + (_figure(loss) + _figure(lr) + (_figure(batch) if batch else "")
+                       + "".join(_figure(chart) for chart in adaptive) if loss or lr
                        else _absent("No training record in these runs.")))
 
     evaluation = charts.evaluation(runs)

@@ -34,7 +34,7 @@ single micro-batch has no two batch sizes on one process (S = 1, or S = 1 per pr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -167,6 +167,7 @@ class MicroBatchGradients:
         self._small: torch.Tensor | None = None  # sum over measured micro-batches of |scaled change|^2, float64
         self._small_count = 0
         self._big: torch.Tensor | None = None  # |scaled accumulated gradient|^2 after the last backward, float64
+        self._device = torch.device("cpu")  # the gradients' (where a reduce's tensor must be)
 
     @property
     def buffer_numel(self) -> int:
@@ -217,7 +218,7 @@ class MicroBatchGradients:
         if not grads:  # no gradient yet: this micro-batch's is zero
             self._small_count += measured
             return
-        device = grads[0].device
+        device = self._device = grads[0].device
         if measured:
             # the change of .grad across this backward, (scale / S) g_i; a gradient seen for the first time this
             # step changed from zero, so its change is itself
@@ -238,20 +239,37 @@ class MicroBatchGradients:
         if last:
             self._big = self._sum_sq(grads, device)
 
-    def end_step(self) -> GradientNorms | None:
+    def end_step(self, reduce: Callable[[torch.Tensor], None] | None = None) -> GradientNorms | None:
         """(mean_i |g_i|^2, |G_big|^2) of the step, un-scaled: g_i = (S / scale) x (change of .grad across
         micro-batch i's backward), G_big = .grad / scale after the last. None when the step had a single micro-batch
-        (per process), when no gradient was seen, or when the gradient was not finite. One host transfer."""
+        (per process), when no gradient was seen, or when the gradient was not finite. One host transfer.
+
+        ``reduce``: an in-place sum over the processes (``torch.distributed.all_reduce``), called on every process
+        with the float64 tensor (sum of the measured |change|^2, their count, |G_big|^2): the small estimate is
+        then the mean over every process's measured micro-batches and |G_big|^2 the processes' mean, the same on
+        every process (AdaScale's steps must agree)."""
         if not self._begun or self._next != self.subdivisions:
             raise RuntimeError(f"MicroBatchGradients.end_step after {self._next} of {self.subdivisions} "
                                f"micro-batches: call after_backward for each first")
         self._begun = False
-        if self._big is None or self._small_count == 0:
-            return None
-        small_sum = self._small if self._small is not None else torch.zeros_like(self._big)
-        small, big = torch.stack([small_sum / self._small_count, self._big]).tolist()
+        if reduce is not None:
+            nothing = torch.tensor(math.nan, dtype=torch.float64, device=self._device)
+            big = self._big if self._big is not None else nothing
+            small_sum = self._small if self._small is not None else torch.zeros_like(big)
+            sums = torch.stack([small_sum, torch.tensor(float(self._small_count), dtype=torch.float64,
+                                                        device=big.device), big])
+            reduce(sums)
+            total, count, big_sum = sums.tolist()
+            if count == 0:
+                return None
+            small, big_sq = total / count, big_sum / self.world
+        else:
+            if self._big is None or self._small_count == 0:
+                return None
+            small_sum = self._small if self._small is not None else torch.zeros_like(self._big)
+            small, big_sq = torch.stack([small_sum / self._small_count, self._big]).tolist()
         small *= (self.subdivisions / self.scale) ** 2
-        big /= self.scale**2
-        if not (math.isfinite(small) and math.isfinite(big)):
+        big_sq /= self.scale**2
+        if not (math.isfinite(small) and math.isfinite(big_sq)):
             return None
-        return GradientNorms(small, big)
+        return GradientNorms(small, big_sq)

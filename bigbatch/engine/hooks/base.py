@@ -199,7 +199,8 @@ class Hooks:
         """The step's training record: the record hooks' values, then what the measure hooks returned."""
         if recorded:
             values = {**recorded, **{k: v for k, v in measured.items() if k not in recorded}}
-            self.run.events.train(values, self.run.plan.steps)
+            adascale = self.run.adascale  # an adaptive run's length is in base steps
+            self.run.events.train(values, self.run.plan.steps if adascale is None else adascale.total)
 
     def after_eval(self, split: str, metrics: dict[str, float]) -> None:
         self._call("after_eval", split, metrics)

@@ -19,11 +19,15 @@ class Console(Hook):
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=run.plan.steps, initial=run.state.step, unit="step", dynamic_ncols=True)
+            adascale = run.adascale  # an adaptive run's bar counts base steps of progress
+            total, done, unit = ((run.plan.steps, run.state.step, "step") if adascale is None else
+                                 (adascale.total, int(adascale.progress), "base step"))
+            self.bar = tqdm(total=total, initial=done, unit=unit, dynamic_ncols=True)
 
     def after_step(self, run: Run) -> None:
         if self.bar is not None:
-            self.bar.update(run.state.step - self.bar.n)
+            done = run.state.step if run.adascale is None else int(run.adascale.progress)
+            self.bar.update(min(done, self.bar.total) - self.bar.n)
 
     def write(self, record: Record) -> None:
         if self.bar is None:
@@ -32,7 +36,7 @@ class Console(Hook):
             v = record.values
             self.bar.set_postfix(loss=f"{v['loss']:.4f}", lr=f"{v['lr']:.4g}", img_s=f"{v['images_per_s']:.0f}",
                                  refresh=False)
-            self.bar.update(v["step"] - self.bar.n)
+            self.bar.update(min(int(v.get("progress", v["step"])), self.bar.total) - self.bar.n)
         else:
             self.bar.write(record.message)
 

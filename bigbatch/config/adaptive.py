@@ -1,0 +1,82 @@
+"""``batch: {mode: adaptive, base: B0, max: B, grow: false}``: an AdaScale run (``largebatch/adascale.py``).
+
+A fixed run gives ``batch`` as an integer. An adaptive run gives its shape: the recipe is written for the base batch
+``base`` (its LR, warmup and decay, in steps of ``base`` images), and runs at a batch of ``max`` images (``grow:
+false``) or at a batch that starts at ``base`` and doubles, up to ``max``, while the measured gradient noise scale
+exceeds it (``grow: true``). Inside the config the mapping is kept as ``batch`` = the starting batch (``max`` or
+``base``) plus :class:`AdaptiveBatch` (``RunConfig.adaptive``); a written config folds it back into the mapping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from bigbatch.config.section import Section
+
+ADAPTIVE_KEYS = ("mode", "base", "max", "grow")
+
+
+class AdaptiveBatch(Section):
+    """The base batch of the recipe, the largest batch, and whether the batch grows (see the module docstring)."""
+
+    base: int = Field(gt=0)
+    """B0: the batch the recipe (LR, schedule lengths in steps) is written for."""
+    max: int = Field(gt=0)
+    """The largest global batch: the batch of the whole run with ``grow: false``."""
+    grow: bool = False
+    """Start at ``base`` and double the batch while the measured noise scale exceeds it (up to ``max``)."""
+
+    @property
+    def start(self) -> int:
+        """The global batch of the first step."""
+        return self.base if self.grow else self.max
+
+
+def _whole(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"batch.{key}: expected a positive whole number of images, got {value!r}")
+    return value
+
+
+def unfold_adaptive(data: Any) -> Any:
+    """The raw top-level config with ``batch: {mode: adaptive, ...}`` turned into ``batch: START`` and
+    ``adaptive: {base, max, grow}``; every mistake names its ``batch.`` key."""
+    if not isinstance(data, dict):
+        return data
+    if "adaptive" in data:
+        raise ValueError("adaptive: unknown key; an adaptive batch is written batch: {mode: adaptive, base: B0, "
+                         "max: B, grow: false}")
+    batch = data.get("batch")
+    if not isinstance(batch, dict):
+        return data
+    unknown = [key for key in batch if key not in ADAPTIVE_KEYS]
+    if unknown:
+        raise ValueError(f"batch.{unknown[0]}: unknown key (expected one of: {', '.join(ADAPTIVE_KEYS)})")
+    if batch.get("mode") != "adaptive":
+        raise ValueError(f"batch.mode: expected 'adaptive' (a fixed batch is a number: batch: 256), got "
+                         f"{batch.get('mode')!r}")
+    for key in ("base", "max"):
+        if key not in batch:
+            raise ValueError(f"batch.{key}: missing (required for batch.mode: adaptive)")
+    base, largest = _whole("base", batch["base"]), _whole("max", batch["max"])
+    grow = batch.get("grow", False)
+    if not isinstance(grow, bool):
+        raise ValueError(f"batch.grow: expected true or false, got {grow!r}")
+    if largest < base:
+        raise ValueError(f"batch.max: {largest} is below batch.base {base}; the adaptive batch is at least the base")
+    if largest == base:
+        raise ValueError(f"batch.max: {largest} equals batch.base: AdaScale at scale 1 is the base recipe; give "
+                         "batch: {base} instead, or a larger max")
+    adaptive = AdaptiveBatch(base=base, max=largest, grow=grow)
+    return {**data, "batch": adaptive.start, "adaptive": adaptive}
+
+
+def fold_adaptive(dumped: dict[str, Any]) -> dict[str, Any]:
+    """A dumped config with ``adaptive`` folded back into ``batch: {mode: adaptive, ...}`` (a fixed one unchanged)."""
+    adaptive = dumped.pop("adaptive", None)
+    if adaptive is None:
+        return dumped
+    folded = {"mode": "adaptive", "base": adaptive["base"], "max": adaptive["max"], "grow": adaptive["grow"]}
+    return {key: (folded if key == "batch" else value) for key, value in dumped.items()}
