@@ -150,6 +150,8 @@ def _known_keys(cls: type[BaseModel] = RunConfig, prefix: str = "") -> dict[str,
     """Every dotted key of the config (sections too) -> its annotation."""
     keys: dict[str, Any] = {}
     for name, field in cls.model_fields.items():
+        if name not in cls.keys():  # kept inside another key (RunConfig.adaptive is written in batch)
+            continue
         keys[prefix + name] = field.annotation
         section = _model_of(field.annotation)
         if section is not None and typing.get_origin(field.annotation) is not list:

@@ -44,6 +44,7 @@ from bigbatch.config import (
     parse_length,
     validate_config,
 )
+from bigbatch.errors import UserError
 from bigbatch.largebatch.schedule import scaled_lr
 
 Change = tuple[str, Any, Any]
@@ -132,6 +133,9 @@ class Rescaling:
 
 def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, list[Change]]:
     """The recipe for ``new_batch`` and the list of (key, before, after) it changed."""
+    if cfg.adaptive is not None:
+        raise UserError("batch: an adaptive batch (batch.mode: adaptive) is scaled by AdaScale during the run; "
+                        "change batch.max instead of rescaling the recipe")
     old_batch = cfg.batch
     new = copy.deepcopy(cfg.model_dump(mode="json"))
     changes: list[Change] = []

@@ -82,6 +82,7 @@ BUILT_IN = (
     "noise_scale",     # measure
     "input_pipeline",  # measure
     "update_sizes",    # measure
+    "adascale",        # measure: AdaScale's gain (before_step), its progress and growth (after_step)
     "training_log",    # record: the step's scalars, with what the measure hooks returned
     "console",         # record: the bar moves before an evaluation prints below it
     "evaluation",      # evaluate: before the checkpoint, so that best.pt is written before last.pt
