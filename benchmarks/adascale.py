@@ -4,14 +4,14 @@ and optimizer steps of the digits recipe at its base batch against AdaScale at 8
 Arms, each ``bigbatch train digits`` (small CNN, scikit-learn's digits, 25 epochs at the base batch with a 5-epoch
 warmup and a cosine decay, SGD with momentum, LR 0.1 at 256 scaled linearly), the same base schedule throughout:
 
-  base       the recipe at the base batch B0 = 32 (LR 0.0125; 1,124 steps), one micro-batch;
+  base       the recipe at the base batch B0 = 32 (LR 0.0125; 1,123 steps), one micro-batch;
   linear8    the recipe as shipped: batch 256 = 8 x B0, the LR scaled linearly (0.1), its schedule in steps of 256
              (the linear scaling rule, for comparison: what AdaScale replaces);
   ada8       ``batch: {mode: adaptive, base: 32, max: 256}``, 8 micro-batches of 32;
   ada32      ``batch: {mode: adaptive, base: 32, max: 1024}``, 32 micro-batches of 32;
   grow       ``batch: {mode: adaptive, base: 32, max: 1024, grow: true}``, micro-batches of 16.
 
-The adaptive arms end when their progress reaches the base schedule's 1,124 base steps; the steps they take are
+The adaptive arms end when their progress reaches the base schedule's 1,123 base steps; the steps they take are
 measured.
 
     python benchmarks/adascale.py [--seeds 0 1 2] [--arms base linear8 ada8 ada32 grow] [--threads 2] [--workdir DIR]
