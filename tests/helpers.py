@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -443,3 +444,18 @@ sys.exit(main())
 
 
 PAUSING_BIGBATCH = pausing_bigbatch(PAUSE_AT)
+
+
+def train_and_kill(args: list[str], run_dir: Path, at: int, stderr_path: Path) -> None:
+    """``bigbatch train *args --out run_dir`` in a fresh process, killed (SIGKILL) once step ``at`` is recorded: a
+    crash at a known step, its last checkpoint the one before it."""
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", pausing_bigbatch(at), "train", *args, "--out", str(run_dir)],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        assert "paused" in (line.strip() for line in proc.stdout), stderr_path.read_text()[-3000:]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=HANG_GUARD_S)
+        proc.stdout.close()

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +16,7 @@ from bigbatch.errors import UserError
 from bigbatch.largebatch.adascale import SETTLE, AdaScale, gain
 from bigbatch.largebatch.schedule import build_schedule
 from bigbatch.telemetry.noise_scale import GradientNorms
-from tests.helpers import COMMON, HANG_GUARD_S, ROOT, pausing_bigbatch, run_main, torchrun, weights
+from tests.helpers import COMMON, run_main, torchrun, train_and_kill, weights
 
 ADAPTIVE = "batch={mode: adaptive, base: 16, max: 128, grow: true}"
 
@@ -129,16 +125,7 @@ def test_an_adaptive_run_grows_and_resumes_bit_identically_across_a_growth(tmp_p
     assert "AdaScale gain r vs steps" in page and "base-schedule progress vs steps" in page
 
     run_dir = tmp_path / "killed"  # paused after step 26, its last checkpoint at step 24
-    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
-    with open(tmp_path / "killed.stderr", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-c", pausing_bigbatch(26), "train", *ARGS, "--out", str(run_dir)],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    try:
-        assert "paused" in (line.strip() for line in proc.stdout), (tmp_path / "killed.stderr").read_text()[-3000:]
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=HANG_GUARD_S)
-        proc.stdout.close()
+    train_and_kill(ARGS, run_dir, 26, tmp_path / "killed.stderr")
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 24
     resumed = run_main("train", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr

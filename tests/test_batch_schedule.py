@@ -4,11 +4,7 @@ size; the data order, resume and the layout stay exact."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,13 +18,11 @@ from bigbatch.largebatch.norm import grown_momentum
 from bigbatch.largebatch.schedule import build_schedule
 from tests.helpers import (
     COMMON,
-    HANG_GUARD_S,
     PAUSE_AT,
-    PAUSING_BIGBATCH,
-    ROOT,
     assert_same_weights,
     run_main,
     torchrun,
+    train_and_kill,
     weights,
 )
 
@@ -146,16 +140,7 @@ def test_a_run_killed_at_a_change_of_batch_resumes_bit_identically_across_the_ne
     assert "global batch vs steps" in (tmp_path / "report.html").read_text()  # the batch in effect, charted
 
     run_dir = tmp_path / "killed"  # paused after step 12, its last checkpoint at step 10, where the batch halves
-    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
-    with open(tmp_path / "killed.stderr", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-c", PAUSING_BIGBATCH, "train", *ARGS, "--out", str(run_dir)],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    try:
-        assert "paused" in (line.strip() for line in proc.stdout), (tmp_path / "killed.stderr").read_text()[-3000:]
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=HANG_GUARD_S)
-        proc.stdout.close()
+    train_and_kill(ARGS, run_dir, PAUSE_AT, tmp_path / "killed.stderr")
     assert PAUSE_AT == 12 and torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 10
     resumed = run_main("train", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr
