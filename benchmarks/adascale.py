@@ -52,7 +52,7 @@ def train(arm: str, seed: int, out: Path, threads: int) -> dict:
     train_records = [r for r in records if "loss" in r and "split" not in r]
     final = [r for r in records if r.get("split") == "val"][-1]
     last = train_records[-1]
-    return {"top1": final["top1"], "steps": last["step"], "images": last["images"],
+    return {"top1": final["top1"], "loss": final["loss"], "steps": last["step"], "images": last["images"],
             "last_batch": last.get("batch", 32 if arm == "base" else 256), "progress": last.get("progress"),
             "mean_gain": statistics.mean(r["gain"] for r in train_records) if "gain" in last else None}
 
@@ -78,14 +78,17 @@ def main() -> None:
                 results[arm].append(result)
                 extra = (f"  progress {result['progress']:.1f}  mean r {result['mean_gain']:.2f}"
                          if result["progress"] is not None else "")
-                print(f"{arm:8s} seed {seed}  top1 {result['top1']:6.2f}  steps {result['steps']:5d}  images "
-                      f"{result['images']:6d}  last batch {result['last_batch']}{extra}", flush=True)
-    print("\narm, top-1 of each seed, mean, optimizer steps of each seed")
+                print(f"{arm:8s} seed {seed}  top1 {result['top1']:6.2f}  val loss {result['loss']:.4f}  steps "
+                      f"{result['steps']:5d}  images {result['images']:6d}  last batch {result['last_batch']}{extra}",
+                      flush=True)
+    print("\narm, top-1 of each seed and mean, mean val loss, optimizer steps and images of each seed")
     for arm in args.arms:
         tops = [r["top1"] for r in results[arm]]
         spread = f" +- {statistics.stdev(tops):.2f}" if len(tops) > 1 else ""
         print(f"  {arm:8s} {', '.join(f'{t:.2f}' for t in tops)}  mean {statistics.mean(tops):.2f}{spread}  "
-              f"steps {', '.join(str(r['steps']) for r in results[arm])}", flush=True)
+              f"loss {statistics.mean(r['loss'] for r in results[arm]):.4f}  "
+              f"steps {', '.join(str(r['steps']) for r in results[arm])}  "
+              f"images {', '.join(str(r['images']) for r in results[arm])}", flush=True)
 
 
 if __name__ == "__main__":
