@@ -255,9 +255,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size(cfg))
     lr_at = build_schedule(cfg, plan)
     if plan.base is not None:  # AdaScale: the base recipe's schedule; the gain is measured during the run
-        print(f"adaptive batch {plan.batch} = {plan.batch / plan.base:g} x {plan.base} (AdaScale): below, the base "
-              f"recipe's schedule at batch {plan.base}; each step of the run takes r x the LR at its progress and "
-              f"advances r base steps, r measured (1 to {plan.batch / plan.base:g})")
+        largest = plan.grow_to or plan.batch
+        batch = (f"{plan.batch} = {plan.batch / plan.base:g} x {plan.base}" if plan.grow_to is None else
+                 f"from {plan.base} growing to {largest}")
+        print(f"adaptive batch {batch} (AdaScale): below, the base recipe's schedule at batch {plan.base}; each step "
+              f"of the run takes r x the LR at its progress and advances r base steps, r measured (1 to the scale, "
+              f"at most {largest / plan.base:g})")
         plan = plan.base_plan()
     lrs = [lr_at(step) for step in range(plan.steps)]
     batches = [plan.batch_at(step) for step in range(plan.steps)] if plan.phases else None

@@ -82,6 +82,27 @@ def test_an_adaptive_batch_is_read_checked_and_written_back():
         make_plan(one, 1, 1000)  # one micro-batch: no noise estimate
 
 
+def test_a_hostile_checkpoint_state_is_refused_value_by_value():
+    ada = AdaScale(base=16, total=100, grow_to=128, unit=8)
+    good = ada.state_dict()
+    assert AdaScale(base=16, total=100).load_state_dict(good) is None
+    bad = [{"progress": math.nan}, {"progress": -1.0}, {"gain": 100.0}, {"batch": 8}, {"batch": True},
+           {"measured_since_change": math.inf}, {"noise": {**good["noise"], "decay": 1.0}},
+           {"noise": {**good["noise"], "gradient_sq": math.nan}}, {"noise": {**good["noise"], "steps": -1}}]
+    for change in bad:
+        with pytest.raises(ValueError):
+            AdaScale(base=16, total=100).load_state_dict({**good, **change})
+
+
+def test_auto_subdivisions_cut_an_adaptive_batch_into_two_micro_batches_or_more(tmp_path):
+    """AdaScale needs 2 micro-batches per process: the planner measures only micro-batches that leave 2."""
+    done = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", "batch={mode: adaptive, base: 4, "
+                    "max: 8}", "subdivisions=auto", "memory.limit=8GiB", "steps=2", "data.size=16", "model.width=8",
+                    "log.tensorboard=false", "eval.batch=50")
+    assert done.returncode == 0, done.stderr
+    assert "subdivisions    2 micro-batches per device per step" in done.stdout  # micro-batches of 4, the largest
+
+
 def test_the_schedule_is_the_base_recipes_in_base_steps():
     cfg = load_config("digits", ["batch={mode: adaptive, base: 32, max: 256}"])
     plan = make_plan(cfg, 1, 1437)
@@ -102,7 +123,7 @@ def train_records(run_dir):
 
 
 ARGS = ["digits", "--set", ADAPTIVE, "subdivisions=2", "steps=80", "data.size=16", "model.width=8",
-        "log.tensorboard=false", "eval.batch=50", "checkpoint.every=12", "eval.every=1 epochs", "log.every=1",
+        "log.tensorboard=false", "eval.batch=50", "checkpoint.every=12", "eval.every=0.2 epochs", "log.every=1",
         "ema.decay=0.9", "optim.name=momentum", "model.dropout=0.3"]
 """80 base steps of 16; the batch grows to 32 after step 20 and to 64 after step 41 (as measured here)."""
 
@@ -139,6 +160,12 @@ def test_an_adaptive_run_grows_and_resumes_bit_identically_across_a_growth(tmp_p
             assert torch.equal(value, got[key]), (part, key)
     assert [(r["gain"], r["progress"], r["batch"]) for r in train_records(run_dir)] == \
         [(r["gain"], r["progress"], r["batch"]) for r in records]
+    assert evaluated_at(run_dir) == evaluated_at(tmp_path / "reference")  # intervals in images, whatever the batch
+
+
+def evaluated_at(run_dir) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if r.get("split") == "val"]
 
 
 LAYOUT = ["model.norm=group", "steps=60", "log.every=1", ADAPTIVE]

@@ -154,10 +154,18 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
     per_device = cfg.batch // world
     if cfg.batch % world:
         raise UserError(f"batch: {cfg.batch} is not divisible by world size {world}")
-    # a batch schedule's later batches are whole numbers of the same micro-batch: it divides each of them
-    every_batch = math.gcd(cfg.batch, *scheduled_batches(cfg))
+    # a batch schedule's later batches are whole numbers of the same micro-batch: it divides each of them (and a
+    # growing adaptive batch's largest)
+    grows_to = [cfg.adaptive.max] if cfg.adaptive is not None and cfg.adaptive.grow else []
+    every_batch = math.gcd(cfg.batch, *scheduled_batches(cfg), *grows_to)
+    sizes = candidates(every_batch // world if every_batch % world == 0 else per_device)
+    if cfg.adaptive is not None:  # AdaScale measures the gradient noise from 2 micro-batches or more per process
+        sizes = [m for m in sizes if m <= per_device // 2]
+        if not sizes:
+            raise UserError(f"batch: an adaptive batch of {cfg.batch} on {world} process(es) cannot be cut into 2 "
+                            "micro-batches per process, which AdaScale needs")
     measurements: list[Measurement] = []
-    for m in candidates(every_batch // world if every_batch % world == 0 else per_device):
+    for m in sizes:
         measurements.append(measure(cfg, m))
         if measurements[-1].peak_bytes > budget:
             break  # larger micro-batches need more memory still

@@ -130,9 +130,16 @@ class AdaScale:
                 "measured_since_change": self.measured_since_change}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's state, each value checked (a checkpoint may be hostile): ValueError names the bad one."""
         progress, gain_, batch = state["progress"], state["gain"], state["batch"]
-        if not (isinstance(progress, float) and math.isfinite(progress) and progress >= 0):
+        measured = state.get("measured_since_change", 0)
+        if not (type(progress) is float and math.isfinite(progress) and progress >= 0):
             raise ValueError(f"AdaScale progress must be a finite number >= 0, got {progress!r}")
-        self.progress, self.gain, self.batch = progress, float(gain_), int(batch)
-        self.measured_since_change = int(state.get("measured_since_change", 0))
+        if not (type(batch) is int and self.base <= batch <= max(self.grow_to or 0, 2**62)):
+            raise ValueError(f"AdaScale batch must be a whole number of images >= the base {self.base}, got {batch!r}")
+        if not (type(gain_) is float and 1.0 <= gain_ <= batch / self.base):
+            raise ValueError(f"AdaScale gain must be a number in [1, batch / base], got {gain_!r}")
+        if not (type(measured) is int and 0 <= measured <= 2**62):
+            raise ValueError(f"AdaScale measured_since_change must be a whole number >= 0, got {measured!r}")
         self.noise.load_state_dict(state["noise"])
+        self.progress, self.gain, self.batch, self.measured_since_change = progress, gain_, batch, measured

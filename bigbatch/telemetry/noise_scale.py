@@ -120,8 +120,19 @@ class NoiseScale:
                 "gradient_sq": self._gradient_sq, "trace_sigma": self._trace_sigma}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.decay, self.steps, self.ignored = state["decay"], state["steps"], state["ignored"]
-        self._gradient_sq, self._trace_sigma = state["gradient_sq"], state["trace_sigma"]
+        """A checkpoint's averages, each value checked (a checkpoint may be hostile): ValueError names the bad one."""
+        decay, steps, ignored = state["decay"], state["steps"], state["ignored"]
+        gradient_sq, trace_sigma = state["gradient_sq"], state["trace_sigma"]
+        if not (type(decay) is float and 0.0 <= decay < 1.0):
+            raise ValueError(f"NoiseScale decay must be in [0, 1), got {decay!r}")
+        for name, count in (("steps", steps), ("ignored", ignored)):
+            if not (type(count) is int and 0 <= count <= 2**62):
+                raise ValueError(f"NoiseScale {name} must be a whole number >= 0, got {count!r}")
+        for name, value in (("gradient_sq", gradient_sq), ("trace_sigma", trace_sigma)):
+            if not (type(value) is float and math.isfinite(value)):
+                raise ValueError(f"NoiseScale {name} must be a finite number, got {value!r}")
+        self.decay, self.steps, self.ignored = decay, steps, ignored
+        self._gradient_sq, self._trace_sigma = gradient_sq, trace_sigma
 
 
 class GradientNorms(NamedTuple):

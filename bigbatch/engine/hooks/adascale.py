@@ -72,7 +72,8 @@ class AdaScaleHook(Hook):
     def after_train(self, run: Run) -> None:
         adascale = self.adascale
         if run.plan.world > 1 and adascale.finished:  # every process took the same steps (else they diverged)
-            mine = torch.tensor([float(run.state.step), adascale.progress], dtype=torch.float64)
+            mine = torch.tensor([float(run.state.step), adascale.progress], dtype=torch.float64,
+                                device=run.proc.device)  # NCCL gathers device tensors only
             gathered = [torch.empty_like(mine) for _ in range(run.plan.world)]
             torch.distributed.all_gather(gathered, mine)
             if any(not torch.equal(g, gathered[0]) for g in gathered):

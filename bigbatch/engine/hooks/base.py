@@ -278,22 +278,25 @@ class EveryImages:
     images: float
     plan: BatchPlan
 
-    def due(self, done: int) -> bool:
-        return done >= 1 and (self.plan.images_before(done) // self.images
-                              > self.plan.images_before(done - 1) // self.images)
+    def due(self, done: int, plan: BatchPlan | None = None) -> bool:
+        """Due after ``done`` steps of ``plan`` (the run's plan now: an adaptive batch adds its changes as it grows;
+        default: the plan it was made with)."""
+        plan = plan or self.plan
+        return done >= 1 and plan.images_before(done) // self.images > plan.images_before(done - 1) // self.images
 
 
-def is_due(done: int, every: int | EveryImages, total: int) -> bool:
-    """Whether something done every ``every`` steps (or images; and at the last step) is due after ``done`` steps."""
+def is_due(done: int, every: int | EveryImages, total: int, plan: BatchPlan | None = None) -> bool:
+    """Whether something done every ``every`` steps (or images, counted in ``plan``, the run's plan now; and at the
+    last step) is due after ``done`` steps."""
     if isinstance(every, EveryImages):
-        return every.due(done) or done == total
+        return every.due(done, plan) or done == total
     return done % every == 0 or done == total
 
 
 def every_steps(length: int | float | str, plan: BatchPlan) -> int | EveryImages:
     """An interval given in steps, epochs or images, as a whole number of steps (at least 1); under a batch
-    schedule, an interval in epochs or images stays one of images (``EveryImages``)."""
+    schedule or a growing adaptive batch, an interval in epochs or images stays one of images (``EveryImages``)."""
     number, unit = parse_length(length)
-    if plan.phases and unit != "steps":
+    if (plan.phases or plan.grow_to is not None) and unit != "steps":
         return EveryImages(number * plan.train_images if unit == "epochs" else number, plan)
     return max(1, round(length_in_steps(length, plan)))

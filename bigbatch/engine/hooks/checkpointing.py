@@ -15,7 +15,7 @@ class Checkpointing(Hook):
 
     def after_step(self, run: Run) -> None:
         done, last = run.state.step, run.last_checkpoint
-        if is_due(done, last.every, run.plan.steps):
+        if is_due(done, last.every, run.plan.steps, run.plan):
             if run.proc.is_main:
                 run.state.save(last.path)
             last.step = done

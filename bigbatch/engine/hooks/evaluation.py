@@ -15,7 +15,7 @@ class Evaluation(Hook):
 
     def after_step(self, run: Run) -> None:
         done = run.state.step
-        if not is_due(done, self.every, run.plan.steps):
+        if not is_due(done, self.every, run.plan.steps, run.plan):
             return
         metrics, raw = run.evaluate()
         run.events.evaluation(done, "val", metrics)
