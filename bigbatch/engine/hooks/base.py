@@ -79,10 +79,10 @@ BUILT_IN = (
     "freeze_norm",     # prepare
     "phase_timing",    # measure, first of all: it ends the step's clock before any other hook spends time
     "memory_log",      # measure, early: samples taken while the step is evaluated or saved carry this step
-    "noise_scale",     # measure
+    "adascale",        # measure: AdaScale's gain (before_step), its progress and growth (after_step)
+    "noise_scale",     # measure: after adascale, whose estimates it reports in an adaptive run
     "input_pipeline",  # measure
     "update_sizes",    # measure
-    "adascale",        # measure: AdaScale's gain (before_step), its progress and growth (after_step)
     "training_log",    # record: the step's scalars, with what the measure hooks returned
     "console",         # record: the bar moves before an evaluation prints below it
     "evaluation",      # evaluate: before the checkpoint, so that best.pt is written before last.pt

@@ -5,7 +5,9 @@ the tracker starts (the loss scale and the micro-batch count of that attempt), a
 micro-batch's gradient as the change of the accumulated one, and after an applied step the two squared norms update
 the smoothed |G|^2 and tr(Sigma). The training record gets ``noise_scale`` = B_simple in images (absent until it is
 defined, and in runs whose steps have a single micro-batch per process). The run's end says where the batch stands.
-The two averages are the hook's state: a resumed run goes on averaging from the checkpoint's.
+The two averages are the hook's state: a resumed run goes on averaging from the checkpoint's. In an adaptive run
+(AdaScale) the AdaScale hook measures the same on every process: this hook then reports its estimates and measures
+nothing itself.
 """
 
 from __future__ import annotations
@@ -22,23 +24,29 @@ class NoiseScaleHook(Hook):
     stage = "measure"
 
     def __init__(self, run: Run) -> None:
-        self.tracker = MicroBatchGradients(world=run.plan.world)  # one step's measurement: nothing to keep
-        self.noise = NoiseScale()
+        # an adaptive run's AdaScale hook measures the same on every process: its estimates are reported
+        self.shared = run.adascale is not None
+        self.tracker = None if self.shared else MicroBatchGradients(world=run.plan.world)  # one step's: not kept
+        self.noise = run.adascale.noise if run.adascale is not None else NoiseScale()
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.noise.state_dict()
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.shared else self.noise.state_dict()  # shared: AdaScale's state holds it
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.noise.load_state_dict(state)
+        if not self.shared:
+            self.noise.load_state_dict(state)
 
     def before_forward(self, run: Run, index: int) -> None:
-        if index == 0:  # every attempt starts afresh: a re-run or re-cut step measures its own gradients
+        if self.tracker is not None and index == 0:  # every attempt starts afresh: a re-run or re-cut step
             self.tracker.begin_step(run.train_step.scaler.scale, run.train_step.attempt_micro_batches)
 
     def after_backward(self, run: Run, index: int) -> None:
-        self.tracker.after_backward(run.model.parameters(), index)
+        if self.tracker is not None:
+            self.tracker.after_backward(run.model.parameters(), index)
 
     def after_step(self, run: Run) -> dict[str, Any] | None:
+        if self.tracker is None:  # shared: updated by the AdaScale hook just before
+            return {"noise_scale": round(self.noise.b_simple, 1)} if self.noise.b_simple is not None else None
         norms = self.tracker.end_step()
         if norms is None:
             return None
