@@ -165,6 +165,22 @@ def test_sgd_and_adamw_are_torch() -> None:
     assert eps == 1e-6
 
 
+def test_fused_adamw_makes_the_same_update_to_rounding() -> None:
+    updated = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = make_model()
+        adamw = build_optimizer(OptimConfig(name="adamw", weight_decay=0.05, fused=fused), model, lr=1e-2)
+        assert adamw.param_groups[0]["fused"] is (True if fused else None)
+        for step in range(5):
+            for p in model.parameters():
+                p.grad = torch.full_like(p, 0.1 * (step + 1)) + p.detach()
+            adamw.step()
+        updated.append([p.detach().clone() for p in model.parameters()])
+    for foreach, fused in zip(*updated, strict=True):
+        torch.testing.assert_close(fused, foreach, rtol=1e-6, atol=1e-7)
+
+
 def test_lr_defaults_to_config_and_nesterov_needs_momentum() -> None:
     assert build_optimizer(OptimConfig(lr=0.25), make_model()).param_groups[0]["lr"] == 0.25
     with pytest.raises(UserError, match="optim.nesterov"):

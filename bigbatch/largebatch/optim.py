@@ -303,6 +303,9 @@ BETAS = {"betas": (Annotated[tuple[float, float], BeforeValidator(_tuple_from_li
 """``optim.betas``: Adam-style moment decays (adamw, lamb)."""
 RMSPROP_DECAY = {"rmsprop_decay": (Annotated[float, Field(gt=0, lt=1)], 0.9)}
 """``optim.rmsprop_decay``: RMSProp's mean-square decay (TF's ``decay``; Cloud TPU's Inception v3 recipe: 0.9)."""
+FUSED = {"fused": (bool, False)}
+"""``optim.fused``: torch's fused AdamW, one kernel over all the parameters (CPU and CUDA) instead of the
+multi-tensor ``foreach`` one: the same update, rounded differently (its results differ in the last bits)."""
 TRUST_COEFFICIENT = {"trust_coefficient": (Annotated[float, Field(gt=0)], 0.001)}
 """``optim.trust_coefficient``: LARS's trust coefficient."""
 
@@ -334,10 +337,10 @@ def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> to
                      momentum_correction=cfg.momentum_correction)
 
 
-@OPTIMIZERS.register("adamw", fields={**EPS, **BETAS})
+@OPTIMIZERS.register("adamw", fields={**EPS, **BETAS, **FUSED})
 def _adamw(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=1e-8 if cfg.eps is None else cfg.eps,
-                             weight_decay=cfg.weight_decay)
+                             weight_decay=cfg.weight_decay, **({"fused": True} if cfg.fused else {}))
 
 
 @OPTIMIZERS.register("lars", fields={**MOMENTUM, **NESTEROV, **EPS, **TRUST_COEFFICIENT})
