@@ -93,9 +93,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     run.model.train()
     try:
         run.hooks.before_train()
-        for step, t_data, micro_batches in step_batches(run, state.step):
-            if run.adascale is not None and run.adascale.finished:  # AdaScale: the base schedule is done
-                break
+        for step, t_data, micro_batches in step_batches(run, state.step):  # AdaScale: until the base schedule ends
             run.step, run.t_data = step, t_data
             task.observe(micro_batches)
             train_step.enter(step)  # the batch in effect: its subdivisions, EMA decay and BN momentum
@@ -126,9 +124,10 @@ def step_batches(run: Run, start: int) -> Iterator[tuple[int, float, Any]]:
     """(step, seconds waited, this device's micro-batches) of each step from ``start`` (data/loader.py). The data
     order is keyed by image offset (step k: images [images_before(k), + batch_at(k))), so where an adaptive batch
     grows (``run.plan`` gains a phase after a step) the loader is built again from the next step, and no image of
-    the order is repeated or skipped."""
+    the order is repeated or skipped. An adaptive run ends where its progress reaches the base schedule's length
+    (``run.plan.steps`` is then the steps taken)."""
     cfg, proc, task = run.cfg, run.proc, run.task
-    while True:
+    while run.adascale is None or not run.adascale.finished:  # a resumed adaptive run may have finished
         plan = run.plan
         order = order_of(task.train_set, plan, cfg.seed, proc.world)
         loader = batches_by_step(task.train_set, order, start, plan.steps, proc.rank, proc.world,
@@ -137,6 +136,8 @@ def step_batches(run: Run, start: int) -> Iterator[tuple[int, float, Any]]:
                                  most_subdivisions=plan.largest_batch // (proc.world * plan.micro_batch))
         for step, (seconds, micro_batches) in enumerate(waited(loader, run.train_step.clock), start=start):
             yield step, seconds, micro_batches
+            if step + 1 >= run.plan.steps:  # the last step (an adaptive run's, once AdaScale has ended it)
+                return
             if run.plan.phases != plan.phases:  # the batch grew: the next steps are cut from the new plan
                 start = step + 1
                 break
