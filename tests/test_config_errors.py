@@ -99,7 +99,7 @@ def test_each_optimizer_declares_its_own_keys():
     from bigbatch.config import config_to_yaml
     from bigbatch.registry import OPTIMIZERS
 
-    assert set(OPTIMIZERS.get("adamw").fields) == {"eps", "betas"}
+    assert set(OPTIMIZERS.get("adamw").fields) == {"eps", "betas", "fused"}
     assert "momentum" in OPTIMIZERS.get("sgd").fields and "betas" not in OPTIMIZERS.get("sgd").fields
     with pytest.raises(UserError, match=r"^optim.momentum: used by optimizer sgd, momentum, rmsprop_tf or lars only, "
                                         r"not by 'adamw' \(optim.name\)"):
