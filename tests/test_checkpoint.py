@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -35,6 +36,33 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
     state = checkpoint.load(path)
     assert state["step"] == 1 and torch.equal(state["model"]["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"], "the temporary file must be cleaned up"
+
+
+def test_a_second_name_at_the_same_step_is_a_link_and_each_name_is_replaced_alone(tmp_path):
+    best, last = tmp_path / "best.pt", tmp_path / "last.pt"
+    checkpoint.atomic_save({"step": 1}, best)
+    checkpoint.atomic_save({"step": 0}, last)  # an older last.pt: replaced by the link
+    assert checkpoint.atomic_link(best, last, checkpoint.identity(best))
+    assert os.path.samefile(best, last) and checkpoint.load(last, ("step",))["step"] == 1
+    checkpoint.atomic_save({"step": 2}, last)  # the next checkpoint: best.pt keeps its step
+    assert checkpoint.load(best, ("step",))["step"] == 1 and checkpoint.load(last, ("step",))["step"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
+
+
+def test_no_link_to_a_file_put_in_place_of_the_one_written(tmp_path):
+    """``atomic_link`` links only the file this process wrote: one put in its place since (another size, inode or
+    time) is refused, and ``last.pt`` stays as it was (the caller then writes it)."""
+    best, last = tmp_path / "best.pt", tmp_path / "last.pt"
+    checkpoint.atomic_save({"step": 1}, best)
+    written = checkpoint.identity(best)
+    (tmp_path / "theirs").write_bytes(b"a file that is not the one written")
+    os.replace(tmp_path / "theirs", best)
+    last.write_bytes(b"the previous last.pt")
+    assert not checkpoint.atomic_link(best, last, written)
+    assert last.read_bytes() == b"the previous last.pt"
+    best.unlink()
+    assert not checkpoint.atomic_link(best, last, written)  # gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
 
 
 WRITER = textwrap.dedent(

@@ -4,6 +4,7 @@ process, a simulated all-reduce, and two real Gloo processes running ``attempt_s
 
 from __future__ import annotations
 
+import gc
 import math
 from datetime import timedelta
 
@@ -22,6 +23,12 @@ from tests.helpers import HANG_GUARD_S, count_host_transfers, run_spawned
 SCALE = 1024.0
 
 
+def _attached(model: nn.Module, world: int = 1) -> MicroBatchGradients:
+    tracker = MicroBatchGradients(world=world)
+    tracker.attach(model.parameters())
+    return tracker
+
+
 # ---------------------------------------------------------------------------------------------------- closed form
 
 
@@ -37,7 +44,7 @@ def _linear_regression_noise_scale(d: int, sigma: float, delta_norm: float, subd
     model = nn.Linear(d, 1, bias=False)
     with torch.no_grad():
         model.weight.copy_((w_star + delta)[None])
-    tracker, noise = MicroBatchGradients(), NoiseScale(decay=0.995)
+    tracker, noise = _attached(model), NoiseScale(decay=0.995)
     for _ in range(steps):
         tracker.begin_step(SCALE, subdivisions)
         for i in range(subdivisions):
@@ -45,7 +52,7 @@ def _linear_regression_noise_scale(d: int, sigma: float, delta_norm: float, subd
             y = x @ w_star + sigma * torch.randn(micro, generator=gen)
             loss = 0.5 * (model(x).squeeze(1) - y).pow(2).mean()
             (loss * SCALE / subdivisions).backward()
-            tracker.after_backward(model.parameters(), i)
+            tracker.after_backward(i)
         norms = tracker.end_step()
         b_small, b_big = batch_sizes(micro, subdivisions)
         noise.update(norms.small_sq, b_small, norms.big_sq, b_big)
@@ -161,7 +168,7 @@ def _accumulate(model: _TwoHeads, tracker: MicroBatchGradients, subdivisions: in
         (_loss(model, i) * (SCALE / subdivisions)).backward()
         if i == subdivisions - 1:
             before_last()
-        tracker.after_backward(model.parameters(), i)
+        tracker.after_backward(i)
     return tracker.end_step()
 
 
@@ -169,11 +176,11 @@ def test_scale_and_subdivisions_are_undone_exactly():
     """mean_i |g_i|^2 and |mean_i g_i|^2 equal those of gradients computed micro-batch by micro-batch, unscaled."""
     model, subdivisions = _TwoHeads(), 4
     g = _separate_gradients(model, list(range(subdivisions)))
-    norms = _accumulate(model, MicroBatchGradients(), subdivisions)
+    norms = _accumulate(model, _attached(model), subdivisions)
     assert norms.small_sq == pytest.approx(float(torch.stack([gi.square().sum() for gi in g]).mean()), rel=1e-5)
     assert norms.big_sq == pytest.approx(float(torch.stack(g).mean(0).square().sum()), rel=1e-5)
     # the same tracker, a second step at another scale and subdivisions: nothing carried over
-    tracker = MicroBatchGradients()
+    tracker = _attached(model)
     _accumulate(model, tracker, 3)
     again = _accumulate(model, tracker, subdivisions)
     assert again.small_sq == pytest.approx(norms.small_sq, rel=1e-5)
@@ -182,8 +189,8 @@ def test_scale_and_subdivisions_are_undone_exactly():
 
 def test_a_single_micro_batch_measures_nothing():
     model = _TwoHeads()
-    assert _accumulate(model, MicroBatchGradients(), 1) is None
-    assert _accumulate(model, MicroBatchGradients(world=2), 1) is None
+    assert _accumulate(model, _attached(model), 1) is None
+    assert _accumulate(model, _attached(model, world=2), 1) is None
 
 
 def test_world_above_one_leaves_the_all_reduced_micro_batch_out():
@@ -204,7 +211,7 @@ def test_world_above_one_leaves_the_all_reduced_micro_batch_out():
             p.grad /= 2
             offset += n
 
-    norms = _accumulate(model, MicroBatchGradients(world=2), subdivisions, before_last=all_reduce)
+    norms = _accumulate(model, _attached(model, world=2), subdivisions, before_last=all_reduce)
     small = float(torch.stack([gi.square().sum() for gi in mine[:-1]]).mean())
     assert norms.small_sq == pytest.approx(small, rel=1e-5)
     assert norms.big_sq == pytest.approx(float(torch.stack(mine + other).mean(0).square().sum()), rel=1e-5)
@@ -213,26 +220,32 @@ def test_world_above_one_leaves_the_all_reduced_micro_batch_out():
 
 def test_out_of_order_calls_are_refused():
     model, tracker = _TwoHeads(), MicroBatchGradients()
+    with pytest.raises(RuntimeError, match="attach"):
+        tracker.begin_step(SCALE, 2)
+    tracker.attach(model.parameters())
+    with pytest.raises(RuntimeError, match="already attached"):
+        tracker.attach(model.parameters())
     with pytest.raises(RuntimeError, match="begin_step first"):
-        tracker.after_backward(model.parameters(), 0)
+        tracker.after_backward(0)
     tracker.begin_step(SCALE, 2)
     _loss(model, 0).backward()
-    tracker.after_backward(model.parameters(), 0)
+    tracker.after_backward(0)
     with pytest.raises(RuntimeError, match="1 of 2"):
         tracker.end_step()
 
 
 def test_one_host_transfer_per_step(monkeypatch):
     """No host transfer per micro-batch: the squared norms stay tensors; ``end_step`` reads them once."""
-    model, tracker = _TwoHeads(), MicroBatchGradients()
-    _accumulate(model, tracker, 2)  # buffers allocated
+    model = _TwoHeads()
+    tracker = _attached(model)
+    _accumulate(model, tracker, 2)
     losses = [_loss(model, i) * (SCALE / 4) for i in range(4)]
     model.zero_grad(set_to_none=True)
     calls = count_host_transfers(monkeypatch)
     tracker.begin_step(SCALE, 4)
     for i, loss in enumerate(losses):
         loss.backward()
-        tracker.after_backward(model.parameters(), i)
+        tracker.after_backward(i)
     assert calls["n"] == 0
     tracker.end_step()
     assert calls["n"] == 1
@@ -249,15 +262,18 @@ def _tensor_numel(obj: object) -> int:
     return 0
 
 
-def test_the_tracker_holds_one_gradient():
-    """Memory = one gradient: the tensors the tracker holds (besides scalars) have as many elements as the
-    parameters, after several steps."""
-    model, tracker = _TwoHeads(), MicroBatchGradients()
+def test_the_tracker_holds_no_gradient():
+    """Memory: besides the parameters it hooks, the tracker holds scalars only, after several steps; ``detach``
+    removes its hooks (a backward after it records nothing)."""
+    model = _TwoHeads()
+    tracker = _attached(model)
     for subdivisions in (4, 2, 4):
         _accumulate(model, tracker, subdivisions)
-    params = sum(p.numel() for p in model.parameters())
-    assert _tensor_numel(vars(tracker)) == params
-    assert tracker.buffer_numel == params
+    held = {k: v for k, v in vars(tracker).items() if k != "_params"}
+    assert _tensor_numel(held) == 0
+    assert all(p._backward_hooks for p in model.parameters())
+    tracker.detach()
+    assert not any(p._backward_hooks for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------------------- real DDP
@@ -286,7 +302,7 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
     try:
         model = DistributedDataParallel(_ddp_model())
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        tracker, scaler = MicroBatchGradients(world=WORLD), LossScaler(SCALE)
+        tracker, scaler = _attached(model, world=WORLD), LossScaler(SCALE)
         batches = [_ddp_micro_batch(rank, i) for i in range(SUBDIVISIONS)]
 
         def before_forward(i: int) -> None:
@@ -294,8 +310,12 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
                 tracker.begin_step(scaler.scale, SUBDIVISIONS)
 
         attempt_step(model, optimizer, batches, _ddp_loss, scaler=scaler, before_forward=before_forward,
-                   after_backward=lambda i: tracker.after_backward(model.parameters(), i))
+                   after_backward=tracker.after_backward)
         torch.save({"norms": tuple(tracker.end_step())}, f"{out_dir}/rank{rank}.pt")
+        # DDP freed before its process group: one alive at the group's end can abort the process (trainer.py)
+        tracker.detach()
+        del model, optimizer
+        gc.collect()
     finally:
         dist.destroy_process_group()
 

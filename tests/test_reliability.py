@@ -226,6 +226,13 @@ def finished_run(tmp_path_factory) -> Path:
     return out
 
 
+def test_best_and_last_at_the_same_step_are_written_once(finished_run):
+    """The run's only evaluation is at its last step, where last.pt is due too: one file, two names."""
+    checkpoints = finished_run / "checkpoints"
+    assert os.path.samefile(checkpoints / "best.pt", checkpoints / "last.pt")
+    assert checkpoint.load(checkpoints / "last.pt")["step"] == 2
+
+
 def run_with_checkpoint(finished_run: Path, run: Path, state: dict) -> Path:
     """A run folder with ``finished_run``'s config and ``state`` as its last checkpoint."""
     (run / "checkpoints").mkdir(parents=True)

@@ -6,7 +6,8 @@ gathers and restores the random generators' states.
 
 Writing: a temporary file in the same folder, flushed and fsync'ed, then renamed over the
 target and the folder fsync'ed. A crash at any point leaves either the old or the new file,
-never a partial one.
+never a partial one. A second name for a file just written (``best.pt`` and ``last.pt`` at the same step) is a hard
+link made the same way (:func:`atomic_link`): the bytes are written once.
 """
 
 from __future__ import annotations
@@ -60,6 +61,40 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to ``path`` with :func:`atomic_write`."""
     atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def identity(path: str | Path) -> tuple[int, int, int, int]:
+    """What tells a file written by this process from one put in its place since: device, inode, size, mtime."""
+    st = os.stat(path, follow_symlinks=False)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int]) -> bool:
+    """Make ``path`` a second name of ``existing`` (a hard link, renamed over ``path`` as :func:`atomic_write` does;
+    the folder fsync'ed), provided ``existing`` is still the file whose :func:`identity` is ``expected``. False,
+    with nothing changed, where it is not or the filesystem has no hard links: the caller then writes the file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # run_dir.py tidies these by PID
+    try:
+        if identity(existing) != expected:
+            return False
+        os.link(existing, tmp, follow_symlinks=False)
+    except FileExistsError:
+        raise UserError(f"{path}: {tmp.name} is in the way of the write and is not bigbatch's; move it away") from None
+    except OSError:  # gone, or no hard links here (EPERM, EXDEV, EMLINK, ENOTSUP...)
+        return False
+    try:
+        if identity(tmp) != expected:  # replaced between the check and the link: not linked to what we wrote
+            return False
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()  # made above by this call
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return True
 
 
 def rng_state() -> dict[str, Any]:

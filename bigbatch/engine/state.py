@@ -75,6 +75,8 @@ class TrainingState:
         self.best = Best(cfg.eval.metric, cfg.eval.better)
         self.hooks: Hooks | None = None
         """The run's hooks, once built (the trainer sets them): their states are a checkpoint's ``hooks``."""
+        self._written: tuple[int, Path, tuple[int, int, int, int]] | None = None  # (step, path, identity) of the
+        # last file written: save() links it instead of writing the same step again
         self.hook_states: dict[str, Any] = {}
         """The hooks' states a resumed checkpoint holds, by hook name: read before the hooks exist, handed to them
         by the trainer once they are built."""
@@ -136,8 +138,16 @@ class TrainingState:
         self.hook_states = hooks
 
     def save(self, path: Path) -> None:
-        """Write the state to ``path`` atomically (a crash leaves the previous file whole)."""
+        """Write the state to ``path`` atomically (a crash leaves the previous file whole). A second save at the same
+        step (``best.pt`` in the ``evaluate`` stage, then ``last.pt`` in the ``checkpoint`` stage) links the file
+        written first, where that file is still the one written and the filesystem has hard links: hooks change the
+        state in stages before these two (hooks/base.py), so the two would hold the same bytes."""
+        written = self._written
+        if written is not None and written[0] == self.step and written[1] != path:
+            if checkpoint.atomic_link(written[1], path, written[2]):
+                return
         checkpoint.atomic_save(self.state_dict(), path)
+        self._written = (self.step, path, checkpoint.identity(path))
 
     def resume(self, path: Path) -> None:
         self.load_state_dict(checkpoint.load(path, checkpoint.RESUME_KEYS))

@@ -13,9 +13,9 @@ moving average over steps and B_simple is the ratio of the two averages (not an 
 
 Within one accumulated step bigbatch already computes S micro-batch gradients of b images each (Darknet's
 ``subdivisions``): micro-batch i's backward of ``loss_i * scale / S`` adds ``(scale / S) g_i`` to
-``.grad``, g_i being the gradient of micro-batch i's mean loss. :class:`MicroBatchGradients` reads g_i as the change
-of the accumulated gradient across that backward (one gradient-sized buffer: the previous accumulated gradient; no
-extra forward or backward) and gives
+``.grad``, g_i being the gradient of micro-batch i's mean loss. :class:`MicroBatchGradients` reads (scale / S) g_i
+where autograd hands it to a hook on each parameter before adding it to ``.grad`` (a norm per parameter and
+micro-batch; no extra forward or backward, no gradient-sized buffer) and gives
 
     small_sq = mean_i |g_i|^2                (B_small = b)
     big_sq   = |G_big|^2, G_big = mean_i g_i = (accumulated .grad after the last backward) / scale
@@ -24,10 +24,9 @@ extra forward or backward) and gives
 which :class:`NoiseScale` turns into the smoothed estimates. ``E[mean_i |g_i|^2] = E|G_b|^2``: averaging the S
 small measurements only lowers the variance.
 
-DDP. Micro-batches 0..S-2 run under ``no_sync``: their ``.grad`` is this process's own. The last backward
-all-reduces, so afterwards ``.grad`` is the average over the W processes and its change across that backward is not
-a micro-batch gradient. With ``world > 1`` the small estimate therefore uses micro-batches 0..S-2 only (local, b
-images each) and G_big is the final, all-reduced gradient, at B_big = W S b (see :func:`batch_sizes`). A step of a
+DDP. Micro-batches 0..S-2 run under ``no_sync``; the last backward all-reduces, so afterwards ``.grad`` is the
+average over the W processes. With ``world > 1`` the small estimate uses micro-batches 0..S-2 (local, b images
+each) and G_big is the final, all-reduced gradient, at B_big = W S b (see :func:`batch_sizes`). A step of a
 single micro-batch has no two batch sizes on one process (S = 1, or S = 1 per process under DDP): no measurement.
 """
 
@@ -145,21 +144,22 @@ class GradientNorms(NamedTuple):
 
 
 class MicroBatchGradients:
-    """Measures mean_i |g_i|^2 and |mean_i g_i|^2 of an accumulated step from the change of ``.grad`` across each
-    micro-batch's backward (see the module docstring).
+    """Measures mean_i |g_i|^2 and |mean_i g_i|^2 of an accumulated step: g_i from a hook on each parameter, which
+    autograd calls with micro-batch i's gradient before adding it to ``.grad`` (see the module docstring).
 
-    Per step: ``begin_step(scale, S)`` (before micro-batch 0's forward, each attempt), ``after_backward(params, i)``
-    after each micro-batch's backward, ``end_step()`` once the last backward ran (it reads no gradient: before or
-    after the optimizer step alike).
+    Per run: ``attach(params)`` before the first backward (a hook on every parameter that requires a gradient),
+    ``detach()`` at the end. Per step: ``begin_step(scale, S)`` (before micro-batch 0's forward, each attempt),
+    ``after_backward(i)`` after each micro-batch's backward, ``end_step()`` once the last backward ran (it reads no
+    gradient: before or after the optimizer step alike).
 
-    Memory: one float32 copy of the gradient (one buffer per parameter that gets a gradient, allocated at the first
-    step and reused; ``buffer_numel`` counts it). Time: per micro-batch a subtraction, a norm and a copy over the
-    gradient, as batched ``torch._foreach`` kernels on the gradients' device; the squared norms stay on the device
-    (float64) and ``end_step`` makes the only host transfer. The squared norms of the gradient as it is in ``.grad``
-    (times the loss scale) are formed in float32 per tensor, i.e. the scaled norm must stay below ~1.8e19.
+    Memory: no gradient-sized buffer (a norm per parameter and micro-batch). Time: per micro-batch one norm of each
+    parameter's gradient as autograd hands it over (while it is fresh in cache), and after the last backward one
+    norm over ``.grad``, as batched kernels on the gradients' device; the squared norms stay on the device (float64)
+    and ``end_step`` makes the only host transfer. Each norm is formed in float32 per tensor from the gradient as
+    autograd has it (times the loss scale), i.e. the scaled norm must stay below ~1.8e19.
 
-    Assumes ``.grad`` is zero or None when micro-batch 0's backward starts (``train_step`` sets it to None after
-    each attempt) and accumulates by addition, as autograd does.
+    Assumes every micro-batch's loss was multiplied by ``scale / S`` before its backward and that ``.grad`` holds
+    their sum after the last backward (autograd's accumulation; under DDP, averaged over the processes).
 
     ``world``: the number of DDP processes. With ``world > 1`` the last micro-batch (whose backward all-reduces) is
     left out of the small estimate, which then needs S >= 2 micro-batches per process.
@@ -169,94 +169,83 @@ class MicroBatchGradients:
         if world < 1:
             raise ValueError(f"MicroBatchGradients world must be >= 1, got {world}")
         self.world = world
-        self._buffers: list[torch.Tensor | None] = []
+        self._params: list[torch.Tensor] = []
+        self._handles: list[Any] = []
+        self._norms: list[torch.Tensor] = []  # this micro-batch's, one per parameter whose gradient arrived
         self._begun = False
         self.scale = 1.0
         self.subdivisions = 1
         self._next = 0
-        self._fresh: list[bool] = []
-        self._small: torch.Tensor | None = None  # sum over measured micro-batches of |scaled change|^2, float64
+        self._small: torch.Tensor | None = None  # sum over measured micro-batches of |scaled g_i|^2, float64
         self._small_count = 0
         self._big: torch.Tensor | None = None  # |scaled accumulated gradient|^2 after the last backward, float64
         self._device = torch.device("cpu")  # the gradients' (where a reduce's tensor must be)
 
-    @property
-    def buffer_numel(self) -> int:
-        """Elements held by the tracker: one gradient (the parameters that have had a gradient)."""
-        return sum(b.numel() for b in self._buffers if b is not None)
+    def attach(self, params: Iterable[torch.Tensor]) -> None:
+        """Hook every parameter of ``params`` that requires a gradient (once per tracker; ``detach`` removes)."""
+        if self._handles:
+            raise RuntimeError("MicroBatchGradients.attach: already attached (detach first)")
+        self._params = [p for p in params if p.requires_grad]
+        self._handles = [p.register_hook(self._record) for p in self._params]
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._params, self._norms = [], [], []
+
+    def _record(self, grad: torch.Tensor) -> None:
+        """autograd's hook: ``grad`` is one parameter's gradient of the running backward, before accumulation."""
+        if self._begun:
+            self._norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))
 
     def begin_step(self, scale: float, subdivisions: int) -> None:
         """Start measuring a step (an attempt) of ``subdivisions`` micro-batches whose losses are multiplied by
         ``scale / subdivisions`` before their backward."""
         if subdivisions < 1 or not scale > 0:
             raise ValueError(f"begin_step needs subdivisions >= 1 and scale > 0, got {subdivisions}, {scale}")
+        if not self._handles:
+            raise RuntimeError("MicroBatchGradients.begin_step: attach(params) first")
         self.scale, self.subdivisions = float(scale), subdivisions
         self._begun, self._next = True, 0
-        self._fresh = [True] * len(self._buffers)
+        self._norms = []  # an attempt that failed mid-backward leaves some
         self._small, self._small_count, self._big = None, 0, None
 
-    def _buffer(self, position: int, grad: torch.Tensor) -> torch.Tensor:
-        while len(self._buffers) <= position:
-            self._buffers.append(None)
-            self._fresh.append(True)
-        buffer = self._buffers[position]
-        if buffer is None or buffer.shape != grad.shape or buffer.device != grad.device:
-            buffer = self._buffers[position] = torch.empty(grad.shape, dtype=torch.float32, device=grad.device)
-        return buffer
-
     @staticmethod
-    def _sum_sq(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """sum_k |t_k|^2 in float64 on ``device``, without a host sync."""
-        if not tensors:
+    def _sum_sq(norms: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """sum_k n_k^2 in float64 on ``device``, without a host sync."""
+        if not norms:
             return torch.zeros((), dtype=torch.float64, device=device)
-        norms = torch._foreach_norm(tensors)
         return torch.stack([n.to(device=device, dtype=torch.float64) for n in norms]).square().sum()
 
-    def after_backward(self, params: Iterable[torch.Tensor], index: int) -> None:
-        """After micro-batch ``index``'s backward: measure |change of .grad|^2, and after the last one |.grad|^2.
-        ``params``: the model's parameters, in the same order every call."""
+    def after_backward(self, index: int) -> None:
+        """After micro-batch ``index``'s backward: sum its gradients' |.|^2 (the hooks' norms), and after the last
+        one |.grad|^2."""
         if not self._begun or index != self._next or index >= self.subdivisions:
             raise RuntimeError(f"MicroBatchGradients.after_backward({index}) out of order: begin_step first, then "
                                f"indices 0..{self.subdivisions - 1} in order (expected {self._next})")
         self._next += 1
         last = index == self.subdivisions - 1
-        positions, grads = [], []
-        for position, p in enumerate(params):
-            if p.grad is not None:
-                positions.append(position)
-                grads.append(p.grad.detach())
-        measured = self.subdivisions > 1 and not (last and self.world > 1)
-        if not grads:  # no gradient yet: this micro-batch's is zero
-            self._small_count += measured
-            return
-        device = self._device = grads[0].device
-        if measured:
-            # the change of .grad across this backward, (scale / S) g_i; a gradient seen for the first time this
-            # step changed from zero, so its change is itself
-            buffers = [self._buffer(position, g) for position, g in zip(positions, grads, strict=True)]
-            fresh = [self._fresh[position] for position in positions]
-            new = [g for g, f in zip(grads, fresh, strict=True) if f]
-            seen_buffers = [b for b, f in zip(buffers, fresh, strict=True) if not f]
-            seen_grads = [g for g, f in zip(grads, fresh, strict=True) if not f]
-            if seen_buffers:
-                torch._foreach_sub_(seen_buffers, seen_grads)  # previous - current = -change
-            change_sq = self._sum_sq(new, device) + self._sum_sq(seen_buffers, device)
+        norms, self._norms = self._norms, []
+        if norms:
+            self._device = norms[0].device
+        if self.subdivisions > 1 and not (last and self.world > 1):
+            # (scale / S) g_i; a micro-batch that gave no parameter a gradient has g_i = 0
+            change_sq = self._sum_sq(norms, self._device)
             self._small = change_sq if self._small is None else self._small + change_sq
             self._small_count += 1
-            if index < self.subdivisions - (2 if self.world > 1 else 1):  # the next change is measured
-                torch._foreach_copy_(buffers, grads)
-                for position in positions:
-                    self._fresh[position] = False
         if last:
-            self._big = self._sum_sq(grads, device)
+            grads = [p.grad.detach() for p in self._params if p.grad is not None]
+            if grads:
+                self._device = grads[0].device
+                self._big = self._sum_sq(list(torch._foreach_norm(grads)), self._device)
 
     def end_step(self, reduce: Callable[[torch.Tensor], None] | None = None) -> GradientNorms | None:
-        """(mean_i |g_i|^2, |G_big|^2) of the step, un-scaled: g_i = (S / scale) x (change of .grad across
-        micro-batch i's backward), G_big = .grad / scale after the last. None when the step had a single micro-batch
+        """(mean_i |g_i|^2, |G_big|^2) of the step, un-scaled: g_i = (S / scale) x (the gradient micro-batch i's
+        backward added to .grad), G_big = .grad / scale after the last. None when the step had a single micro-batch
         (per process), when no gradient was seen, or when the gradient was not finite. One host transfer.
 
         ``reduce``: an in-place sum over the processes (``torch.distributed.all_reduce``), called on every process
-        with the float64 tensor (sum of the measured |change|^2, their count, |G_big|^2): the small estimate is
+        with the float64 tensor (sum of the measured |(scale / S) g_i|^2, their count, |G_big|^2): the small estimate is
         then the mean over every process's measured micro-batches and |G_big|^2 the processes' mean, the same on
         every process (AdaScale's steps must agree)."""
         if not self._begun or self._next != self.subdivisions:

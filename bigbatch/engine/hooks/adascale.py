@@ -1,11 +1,11 @@
 """``batch: {mode: adaptive, ...}``: AdaScale's measurement, gain and progress (``largebatch/adascale.py``).
 
 On every process: before each step the gain r from the estimates so far (and the EMA's decay per step, ``d ** r``);
-where that step finishes the base schedule, the run's last step is that one. Around each micro-batch the gradient
-change is measured (``telemetry/noise_scale.py``); after the step every process's sums are all-reduced in one fixed
-collective, so that every process updates the same estimates and takes the same steps. The training record gets
-``gain`` (r), ``scale`` (B / B0), ``batch`` and ``progress`` (base steps done). The estimates and the progress are
-the hook's state: a resumed run goes on from the checkpoint's.
+where that step finishes the base schedule, the run's last step is that one. Each micro-batch's gradient norms are
+taken as autograd hands them over (hooks on the parameters, ``telemetry/noise_scale.py``); after the step every
+process's sums are all-reduced in one fixed collective, so that every process updates the same estimates and takes
+the same steps. The training record gets ``gain`` (r), ``scale`` (B / B0), ``batch`` and ``progress`` (base steps
+done). The estimates and the progress are the hook's state: a resumed run goes on from the checkpoint's.
 """
 
 from __future__ import annotations
@@ -44,12 +44,15 @@ class AdaScaleHook(Hook):
         if adascale.last_step:  # the run's last step: the last evaluation and checkpoint are due after it
             run.plan = dataclasses.replace(run.plan, steps=run.step + 1)
 
+    def before_train(self, run: Run) -> None:
+        self.tracker.attach(run.model.parameters())
+
     def before_forward(self, run: Run, index: int) -> None:
         if index == 0:  # every attempt starts afresh: a re-run or re-cut step measures its own gradients
             self.tracker.begin_step(run.train_step.scaler.scale, run.train_step.attempt_micro_batches)
 
     def after_backward(self, run: Run, index: int) -> None:
-        self.tracker.after_backward(run.model.parameters(), index)
+        self.tracker.after_backward(index)
 
     def after_step(self, run: Run) -> dict[str, Any]:
         norms = self.tracker.end_step(self.reduce)
@@ -70,6 +73,7 @@ class AdaScaleHook(Hook):
         return values
 
     def after_train(self, run: Run) -> None:
+        self.tracker.detach()
         adascale = self.adascale
         if run.plan.world > 1 and adascale.finished:  # every process took the same steps (else they diverged)
             mine = torch.tensor([float(run.state.step), adascale.progress], dtype=torch.float64,

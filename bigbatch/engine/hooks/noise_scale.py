@@ -1,13 +1,13 @@
 """``log.noise_scale``: the gradient noise scale of the run, from the micro-batch gradients accumulation computes.
 
-McCandlish et al. 2018 (``telemetry/noise_scale.py`` has the estimators): at the first micro-batch of each attempt
-the tracker starts (the loss scale and the micro-batch count of that attempt), after every backward it reads the
-micro-batch's gradient as the change of the accumulated one, and after an applied step the two squared norms update
-the smoothed |G|^2 and tr(Sigma). The training record gets ``noise_scale`` = B_simple in images (absent until it is
-defined, and in runs whose steps have a single micro-batch per process). The run's end says where the batch stands.
-The two averages are the hook's state: a resumed run goes on averaging from the checkpoint's. In an adaptive run
-(AdaScale) the AdaScale hook measures the same on every process: this hook then reports its estimates and measures
-nothing itself.
+McCandlish et al. 2018 (``telemetry/noise_scale.py`` has the estimators): the tracker hooks the model's parameters
+for the run; at the first micro-batch of each attempt it starts (the loss scale and the micro-batch count of that
+attempt), after every backward it sums the norms of the micro-batch's gradient as autograd handed it over, and after
+an applied step the two squared norms update the smoothed |G|^2 and tr(Sigma). The training record gets
+``noise_scale`` = B_simple in images (absent until it is defined, and in runs whose steps have a single micro-batch
+per process). The run's end says where the batch stands. The two averages are the hook's state: a resumed run goes
+on averaging from the checkpoint's. In an adaptive run (AdaScale) the AdaScale hook measures the same on every
+process: this hook then reports its estimates and measures nothing itself.
 """
 
 from __future__ import annotations
@@ -36,13 +36,17 @@ class NoiseScaleHook(Hook):
         if not self.shared:
             self.noise.load_state_dict(state)
 
+    def before_train(self, run: Run) -> None:
+        if self.tracker is not None:
+            self.tracker.attach(run.model.parameters())
+
     def before_forward(self, run: Run, index: int) -> None:
         if self.tracker is not None and index == 0:  # every attempt starts afresh: a re-run or re-cut step
             self.tracker.begin_step(run.train_step.scaler.scale, run.train_step.attempt_micro_batches)
 
     def after_backward(self, run: Run, index: int) -> None:
         if self.tracker is not None:
-            self.tracker.after_backward(run.model.parameters(), index)
+            self.tracker.after_backward(index)
 
     def after_step(self, run: Run) -> dict[str, Any] | None:
         if self.tracker is None:  # shared: updated by the AdaScale hook just before
@@ -58,6 +62,8 @@ class NoiseScaleHook(Hook):
         return {"noise_scale": round(self.noise.b_simple, 1)}
 
     def after_train(self, run: Run) -> None:
+        if self.tracker is not None:
+            self.tracker.detach()
         b_simple = self.noise.b_simple
         if b_simple is None:
             return
