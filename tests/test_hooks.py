@@ -173,3 +173,34 @@ def test_an_input_bound_run_is_told_what_to_change():
                                  "share": 0.3}
     assert records[0].message.startswith("input pipeline: waited 30.0% of step time (3.0 s of 10.0 s); the run is "
                                          "input-bound: try more DataLoader workers (data.workers=0;")
+
+
+class LearnsAfterEvaluation(Hook):
+    """A hook of the ``evaluate`` stage, after the evaluation's: it changes the weights in its ``after_step``."""
+
+    stage = "evaluate"
+
+    def after_step(self, run):
+        with torch.no_grad():
+            next(run.state.model.parameters()).add_(1.0)
+
+
+@pytest.mark.parametrize("between", [False, True])
+def test_last_pt_links_best_pt_only_when_nothing_runs_between_them(tmp_path, between):
+    """best.pt and last.pt at the same step are one file when the checkpointing hook runs right after the
+    evaluation; a hook between them may change the state, so last.pt is then written from the state it leaves."""
+    out = tmp_path / "run"
+    if between:
+        HOOKS.register("toy_learns_after_evaluation", lambda run: LearnsAfterEvaluation())
+    try:
+        # one evaluation, at the last step, where last.pt is due too: best.pt is written there
+        assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS, "eval.every=100"]) == 0
+    finally:
+        if between:
+            HOOKS.unregister("toy_learns_after_evaluation")
+    best, last = (torch.load(out / "checkpoints" / name, weights_only=True) for name in ("best.pt", "last.pt"))
+    linked = (out / "checkpoints" / "best.pt").samefile(out / "checkpoints" / "last.pt")
+    assert best["step"] == last["step"] == 4
+    assert linked is not between
+    first = next(iter(last["model"]))
+    assert torch.equal(best["model"][first] + (1.0 if between else 0.0), last["model"][first])

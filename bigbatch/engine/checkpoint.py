@@ -83,7 +83,10 @@ def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int])
     except OSError:  # gone, or no hard links here (EPERM, EXDEV, EMLINK, ENOTSUP...)
         return False
     try:
-        if identity(tmp) != expected:  # replaced between the check and the link: not linked to what we wrote
+        try:
+            if identity(tmp) != expected:  # replaced between the check and the link: not linked to what we wrote
+                return False
+        except OSError:
             return False
         os.replace(tmp, path)
     finally:

@@ -106,6 +106,7 @@ class TrainingState:
         """Restore every part from a checkpoint read by ``checkpoint.load(path, checkpoint.RESUME_KEYS)``; a
         checkpoint that does not fit this config is one ``UserError`` naming the key to change."""
         check_resumable(self.cfg, state["config"])
+        self._written = None  # a file written before is not this state
         load_weights(self.model, state["model"], "model")
         step = self.train_step
         try:
@@ -137,13 +138,13 @@ class TrainingState:
             raise UserError(f"checkpoint: 'hooks' is a {type(hooks).__name__}, not a dict")
         self.hook_states = hooks
 
-    def save(self, path: Path) -> None:
-        """Write the state to ``path`` atomically (a crash leaves the previous file whole). A second save at the same
-        step (``best.pt`` in the ``evaluate`` stage, then ``last.pt`` in the ``checkpoint`` stage) links the file
-        written first, where that file is still the one written and the filesystem has hard links: hooks change the
-        state in stages before these two (hooks/base.py), so the two would hold the same bytes."""
+    def save(self, path: Path, may_link: bool = False) -> None:
+        """Write the state to ``path`` atomically (a crash leaves the previous file whole). ``may_link``: the caller
+        knows nothing changed the state since the last save of this step (``last.pt`` right after ``best.pt``,
+        hooks/checkpointing.py): that file, if it is still the one written and the filesystem has hard links, gets
+        ``path`` as a second name instead of the same bytes written again."""
         written = self._written
-        if written is not None and written[0] == self.step and written[1] != path:
+        if may_link and written is not None and written[0] == self.step and written[1] != path:
             if checkpoint.atomic_link(written[1], path, written[2]):
                 return
         checkpoint.atomic_save(self.state_dict(), path)

@@ -187,15 +187,17 @@ class MicroBatchGradients:
             raise RuntimeError("MicroBatchGradients.attach: already attached (detach first)")
         self._params = [p for p in params if p.requires_grad]
         self._handles = [p.register_hook(self._record) for p in self._params]
+        if self._params:  # where the sums live, also for a micro-batch that gives no parameter a gradient
+            self._device = self._params[0].device
 
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles, self._params, self._norms = [], [], []
 
-    def _record(self, grad: torch.Tensor) -> None:
+    def _record(self, grad: torch.Tensor | None) -> None:
         """autograd's hook: ``grad`` is one parameter's gradient of the running backward, before accumulation."""
-        if self._begun:
+        if self._begun and grad is not None:
             self._norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))
 
     def begin_step(self, scale: float, subdivisions: int) -> None:

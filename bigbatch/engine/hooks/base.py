@@ -155,6 +155,12 @@ class Hooks:
     def uses(self, moment: str) -> bool:
         return bool(self._by_moment[moment])
 
+    def after_step_before(self, hook: Hook) -> Hook | None:
+        """The hook whose ``after_step`` runs just before ``hook``'s (None: none does, or ``hook`` has none)."""
+        order = self._after_step_hooks
+        at = next((i for i, h in enumerate(order) if h is hook), None)
+        return order[at - 1] if at else None
+
     def _call(self, moment: str, *args: Any) -> None:
         for method in self._by_moment[moment]:
             method(self.run, *args)

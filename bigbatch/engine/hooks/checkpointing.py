@@ -1,8 +1,12 @@
-"""``checkpoints/last.pt`` every ``checkpoint.every`` (and at the end), written by the main process."""
+"""``checkpoints/last.pt`` every ``checkpoint.every`` (and at the end), written by the main process.
+
+Where the evaluation's ``after_step`` runs just before this one (nothing between them can change the state) and it
+wrote ``best.pt`` at the same step, ``last.pt`` is a hard link to that file rather than the same bytes again."""
 
 from __future__ import annotations
 
 from bigbatch.engine.hooks.base import Hook, is_due
+from bigbatch.engine.hooks.evaluation import Evaluation
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
 
@@ -12,12 +16,13 @@ class Checkpointing(Hook):
 
     def before_train(self, run: Run) -> None:
         run.last_checkpoint.step = run.state.step or None  # a resumed run starts from its last checkpoint
+        self.right_after_evaluation = isinstance(run.hooks.after_step_before(self), Evaluation)
 
     def after_step(self, run: Run) -> None:
         done, last = run.state.step, run.last_checkpoint
         if is_due(done, last.every, run.plan.steps, run.plan):
             if run.proc.is_main:
-                run.state.save(last.path)
+                run.state.save(last.path, may_link=self.right_after_evaluation)
             last.step = done
 
 
