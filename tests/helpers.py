@@ -434,6 +434,7 @@ class PauseAfterRecord(Hook):  # after the built-in hooks: the step's record is 
 
     def after_step(self, run):
         if run.state.step == {at}:
+            run.state.finish_writes()  # killed with the checkpoints saved so far on disk
             print("paused", flush=True)
             while True:
                 time.sleep(60)

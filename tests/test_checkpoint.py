@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 
 from bigbatch.engine import checkpoint
 from bigbatch.errors import UserError
+from tests.helpers import HANG_GUARD_S, TINY
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -63,6 +65,52 @@ def test_no_link_to_a_file_put_in_place_of_the_one_written(tmp_path):
     best.unlink()
     assert not checkpoint.atomic_link(best, last, written)  # gone
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_the_background_writer_keeps_the_order_and_hands_over_the_first_error():
+    """Writes run one at a time in the order given; a failed one is raised by the next ``submit`` or by ``wait``,
+    and the writes queued behind it are skipped (a last.pt linked to a best.pt that failed would be wrong)."""
+    writer, done = checkpoint.BackgroundWriter(pending=1), []
+    release = threading.Event()
+
+    def slow(tag):
+        def job():
+            release.wait(HANG_GUARD_S)
+            done.append(tag)
+        return job
+
+    writer.submit(slow("a"))
+    release.set()
+    writer.submit(slow("b"))
+    writer.wait()
+    assert done == ["a", "b"]
+
+    def fails():
+        raise OSError("disk full")
+
+    writer.submit(fails)
+    writer.submit(lambda: done.append("after the failure"))  # queued behind it, or refused if it failed already
+    with pytest.raises(OSError, match="disk full"):
+        writer.wait()
+    assert "after the failure" not in done
+    writer.submit(lambda: done.append("c"))  # the error was handed over: the writer goes on
+    writer.wait()
+    assert done[-1] == "c"
+
+
+def test_a_checkpoint_write_that_fails_in_the_background_fails_the_run(tmp_path, monkeypatch):
+    from bigbatch.cli import main
+
+    real_write = checkpoint.atomic_write
+
+    def disk_full(path, write, mode="wb"):
+        if str(path).endswith(".pt"):
+            raise OSError(f"{path}: disk full")
+        real_write(path, write, mode)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", disk_full)
+    with pytest.raises(OSError, match="last.pt: disk full|best.pt: disk full"):
+        main(["train", "digits", "--out", str(tmp_path / "run"), "--set", *TINY, "steps=2"])
 
 
 WRITER = textwrap.dedent(

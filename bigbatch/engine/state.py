@@ -28,6 +28,7 @@ The file is read with ``torch.load(weights_only=True)`` (``engine/checkpoint.py`
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,16 +71,28 @@ class TrainingState:
         self.train_step = train_step
         """Owns the optimizer, the loss scaler, the subdivisions in effect and the skipped count."""
         self.ema = ema
-        self.step = 0
-        """Optimizer steps completed: the position in the data order and in the schedule."""
+        self._step = 0
         self.best = Best(cfg.eval.metric, cfg.eval.better)
         self.hooks: Hooks | None = None
         """The run's hooks, once built (the trainer sets them): their states are a checkpoint's ``hooks``."""
-        self._written: tuple[int, Path, tuple[int, int, int, int]] | None = None  # (step, path, identity) of the
-        # last file written: save() links it instead of writing the same step again
+        self.writer = checkpoint.BackgroundWriter()
+        """Writes the checkpoints off the training thread (``finish_writes`` waits for them)."""
+        self._saved: tuple[int, Path, memoryview] | None = None  # (step, path, bytes) of this step's last save
+        self._identities: dict[Path, tuple[int, int, int, int]] = {}  # of each file as the writer left it
         self.hook_states: dict[str, Any] = {}
         """The hooks' states a resumed checkpoint holds, by hook name: read before the hooks exist, handed to them
         by the trainer once they are built."""
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed: the position in the data order and in the schedule."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if value != self._step:
+            self._saved = None  # the bytes of the last save serve a link at the same step only: let them go
+        self._step = value
 
     def state_dict(self) -> dict[str, Any]:
         step = self.train_step
@@ -106,7 +119,7 @@ class TrainingState:
         """Restore every part from a checkpoint read by ``checkpoint.load(path, checkpoint.RESUME_KEYS)``; a
         checkpoint that does not fit this config is one ``UserError`` naming the key to change."""
         check_resumable(self.cfg, state["config"])
-        self._written = None  # a file written before is not this state
+        self._saved = None  # a file written before is not this state
         load_weights(self.model, state["model"], "model")
         step = self.train_step
         try:
@@ -139,16 +152,38 @@ class TrainingState:
         self.hook_states = hooks
 
     def save(self, path: Path, may_link: bool = False) -> None:
-        """Write the state to ``path`` atomically (a crash leaves the previous file whole). ``may_link``: the caller
-        knows nothing changed the state since the last save of this step (``last.pt`` right after ``best.pt``,
-        hooks/checkpointing.py): that file, if it is still the one written and the filesystem has hard links, gets
-        ``path`` as a second name instead of the same bytes written again."""
-        written = self._written
-        if may_link and written is not None and written[0] == self.step and written[1] != path:
-            if checkpoint.atomic_link(written[1], path, written[2]):
-                return
-        checkpoint.atomic_save(self.state_dict(), path)
-        self._written = (self.step, path, checkpoint.identity(path))
+        """Write the state to ``path`` atomically (a crash leaves the previous file whole), on the writer's thread:
+        the state is serialized now, the bytes reach the disk while training goes on (``finish_writes``).
+
+        ``may_link``: the caller knows nothing changed the state since the last save of this step (``last.pt`` right
+        after ``best.pt``, hooks/checkpointing.py): that file, if it is still the one written and the filesystem has
+        hard links, gets ``path`` as a second name instead of the same bytes written again."""
+        saved = self._saved
+        if may_link and saved is not None and saved[0] == self.step and saved[1] != path:
+            source, data = saved[1], saved[2]
+
+            def write() -> None:  # after the source's own write (the writer keeps the order)
+                if not checkpoint.atomic_link(source, path, self._identities.get(source)):
+                    checkpoint.atomic_write(path, lambda f: f.write(data))
+                    self._identities[path] = checkpoint.identity(path)
+        else:
+            data = checkpoint.serialized(self.state_dict())
+
+            def write() -> None:
+                checkpoint.atomic_write(path, lambda f: f.write(data))
+                self._identities[path] = checkpoint.identity(path)
+        self._saved = (self.step, path, data)
+        self.writer.submit(write)
+
+    def finish_writes(self, failing: bool = False) -> None:
+        """Wait until every checkpoint saved so far is on disk. A failed write is raised, unless the run is
+        ``failing`` already: then it is printed as a warning, so that the run's own error is the one the user sees."""
+        try:
+            self.writer.wait()
+        except Exception as e:
+            if not failing:
+                raise
+            print(f"warning: a checkpoint write failed: {e}", file=sys.stderr, flush=True)
 
     def resume(self, path: Path) -> None:
         self.load_state_dict(checkpoint.load(path, checkpoint.RESUME_KEYS))
