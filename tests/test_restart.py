@@ -77,7 +77,11 @@ def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path, rendezvous):
             time.sleep(0.05)
         assert marker.exists(), "the run ended before rank 1 paused: " + (tmp_path / "stderr").read_text()[-3000:]
         paused = int(marker.read_text())
-        killed_at = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"]  # rank 0 waits on rank 1
+        # rank 0 waits on rank 1 in step PAUSE_AT's all-reduce: its writer finishes the checkpoint of step 5 meanwhile
+        last = out / "checkpoints" / "last.pt"
+        while not last.exists():
+            time.sleep(0.05)
+        killed_at = torch.load(last, weights_only=True)["step"]
         os.kill(paused, signal.SIGKILL)
         paused = None
         launcher.wait(timeout=HANG_GUARD_S)
