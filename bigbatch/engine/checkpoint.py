@@ -41,11 +41,11 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # The temporary file is made new (O_EXCL): a file of that name that is not ours stops the write untouched.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # run_dir.py tidies these by PID
+    tmp = _temporary(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
-        raise UserError(f"{path}: {tmp.name} is in the way of the write and is not bigbatch's; move it away") from None
+        raise _in_the_way(path, tmp) from None
     try:
         with open(fd, mode) as f:
             write(f)
@@ -55,7 +55,20 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     finally:
         if tmp.exists():
             tmp.unlink()  # made above by this call
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _sync_folder(path.parent)
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")  # run_dir.py tidies these by PID
+
+
+def _in_the_way(path: Path, tmp: Path) -> UserError:
+    return UserError(f"{path}: {tmp.name} is in the way of the write and is not bigbatch's; move it away")
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync a folder: a rename in it survives a crash."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -128,13 +141,13 @@ def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int] 
     """Make ``path`` a second name of ``existing`` (a hard link, renamed over ``path`` as :func:`atomic_write` does;
     the folder fsync'ed), provided ``existing`` is still the file whose :func:`identity` is ``expected``. False,
     with nothing changed, where it is not or the filesystem has no hard links: the caller then writes the file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # run_dir.py tidies these by PID
+    tmp = _temporary(path)
     try:
         if expected is None or identity(existing) != expected:
             return False
         os.link(existing, tmp, follow_symlinks=False)
     except FileExistsError:
-        raise UserError(f"{path}: {tmp.name} is in the way of the write and is not bigbatch's; move it away") from None
+        raise _in_the_way(path, tmp) from None
     except OSError:  # gone, or no hard links here (EPERM, EXDEV, EMLINK, ENOTSUP...)
         return False
     try:
@@ -147,11 +160,7 @@ def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int] 
     finally:
         if tmp.exists():
             tmp.unlink()  # made above by this call
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _sync_folder(path.parent)
     return True
 
 
