@@ -95,11 +95,11 @@ class BackgroundWriter:
     ``submit(job)`` queues a write (waiting while ``pending`` are queued: at most that many serialized checkpoints
     are held in memory) and first raises the error of an earlier one; after an error the queued writes are skipped,
     so a failed ``best.pt`` is not followed by a ``last.pt`` linked to it. ``wait()`` returns once every queued write
-    is done, raising the first error. A write interrupted by the process's end leaves its temporary file and the
-    previous checkpoint whole (``atomic_write``)."""
+    is done, raising the first error, and ends the thread (the next ``submit`` starts another). A write interrupted
+    by the process's end leaves its temporary file and the previous checkpoint whole (``atomic_write``)."""
 
     def __init__(self, pending: int = 2) -> None:
-        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=pending)
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=pending)
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -111,7 +111,10 @@ class BackgroundWriter:
         self._jobs.put(job)
 
     def wait(self) -> None:
-        self._jobs.join()
+        if self._thread is not None:
+            self._jobs.put(None)  # the thread's last job: it ends once the writes before it are done
+            self._thread.join()
+            self._thread = None
         self._raise()
 
     def _raise(self) -> None:
@@ -120,15 +123,12 @@ class BackgroundWriter:
             raise error
 
     def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
             try:
                 if self._error is None:
                     job()
             except BaseException as e:  # noqa: BLE001 - handed to the training thread by submit or wait
                 self._error = e
-            finally:
-                self._jobs.task_done()
 
 
 def identity(path: str | Path) -> tuple[int, int, int, int]:

@@ -164,16 +164,18 @@ class TrainingState:
 
             def write() -> None:  # after the source's own write (the writer keeps the order)
                 if not checkpoint.atomic_link(source, path, self._identities.get(source)):
-                    checkpoint.atomic_write(path, lambda f: f.write(data))
-                    self._identities[path] = checkpoint.identity(path)
+                    self._write(path, data)
         else:
             data = checkpoint.serialized(self.state_dict())
 
             def write() -> None:
-                checkpoint.atomic_write(path, lambda f: f.write(data))
-                self._identities[path] = checkpoint.identity(path)
+                self._write(path, data)
         self._saved = (self.step, path, data)
         self.writer.submit(write)
+
+    def _write(self, path: Path, data: memoryview) -> None:
+        checkpoint.atomic_write(path, lambda f: f.write(data))
+        self._identities[path] = checkpoint.identity(path)
 
     def finish_writes(self, failing: bool = False) -> None:
         """Wait until every checkpoint saved so far is on disk. A failed write is raised, unless the run is
