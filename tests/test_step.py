@@ -131,6 +131,7 @@ def test_the_training_state_round_trips_through_a_checkpoint(tmp_path):
     state.step, state.best.value, state.best.step = 1, 12.5, 1
     step.load_state_dict({"skipped": 3, "subdivisions": 4})
     state.save(tmp_path / "last.pt")
+    state.finish_writes()  # the save returns once serialized; its writer thread puts the bytes on disk
 
     other, other_step, _, _ = make_step()
     other.resume(tmp_path / "last.pt")
