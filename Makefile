@@ -19,11 +19,12 @@ $(VENV)/.torch: | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+# setup.py builds the C extension (csrc/): an edit there rebuilds it.
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c) $(VENV)/.torch
 	$(BIN)/pip install --quiet -e . $(TORCH)
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+$(VENV)/.installed-dev: pyproject.toml setup.py $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
 	touch $@
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.machinery
 import pkgutil
 import re
 from pathlib import Path
@@ -61,10 +62,12 @@ def test_conftest_holds_fixtures_only():
 
 
 def test_every_package_module_imports():
-    """Each module under bigbatch/, found by pkgutil (which must find every .py file there), imports; a
-    ``__main__`` module, which runs the program when imported, is compiled instead."""
+    """Each module under bigbatch/, found by pkgutil (which must find every .py file and built extension there),
+    imports; a ``__main__`` module, which runs the program when imported, is compiled instead."""
     files = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
              for p in PACKAGE.rglob("*.py")}
+    files |= {".".join((*p.parent.relative_to(ROOT).parts, p.name.split(".")[0]))  # built C extensions (csrc/)
+              for p in PACKAGE.rglob("*") if p.name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))}
     walked = {"bigbatch"} | {m.name for m in pkgutil.walk_packages(bigbatch.__path__, "bigbatch.")}
     assert walked == files, f"only on disk: {sorted(files - walked)}; only walked: {sorted(walked - files)}"
     failed = {}

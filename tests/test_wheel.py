@@ -30,7 +30,7 @@ import pytest
 
 from tests.helpers import HANG_GUARD_S, ROOT
 
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "LICENSE", "bigbatch")
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "LICENSE", "bigbatch", "csrc")
 """What setuptools reads to build the wheel (those present are copied; ``bigbatch`` without ``__pycache__``)."""
 
 SHOW_ALL = """
@@ -66,7 +66,7 @@ def copy_build_inputs(root: Path, dest: Path) -> Path:
     for name in BUILD_INPUTS:
         source = root / name
         if source.is_dir():
-            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
         elif source.is_file():
             shutil.copy2(source, dest / name)
     return dest

@@ -40,6 +40,7 @@ from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_image
 
+from bigbatch.data import jpeg
 from bigbatch.data.files import read_regular
 from bigbatch.data.images import error_reason, inspect_images
 from bigbatch.data.order import sample_rng
@@ -198,17 +199,40 @@ def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> 
     return next((r for r in JPEG_SCALES if box_height / r >= needed[0] and box_width / r >= needed[1]), 1)
 
 
+def reduced_box(box: tuple[int, int, int, int], height: int, width: int, reduced_height: int, reduced_width: int
+                ) -> tuple[int, int, int, int]:
+    """The crop ``box`` (``top, left, h, w`` in the ``height x width`` image) in the image libjpeg decodes at a
+    reduced DCT scale (``reduced_height x reduced_width``: each side divided by the reduction, rounded up), each edge
+    rounded to the nearest reduced pixel (at most half of one off)."""
+    top, left, h, w = box
+    ry, rx = height / reduced_height, width / reduced_width  # the reduction, or nearly (the sides are rounded up)
+    reduced_top, reduced_left = min(round(top / ry), reduced_height - 1), min(round(left / rx), reduced_width - 1)
+    return (reduced_top, reduced_left, max(1, min(round((top + h) / ry), reduced_height) - reduced_top),
+            max(1, min(round((left + w) / rx), reduced_width) - reduced_left))
+
+
 def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), and
-    finish it (``preprocess.finish``).
+    finish it (``preprocess.finish``). With ``out`` the sample is written there.
 
-    The header is read with PIL. On the fast path (``preprocess.fast``) a JPEG the crop lets shrink is decoded by
-    PIL at that DCT scale (``draft``); any other image, and every image on the exact path, by torchvision
-    (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and straight into a CHW tensor),
-    then cropped by slicing. With ``out`` the sample is written there."""
-    with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
+    A JPEG the region decode takes (``data/jpeg.py``: most of them, where the extension was built) has only its
+    crop's region decoded, the same pixels as the whole decode; on the fast path (``preprocess.fast``) at the
+    smallest DCT scale the crop allows (``jpeg_reduction``). Any other image has its header read with PIL, then is
+    decoded whole: on the fast path a JPEG by PIL at that DCT scale (``draft``), otherwise by torchvision
+    (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and straight into a CHW tensor), and
+    cropped by slicing."""
+    data = read_regular(source) if isinstance(source, str) else source
+    size = jpeg.region_size(data)
+    if size is not None:
+        height, width = size
+        box = preprocess.box(height, width)
+        reduction = jpeg_reduction(box[2], box[3], preprocess.needed(box[2], box[3])) if preprocess.fast else 1
+        if reduction > 1:
+            box = reduced_box(box, height, width, -(-height // reduction), -(-width // reduction))
+        return preprocess.finish(jpeg.decode_region(data, *box, reduction), out)
+    with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
-        top, left, h, w = preprocess.box(height, width)
+        top, left, h, w = box = preprocess.box(height, width)
         reduce = preprocess.fast and image.format == "JPEG"
         reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if reduce else 1
         if reduction > 1:
@@ -216,15 +240,9 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tenso
             image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
             rgb = image.convert("RGB")
     if reduction == 1:
-        encoded = source if isinstance(source, str) else torch.frombuffer(source, dtype=torch.uint8)
-        pixels = decode_image(encoded, mode=ImageReadMode.RGB)
+        pixels = decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
         return preprocess.finish(pixels[:, top:top + h, left:left + w], out)
-    ry, rx = height / rgb.size[1], width / rgb.size[0]  # r, or nearly (libjpeg rounds the sides up)
-    top_full, left_full = top, left
-    # The box in the reduced pixels, each edge rounded to the nearest one (at most half a reduced pixel off).
-    top, left = min(round(top / ry), rgb.size[1] - 1), min(round(left / rx), rgb.size[0] - 1)
-    h = max(1, min(round((top_full + h) / ry), rgb.size[1]) - top)
-    w = max(1, min(round((left_full + w) / rx), rgb.size[0]) - left)
+    top, left, h, w = reduced_box(box, height, width, rgb.size[1], rgb.size[0])
     pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
     return preprocess.finish(pixels.contiguous(), out)
 
