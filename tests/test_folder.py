@@ -13,7 +13,10 @@ import torch
 from PIL import Image
 
 from bigbatch.config import load_config
-from bigbatch.data.folder import decode_crop, find_classes, jpeg_reduction, list_samples
+from bigbatch.data import folder
+from bigbatch.data.crops import InceptionTrainCrop
+from bigbatch.data.folder import FolderImages, decode_crop, find_classes, huge_page_tensor, jpeg_reduction, list_samples
+from bigbatch.data.problems import DataIssues
 from bigbatch.registry import HOOKS
 from tests.helpers import StopAfter, assert_same_weights, run_main, torchrun, weights, write_photo_folder
 
@@ -194,3 +197,28 @@ def test_data_bench_prints_images_per_second_per_number_of_workers(photos):
     rows = [line.split() for line in lines[header + 1:]]
     assert [int(r[0]) for r in rows] == worker_counts(os.cpu_count() or 1)
     assert all(float(r[1]) > 0 for r in rows) and rows[0][2] == "1.00"
+
+
+def test_a_batch_of_32_mib_or_more_is_in_huge_pages_and_holds_the_same_samples(photos, monkeypatch):
+    """A training batch of at least ``HUGE_PAGE_BATCH_BYTES`` (40 Inception samples at 299 px: 43 MB) is written
+    into a memory map of its own (transparent huge pages), and holds what the samples one by one are."""
+    samples = list_samples(photos / "train", find_classes(photos / "train"))
+    images = FolderImages(samples, InceptionTrainCrop(299, fast=True), DataIssues())
+    keys = [(i % len(samples), 1000 + i) for i in range(40)]
+    mapped = []
+    monkeypatch.setattr(folder, "huge_page_tensor", lambda *a: mapped.append(a) or huge_page_tensor(*a))
+    batch, labels, problems = images.__getitems__(keys)
+    assert mapped == [((40, 3, 299, 299), torch.float32)] and problems == []
+    one_by_one = [images[key] for key in keys]
+    assert torch.equal(batch, torch.stack([image for image, _, _ in one_by_one]))
+    assert labels.tolist() == [label for _, label, _ in one_by_one]
+    small, _, _ = images.__getitems__(keys[:4])  # 4.3 MB: ordinary (reused heap) memory
+    assert len(mapped) == 1 and torch.equal(small, batch[:4])
+
+
+def test_a_huge_page_tensor_is_memory_of_its_own_that_its_views_keep():
+    tensor = huge_page_tensor((4, 3, 5), torch.float32)
+    tensor.copy_(torch.arange(60, dtype=torch.float32).view(4, 3, 5))
+    view = tensor[1:3]
+    del tensor
+    assert torch.equal(view.flatten(), torch.arange(15, 45, dtype=torch.float32))

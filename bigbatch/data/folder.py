@@ -8,10 +8,11 @@ Classes and files are listed as torchvision's ``ImageFolder`` lists them: class 
 (``.jpg``, ``.jpeg``, ``.png``, any case). Nothing is read when the set is listed.
 
 Each sample is decoded crop first (``CropFirst``): the crop box is chosen from the size in the file's header,
-then the image decoded, cropped, resized and augmented. With ``data.decode: fast`` a JPEG is decoded at the
-smallest DCT scale (1/1, 1/2, 1/4, 1/8; PIL's ``draft``, libjpeg's scaled decoding) that still gives the crop at
-least the output's size, and the Inception resize runs on the uint8 pixels; ``exact`` (the default) decodes
-whole and keeps the preprocessing's own arithmetic. ``docs/data.md`` states how far the two differ.
+then the image decoded, cropped, resized and augmented. A JPEG has only the crop's region decoded (``data/jpeg.py``:
+the whole decode's pixels, bit for bit). With ``data.decode: fast`` it is decoded at the smallest DCT scale (1/1,
+1/2, 1/4, 1/8; libjpeg's scaled decoding) that still gives the crop at least the output's size, and the Inception
+resize runs on the uint8 pixels; ``exact`` (the default) keeps the full-resolution pixels and the preprocessing's
+own arithmetic. ``docs/data.md`` states how far the two differ.
 
 A sample's augmentation is drawn from its own seed (``data/order.py``'s ``sample_seed``: run seed, step,
 index), so an image gets the same crop whatever the devices, subdivisions, workers or a resume.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import mmap
 import os
 import stat
 from abc import ABC, abstractmethod
@@ -250,11 +252,33 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tenso
 # ----------------------------------------------------------------------------- the dataset
 
 
+HUGE_PAGE_BATCH_BYTES = 32 << 20
+"""From this size a batch in the training process is memory of its own in 2 MiB pages (``huge_page_tensor``).
+glibc's ``malloc`` gives any block of at least 32 MiB (its largest dynamic mmap threshold on 64-bit) fresh pages
+from the kernel each time, and writing a batch into 4 KiB fresh pages costs a fault each: 0.37 ms an image for 32
+images at 299 px (8,400 faults a batch), against 0.08 ms in huge pages and 0.03 ms in reused memory
+(``docs/benchmarks.md``). A smaller batch is reused heap memory after the first few."""
+
+
+def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor over an anonymous memory map the kernel is asked to back with transparent huge pages
+    (``MADV_HUGEPAGE``: where THP is ``madvise`` or ``always``, as on most Linux systems; elsewhere it is ordinary
+    memory). The map is freed with the tensor's last view."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    pages.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(pages, dtype=dtype).view(shape)
+
+
 def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised ``(size, *like.shape)`` tensor of ``like``'s dtype; in a DataLoader worker in shared memory
-    (what torch's ``default_collate`` does there), so the batch crosses to the training process without a copy."""
+    (what torch's ``default_collate`` does there), so the batch crosses to the training process without a copy; in
+    the training process, from ``HUGE_PAGE_BATCH_BYTES``, in huge pages."""
     shape = (size, *like.shape)
     if get_worker_info() is None:
+        large = math.prod(shape) * like.dtype.itemsize >= HUGE_PAGE_BATCH_BYTES
+        if large and hasattr(mmap, "MADV_HUGEPAGE"):
+            return huge_page_tensor(shape, like.dtype)
         return torch.empty(shape, dtype=like.dtype)
     storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
     return like.new(storage).view(shape)
