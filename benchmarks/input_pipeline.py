@@ -78,6 +78,44 @@ def bigbatch_rate(data: Path, name: str, workers: int, images: int, decode: str 
     return result.images_per_s
 
 
+class ConstantFinish:
+    """A ``CropFirst`` that keeps another's crop box and reduced decode but finishes every sample as one fixed
+    float image written into its batch slot: what is left of the pipeline without resize and colour."""
+
+    def __init__(self, inner, size: int) -> None:  # noqa: ANN001
+        self.inner, self.fast = inner, inner.fast
+        self.sample = torch.rand(3, size, size)
+
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        return self.inner.box(height, width)
+
+    def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
+        return self.inner.needed(box_height, box_width)
+
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.sample.clone() if out is None else out.copy_(self.sample)
+
+
+def floor_rate(data: Path, workers: int, images: int, decode: bool) -> float:
+    """bigbatch fast's loader with the work taken out: ``decode`` keeps the region decode (the same boxes and
+    reductions) and the write of each sample into its batch; without it only the write is left (no file is read).
+    Either is an upper bound on any pipeline that does that much through torch's DataLoader: the batch is
+    allocated, written and, with workers, handed to the training process in shared memory."""
+    from bigbatch.config import load_config
+    from bigbatch.data.bench import measure
+    from bigbatch.tasks import build_task
+
+    cfg = load_config("digits", ["data.name=folder", f"data.path={data}", "data.size=299", "batch=32",
+                                 "subdivisions=1", "data.preprocessing=inception", "data.decode=fast"])
+    task = build_task(cfg)
+    images_set = task.train_set
+    images_set.preprocess = ConstantFinish(images_set.preprocess, 299)
+    if not decode:
+        finish = images_set.preprocess.finish
+        images_set._sample = lambda index, out=None: (finish(None, out), images_set.label(index), [])
+    return measure(cfg, task, workers, images).images_per_s
+
+
 def read_jpeg_tensor(path: str) -> torch.Tensor:
     """torchvision's own decode: libjpeg-turbo straight into a uint8 CHW tensor."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
@@ -153,6 +191,8 @@ def side_rate(side: str, data: Path, workers: int, images: int) -> float:
         return torchvision_usual_rate(data / "folder", workers, images)
     if side == "dali":
         return dali_rate(data / "folder", workers, images)
+    if side.startswith("floor"):
+        return floor_rate(data / "folder", workers, images, decode="decode" in side)
     if side == "bigbatch shards":
         return bigbatch_rate(data / "shards", "shards", workers, images)
     return bigbatch_rate(data / "folder", "folder", workers, images, side.removeprefix("bigbatch "))
@@ -177,6 +217,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--shards", action="store_true", help="also measure data.name: shards")
     parser.add_argument("--dali", action="store_true", help="also measure NVIDIA DALI on the CPU, where it imports")
+    parser.add_argument("--floors", action="store_true",
+                        help="also measure bigbatch fast with the work taken out: the region decode and the batch's "
+                             "write and hand-over ('floor decode+handoff'), and the write and hand-over alone "
+                             "('floor handoff')")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one side's measurement, in a process of its own
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -196,6 +240,8 @@ def main() -> None:
 
             pack(data / "folder", data / "shards", 64 * 2**20)
             sides.append("bigbatch shards")
+        if args.floors:
+            sides += ["floor decode+handoff", "floor handoff"]
         if args.dali:
             try:
                 import nvidia.dali
