@@ -1,8 +1,9 @@
 """``data.decode: fast`` against ``exact`` on the Inception training preprocessing, side by side.
 
 The same samples (the same crop boxes, flips and colours: one seed per sample) go through ``data/folder.py``'s
-``decode_crop`` twice: ``exact`` decodes every JPEG whole and resizes with TF1's bilinear arithmetic;
-``fast`` decodes at the DCT scale the crop allows and resizes the uint8 pixels with torch. Reported per image
+``decode_crop`` twice: ``exact`` decodes the crop at full resolution (the region decode where it is built: the
+whole decode's pixels) and resizes with TF1's bilinear arithmetic; ``fast`` decodes at the DCT scale the crop
+allows and resizes the uint8 pixels with torch. Reported per image
 size: the share of samples decoded reduced, images/s of each (median of rounds, sides alternating), and how far
 the outputs differ (on the [-1, 1] scale of the preprocessing's output): the mean over all values, and the
 largest.
