@@ -43,6 +43,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data import jpeg
+from bigbatch.data.batch_slabs import shared_batch_tensor
 from bigbatch.data.files import read_regular
 from bigbatch.data.images import error_reason, inspect_images
 from bigbatch.data.order import sample_rng
@@ -272,7 +273,8 @@ def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
 
 def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised ``(size, *like.shape)`` tensor of ``like``'s dtype; in a DataLoader worker in shared memory
-    (what torch's ``default_collate`` does there), so the batch crosses to the training process without a copy; in
+    (what torch's ``default_collate`` does there; in the loader's batch slabs where it has them), so the batch
+    crosses to the training process without a copy; in
     the training process, from ``HUGE_PAGE_BATCH_BYTES``, in huge pages."""
     shape = (size, *like.shape)
     if get_worker_info() is None:
@@ -280,8 +282,7 @@ def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
         if large and hasattr(mmap, "MADV_HUGEPAGE"):
             return huge_page_tensor(shape, like.dtype)
         return torch.empty(shape, dtype=like.dtype)
-    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
-    return like.new(storage).view(shape)
+    return shared_batch_tensor(shape, like.dtype)
 
 
 Batch = tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
+from bigbatch.data.batch_slabs import BatchSlabs, worker_init
 from bigbatch.data.order import DataOrder
 
 SampleKeys = Callable[[int, list[int]], list[Any]]
@@ -76,8 +77,14 @@ def batches_by_step(
     to two steps' micro-batches: the one training and the next.
 
     ``pin_memory`` (training on CUDA): batches arrive in page-locked memory, so that their copies to the device
-    (``non_blocking``) return at once and the host goes on while they run."""
+    (``non_blocking``) return at once and the host goes on while they run.
+
+    Without it, workers write their batches into batch slabs they keep (``batch_slabs.py``) where the dataset
+    allocates through ``shared_batch_tensor`` (the image folders do), and each batch's slab is freed for reuse
+    once nothing here holds it."""
     sampler = MicroBatchSampler(order, start, stop, rank, world, subdivisions, keys)
+    prefetch = step_prefetch(most_subdivisions or sampler.subdivisions(start), workers)
+    slabs = BatchSlabs(workers, slabs_per_worker(prefetch)) if workers and not pin_memory else None
     loader = DataLoader(
         dataset,
         batch_sampler=sampler,
@@ -86,11 +93,14 @@ def batches_by_step(
         persistent_workers=False,
         generator=own_generator(order.seed, start),
         pin_memory=pin_memory,
-        prefetch_factor=step_prefetch(most_subdivisions or sampler.subdivisions(start), workers),
+        prefetch_factor=prefetch,
+        worker_init_fn=None if slabs is None else worker_init(slabs),
     )
     step_batches: list[Any] = []
     done = start
     for micro in loader:
+        if slabs is not None:
+            slabs.received(micro)
         step_batches.append(micro)
         if len(step_batches) == sampler.subdivisions(done):
             yield step_batches
@@ -103,6 +113,14 @@ def step_prefetch(subdivisions: int, workers: int) -> int | None:
     """Micro-batches each worker prepares ahead: together a step's, ``ceil(subdivisions / workers)``, at least 2
     (torch's default); None without workers (torch's rule)."""
     return max(2, -(-subdivisions // workers)) if workers else None
+
+
+def slabs_per_worker(prefetch: int) -> int:
+    """Batch slabs each worker keeps (``batch_slabs.py``): as many of its batches as can be alive at once, ``3 x
+    prefetch + 1``: ``prefetch`` in preparation or waiting in the loader, and up to a step's share (``prefetch``)
+    in each of the step training and the next step being gathered, and one spare for a release seen late. A worker
+    that finds none free allocates afresh, so this bounds the memory kept, not the batches in flight."""
+    return 3 * prefetch + 1
 
 
 def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, workers: int = 0) -> DataLoader:
