@@ -28,7 +28,8 @@ batch, to a float tensor at 299 x 299:
 
 With ``--shards`` the folder is also packed (``bigbatch pack``) and ``data.name: shards`` measured (exact).
 Rounds alternate the order of the sides, each measurement in a process of its own (``measure_apart``); the
-median images/s is reported, and the ratios to ``tv equal work``.
+median images/s is reported, and the ratios to ``tv equal work``: of the medians, and each round's (the sides of
+a round run back to back, so a round's ratio is the least disturbed by the machine's drifts) with their median.
 
     python benchmarks/input_pipeline.py [--images 1000] [--per-run 320] [--rounds 3] [--workers 0 1 2]
                                         [--shards] [--dali]
@@ -225,6 +226,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if not args.measure and args.per_run + 32 > args.images:
+        parser.error(f"--per-run {args.per_run} needs at least {args.per_run + 32} --images: torchvision's loaders "
+                     f"read one epoch, its first batch untimed")
     if args.measure:
         print(side_rate(args.measure, args.data, args.workers[0], args.per_run))
         return
@@ -262,6 +266,10 @@ def main() -> None:
             base = median[base_name]
             print(f"{workers:7d}  " + "  ".join(f"{median[n]:20.1f}" for n in sides)
                   + "  " + "  ".join(f"{median[n] / base:24.2f}" for n in others), flush=True)
+            for name in others:  # each round's ratio (the sides of a round ran back to back)
+                paired = [mine / theirs for mine, theirs in zip(rates[name], rates[base_name], strict=True)]
+                print(f"{'':7s}  {name} / tv equal, each round: " + ", ".join(f"{r:.2f}" for r in paired)
+                      + f" (median {statistics.median(paired):.2f})", flush=True)
 
 
 if __name__ == "__main__":
