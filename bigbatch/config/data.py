@@ -69,11 +69,6 @@ class DataConfig(PartSection):
     multiscale: MultiScaleConfig = MultiScaleConfig()
     workers: int = Field(0, ge=0)
     """DataLoader worker processes (0: load in the training process)."""
-    thread: bool = True
-    """With ``workers: 0``: the next step's micro-batches are made on a thread of the training process while this
-    step trains, where the dataset allows it (its samples leave torch's global RNG alone: image folders and shards
-    with the ``standard`` or ``inception`` preprocessing); the same batches either way. ``false``: between steps,
-    on the training thread (e.g. to step through a dataset in a debugger)."""
 
     @property
     def is_detection(self) -> bool:

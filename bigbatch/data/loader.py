@@ -7,8 +7,6 @@ tensors do: one indexing operation instead of one per image) and a ``collate`` f
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -69,7 +67,6 @@ def batches_by_step(
     keys: SampleKeys | None = None,
     pin_memory: bool = False,
     most_subdivisions: int | None = None,
-    thread: bool = False,
 ) -> Iterator[list[Any]]:
     """Iterate over steps ``start``..``stop - 1``, yielding each step's ``subdivisions`` micro-batches (a number,
     or a function of the step; ``most_subdivisions``: the most any step takes, for the prefetch).
@@ -84,10 +81,7 @@ def batches_by_step(
 
     Without it, workers write their batches into batch slabs they keep (``batch_slabs.py``) where the dataset
     allocates through ``shared_batch_tensor`` (the image folders do), and each batch's slab is freed for reuse
-    once nothing here holds it.
-
-    ``thread`` (``data.thread``), without workers: the next step is made on a thread (``made_ahead``) while the
-    caller trains on this one, where the dataset is ``thread_safe`` (its samples leave torch's global RNG alone)."""
+    once nothing here holds it."""
     sampler = MicroBatchSampler(order, start, stop, rank, world, subdivisions, keys)
     prefetch = step_prefetch(most_subdivisions or sampler.subdivisions(start), workers)
     slabs = BatchSlabs(workers, slabs_per_worker(prefetch)) if workers and not pin_memory else None
@@ -102,15 +96,6 @@ def batches_by_step(
         prefetch_factor=prefetch,
         worker_init_fn=None if slabs is None else worker_init(slabs),
     )
-    steps = gathered(loader, sampler, slabs, start, stop)
-    if thread and not workers and getattr(dataset, "thread_safe", False):
-        steps = made_ahead(steps)
-    yield from steps
-
-
-def gathered(loader: DataLoader, sampler: MicroBatchSampler, slabs: BatchSlabs | None, start: int, stop: int
-             ) -> Iterator[list[Any]]:
-    """The loader's micro-batches gathered into steps (each slab watched as its batch arrives)."""
     step_batches: list[Any] = []
     done = start
     for micro in loader:
@@ -122,46 +107,6 @@ def gathered(loader: DataLoader, sampler: MicroBatchSampler, slabs: BatchSlabs |
             step_batches, done = [], done + 1
     if done != stop:  # a StopIteration raised in a worker's __getitem__ ends a DataLoader quietly
         raise RuntimeError(f"the data loader ended after step {done} of {stop} (a dataset raised StopIteration?)")
-
-
-def made_ahead(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, each made on a thread of its own while the caller works on the one before: the thread makes
-    item k + 1 once the caller has taken item k, so at most one item waits made beside the one in use (a step's
-    micro-batches: the host holds two steps, as with workers). What the thread raises is raised here, at the item
-    it was making. When the caller stops early (a ``break``, an error), the thread finishes the item it is making
-    and ends."""
-    ready: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-    may_make, stop = threading.Semaphore(1), threading.Event()
-
-    def make() -> None:
-        while True:
-            may_make.acquire()
-            if stop.is_set():
-                return
-            try:
-                ready.put((True, next(items)))
-            except StopIteration:
-                ready.put((False, None))
-                return
-            except BaseException as error:  # noqa: BLE001 - handed to the caller, which raises it
-                ready.put((False, error))
-                return
-
-    maker = threading.Thread(target=make, name="bigbatch-data", daemon=True)
-    maker.start()
-    try:
-        while True:
-            made, item = ready.get()
-            if not made:
-                if item is not None:
-                    raise item
-                return
-            may_make.release()  # the next is made while the caller works on this one
-            yield item
-    finally:
-        stop.set()
-        may_make.release()
-        maker.join()
 
 
 def step_prefetch(subdivisions: int, workers: int) -> int | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,14 +59,6 @@ class DataIssues:
         self.problems: list[DataProblem] = []
         self._seen: set[DataProblem] = set()
         self._outcomes: Counter[tuple[str, str]] = Counter()  # (action, unit) -> count
-        self._lock = threading.Lock()  # the training thread and the data thread (``data.thread``) both record
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def report(self, path: str | os.PathLike, line: int | str | None, message: str, unit: str = "image",
                action: str = "skipped") -> None:
@@ -75,24 +66,22 @@ class DataIssues:
         problem = DataProblem(str(path), line, message)
         if self.strict:
             raise UserError(f"data: {problem}")
-        if self._record(problem, unit, action):
-            print(f"warning: {problem}", file=sys.stderr, flush=True)
-
-    def _record(self, problem: DataProblem, unit: str, action: str) -> bool:
-        """Count ``problem`` unless it is known; whether it was new."""
-        with self._lock:
-            if problem in self._seen:
-                return False
-            self._seen.add(problem)
-            self.problems.append(problem)
-            self._outcomes[(action, unit)] += 1
-            return True
+        if problem in self._seen:
+            return
+        self._seen.add(problem)
+        self.problems.append(problem)
+        self._outcomes[(action, unit)] += 1
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
 
     def absorb(self, found: Sequence[tuple[str, str]], unit: str = "image", action: str = "replaced") -> None:
         """Count problems found (and printed) in another process, a DataLoader worker: ``(path, message)`` pairs
         that samples carry in ``target["data_problems"]``. A problem already known is not counted again."""
         for path, message in found:
-            self._record(DataProblem(str(path), None, message), unit, action)
+            problem = DataProblem(str(path), None, message)
+            if problem not in self._seen:
+                self._seen.add(problem)
+                self.problems.append(problem)
+                self._outcomes[(action, unit)] += 1
 
     def absorb_targets(self, targets: Sequence[dict[str, Any]]) -> None:
         """``absorb`` the problems carried by a batch's targets."""

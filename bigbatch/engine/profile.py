@@ -106,8 +106,7 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     model, train_step, lr_at = parts.model, parts.step, parts.lr_at
     order = order_of(task.train_set, plan.batch, cfg.seed, 1)
     batches = batches_by_step(task.train_set, order, 0, plan.steps, 0, 1, plan.subdivisions, cfg.data.workers,
-                              task.sample_keys, pin_memory=proc.device.type == "cuda",
-                              thread=cfg.data.thread)
+                              task.sample_keys, pin_memory=proc.device.type == "cuda")
     model.train()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if proc.device.type == "cuda" else [])
 

@@ -135,8 +135,7 @@ def step_batches(run: Run, start: int) -> Iterator[tuple[int, float, Any]]:
         loader = batches_by_step(task.train_set, order, start, plan.steps, proc.rank, proc.world,
                                  plan.subdivisions_at, cfg.data.workers, task.sample_keys,
                                  pin_memory=proc.device.type == "cuda",
-                                 most_subdivisions=plan.largest_batch // (proc.world * plan.micro_batch),
-                                 thread=cfg.data.thread)
+                                 most_subdivisions=plan.largest_batch // (proc.world * plan.micro_batch))
         for step, (seconds, micro_batches) in enumerate(waited(loader, run.train_step.clock), start=start):
             yield step, seconds, micro_batches
             if step + 1 >= run.plan.steps:  # the last step (an adaptive run's, once AdaScale has ended it)
