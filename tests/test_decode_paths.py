@@ -47,20 +47,6 @@ def test_exact_is_the_inception_transform_on_the_whole_decoded_image(photos):
         assert torch.equal(decode_crop(path, InceptionEvalCrop(299)), InceptionEval(299)(decode_image(path)))
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_a_samples_own_generator_gives_what_the_seeded_global_rng_gives(photos, fast):
-    """The dataset hands each sample a ``torch.Generator`` of its own (so that samples can be made on a thread
-    beside training): the same sample as torch's global RNG seeded the same, and the global RNG is not drawn from."""
-    crop = InceptionTrainCrop(299, fast=fast)
-    for seed, path in enumerate(photos):
-        torch.manual_seed(seed)
-        expected = decode_crop(path, crop)
-        torch.manual_seed(999)
-        ours = decode_crop(path, crop, generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(ours, expected), path
-        assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(999)))
-
-
 def test_fast_takes_the_same_draws_and_stays_within_the_stated_difference(photos, monkeypatch):
     import bigbatch.data.folder as folder
 

@@ -9,9 +9,7 @@ at random per image as timm's ``random``), a horizontal flip with probability ``
 ``ColorJitter(color_jitter, color_jitter, color_jitter)``, normalised with ImageNet's mean and std; for
 evaluation the shorter side resized to size / ``crop_pct`` (0.875: 256 for 224) and the centre size x size crop.
 
-Randomness comes from the ``generator`` a crop's ``box`` and ``finish`` are given (a sample's own, which the dataset
-seeds: ``takes_generator``), else from torch's global RNG. The draws are torchvision's own, in its order, so a
-seed gives torchvision's crop, flip and colours either way.
+Randomness comes from torch's global RNG, which the dataset seeds per sample.
 """
 
 from __future__ import annotations
@@ -71,19 +69,16 @@ class InceptionTrainCrop:
         self.size, self.fast = size, fast
         self.rest = InceptionTrain(size)
 
-    takes_generator = True
-
-    def box(self, height: int, width: int, generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
-        return self.rest.sample_box(height, width, generator)
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        return self.rest.sample_box(height, width)
 
     def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
         return self.size, self.size  # the crop is resized to size x size, aspect ignored
 
-    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.fast:
-            return self.rest.after_crop_fast(crop, generator, out=out)
-        return into(self.rest.after_crop(crop, generator), out)
+            return self.rest.after_crop_fast(crop, out=out)
+        return into(self.rest.after_crop(crop), out)
 
 
 class InceptionEvalCrop:
@@ -116,54 +111,24 @@ class StandardTrainCrop:
         jitter = augment.color_jitter
         self.jitter = v2.ColorJitter(jitter, jitter, jitter) if jitter > 0 else None
 
-    takes_generator = True
-
-    def box(self, height: int, width: int, generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
-        """torchvision's ``RandomResizedCrop`` box (``make_params``: an area uniform in scale x the image's, a
-        log-uniform aspect, 10 tries, then a centre crop of the aspect clamped to the range), the same draws in the
-        same order, from ``generator`` (torchvision's own draw from the global RNG only)."""
-        area, (low, high) = height * width, self.crop.scale
-        log_low, log_high = (float(v) for v in self.crop._log_ratio)
-        for _ in range(10):
-            target_area = area * torch.empty(1).uniform_(low, high, generator=generator).item()
-            aspect = torch.exp(torch.empty(1).uniform_(log_low, log_high, generator=generator)).item()
-            w, h = int(round(math.sqrt(target_area * aspect))), int(round(math.sqrt(target_area / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator).item())
-                left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator).item())
-                return top, left, h, w
-        aspect, (least, most) = width / height, self.crop.ratio
-        if aspect < min(least, most):
-            w, h = width, int(round(width / min(least, most)))
-        elif aspect > max(least, most):
-            w, h = int(round(height * max(least, most))), height
-        else:
-            w, h = width, height
-        return (height - h) // 2, (width - w) // 2, h, w
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """torchvision's ``RandomResizedCrop`` box (uniform area in scale x image, log-uniform ratio; 10 tries,
+        then a centre crop), drawn from the image's size alone."""
+        params = self.crop.make_params([torch.empty(1, height, width).expand(3, height, width)])
+        return params["top"], params["left"], params["height"], params["width"]
 
     def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
         return self.size, self.size
 
-    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         chosen = self.augment.interpolation
-        mode = (INTERPOLATIONS[int(torch.randint(2, (), generator=generator))] if chosen == "random"
-                else TF.InterpolationMode[chosen.upper()])
+        mode = INTERPOLATIONS[int(torch.randint(2, ()))] if chosen == "random" else TF.InterpolationMode[chosen.upper()]
         image = TF.resize(crop, [self.size, self.size], interpolation=mode, antialias=True)
-        if torch.rand(1, generator=generator).item() < self.augment.hflip:
+        if torch.rand(1).item() < self.augment.hflip:
             image = TF.horizontal_flip(image)
         if self.jitter is not None:
-            image = self.jitter.transform(image, self._jitter_params(generator))
+            image = self.jitter(image)
         return into(_normalised(image), out)
-
-    def _jitter_params(self, generator: torch.Generator | None) -> dict:
-        """``ColorJitter.make_params``'s draws from ``generator``: the order of the four operations, then a factor
-        for each one set (brightness, contrast, saturation, hue)."""
-        jitter, order = self.jitter, torch.randperm(4, generator=generator)
-        factors = [None if bounds is None else float(torch.empty(1).uniform_(*bounds, generator=generator).item())
-                   for bounds in (jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue)]
-        return dict(fn_idx=order, brightness_factor=factors[0], contrast_factor=factors[1],
-                    saturation_factor=factors[2], hue_factor=factors[3])
 
 
 class StandardEvalCrop:

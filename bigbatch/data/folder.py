@@ -196,14 +196,6 @@ class CropFirst(Protocol):
         given (the sample's slot in its batch)."""
 
 
-def takes_generator(preprocess: CropFirst) -> bool:
-    """Whether ``preprocess``'s ``box`` and ``finish`` take ``generator=`` and draw only from it (a sample's own
-    ``torch.Generator``), never from torch's global RNG: a preprocessing declares it with ``takes_generator =
-    True``. Samples are then made without touching any state the training thread uses (``data.loader``'s
-    thread at 0 workers)."""
-    return getattr(preprocess, "takes_generator", False)
-
-
 def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> int:
     """The largest of libjpeg's reductions (8, 4, 2, 1) that leaves the crop at least ``needed`` pixels; 1 when the
     crop is smaller than that already (it is then enlarged)."""
@@ -222,11 +214,9 @@ def reduced_box(box: tuple[int, int, int, int], height: int, width: int, reduced
             max(1, min(round((left + w) / rx), reduced_width) - reduced_left))
 
 
-def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), and
-    finish it (``preprocess.finish``). With ``out`` the sample is written there; with ``generator`` (for a
-    preprocessing that ``takes_generator``) its random draws come from there.
+    finish it (``preprocess.finish``). With ``out`` the sample is written there.
 
     A JPEG the region decode takes (``data/jpeg.py``: most of them, where the extension was built) has only its
     crop's region decoded, the same pixels as the whole decode; on the fast path (``preprocess.fast``) at the
@@ -234,19 +224,18 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tenso
     decoded whole: on the fast path a JPEG by PIL at that DCT scale (``draft``), otherwise by torchvision
     (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and straight into a CHW tensor), and
     cropped by slicing."""
-    draws = {} if generator is None else {"generator": generator}
     data = read_regular(source) if isinstance(source, str) else source
     size = jpeg.region_size(data)
     if size is not None:
         height, width = size
-        box = preprocess.box(height, width, **draws)
+        box = preprocess.box(height, width)
         reduction = jpeg_reduction(box[2], box[3], preprocess.needed(box[2], box[3])) if preprocess.fast else 1
         if reduction > 1:
             box = reduced_box(box, height, width, -(-height // reduction), -(-width // reduction))
-        return preprocess.finish(jpeg.decode_region(data, *box, reduction), out, **draws)
+        return preprocess.finish(jpeg.decode_region(data, *box, reduction), out)
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
-        top, left, h, w = box = preprocess.box(height, width, **draws)
+        top, left, h, w = box = preprocess.box(height, width)
         reduce = preprocess.fast and image.format == "JPEG"
         reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if reduce else 1
         if reduction > 1:
@@ -255,10 +244,10 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tenso
             rgb = image.convert("RGB")
     if reduction == 1:
         pixels = decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
-        return preprocess.finish(pixels[:, top:top + h, left:left + w], out, **draws)
+        return preprocess.finish(pixels[:, top:top + h, left:left + w], out)
     top, left, h, w = reduced_box(box, height, width, rgb.size[1], rgb.size[0])
     pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
-    return preprocess.finish(pixels.contiguous(), out, **draws)
+    return preprocess.finish(pixels.contiguous(), out)
 
 
 # ----------------------------------------------------------------------------- the dataset
@@ -307,12 +296,11 @@ class EncodedImages(Dataset, ABC):
     """Encoded images with labels, decoded through a ``CropFirst`` preprocessing; a subclass says where sample
     ``i``'s bytes are (``source``), its ``label`` and how to name it in a message (``where``, ``origin``).
 
-    A key is an index or ``(index, sample_seed)``; with a seed the preprocessing draws from a ``torch.Generator``
-    of the sample's own seeded with it where it ``takes_generator``, else from torch's global RNG seeded with it in
-    a forked RNG (the global one is left as it was): the same draws either way. A sample is ``(image, label,
-    problems)``, ``problems`` being the ``(where, message)`` of each unreadable image it stands in for (a
-    DataLoader worker's findings reach the training process through it, ``DataIssues.absorb``). An unreadable
-    image is reported once and replaced by the next readable one (wrapping around)."""
+    A key is an index or ``(index, sample_seed)``; with a seed the preprocessing draws from torch's RNG seeded
+    with it, in a forked RNG (the global one is left as it was). A sample is ``(image, label, problems)``,
+    ``problems`` being the ``(where, message)`` of each unreadable image it stands in for (a DataLoader worker's
+    findings reach the training process through it, ``DataIssues.absorb``). An unreadable image is reported once
+    and replaced by the next readable one (wrapping around)."""
 
     augments = True
     """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
@@ -342,16 +330,8 @@ class EncodedImages(Dataset, ABC):
         index, seed = key if isinstance(key, tuple) else (key, None)
         if seed is None:
             return self._sample(int(index), out)
-        if self.thread_safe:
-            return self._sample(int(index), out, torch.Generator().manual_seed(int(seed)))
         with sample_rng(seed):
             return self._sample(int(index), out)
-
-    @property
-    def thread_safe(self) -> bool:
-        """Samples are made without touching torch's global RNG (the preprocessing ``takes_generator``), so they
-        may be made on a thread beside the training's (``data/loader.py``)."""
-        return takes_generator(self.preprocess)
 
     def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> Batch:
         """A batch, collated as :meth:`collate` collates one (the same values): each sample is finished straight
@@ -370,15 +350,14 @@ class EncodedImages(Dataset, ABC):
             raise ValueError("an empty batch")
         return images, torch.tensor(labels), problems
 
-    def _sample(self, index: int, out: torch.Tensor | None = None, generator: torch.Generator | None = None
-                ) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+    def _sample(self, index: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         """The image at ``index``, or the next readable one (wrapping around)."""
         count, found = len(self), []
         for i in itertools.chain(range(index, count), range(index)):
             if i in self._unreadable:
                 continue
             try:
-                return decode_crop(self.source(i), self.preprocess, out, generator), self.label(i), found
+                return decode_crop(self.source(i), self.preprocess, out), self.label(i), found
             except DECODE_ERRORS as error:
                 message = (f"unreadable image ({error_reason(error)}{self.origin(i)}); the next readable sample is "
                            f"used instead")
