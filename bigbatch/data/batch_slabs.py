@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import get_worker_info
+
+from bigbatch.engine.transfer import tensors_in
 
 HEADER_BYTES = 64
 """The slab header's size (a cache line: the batch after it stays 64-byte aligned)."""
@@ -98,7 +99,7 @@ class BatchSlabs:
             elif int(self.flags[index]) == generation:
                 self.flags[index] = 0
         self._watched = still
-        for tensor in _tensors(batch):
+        for tensor in tensors_in(batch):
             slab = self._slab_of(tensor)
             if slab is not None:
                 self._watched.append((StorageWeakRef(tensor.untyped_storage()), *slab))
@@ -113,17 +114,6 @@ class BatchSlabs:
         if magic != MAGIC or not 0 <= index < len(self.flags) or int(self.flags[index]) != generation:
             return None
         return index, generation
-
-
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, (tuple, list)):
-        for item in batch:
-            yield from _tensors(item)
-    elif isinstance(batch, dict):
-        for item in batch.values():
-            yield from _tensors(item)
 
 
 _installed: BatchSlabs | None = None
