@@ -274,8 +274,8 @@ def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
 def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised ``(size, *like.shape)`` tensor of ``like``'s dtype; in a DataLoader worker in shared memory
     (what torch's ``default_collate`` does there; in the loader's batch slabs where it has them), so the batch
-    crosses to the training process without a copy; in
-    the training process, from ``HUGE_PAGE_BATCH_BYTES``, in huge pages."""
+    crosses to the training process without a copy; in the training process, from ``HUGE_PAGE_BATCH_BYTES``, in
+    huge pages."""
     shape = (size, *like.shape)
     if get_worker_info() is None:
         large = math.prod(shape) * like.dtype.itemsize >= HUGE_PAGE_BATCH_BYTES
