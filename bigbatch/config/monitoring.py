@@ -61,6 +61,11 @@ class MemoryConfig(Section):
     limit: Size | None = None
     """On the CPU, a micro-batch starting while the process's RSS exceeds this counts as out of memory
     (``subdivisions`` is doubled and the step re-run). On CUDA the device's own out-of-memory error does."""
+    keep_freed: bool = True
+    """Keep the host memory a step frees in malloc's heap for the next micro-batch instead of handing it back to
+    the kernel, which would fault its pages in again each time (glibc: the heap's top is trimmed only above 1 GiB
+    free; blocks over 32 MiB are still unmapped; ``engine/host_memory.py``). Between steps the process's RSS stays
+    at its high-water mark."""
 
 
 class DebugConfig(Section):

@@ -56,11 +56,14 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     from bigbatch.engine.checkpoint import serialized
     from bigbatch.engine.distributed import setup
     from bigbatch.engine.events import EventStorage
+    from bigbatch.engine.host_memory import keep_freed
     from bigbatch.engine.parts import build_parts
     from bigbatch.engine.state import TrainingState
     from bigbatch.tasks import build_task
 
     proc = setup()
+    if cfg.memory.keep_freed:
+        keep_freed()  # as training does: the peak is the one training reaches
     task = build_task(cfg)
     plan = BatchPlan(batch=micro_batch, world=1, subdivisions=1, steps=2, train_images=len(task.train_set))
     parts = build_parts(cfg, task, plan, proc, EventStorage(), recut_on_oom=False)  # out of memory: does not fit

@@ -90,12 +90,15 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     from bigbatch.data.order import order_of
     from bigbatch.engine.distributed import setup
     from bigbatch.engine.events import EventStorage
+    from bigbatch.engine.host_memory import keep_freed
     from bigbatch.engine.parts import build_parts
     from bigbatch.engine.trainer import seed_everything
     from bigbatch.largebatch.optim import set_lr
     from bigbatch.tasks import build_task
 
     proc = setup()
+    if cfg.memory.keep_freed:
+        keep_freed()
     seed_everything(cfg.seed)
     task = build_task(cfg)
     # the first batch only: a batch schedule's later phases are more micro-batches of the same size

@@ -28,7 +28,7 @@ from bigbatch.batching import make_plan
 from bigbatch.config import RunConfig, config_to_yaml
 from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import order_of
-from bigbatch.engine import checkpoint, distributed
+from bigbatch.engine import checkpoint, distributed, host_memory
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.hooks import Hook, build_hooks
 from bigbatch.engine.hooks.base import every_steps
@@ -58,6 +58,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     caller's own, beside the registered ones, placed by the stage each declares (``engine/hooks/base.py``)."""
     # --- where we run, what we train on, how each batch is cut ------------------------------
     proc = distributed.setup()
+    if cfg.memory.keep_freed:
+        host_memory.keep_freed()  # a step's pages are faulted in once, not every micro-batch
     if cfg.subdivisions == "auto":
         from bigbatch.engine.planner import resolve_auto_subdivisions
 

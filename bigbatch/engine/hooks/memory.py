@@ -6,6 +6,7 @@ from typing import Any
 
 from bigbatch.config import parse_size
 from bigbatch.engine.hooks.base import Hook
+from bigbatch.engine.host_memory import release_freed
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
 from bigbatch.telemetry.memory import (
@@ -97,7 +98,9 @@ class MemoryLog(Hook):
 
 
 class MemoryLimit(Hook):
-    """``memory.limit``: a micro-batch starting while the process's RSS is over it counts as out of memory."""
+    """``memory.limit``: a micro-batch starting while the process's RSS is over it counts as out of memory. The
+    RSS is that of the memory in use: what malloc keeps free for reuse (``memory.keep_freed``) is given back to the
+    kernel before it counts, so a re-cut step that needs less is not held to the bigger one's high-water mark."""
 
     stage = "guard"
 
@@ -105,6 +108,8 @@ class MemoryLimit(Hook):
         self.limit = limit
 
     def before_forward(self, run: Run, index: int) -> None:
+        if rss_bytes() > self.limit:
+            release_freed()
         if (rss := rss_bytes()) > self.limit:
             raise MemoryLimitExceeded(f"the process uses {rss / 2**20:.0f} MiB > memory.limit "
                                       f"{self.limit / 2**20:.0f} MiB")
