@@ -23,6 +23,11 @@ Each measurement is one whole command, as a user runs it: start-up, two epochs, 
 images/s = training images / wall seconds. Rounds alternate which side goes first; the median is reported and
 the ratio bigbatch / timm.
 
+bigbatch keeps the host memory a step frees for the next micro-batch (``memory.keep_freed``: glibc's heap is not
+trimmed; docs/memory.md); timm's ``train.py`` runs with glibc's defaults, as its users run it.
+``--timm-keep-freed`` gives timm's process the same malloc settings (``GLIBC_TUNABLES``), to show the ratio
+without that difference.
+
 ``--fwd-bwd`` also times the model's forward and backward alone on each side's first micro-batches (the same
 tensor shapes), the lower bound the issue names: no trainer can take less than that per image.
 
@@ -116,8 +121,12 @@ workers, which torch refuses without workers. The script runs under this wrapper
 with workers; nothing else of timm's changes."""
 
 
+KEEP_FREED_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+"""glibc's environment form of what ``bigbatch/engine/host_memory.py`` sets with ``mallopt``."""
+
+
 def run_timm(src: Path, data: Path, workers: int, threads: int, epochs: int, out: Path,
-             extra: tuple[str, ...] = ()) -> tuple[float, int]:
+             extra: tuple[str, ...] = (), keep_freed: bool = False) -> tuple[float, int]:
     command = [sys.executable, "-c", TIMM_WITHOUT_WORKERS, str(src / "train.py"), "--data-dir", str(data),
                "--val-split", "val",
                "--model", "resnet18", "--num-classes", str(CLASSES), "--img-size", str(SIZE), "-b", str(MICRO),
@@ -125,7 +134,10 @@ def run_timm(src: Path, data: Path, workers: int, threads: int, epochs: int, out
                "--warmup-epochs", "0", "--smoothing", "0", "--scale", "0.1", "1", "--color-jitter", "0",
                "--train-interpolation", "bilinear", "--device", "cpu", "--workers", str(workers),
                "--no-prefetcher", "--output", str(out), "--log-interval", "1000", "--seed", "0", *extra]
-    seconds = timed(command, thread_env(threads, src), out, out / "log.txt")
+    env = thread_env(threads, src)
+    if keep_freed:
+        env["GLIBC_TUNABLES"] = KEEP_FREED_TUNABLES
+    seconds = timed(command, env, out, out / "log.txt")
     train_images = sum(1 for _ in (data / "train").rglob("*.jpg"))
     return seconds, epochs * (train_images // MICRO) * MICRO  # timm's training loader drops the last partial batch
 
@@ -174,6 +186,8 @@ def main() -> None:
     parser.add_argument("--fwd-bwd", action="store_true", help="also time the model's forward and backward alone")
     parser.add_argument("--timm-channels-last", action="store_true",
                         help="give timm --channels-last (bigbatch's default layout for timm's models)")
+    parser.add_argument("--timm-keep-freed", action="store_true",
+                        help="give timm's process the malloc thresholds bigbatch sets (memory.keep_freed)")
     args = parser.parse_args()
     if args.timm_repo is None or not args.timm_repo.exists():
         print("skipped: no copy of timm's repository (--timm-repo DIR or TIMM_REPO): its train.py is the peer, "
@@ -188,10 +202,12 @@ def main() -> None:
         src, described = timm_source(args.timm_repo, tmp / "timm-src")
         data = write_folder(tmp / "folder", args.images, args.val)
         extra = ("--channels-last",) if args.timm_channels_last else ()
+        kept = " with malloc keeping freed memory" if args.timm_keep_freed else ""
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, installed timm "
-              f"{timm.__version__}; peer: {described} {' '.join(extra)}; {args.images} training JPEGs, "
+              f"{timm.__version__}; peer: {described} {' '.join(extra)}{kept}; {args.images} training JPEGs, "
               f"{args.epochs} epochs, {args.threads} torch threads on both sides, {args.rounds} rounds", flush=True)
-        sides = {"timm": lambda w, out: run_timm(src, data, w, args.threads, args.epochs, out, extra),
+        sides = {"timm": lambda w, out: run_timm(src, data, w, args.threads, args.epochs, out, extra,
+                                                    args.timm_keep_freed),
                  "bigbatch": lambda w, out: run_bigbatch(data, w, args.threads, args.epochs, out)}
         print(f"{'workers':>7s}  {'timm img/s':>10s}  {'bigbatch img/s':>14s}  {'bigbatch / timm':>15s}  rounds "
               "(bigbatch / timm)", flush=True)
