@@ -63,9 +63,9 @@ class MemoryConfig(Section):
     (``subdivisions`` is doubled and the step re-run). On CUDA the device's own out-of-memory error does."""
     keep_freed: bool = True
     """Keep the host memory a step frees in malloc's heap for the next micro-batch instead of handing it back to
-    the kernel, which would fault its pages in again each time (glibc: the heap's top is trimmed only above 1 GiB
-    free; blocks over 32 MiB are still unmapped; ``engine/host_memory.py``). Between steps the process's RSS stays
-    at its high-water mark."""
+    the kernel, which would fault its pages in again each time (glibc's malloc thresholds raised to 1 GiB;
+    ``engine/host_memory.py``). Faster on the CPU; the price is a higher peak RSS (docs/memory.md), and between
+    steps the RSS stays at its high-water mark."""
 
 
 class DebugConfig(Section):

@@ -4,10 +4,11 @@ Each measurement runs in a fresh process (``python -m bigbatch.engine.planner``)
 allocator cache or earlier peak leaks into the next: it builds the model and optimizer from the
 config with the training run's own parts and step (``engine/parts.py``, ``engine/step.py``: EMA copy, loss
 scaler, BatchNorm statistics, clipping), and times two training steps on random images of the largest
-training input size, in the configured precision. It runs as one process, so what only several processes
-have is not measured: ``norm.sync``'s cross-device BatchNorm layers and DDP's gradient buckets (about one more
-copy of the gradients). The peak is the process's maximum RSS on
-the CPU (``ru_maxrss``: what ``memory.limit`` compares against) and
+training input size, in the configured precision; four on the CPU with ``memory.keep_freed``, whose heap takes
+a few passes to settle (ResNet-18 at micro-batch 64 peaked at 1,784 MiB over two, 1,956 over four, 1,952 over
+six). It runs as one process, so what only several processes have is not measured: ``norm.sync``'s
+cross-device BatchNorm layers and DDP's gradient buckets (about one more copy of the gradients). The peak is
+the process's maximum RSS on the CPU (``ru_maxrss``: what ``memory.limit`` compares against) and
 ``torch.cuda.max_memory_reserved`` on CUDA (what the allocator holds at its worst).
 
 The planner measures micro-batches 1, 2, 4, ... (those that divide the per-device batch) until one
@@ -46,12 +47,13 @@ class Measurement:
 
 
 def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
-    """Two training steps on random images; the peak memory of this process, and the speed of the second.
+    """Two training steps on random images (four on the CPU with ``memory.keep_freed``); the peak memory of this
+    process, and the speed of the last.
 
     The parts and the step are training's own (``engine/parts.py``): the weight EMA's copy, the loss scaler,
     BatchNorm's per-step statistics and the clipping are all in the measured peak. On the CPU, where the device's
     memory is the process's, so is a checkpoint: training serializes one at its step and the background writer
-    holds the bytes while the next steps run (``TrainingState.save``), so the second step runs beside one."""
+    holds the bytes while the next steps run (``TrainingState.save``), so the later steps run beside one."""
     from bigbatch.batching import BatchPlan
     from bigbatch.engine.checkpoint import serialized
     from bigbatch.engine.distributed import setup
@@ -65,13 +67,15 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     if cfg.memory.keep_freed:
         keep_freed()  # as training does: the peak is the one training reaches
     task = build_task(cfg)
-    plan = BatchPlan(batch=micro_batch, world=1, subdivisions=1, steps=2, train_images=len(task.train_set))
+    # kept memory (memory.keep_freed) settles its layout over the first few passes
+    steps = 4 if cfg.memory.keep_freed and proc.device.type == "cpu" else 2
+    plan = BatchPlan(batch=micro_batch, world=1, subdivisions=1, steps=steps, train_images=len(task.train_set))
     parts = build_parts(cfg, task, plan, proc, EventStorage(), recut_on_oom=False)  # out of memory: does not fit
     model, train_step = parts.model, parts.step
     model.train()
     batch = task.synthetic_batch(cfg, micro_batch, proc.device)
     seconds, held = 0.0, None
-    for step in range(2):
+    for step in range(steps):
         start = time.perf_counter()
         train_step(step, [batch])
         if proc.device.type == "cuda":
