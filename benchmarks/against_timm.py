@@ -23,8 +23,8 @@ Each measurement is one whole command, as a user runs it: start-up, two epochs, 
 images/s = training images / wall seconds. Rounds alternate which side goes first; the median is reported and
 the ratio bigbatch / timm.
 
-bigbatch keeps the host memory a step frees for the next micro-batch (``memory.keep_freed``: glibc's heap is not
-trimmed; docs/memory.md); timm's ``train.py`` runs with glibc's defaults, as its users run it.
+bigbatch keeps the host memory a step frees for the next micro-batch (``memory.keep_freed``: glibc's malloc
+thresholds raised; docs/memory.md); timm's ``train.py`` runs with glibc's defaults, as its users run it.
 ``--timm-keep-freed`` gives timm's process the same malloc settings (``GLIBC_TUNABLES``), to show the ratio
 without that difference.
 
@@ -121,7 +121,7 @@ workers, which torch refuses without workers. The script runs under this wrapper
 with workers; nothing else of timm's changes."""
 
 
-KEEP_FREED_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+KEEP_FREED_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
 """glibc's environment form of what ``bigbatch/engine/host_memory.py`` sets with ``mallopt``."""
 
 

@@ -109,11 +109,17 @@ SETTINGS = ["steps=1", "batch=16", "subdivisions=2", "data.size=8", "model.width
 def test_training_the_planner_and_the_profiler_keep_freed_memory_unless_told_not_to(tmp_path, monkeypatch, keep):
     from bigbatch.engine.planner import measure_in_this_process
     from bigbatch.engine.profile import profile
+    from bigbatch.engine.step import TrainStep
 
     calls: list[str] = []
     monkeypatch.setattr(host_memory, "keep_freed", lambda: calls.append("kept") or True)
     cfg = load_config("digits", [*SETTINGS, f"memory.keep_freed={str(keep).lower()}"])
     train(cfg, tmp_path / "run")
+    step = TrainStep.__call__
+    planner_steps: list[int] = []
+    monkeypatch.setattr(TrainStep, "__call__", lambda self, i, *rest: planner_steps.append(i) or step(self, i, *rest))
     measure_in_this_process(cfg, 8)
+    monkeypatch.setattr(TrainStep, "__call__", step)
     profile(cfg, 1, tmp_path / "trace")
     assert calls == (["kept"] * 3 if keep else [])
+    assert planner_steps == ([0, 1, 2, 3] if keep else [0, 1]), "kept memory settles over more passes"
