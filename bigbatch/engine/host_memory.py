@@ -14,7 +14,7 @@ installed. The settings last for the process, and DataLoader workers forked afte
 libraries (macOS, Windows, musl) are left as they are.
 
 The price is resident memory. The process holds its high-water mark between steps, and the heap fragments more
-than separately mapped blocks do, so the peak itself rises: ResNet-18 at 128 px, 14 % at micro-batch 32 and 42 %
+than separately mapped blocks do, so the peak itself rises: ResNet-18 at 128 px, 16 % at micro-batch 32 and 45 %
 at 256 (docs/memory.md). The planner measures with the same settings, over more steps (``engine/planner.py``),
 and a measurement of the memory in use calls ``release_freed()`` first (``memory.limit``:
 ``engine/hooks/memory.py``).
