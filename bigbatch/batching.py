@@ -51,8 +51,9 @@ class BatchPlan:
     """Micro-batches per device per step."""
     steps: int
     """Optimizer steps of the whole run."""
-    train_images: int
-    """Images in the training set (one epoch)."""
+    train_images: int | None
+    """Images in the training set (one epoch); None when its data is not at hand (``show``, ``schedule``, ``scale``
+    plan without it): the epochs are unknown."""
     phases: tuple[BatchPhase, ...] = ()
     """The batch schedule's changes after the first phase (which starts at step 0 with ``batch``); none: the
     batch is ``batch`` for the whole run."""
@@ -72,12 +73,15 @@ class BatchPlan:
         return self.images_before(self.steps)
 
     @property
-    def epochs(self) -> float:
-        return self.images / self.train_images
+    def epochs(self) -> float | None:
+        return None if self.train_images is None else self.images / self.train_images
 
-    @property
-    def steps_per_epoch(self) -> float:
-        return self.train_images / self.batch
+    def images_per_epoch(self, key: str) -> int:
+        """The training set's size, to count ``key``'s length in epochs; when it is unknown, a ``UserError`` that
+        names ``key`` and ``data.train_images``."""
+        if self.train_images is None:
+            raise UserError(epochs_unknown(key))
+        return self.train_images
 
     @property
     def largest_batch(self) -> int:
@@ -127,30 +131,37 @@ class BatchPlan:
         """This plan with the batch changed to ``batch`` from optimizer step ``step`` on (an adaptive batch grew)."""
         return replace(self, phases=(*self.phases, BatchPhase(step, self.images_before(step), batch)))
 
-    def epoch_at(self, step: int) -> float:
-        """Epochs completed after ``step`` optimizer steps (fractional: batches straddle epochs)."""
-        return self.images_before(step) / self.train_images
+    def epoch_at(self, step: int) -> float | None:
+        """Epochs completed after ``step`` optimizer steps (fractional: batches straddle epochs); None when the
+        training set's size is unknown."""
+        return None if self.train_images is None else self.images_before(step) / self.train_images
 
-    def describe(self) -> str:
-        lines = [
+    def layout(self) -> list[str]:
+        """How one global batch is cut: batch, world size, subdivisions, micro-batch."""
+        return [
             f"global batch    {self.batch} images per optimizer step",
             f"world size      {self.world}",
             f"subdivisions    {self.subdivisions} micro-batches per device per step",
             f"micro-batch     {self.micro_batch} images (= {self.batch} / ({self.world} x {self.subdivisions}))",
         ]
+
+    def describe(self) -> str:
+        lines = self.layout()
         phases_lines = []
         for phase in self.phases:
-            phases_lines.append(f"batch from step {phase.step} (epoch {phase.images / self.train_images:.2f}): "
+            epoch = "" if self.train_images is None else f" (epoch {phase.images / self.train_images:.2f})"
+            phases_lines.append(f"batch from step {phase.step}{epoch}: "
                                 f"{phase.batch} = {self.world} x {phase.batch // (self.world * self.micro_batch)} x "
                                 f"{self.micro_batch}")
         if self.base is not None:
-            base_epochs = self.steps * self.base / self.train_images
+            base_epochs = ("unknown epochs" if self.train_images is None else
+                           f"{self.steps * self.base / self.train_images:.2f} epochs")
             how = (f"AdaScale at scale {self.batch / self.base:g} = {self.batch} / base batch {self.base}"
                    if self.batch > self.base else f"AdaScale from the base batch {self.base}, doubling up to "
                    f"{self.grow_to} while the measured noise scale is at least twice the batch")
             return "\n".join([*lines, *phases_lines,
                 f"adaptive        {how}",
-                f"length          {self.steps} base steps of {self.base} images ({base_epochs:.2f} epochs at the base "
+                f"length          {self.steps} base steps of {self.base} images ({base_epochs} at the base "
                 "batch): the run ends when its progress, r per step, reaches them",
                 f"steps           measured, not planned: at most {self.steps} (r = 1), at least "
                 f"{math.ceil(self.steps * self.base / (self.grow_to or self.batch))} (r = scale)",
@@ -158,9 +169,26 @@ class BatchPlan:
         lines += [*phases_lines,
             f"steps           {self.steps}" + (" optimizer steps" if self.phases else ""),
             f"images seen     {self.images}",
-            f"epochs          {self.epochs:.2f} (of {self.train_images} training images)",
+            f"epochs          {self.epochs:.2f} (of {self.train_images} training images)" if self.epochs is not None
+            else f"epochs          unknown: {EPOCHS_UNKNOWN}",
         ]
         return "\n".join(lines)
+
+
+EPOCHS_UNKNOWN = "the training set is not at hand to count (set data.train_images to count the epochs without it)"
+
+
+def epochs_unknown(key: str) -> str:
+    """The message for ``key``, a length counted in epochs, when the training set's size is unknown."""
+    return (f"{key}: counted in epochs, but the training set's size is unknown: its data is not at hand; set "
+            f"data.train_images (the training set's size), or give {key} in steps")
+
+
+def require_length(cfg: RunConfig) -> None:
+    """A run needs its length: ``steps`` or ``epochs`` (``show`` prints a config without one, as a Darknet ``.cfg``
+    without ``max_batches``)."""
+    if cfg.steps is None and cfg.epochs is None:
+        raise UserError("steps: missing; give steps (optimizer steps) or epochs")
 
 
 def check_batch(cfg: RunConfig, world: int) -> None:
@@ -200,7 +228,7 @@ def scheduled_batches(cfg: RunConfig) -> list[int]:
     return batches
 
 
-def batch_phases(cfg: RunConfig, train_images: int) -> tuple[BatchPhase, ...]:
+def batch_phases(cfg: RunConfig, train_images: int | None) -> tuple[BatchPhase, ...]:
     """``schedule.batch``'s milestones as phases: each starts at the first optimizer step at or after its ``at``
     (steps: that step; epochs and images: the first step whose images start at or past it), with the batch of
     :func:`scheduled_batches` (which :func:`check_batch` checks against the micro-batch)."""
@@ -213,6 +241,8 @@ def batch_phases(cfg: RunConfig, train_images: int) -> tuple[BatchPhase, ...]:
         if kind == "steps":
             step = math.ceil(number - 1e-9)
         else:
+            if kind == "epochs" and train_images is None:
+                raise UserError(epochs_unknown(f"schedule.batch[{i}].at"))
             images = number * train_images if kind == "epochs" else number
             step = previous.step + max(0, math.ceil((images - previous.images) / previous.batch - 1e-9))
         if step <= previous.step:
@@ -223,13 +253,16 @@ def batch_phases(cfg: RunConfig, train_images: int) -> tuple[BatchPhase, ...]:
     return tuple(phases)
 
 
-def total_steps(cfg: RunConfig, train_images: int, phases: tuple[BatchPhase, ...] | None = None) -> int:
+def total_steps(cfg: RunConfig, train_images: int | None, phases: tuple[BatchPhase, ...] | None = None) -> int:
     """The run's optimizer steps: ``steps``, or the steps that take ``epochs * train_images`` images,
     ``ceil(epochs * train_images / batch)`` at a fixed batch (summed over the phases of a batch schedule, ``phases``
     or those of ``schedule.batch``)."""
+    require_length(cfg)
     if cfg.steps is not None:
         return cfg.steps
-    assert cfg.epochs is not None  # the config guarantees one of them
+    assert cfg.epochs is not None
+    if train_images is None:
+        raise UserError(epochs_unknown("epochs"))
     if phases is None:
         phases = batch_phases(cfg, train_images)
     wanted = cfg.epochs * train_images
@@ -242,10 +275,13 @@ def total_steps(cfg: RunConfig, train_images: int, phases: tuple[BatchPhase, ...
     return phase.step + math.ceil((wanted - phase.images) / phase.batch - 1e-9)
 
 
-def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
-    """Check that the batch divides evenly and turn ``epochs`` into steps (an adaptive batch: into base steps)."""
+def make_plan(cfg: RunConfig, world: int, train_images: int | None) -> BatchPlan:
+    """Check that the batch divides evenly and turn ``epochs`` into steps (an adaptive batch: into base steps).
+    ``train_images`` None: the training set is not at hand (``show``): a length in epochs is one error naming its
+    key."""
     check_batch(cfg, world)
-    if train_images <= 0:
+    require_length(cfg)
+    if train_images is not None and train_images <= 0:
         raise UserError(f"data.name: the {cfg.data.name!r} training set is empty")
     if cfg.adaptive is not None:
         return adaptive_plan(cfg, world, train_images)
@@ -270,7 +306,7 @@ def make_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
     )
 
 
-def adaptive_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
+def adaptive_plan(cfg: RunConfig, world: int, train_images: int | None) -> BatchPlan:
     """An adaptive run's plan: its batch (``batch.max``), cut as ``subdivisions`` says, and the base schedule's
     length, ``steps`` or ``ceil(epochs * train_images / base)`` base steps. Each step must measure the gradient noise
     from two micro-batches or more per process (``telemetry/noise_scale.py``)."""
@@ -284,6 +320,8 @@ def adaptive_plan(cfg: RunConfig, world: int, train_images: int) -> BatchPlan:
     if cfg.adaptive.grow and largest % unit:
         raise UserError(f"batch.max: {largest} is not a whole number of micro-batches of {unit // world} on each of "
                         f"{world} device(s); expected a multiple of {unit} (the batch grows by micro-batches)")
+    if cfg.steps is None and train_images is None:
+        raise UserError(epochs_unknown("epochs"))
     steps = cfg.steps if cfg.steps is not None else math.ceil(cfg.epochs * train_images / base - 1e-9)  # type: ignore
     if steps * largest > INT64_MAX:
         key = "steps" if cfg.steps is not None else "epochs"

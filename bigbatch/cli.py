@@ -162,18 +162,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_checked, resolve_auto
-    from bigbatch.engine.run_dir import check_resumable, hold_run_dir, holds_this_run, timestamped
+    from bigbatch.engine.run_dir import check_resumable, hold_run_dir, holds_this_run, kept_run_files, timestamped
 
+    overrides = args.overrides
     if args.resume is not None:
         if args.out is not None and args.out != args.resume:
             raise UserError("--out: with --resume the run continues in the --resume directory; drop --out")
         out_dir = args.resume
         check_resumable(out_dir)
         source = args.config or str(out_dir / "config.yaml")
+        if args.config is None:  # the run's own config: with a Darknet run's cfg as it trained it
+            overrides = [*kept_run_files(out_dir), *overrides]
     else:
         source = args.config or "digits"
     # Everything that can be checked is checked before any work: the config, the machine, the run directory.
-    cfg = load_checked(source, args.overrides)
+    cfg = load_checked(source, overrides)
     world = distributed.world_size_from_env()
     if args.resume is None:
         out_dir = args.out or timestamped(cfg.name)
@@ -206,27 +209,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from bigbatch.batching import make_plan
+    from bigbatch.batching import BatchPlan, check_batch, make_plan
     from bigbatch.config import config_to_yaml, flatten
     from bigbatch.data.multiscale import describe as describe_multiscale
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_resolved
     from bigbatch.largebatch.schedule import build_schedule
     from bigbatch.registry import MODELS
-    from bigbatch.tasks import train_set_size
+    from bigbatch.tasks import train_set_size_if_known
 
-    cfg = load_resolved(args.config, args.overrides, reads_data=False)
+    cfg = load_resolved(args.config, args.overrides, reads_data=False, needs_length=False)
     world = distributed.world_size_from_env()
-    plan = make_plan(cfg, world, train_set_size(cfg))
-    build_schedule(cfg, plan)  # refuses what a run would (an LR step down at a batch milestone) before printing
+    has_length = cfg.steps is not None or cfg.epochs is not None
+    if has_length:
+        plan = make_plan(cfg, world, train_set_size_if_known(cfg))
+        build_schedule(cfg, plan)  # refuses what a run would (an LR step down at a batch milestone) before printing
+    else:  # a Darknet .cfg without max_batches (Darknet trains it until stopped): the layout only
+        check_batch(cfg, world)
+        plan = BatchPlan(cfg.batch, world, cfg.subdivisions, steps=0, train_images=None)
     describe = MODELS.get(cfg.model.name).info.get("describe")
     model_text = describe(cfg) if describe is not None else None  # read (and checked) before anything is printed
     print(config_to_yaml(cfg).rstrip())
     print()
-    print(plan.describe())
-    multiscale = describe_multiscale(cfg, plan.steps)
-    if multiscale is not None:
-        print(multiscale)
+    if has_length:
+        print(plan.describe())
+        multiscale = describe_multiscale(cfg, plan.steps)
+        if multiscale is not None:
+            print(multiscale)
+    else:
+        print("\n".join(plan.layout()))
+        print("steps           not set: give steps (or epochs) to train, e.g. --set steps=1000")
     if model_text is not None:
         print()
         print(model_text)
@@ -239,20 +251,20 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from bigbatch.batching import make_plan
+    from bigbatch.batching import EPOCHS_UNKNOWN, make_plan
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_resolved
     from bigbatch.largebatch.schedule import build_schedule
     from bigbatch.outputs import check_output_file
     from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
-    from bigbatch.tasks import train_set_size
+    from bigbatch.tasks import train_set_size_if_known
 
     if args.csv is not None:
         check_output_file(args.csv, "--csv", ours=is_schedule_csv)
     if args.png is not None:
         check_output_file(args.png, "--png", ours=is_schedule_png)
     cfg = load_resolved(args.config, args.overrides, reads_data=False)
-    plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size(cfg))
+    plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size_if_known(cfg))
     lr_at = build_schedule(cfg, plan)
     if plan.base is not None:  # AdaScale: the base recipe's schedule; the gain is measured during the run
         largest = plan.grow_to or plan.batch
@@ -269,9 +281,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     print(f"{plan.steps} steps, {batch}; step counted from 0; every {every} shown")
     print(f"{'step':>10s}  {'epoch':>9s}  lr" + ("            batch" if batches else ""))
     shown = {*range(0, plan.steps, every), plan.steps - 1, *(phase.step for phase in plan.phases)}
+    if plan.train_images is None:
+        print(f"(epochs unknown: {EPOCHS_UNKNOWN})")
     for step in sorted(shown):
-        print(f"{step:10d}  {plan.epoch_at(step):9.3f}  " + (f"{lrs[step]:<12.6g}  {batches[step]:5d}" if batches
-                                                                  else f"{lrs[step]:.6g}"))
+        epoch = plan.epoch_at(step)
+        print(f"{step:10d}  " + (f"{epoch:9.3f}" if epoch is not None else f"{'-':>9s}") + "  "
+              + (f"{lrs[step]:<12.6g}  {batches[step]:5d}" if batches else f"{lrs[step]:.6g}"))
     if args.csv is not None:
         write_csv(args.csv, lrs, batches)
         print(f"written to {args.csv}")

@@ -86,18 +86,24 @@ class DecayInfo(Info):
 class DatasetInfo(Info):
     task: str
     count: Callable[[Any], int]
-    """count(cfg) -> the training set's size, found without loading it."""
+    """count(cfg) -> the training set's size, found without loading it; ``data.formats.DataNotAtHand`` when the data
+    is not at hand and ``data.train_images`` is not set (``show`` and friends then plan without it)."""
     held_in_memory: Callable[[Any], Any] | None = None
     """held_in_memory(cfg) -> (bytes, what): the memory the loaded set holds, checked before any work."""
     check: Callable[[Any], None] | None = None
-    given: Callable[[Any], bool] | None = None
-    """given(cfg) -> whether the config names the data (``show`` and friends plan without it)."""
+    given: Callable[[Any], None] | None = None
+    """given(data section) raises a ``UserError`` naming the key when the data a run reads is not named or not
+    there (train, eval, plan; ``show`` and friends do not call it)."""
 
 
 @dataclass(frozen=True)
 class ModelInfo(Info):
     task: str
     min_input_size: int | None = None
+    keeps: dict[str, Callable[[Any], str]] | None = None
+    """{config key: fn(model) -> text}: files of the model's own that the config names by path (a Darknet
+    ``model.cfg``), kept in the run directory under the key's name as the run built them (``engine/run_dir.py``), so
+    that the run evaluates, resumes and exports without the file named."""
     """The smallest square input in pixels."""
     reads_weights: bool = False
     """``model.weights`` names a local weights file it loads."""

@@ -52,7 +52,9 @@ def test_a_partial_file_off_a_layer_boundary_is_refused_naming_the_nearest(tmp_p
         read_weights_upto(network, path)
     message = str(refused.value)
     assert len(message.splitlines()) == 1
-    assert f"{20 + 4 * boundaries[3]:,} (the first" in message and f"{20 + 4 * boundaries[4]:,} (the first" in message
+    below, above = (layer_boundaries(network)[boundaries[k]] for k in (3, 4))
+    assert f"{20 + 4 * boundaries[3]:,} bytes (--upto {below}) or {20 + 4 * boundaries[4]:,} bytes (--upto {above})" \
+        in message
     full = tmp_path / "full.weights"
     write_weights(network, full)
     assert read_weights_upto(network, full) == (0, len(network.layers))

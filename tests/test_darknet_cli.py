@@ -59,12 +59,27 @@ def test_export_refuses_to_overwrite_and_names_a_mismatched_file(tmp_path):
     wrong.write_bytes(struct.pack("<3iQ", 0, 2, 5, 0) + b"\0" * 400)  # a 0.2 header (64-bit seen), too few values
     result = run_main("export", str(tiny), "--weights", str(wrong), "--darknet-weights", str(tmp_path / "o.weights"))
     assert result.returncode == 2
-    assert result.stderr == (f"error: {wrong}: expected 35,434,956 bytes for {tiny} (20-byte header + 8,858,734 "
-                             f"float32 values), got 420 bytes; a file of the first layers only would be one of the "
-                             f"layer boundaries, nearest: 2,004 (the first 2 layers)\n")
+    assert result.stderr == (f"error: {wrong}: 420 bytes, but the network of {tiny} takes 35,434,956 (20-byte header "
+                             f"+ 8,858,734 float32 values); a file of its first N layers only (what export --upto N "
+                             f"and Darknet's partial write) would be 2,004 bytes (--upto 2)\n")
     assert not (tmp_path / "o.weights").exists()
     result = run_main("export", str(tiny))
     assert result.returncode == 2 and "nothing to write" in result.stderr
+
+
+def test_a_cfg_written_back_changes_its_keys_where_darknet_reads_them_and_keeps_every_other_line(tmp_path):
+    from bigbatch.darknet.cfg_edit import KEPT_CFG_MARK, cfg_text_for_classes, edit_cfg_text
+
+    path = tmp_path / "net.cfg"
+    path.write_text("[net]\nwidth=64\nheight=64\n# a note\n[convolutional]\nsize=1\nfilters = 18 # for 1 class\n"
+                    "filters=99\nactivation=linear\n[yolo]\nmask=0,1,2\nanchors=1,1, 2,2, 3,3\nnum=3\n")
+    text = cfg_text_for_classes(path, 4, f"{KEPT_CFG_MARK} test")
+    assert text == (f"{KEPT_CFG_MARK} test\n[net]\nwidth=64\nheight=64\n# a note\n[convolutional]\nsize=1\n"
+                    "filters=27 # for 1 class\nfilters=99\nactivation=linear\n[yolo]\nclasses=4\nmask=0,1,2\n"
+                    "anchors=1,1, 2,2, 3,3\nnum=3\n")  # [yolo] had no classes= (Darknet's default, 20): added
+    again = tmp_path / "again.cfg"
+    again.write_text(text)
+    assert edit_cfg_text(again, {}, f"{KEPT_CFG_MARK} again").split("\n")[:2] == [f"{KEPT_CFG_MARK} again", "[net]"]
 
 
 @pytest.mark.parametrize(("text", "message"), [

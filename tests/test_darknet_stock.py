@@ -206,3 +206,30 @@ def test_a_stock_cfg_darknet_cannot_build_is_built_or_refused_with_one_line(entr
         DarknetNetwork(read_darknet_cfg(path), entry.get("width"), entry.get("height"))
     except UserError as refused:
         assert len(str(refused).splitlines()) == 1
+
+
+@pytest.mark.parametrize("entry", [e for e in ORACLE if e["built"]], ids=entry_id)
+def test_show_prints_every_stock_cfg_darknet_builds_without_its_data(entry, tmp_path, monkeypatch, capsys):
+    """``bigbatch show NET.cfg`` plans the cfg's ``max_batches`` steps with the epochs unknown (no data is at hand
+    here), for the classifiers (an image folder not given) and the detectors alike; the cfgs bigbatch refuses by
+    design are one ``error:`` line naming the cfg's line."""
+    from bigbatch.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no data of any kind here
+    path = stock_path(entry)
+    rc = main(["show", str(path)])
+    shown = capsys.readouterr()
+    if refused_by_design(path.read_text(encoding="utf-8", errors="replace")):
+        assert rc == 2 and shown.err.startswith(f"error: {path}:") and len(shown.err.splitlines()) == 1, shown.err
+        return
+    assert rc == 0, shown.err
+    assert f"network of {path}" in shown.out
+    net = read_darknet_cfg(path).net
+    max_batches = [int(line.split("=")[1].split("#")[0]) for line in path.read_text(encoding="utf-8").splitlines()
+                   if line.replace(" ", "").startswith("max_batches=")]
+    if max_batches and max_batches[-1] > 0:  # the run's length is the cfg's
+        assert f"steps: {max_batches[-1]}" in shown.out
+        if net is not None and "[softmax]" in {line.strip() for line in path.read_text(encoding="utf-8").splitlines()}:
+            assert "epochs          unknown" in shown.out  # an image folder not given: its size is not known
+    else:  # Darknet trains it until stopped: no length to plan
+        assert "steps           not set" in shown.out

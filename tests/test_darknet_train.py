@@ -134,3 +134,72 @@ def test_the_yolov4_tiny_3l_shapes_recipe_trains_its_three_heads(shapes, tmp_pat
     train = [r for r in records(out) if "loss" in r and "split" not in r]
     assert [r["step"] for r in train] == list(range(1, 13))
     assert sum(r["loss"] for r in train[-3:]) < sum(r["loss"] for r in train[:3])
+
+
+def test_a_cfg_run_keeps_its_network_and_evaluates_resumes_and_exports_after_the_cfg_is_moved(shapes, tmp_path,
+                                                                                               capsys):
+    """Darknet's 80-class yolov3-tiny.cfg trained on the 5-class shapes set: the run directory keeps the cfg as the
+    run built it (classes=5, filters=30 before each [yolo], every other line as written), so that once the user's
+    cfg is moved, ``eval``, ``--resume`` and ``export`` still work; the exported .weights come with that cfg beside
+    them, and the two load together."""
+    from bigbatch.cli import main
+    from bigbatch.darknet import read_darknet_cfg
+    from bigbatch.darknet.models import darknet_network, load_darknet_weights
+    from tests.helpers import DARKNET_DATA
+
+    mine = tmp_path / "mine.cfg"
+    mine.write_bytes((DARKNET_DATA / "yolov3-tiny.cfg").read_bytes())
+    run = tmp_path / "run"
+    small = [f"data.path={shapes}", *QUICK, "batch=8", "subdivisions=2", "data.size=64", "data.multiscale.sizes=null",
+             "eval.every=100"]
+    assert main(["train", str(mine), "--out", str(run), "--set", *small, "steps=1"]) == 0, capsys.readouterr().err
+    kept = (run / "model.cfg").read_text().split("\n")
+    original = mine.read_text().split("\n")
+    assert kept[0].startswith("# kept by bigbatch:") and len(kept) == len(original) + 1
+    changed = [(a, b) for a, b in zip(original, kept[1:], strict=True) if a != b]
+    assert changed == [("filters=255", "filters=30"), ("classes=80", "classes=5")] * 2
+    network = read_darknet_cfg(run / "model.cfg")
+    assert [yolo.classes for yolo in network.yolo_layers] == [5, 5]
+
+    mine.rename(tmp_path / "moved.cfg")
+    assert main(["eval", str(run)]) == 0, capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--set", "steps=2"]) == 0, capsys.readouterr().err
+    assert json.loads((run / "eval-last.json").read_text())["step"] == 1
+    weights = tmp_path / "trained.weights"
+    assert main(["export", str(run), "--darknet-weights", str(weights)]) == 0, capsys.readouterr().err
+    beside = weights.with_suffix(".cfg")
+    assert beside.read_text().split("\n")[1:] == kept[1:]  # the network the weights are of, for Darknet
+    back = darknet_network(str(beside), size=64)
+    assert load_darknet_weights(back, weights) == 16  # 2 steps of 8 images: Darknet's seen
+    trained = network_weights(run)
+    for key, value in back.state_dict().items():
+        if not key.endswith("num_batches_tracked"):
+            assert torch.equal(value, trained[key]), key
+
+
+def test_weights_of_another_class_count_name_the_layers_that_load_and_the_command_that_keeps_them(shapes, tmp_path,
+                                                                                                  capsys):
+    """An 80-class yolov3-tiny .weights for a 5-class run: the error says the file is larger than the whole network
+    and gives the ``export --upto N`` command (N: the layers before the first class-dependent one); that command,
+    run as printed, writes a backbone the run then starts from."""
+    import shlex
+
+    from bigbatch.cli import main
+    from tests.helpers import DARKNET_DATA
+
+    coco = tmp_path / "coco80.weights"
+    assert main(["export", str(DARKNET_DATA / "yolov3-tiny.cfg"), "--darknet-weights", str(coco)]) == 0
+    capsys.readouterr()
+    small = [f"data.path={shapes}", *QUICK, "batch=8", "data.size=64", "data.multiscale.sizes=null", "steps=1",
+             "eval.every=100"]
+    assert main(["train", "yolov3-tiny-shapes", "--out", str(tmp_path / "a"), "--set", *small,
+                 f"model.weights={coco}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "larger than the whole network" in err, err
+    assert "nearest" not in err and "--upto 15" in err, err
+    command = shlex.split(err.split("`")[1])
+    assert command[:2] == ["bigbatch", "export"] and main(command[1:]) == 0, capsys.readouterr().err
+    backbone = tmp_path / "coco80.conv.15"
+    assert "the first 15 layers" in capsys.readouterr().out
+    assert main(["train", "yolov3-tiny-shapes", "--out", str(tmp_path / "b"), "--set", *small,
+                 f"model.weights={backbone}"]) == 0, capsys.readouterr().err

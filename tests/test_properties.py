@@ -327,13 +327,12 @@ def bases(tmp_path_factory) -> list[str]:
 
 @pytest.mark.parametrize("base", range(7))
 def test_every_base_config_shows(bases, base):
-    """The starting points: all valid but the COCO and YOLO files, whose data is not at hand (the Inception recipe
-    plans from its data.train_images)."""
+    """The starting points all show: the COCO and YOLO files, whose data is not at hand, plan their steps with the
+    epochs unknown (the Inception recipe plans from its data.train_images)."""
     rc, shown = check_show(bases[base])
+    assert rc == 0, shown
     if bases[base].endswith(("coco.yaml", "yolo.yaml")):
-        assert rc == 2 and shown.startswith("error: data.train_images: "), shown
-    else:
-        assert rc == 0
+        assert "epochs          unknown" in show(bases[base])[1]
 
 
 # ----------------------------------------------------------------------------- --set

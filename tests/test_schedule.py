@@ -125,6 +125,35 @@ def test_darknet_policies(policy, extra, closed_form):
         assert lr(step) == pytest.approx(closed_form(step + 1), rel=1e-9), step
 
 
+def alexeyab_sgdr(batch_num: int, lr: float, lr_min: float, cycle: int, mult: int) -> float:
+    """AlexeyAB's ``get_current_rate``, case SGDR (src/network.c), line for line."""
+    last_iteration_start, cycle_size = 0, cycle
+    while last_iteration_start + cycle_size < batch_num:
+        last_iteration_start += cycle_size
+        cycle_size *= mult
+    return lr_min + 0.5 * (lr - lr_min) * (1.0 + math.cos((batch_num - last_iteration_start) * 3.14159265 / cycle_size))
+
+
+@pytest.mark.parametrize(("mult", "cycle_key"), [(2, "sgdr_cycle=30\n"), (1, "sgdr_cycle=30\n"), (3, "")])
+def test_darknet_sgdr_policy_read_from_a_cfg_is_alexeyabs(tmp_path, mult, cycle_key):
+    """policy=sgdr with its keys read from [net] (sgdr_cycle defaults to max_batches, learning_rate_min to 1e-5),
+    burn-in first, against AlexeyAB's loop; steps= without scales= is read as AlexeyAB reads it for sgdr (unused)."""
+    cfg_file = tmp_path / "sgdr.cfg"
+    cfg_file.write_text(f"[net]\nbatch=4\nsubdivisions=1\nwidth=32\nheight=32\nchannels=3\nlearning_rate=0.01\n"
+                        f"burn_in=5\nmax_batches=200\npolicy=sgdr\n{cycle_key}sgdr_mult={mult}\n"
+                        "steps=100,150\n#scales=.1,.1\n"
+                        "[convolutional]\nfilters=4\nsize=3\nstride=2\npad=1\nactivation=leaky\n"
+                        "[avgpool]\n[softmax]\n", encoding="utf-8")
+    cfg, plan, lr = schedule_of(str(cfg_file))
+    assert plan.steps == 200 and cfg.schedule.darknet.policy == "sgdr"
+    cycle = 30 if cycle_key else 200
+    for step in range(200):
+        batch_num = step + 1
+        expected = (0.01 * (batch_num / 5) ** 4 if batch_num < 5 else
+                    alexeyab_sgdr(batch_num, 0.01, 1e-5, cycle, mult))
+        assert lr(step) == pytest.approx(expected, rel=1e-6, abs=1e-12), step
+
+
 def test_megdet_recipe_warmup_and_steps():
     cfg, plan, lr = schedule_of("megdet-r50-fpn")
     peak = 0.02  # the seed's numbers: 0.001 -> 0.02 over 500 iterations at batch 256

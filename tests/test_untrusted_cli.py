@@ -172,6 +172,35 @@ def test_show_schedule_and_scale_plan_every_recipe_without_its_data(recipe, tmp_
     assert main(["scale", recipe, "--batch", "512"]) == 0, capsys.readouterr().err
 
 
+def test_a_length_counted_in_epochs_without_the_data_names_its_key_and_data_train_images(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """An image folder that is not given: show plans what is counted in steps, and a length counted in epochs is one
+    error naming that key and data.train_images (the key that counts the epochs without the data)."""
+    monkeypatch.chdir(tmp_path)
+    folder = ["--set", "data.name=folder", "data.path=null"]
+    assert main(["show", "digits", *folder]) == 2  # digits counts 25 epochs
+    one_error(capsys, "epochs: counted in epochs", "data.train_images")
+    assert main(["show", "digits", *folder, "steps=100"]) == 2  # its warmup is 5 epochs long
+    one_error(capsys, "schedule.warmup[0].length: counted in epochs", "data.train_images")
+    assert main(["show", "digits", *folder, "steps=100", "schedule.warmup=[]"]) == 0, capsys.readouterr().err
+    assert "epochs          unknown" in capsys.readouterr().out
+    assert main(["schedule", "digits", *folder, "steps=100", "schedule.warmup=[]", "--lines", "2"]) == 0
+    table = capsys.readouterr().out
+    assert "epochs unknown" in table and "\n         0          -  0.1" in table, table
+    assert main(["show", "digits", *folder, "steps=100", "schedule.warmup=[]", "data.train_images=1000"]) == 0
+    assert "epochs          25.60 (of 1000 training images)" in capsys.readouterr().out
+    assert main(["scale", "digits", *folder, "--batch", "512"]) == 0, capsys.readouterr().err
+
+
+def test_a_data_path_that_does_not_exist_says_so(tmp_path, capsys, no_training):
+    missing = tmp_path / "nonexistent"
+    for name in ("folder", "shards", "yolo"):
+        config = "digits" if name != "yolo" else "shapes-detect"
+        assert main(["train", config, "--out", str(tmp_path / "run"), "--set", f"data.name={name}",
+                     f"data.path={missing}"]) == 2
+        one_error(capsys, f"data.path: {missing} does not exist")
+
+
 def test_training_the_imagenet_recipe_needs_its_data(tmp_path, capsys, no_training):
     assert main(["train", "inception-v3-tpu", "--out", str(tmp_path / "run")]) == 2
     one_error(capsys, "data.path: missing")

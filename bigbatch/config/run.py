@@ -112,8 +112,8 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> RunConfig:
-        if self.steps is None and self.epochs is None:
-            raise ValueError("steps: missing; give steps (optimizer steps) or epochs")
+        """At most one length; none is a config ``show`` prints (a Darknet ``.cfg`` without ``max_batches``) and a
+        run refuses (``batching.require_length``)."""
         if self.steps is not None and self.epochs is not None:
             raise ValueError("steps: give either steps or epochs, not both")
         return self

@@ -82,7 +82,7 @@ class InceptionTPUConfig(Section):
 class DarknetScheduleConfig(Section):
     """Darknet's ``get_current_rate`` (its ``[net]`` keys)."""
 
-    policy: Literal["constant", "step", "steps", "exp", "poly", "sig"] = "constant"
+    policy: Literal["constant", "step", "steps", "exp", "poly", "sig", "sgdr"] = "constant"
     burn_in: StepCount = Field(0, ge=0)
     power: float = Field(4.0, gt=0)
     """Burn-in exponent, and the ``poly`` exponent (one key in Darknet)."""
@@ -93,7 +93,13 @@ class DarknetScheduleConfig(Section):
     gamma: Annotated[float, PerStep(on="policy", rules=(("exp", POWER), ("sig", SLOPE)))] = 1.0
     """exp: lr * gamma ** batch_num; sig: lr / (1 + exp(gamma * (batch_num - step)))."""
     max_batches: Annotated[int, Steps(minimum=1)] | None = Field(None, gt=0)
-    """poly: the horizon (default: the run's steps)."""
+    """poly: the horizon (default: the run's steps); sgdr: the first cycle's default."""
+    learning_rate_min: float = Field(1e-5, ge=0)
+    """sgdr: the LR each cosine cycle falls to (absolute, as Darknet's ``learning_rate_min``)."""
+    sgdr_cycle: Annotated[int, Steps(minimum=1)] | None = Field(None, gt=0)
+    """sgdr: the first cycle's length in steps (default: max_batches)."""
+    sgdr_mult: int = Field(2, ge=1)
+    """sgdr: each cycle is this many times the one before (a whole number, as Darknet reads it)."""
 
     @model_validator(mode="after")
     def _paired(self) -> DarknetScheduleConfig:

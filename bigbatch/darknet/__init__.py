@@ -13,6 +13,7 @@ Everything of Darknet's in bigbatch lives in this package:
     spec.py        what every layer has, and the table of layer kinds (KINDS)
     layers/        one module per layer kind: spec, parser, shape rule, torch module, table row
     cfg.py         a .cfg as typed, checked layer specs
+    cfg_edit.py    a .cfg written back with keys changed (a run's network kept for its classes), the rest as written
     activations.py Darknet's activations as torch
     shapes.py      each layer's input and output shape at an input size
     network.py     the torch modules and Darknet's layer table

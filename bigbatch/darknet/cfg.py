@@ -50,7 +50,7 @@ def ignored_keys(cfg: DarknetCfg) -> list[str]:
 
 NET_RECIPE_KEYS = frozenset({
     "batch", "subdivisions", "learning_rate", "momentum", "decay", "burn_in", "power", "policy", "steps", "scales",
-    "step", "scale", "gamma", "max_batches"})
+    "step", "scale", "gamma", "max_batches", "learning_rate_min", "sgdr_cycle", "sgdr_mult"})
 """The ``[net]`` keys of the training recipe, which ``recipe.net_recipe`` reads (the network's own, width, height
 and channels, are read here)."""
 

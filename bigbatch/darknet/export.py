@@ -7,7 +7,10 @@
     SOURCE = a ``.cfg``: the network as written, freshly initialised as Darknet does (seeded, ``--seed``), or with
              ``--weights IN.weights`` (or a state dict) loaded: a conversion; ``seen`` from that file.
 
-Nothing existing is overwritten: each output must be a new file.
+Beside ``--darknet-weights OUT.weights`` goes ``OUT.cfg``, the network the weights are of (a run's cfg for the classes
+it trained), so that Darknet loads the two together.
+
+Nothing existing is overwritten: each output must be a new file (``OUT.cfg`` may replace a cfg ``export`` wrote).
 """
 
 from __future__ import annotations
@@ -55,16 +58,18 @@ def classes_in(state: dict[str, torch.Tensor], cfg_path: str) -> int:
 
 def from_checkpoint(path: Path) -> Exported:
     """The network of a bigbatch checkpoint (or a run directory's ``last.pt``) with the weights it evaluates."""
-    from bigbatch.config import validate_config
+    from bigbatch.config import apply_overrides, validate_config
     from bigbatch.darknet.models import darknet_network, network_state
     from bigbatch.engine import checkpoint
-    from bigbatch.engine.run_dir import last_checkpoint
+    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
     from bigbatch.largebatch.ema import counted_weights
 
     if path.is_dir():
         path = last_checkpoint(path)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
-    cfg = validate_config(state["config"])
+    run_dir = run_dir_of(path)
+    kept = kept_overrides(run_dir, state["config"]) if run_dir is not None else []  # the run's cfg, kept in it
+    cfg = validate_config(apply_overrides(state["config"], kept))
     if cfg.model.name not in ("darknet", "darknet_classifier"):
         raise UserError(f"SOURCE: {path} holds a {cfg.model.name} model; export writes Darknet networks "
                         "(model.name: darknet or darknet_classifier) only")
@@ -96,14 +101,21 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
            seed: int = 0, upto: int | None = None) -> list[str]:
     """Write the outputs asked for; -> the lines to print. Every output is checked before anything is written."""
     from bigbatch.darknet import write_weights
+    from bigbatch.darknet.cfg_edit import KEPT_CFG_MARK, cfg_text_of
     from bigbatch.engine.checkpoint import atomic_write
-    from bigbatch.outputs import check_output_file
+    from bigbatch.outputs import check_output_file, starts_with
 
     if darknet_weights is None and checkpoint_out is None:
         raise UserError("export: nothing to write; give --darknet-weights OUT.weights and/or --checkpoint OUT.pt")
     for key, out in (("--darknet-weights", darknet_weights), ("--checkpoint", checkpoint_out)):
         if out is not None:
             check_output_file(out, key)  # new, in a folder that exists and can be written
+    # a whole network's .weights: its cfg beside (a backbone's .conv.N is loaded with the cfg of another network)
+    cfg_out = None if darknet_weights is None or upto is not None else darknet_weights.with_suffix(".cfg")
+    if cfg_out is not None:
+        check_output_file(cfg_out, "--darknet-weights", ours=starts_with(KEPT_CFG_MARK.encode(), len(KEPT_CFG_MARK)),
+                          what=f"the network's cfg goes beside {darknet_weights.name}; bigbatch does not overwrite "
+                               "it (choose another name)")
     if upto is not None and darknet_weights is None:
         raise UserError("--upto: writes the first layers of --darknet-weights; give --darknet-weights OUT")
     if darknet_weights is not None and darknet_weights == checkpoint_out:
@@ -122,6 +134,14 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
         part = f", the first {upto} layers" if upto is not None else ""
         lines.append(f"Darknet weights written to {darknet_weights} ({darknet_weights.stat().st_size:,} bytes, "
                      f"seen {exported.seen:,}{part})")
+    if cfg_out is not None:
+        header = (f"{KEPT_CFG_MARK} the network of {darknet_weights.name}, written by bigbatch export from "
+                  f"{exported.network.cfg.path}")
+        text = cfg_text_of(exported.network.cfg, header)
+        atomic_write(cfg_out, lambda f: f.write(text), mode="w")
+        lines.append(f"its network written to {cfg_out} (Darknet: darknet detector test DATA {cfg_out.name} "
+                     f"{darknet_weights.name})" if exported.network.cfg.yolo_layers else
+                     f"its network written to {cfg_out}")
     if checkpoint_out is not None:
         state = {"model": exported.network.state_dict(), "darknet_cfg": str(exported.network.cfg.path),
                  "seen": exported.seen}

@@ -175,9 +175,14 @@ def describe_network(cfg_path: str, size: int, dialect: str = "alexeyab") -> str
 
     with torch.device("meta"):
         network = darknet_network(cfg_path, None, size, dialect=dialect)
-    gives = ("each [yolo] layer" if network.cfg.yolo_layers else "the last layer before the [softmax]")
-    lines = [f"network of {network.cfg.path} ({size} x {size} input; the run gives {gives} the dataset's classes; "
-             f"read and trained as model.darknet_dialect: {dialect}):", layer_table(network)]
+    from bigbatch.darknet.cfg import classifier_head
+
+    if network.cfg.yolo_layers or classifier_head(network.cfg) is not None:
+        gives = "each [yolo] layer" if network.cfg.yolo_layers else "the last layer before the [softmax]"
+        role = f"the run gives {gives} the dataset's classes; read and trained as model.darknet_dialect: {dialect}"
+    else:
+        role = "no [yolo] or [softmax] head: shown and exported, not trained"
+    lines = [f"network of {network.cfg.path} ({size} x {size} input; {role}):", layer_table(network)]
     ignored = ignored_keys(network.cfg)
     if ignored:
         lines.append(f"keys Darknet uses and bigbatch ignores: {', '.join(ignored)}")
@@ -193,13 +198,24 @@ def describe_darknet(cfg: RunConfig) -> str:
     return describe_network(cfg.model.cfg, cfg.data.size, cfg.model.darknet_dialect)
 
 
-# min_input_size: one cell of the deepest stride of YOLO networks (32)
 DARKNET_FIELDS = {"cfg": (str | None, None), "darknet_dialect": (Literal["alexeyab", "pjreddie", "gradient"],
                                                                    "alexeyab")}
 """``model.cfg``; ``model.darknet_dialect``: whose Darknet the run trains as (docs/darknet.md, "Dialects"):
 ``alexeyab`` (the default) or ``pjreddie``, that fork's own deltas (``yolo_delta.py``) and cfg reading, or
 ``gradient``, the true gradient of the loss (``yolo_loss.py``)."""
-MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True, min_input_size=32,
-                describe=describe_darknet, fields=DARKNET_FIELDS)
+# No min_input_size: the smallest input is the cfg's own (jnet-conv.cfg's is 10 px), checked layer by layer when the
+# network is built on the meta device before any work (telemetry/capacity.py).
+def kept_cfg(model: nn.Module) -> str:
+    """``MODELS``' ``keeps`` for the Darknet families: ``model.cfg`` as the run built it, for the dataset's classes
+    (``cfg_edit.cfg_text_of``), so that a run directory evaluates, resumes and exports after its cfg is moved, and
+    Darknet loads the exported ``.weights`` with it."""
+    from bigbatch.darknet.cfg_edit import KEPT_CFG_MARK, cfg_text_of
+
+    cfg = model.network.cfg
+    return cfg_text_of(cfg, f"{KEPT_CFG_MARK} the network a run trained, {cfg.path} for its dataset's classes")
+
+
+MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True,
+                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS)
 MODELS.register("darknet_classifier", darknet_classifier, task="classification", reads_weights=True,
-                describe=describe_darknet, fields=DARKNET_FIELDS)
+                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS)

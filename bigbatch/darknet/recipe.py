@@ -8,8 +8,8 @@ as Darknet's ``parse_net_options`` reads it (same defaults):
                                      here it is taken as the global batch, as on one GPU)
     learning_rate, momentum, decay-> optim (SGD; Darknet's update equals torch's SGD with
                                      weight_decay = decay on the mean loss), ref_batch = batch
-    burn_in, power, policy, steps, scales, step, scale, gamma, max_batches
-                                  -> schedule.darknet (preset ``darknet``); steps = max_batches
+    burn_in, power, policy, steps, scales, step, scale, gamma, max_batches, learning_rate_min, sgdr_cycle,
+    sgdr_mult                     -> schedule.darknet (preset ``darknet``); steps = max_batches
 
 The input size (width, height, channels) and the network layers are read by ``cfg.py`` (through
 ``text.read_cfg_sections``, the same reading with the line of each key); the recipe keys are ``cfg.NET_RECIPE_KEYS``.
@@ -59,9 +59,9 @@ def net_recipe(path: Path) -> dict[str, Any]:
     batch = get("batch", 1, int)
     subdivisions = get("subdivisions", 1, int)
     policy = net.get("policy", "constant")
-    if policy not in ("constant", "step", "steps", "exp", "poly", "sig"):
+    if policy not in ("constant", "step", "steps", "exp", "poly", "sig", "sgdr"):
         raise UserError(f"config: {path}:{line}: [net] policy: {policy!r} is not supported "
-                        "(expected constant, step, steps, exp, poly or sig)")
+                        "(expected constant, step, steps, exp, poly, sig or sgdr)")
     darknet: dict[str, Any] = {
         "policy": policy,
         "burn_in": get("burn_in", 0, int),
@@ -70,9 +70,14 @@ def net_recipe(path: Path) -> dict[str, Any]:
         "scale": get("scale", 1.0),
         "gamma": get("gamma", 1.0),
     }
-    if "steps" in net:
-        darknet["steps"] = _numbers(path, line, "steps", net["steps"], int)
+    if policy == "steps":  # Darknet reads steps and scales for this policy alone (and sgdr, whose rate ignores them)
+        darknet["steps"] = _numbers(path, line, "steps", net.get("steps", ""), int)
         darknet["scales"] = _numbers(path, line, "scales", net.get("scales", ""), float)
+    if policy == "sgdr":  # AlexeyAB's parse_net_options: learning_rate_min .00001, sgdr_cycle max_batches, sgdr_mult 2
+        darknet["learning_rate_min"] = get("learning_rate_min", 1e-5)
+        if "sgdr_cycle" in net:
+            darknet["sgdr_cycle"] = get("sgdr_cycle", 0, int)
+        darknet["sgdr_mult"] = get("sgdr_mult", 2, int)
     max_batches = get("max_batches", 0, int)
     if max_batches:
         darknet["max_batches"] = max_batches

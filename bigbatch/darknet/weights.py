@@ -24,12 +24,14 @@ import os
 import stat
 import struct
 from pathlib import Path
+from shlex import quote
 from typing import BinaryIO
 
 import numpy as np
 import torch
 
 from bigbatch.darknet.network import DarknetNetwork
+from bigbatch.darknet.spec import DarknetCfg
 from bigbatch.engine.checkpoint import atomic_write
 from bigbatch.errors import UserError
 
@@ -58,17 +60,44 @@ def weights_size(network: DarknetNetwork) -> int:
 
 def _wrong_size(path: Path, network: DarknetNetwork, header: int, size: int,
                 boundaries: dict[int, int] | None = None) -> UserError:
+    """The size mismatch, with what would fit: a file of the first layers only (``boundaries``: a ``.conv.N``, as
+    ``export --upto N`` and ``darknet partial`` write it), and, for a file larger than the network, how to keep the
+    layers that do not depend on the classes of the network it was trained as."""
     values = sum(t.numel() for t in weight_tensors(network))
     expected = header + 4 * values
-    nearest = ""
-    if boundaries:
-        sizes = sorted(header + 4 * n for n in boundaries if n)
-        below = [b for b in sizes if b < size][-1:]
-        above = [b for b in sizes if b > size][:1]
-        near = ", ".join(f"{b:,} (the first {boundaries[(b - header) // 4]} layers)" for b in below + above)
-        nearest = f"; a file of the first layers only would be one of the layer boundaries, nearest: {near}"
-    return UserError(f"{path}: expected {expected:,} bytes for {network.cfg.path} ({header}-byte header + "
-                     f"{values:,} float32 values), got {size:,} bytes{nearest}")
+    text = (f"{path}: {size:,} bytes, but the network of {network.cfg.path} takes {expected:,} ({header}-byte "
+            f"header + {values:,} float32 values)")
+    if boundaries and size < expected:
+        sizes = sorted(header + 4 * n for n in boundaries if 0 < n < values)  # the whole network's is said above
+        near = [b for b in sizes if b < size][-1:] + [b for b in sizes if b > size][:1]
+        if near:
+            text += ("; a file of its first N layers only (what export --upto N and Darknet's partial write) would "
+                     "be " + " or ".join(f"{b:,} bytes (--upto {boundaries[(b - header) // 4]})" for b in near))
+    upto = class_free_layers(network.cfg)
+    if size > expected and upto:
+        beside = path.with_suffix(".cfg")  # the cfg export writes beside its .weights, or the user's of that name
+        its = str(beside) if beside.is_file() else "ITS.cfg"
+        backbone = path.with_name(f"{path.stem}.conv.{upto}")
+        text += (f"; larger than the whole network: the weights of another network, or of this one for another "
+                 f"number of classes: keep the first {upto} layers, which do not depend on the classes, with "
+                 f"`bigbatch export {quote(its)} --weights {quote(str(path))} --upto {upto} --darknet-weights "
+                 f"{quote(str(backbone))}`")
+    return UserError(text)
+
+
+def class_free_layers(cfg: DarknetCfg) -> int:
+    """How many layers come before the first whose weights depend on the class count (the convolution before the
+    first ``[yolo]``; a classifier's last layer with weights before its ``[softmax]``): 0 when none does."""
+    from bigbatch.darknet.cfg import classifier_head
+
+    if cfg.yolo_layers:
+        return min(yolo.index for yolo in cfg.yolo_layers) - 1
+    head = classifier_head(cfg)
+    if head is None:
+        return 0
+    last = next((layer for layer in reversed(cfg.layers[:head.index]) if layer.kind in ("convolutional", "connected")),
+                None)
+    return 0 if last is None else last.index
 
 
 def header_bytes(major: int, minor: int) -> int:

@@ -271,17 +271,21 @@ def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
 
 
 def train_images(cfg: RunConfig) -> int:
-    """The training images' count (their labels read; no image decoded), or ``data.train_images``."""
-    path = Path(cfg.data.path)
-    if path.exists():
+    """The training images' count (their labels read; no image decoded), or ``data.train_images``; neither:
+    ``DataNotAtHand``."""
+    path = None if cfg.data.path is None else Path(cfg.data.path)
+    if path is not None and path.exists():
         source, _, split, _ = yolo_splits(path)
         return len(load_yolo(source, DataIssues(strict=cfg.data.strict), keep_empty=False, split=split)[0])
     return train_images_given(path, cfg.data)
 
 
 def _path_given(data: DataConfig) -> None:
+    """Training and evaluation read the set (planning needs only the count)."""
     if data.path is None:
-        raise ValueError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
+        raise UserError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
+    if not Path(data.path).exists():
+        raise UserError(f"data.path: {data.path} does not exist; yolo needs a Darknet .data file or a dataset folder")
 
 
-DATASETS.register("yolo", load, task="detection", count=train_images, check=_path_given, fields=AUGMENTATION_FIELDS)
+DATASETS.register("yolo", load, task="detection", count=train_images, given=_path_given, fields=AUGMENTATION_FIELDS)

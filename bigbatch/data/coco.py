@@ -31,7 +31,7 @@ import numpy as np
 from bigbatch.config import Section
 from bigbatch.data.detection import DetectionRecord, check_box
 from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
-from bigbatch.data.formats import images_in_annotations
+from bigbatch.data.formats import images_in_annotations, train_images_given
 from bigbatch.data.images import inspect_images
 from bigbatch.data.problems import DataIssues
 from bigbatch.errors import UserError
@@ -305,13 +305,18 @@ def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
 
 
 def train_images(cfg: RunConfig) -> int:
-    return images_in_annotations(Path(cfg.data.train.annotations), cfg.data)
+    """The images of ``data.train.annotations``; ``data.train_images`` when it is not at hand; neither:
+    ``DataNotAtHand``."""
+    if cfg.data.train is None:
+        return train_images_given(None, cfg.data, "data.train")
+    return images_in_annotations(Path(cfg.data.train.annotations), cfg.data, "data.train.annotations")
 
 
 def _splits_given(data: DataConfig) -> None:
+    """Training and evaluation read both splits (planning needs only the count)."""
     for split in ("train", "val"):
         if getattr(data, split) is None:
-            raise ValueError(f"data.{split}: missing; coco needs data.{split}.images and data.{split}.annotations")
+            raise UserError(f"data.{split}: missing; coco needs data.{split}.images and data.{split}.annotations")
 
 
 class SplitPaths(Section):
@@ -324,5 +329,5 @@ class SplitPaths(Section):
     """The split's COCO JSON annotation file."""
 
 
-DATASETS.register("coco", load, task="detection", count=train_images, check=_splits_given,
+DATASETS.register("coco", load, task="detection", count=train_images, given=_splits_given,
                   fields={"train": (SplitPaths | None, None), "val": (SplitPaths | None, None), **AUGMENTATION_FIELDS})

@@ -45,6 +45,7 @@ from torchvision.io import ImageReadMode, decode_image
 from bigbatch.data import jpeg
 from bigbatch.data.batch_slabs import shared_batch_tensor
 from bigbatch.data.files import read_regular
+from bigbatch.data.formats import train_images_given
 from bigbatch.data.images import error_reason, inspect_images
 from bigbatch.data.order import sample_rng
 from bigbatch.data.problems import DataIssues
@@ -445,23 +446,21 @@ def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
 
 def train_images(cfg: RunConfig) -> int:
     """The training images, listed (not read); ``data.train_images`` when the folder is not at hand (``show``,
-    ``schedule`` and ``scale`` work before the data is copied)."""
+    ``schedule`` and ``scale`` work before the data is copied); neither: ``DataNotAtHand``."""
     data = cfg.data
-    if data.train_images is not None and (data.path is None or not (Path(data.path) / "train").is_dir()):
-        return data.train_images
+    if data.path is None or not (Path(data.path) / "train").is_dir():
+        return train_images_given(None if data.path is None else Path(data.path), data)
     return len(list_split(data, "train", find_classes(split_dir(data, "train"))))
 
 
-def _check(data: DataConfig) -> None:
-    if data.path is None and data.train_images is None:
-        raise ValueError("data.path: missing; folder needs the folder holding train/CLASS/* and val/CLASS/* (or "
-                         "data.train_images, to plan a run before the data is at hand)")
-
-
 def _path_given(data: DataConfig) -> None:
-    """Training and evaluation read the images: ``data.path`` must be given (planning needs only the count)."""
+    """Training and evaluation read the images: ``data.path`` must be given, and be there (planning needs only the
+    count)."""
     if data.path is None:
         raise UserError("data.path: missing; training and evaluation read the folder holding train/CLASS/* and "
+                        "val/CLASS/*")
+    if not Path(data.path).exists():
+        raise UserError(f"data.path: {data.path} does not exist; expected the folder holding train/CLASS/* and "
                         "val/CLASS/*")
 
 
@@ -489,5 +488,5 @@ def classification_fields() -> dict:
             "standard": (StandardAugment, StandardAugment()), "decode": (DECODE, "exact")}
 
 
-DATASETS.register("folder", load, task="classification", count=train_images, check=_check, given=_path_given,
+DATASETS.register("folder", load, task="classification", count=train_images, given=_path_given,
                   fields=classification_fields())

@@ -1,6 +1,7 @@
 """What dataset formats share: the training set's size read from a COCO annotation file, or from
 ``data.train_images`` when the data is not at hand (``show``, ``schedule`` and ``scale`` plan before it is
-downloaded).
+downloaded), and :class:`DataNotAtHand`, what a format's ``count`` raises when it can do neither: those commands then
+plan without the size (the epochs are unknown), and a run says it needs the data.
 
 A dataset format is one module that registers itself in ``registry.DATASETS`` (see its docstring for the
 contract); these helpers serve the formats' ``count``.
@@ -18,17 +19,24 @@ if TYPE_CHECKING:
     from bigbatch.config import DataConfig
 
 
-def images_in_annotations(path: Path, data: DataConfig) -> int:
+class DataNotAtHand(UserError):
+    """The training set cannot be counted: its data is not at hand and ``data.train_images`` is not set. The message
+    names the key that would give the data."""
+
+
+def images_in_annotations(path: Path, data: DataConfig, key: str) -> int:
     """The image count of a COCO annotation file (before any image is checked), or :func:`train_images_given`."""
     if path.is_file():
         with open(path, encoding="utf-8") as f:
             return len(json.load(f).get("images", []))
-    return train_images_given(path, data)
+    return train_images_given(path, data, key)
 
 
-def train_images_given(path: Path, data: DataConfig) -> int:
-    """``data.train_images``, for a training set whose ``path`` is not at hand; unset, a ``UserError``."""
+def train_images_given(path: Path | None, data: DataConfig, key: str = "data.path") -> int:
+    """``data.train_images``, for a training set whose ``path`` (given by ``key``) is not at hand; unset,
+    :class:`DataNotAtHand`."""
     if data.train_images is not None:
         return data.train_images
-    raise UserError(f"data.train_images: {path} is not at hand; set data.train_images (the training set's size) to "
-                    f"plan without the data")
+    where = "not set" if path is None else f"{path} does not exist" if not path.exists() else f"{path} is not at hand"
+    raise DataNotAtHand(f"{key}: {where}; give the data, or set data.train_images (the training set's size) to plan "
+                        "without it")

@@ -420,7 +420,7 @@ def train_images(cfg: RunConfig) -> int:
     path = Path(cfg.data.path or DEFAULT_PATH) / "annotations" / "train.json"
     if not path.is_file():
         return split_sizes(cfg.data.shapes_images)[0]
-    return images_in_annotations(path, cfg.data)
+    return images_in_annotations(path, cfg.data, "data.path")
 
 
 DATASETS.register("shapes", load, task="detection", count=train_images,

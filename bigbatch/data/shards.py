@@ -66,6 +66,7 @@ from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.files import open_regular
 from bigbatch.data.folder import DECODE_ERRORS, CropFirst, EncodedImages, classification_fields, preprocessing
+from bigbatch.data.formats import train_images_given
 from bigbatch.data.images import error_reason
 from bigbatch.data.order import Batches, batches_of
 from bigbatch.data.pack import INDEX
@@ -306,26 +307,23 @@ def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, int]:
 
 def train_images(cfg: RunConfig) -> int:
     """The training samples, from ``index.json``; ``data.train_images`` when the shards are not at hand (``show``,
-    ``schedule``, ``scale``)."""
+    ``schedule``, ``scale``); neither: ``DataNotAtHand``."""
     data = cfg.data
-    if data.train_images is not None and (data.path is None or not (Path(data.path) / INDEX).is_file()):
-        return data.train_images
-    _path_given(data)
+    if data.path is None or not (Path(data.path) / INDEX).is_file():
+        return train_images_given(None if data.path is None else Path(data.path), data)
     return len(read_index(Path(data.path)).train)
 
 
-def _check(data: DataConfig) -> None:
-    if data.path is None and data.train_images is None:
-        raise ValueError("data.path: missing; shards needs the folder `bigbatch pack` wrote (index.json and the "
-                         "tars), or data.train_images to plan a run before the data is at hand")
-
-
 def _path_given(data: DataConfig) -> None:
-    """Training and evaluation read the shards: ``data.path`` must be given (planning needs only the count)."""
+    """Training and evaluation read the shards: ``data.path`` must be given, and be there (planning needs only the
+    count)."""
     if data.path is None:
         raise UserError("data.path: missing; training and evaluation read the folder `bigbatch pack` wrote "
                         "(index.json and the tars)")
+    if not Path(data.path).exists():
+        raise UserError(f"data.path: {data.path} does not exist; expected the folder `bigbatch pack` wrote "
+                        "(index.json and the tars)")
 
 
-DATASETS.register("shards", load, task="classification", count=train_images, check=_check, given=_path_given,
+DATASETS.register("shards", load, task="classification", count=train_images, given=_path_given,
                   fields=classification_fields())

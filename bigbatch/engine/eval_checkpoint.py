@@ -20,7 +20,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     used, the metrics and where the record went; ``save_detections``: also write the detections there."""
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.engine import checkpoint, distributed
-    from bigbatch.engine.run_dir import last_checkpoint
+    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
     from bigbatch.engine.state import load_weights
     from bigbatch.largebatch.ema import counted_weights
     from bigbatch.outputs import check_output_file, probe_writable
@@ -35,7 +35,9 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     if save_detections is not None:
         check_output_file(save_detections, "--save-detections", ours=is_results_file)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
-    cfg = validate_config(apply_overrides(state["config"], overrides))
+    run_dir = run_dir_of(path)
+    kept = kept_overrides(run_dir, state["config"]) if run_dir is not None else []  # a run's cfg, kept in it
+    cfg = validate_config(apply_overrides(state["config"], [*kept, *overrides]))
     check_capacity(cfg, distributed.world_size_from_env())
     task = build_task(cfg)
     if save_detections is not None and task.prediction_format is None:

@@ -12,17 +12,20 @@ if TYPE_CHECKING:
     from bigbatch.config import RunConfig
 
 
-def load_checked(source: str, overrides: list[str], reads_data: bool = True) -> RunConfig:
-    """Load a config and check what can be checked without any work: the batch layout (unless ``subdivisions``
-    is ``auto``), the memory the run needs at the least against this machine's, and, for a command that
-    ``reads_data`` (not ``show``, ``schedule``, ``scale``: they plan from ``data.train_images``), that the data is
-    named."""
-    from bigbatch.batching import check_batch
+def load_checked(source: str, overrides: list[str], reads_data: bool = True, needs_length: bool = True
+                 ) -> RunConfig:
+    """Load a config and check what can be checked without any work: its length (``steps`` or ``epochs``; not for
+    ``show``, which prints a config without one), the batch layout (unless ``subdivisions`` is ``auto``), the memory
+    the run needs at the least against this machine's, and, for a command that ``reads_data`` (not ``show``,
+    ``schedule``, ``scale``: they plan without the data), that the data is named and there."""
+    from bigbatch.batching import check_batch, require_length
     from bigbatch.config import load_config
     from bigbatch.engine import distributed
     from bigbatch.telemetry.capacity import check_capacity
 
     cfg = load_config(source, overrides)
+    if needs_length:
+        require_length(cfg)
     if reads_data:
         from bigbatch.tasks import check_data_given
 
@@ -34,9 +37,10 @@ def load_checked(source: str, overrides: list[str], reads_data: bool = True) -> 
     return cfg
 
 
-def load_resolved(source: str, overrides: list[str], reads_data: bool = True) -> RunConfig:
+def load_resolved(source: str, overrides: list[str], reads_data: bool = True, needs_length: bool = True
+                  ) -> RunConfig:
     """Load a config and, for ``subdivisions: auto``, measure and choose the subdivisions."""
-    return resolve_auto(load_checked(source, overrides, reads_data))
+    return resolve_auto(load_checked(source, overrides, reads_data, needs_length))
 
 
 def resolve_auto(cfg: RunConfig) -> RunConfig:

@@ -27,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bigbatch.errors import UserError
 
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
     from bigbatch.config import RunConfig
 
 LOCK_NAME = ".bigbatch.lock"
-RUN_FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "tensorboard", "checkpoints")
-"""What a run writes at the top of its folder (besides ``eval-*.json`` from ``bigbatch eval``)."""
+RUN_FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "tensorboard", "checkpoints", "model.cfg")
+"""What a run writes at the top of its folder (besides ``eval-*.json`` from ``bigbatch eval``); ``model.cfg``: a
+Darknet run's network, kept (:func:`keep_model_files`)."""
 _TEMPORARY = re.compile(r"^\.(?:last|best)\.pt\.tmp-(\d+)$")
 """``checkpoint.atomic_write``'s temporary files in ``checkpoints/``: ``.<name>.tmp-<pid>``."""
 
@@ -212,6 +214,59 @@ def remove_stale_temporaries(checkpoints: Path) -> list[Path]:
     return removed
 
 
+def keep_model_files(run_dir: Path, cfg: RunConfig, model: Any) -> None:
+    """Write the model's own files into the run directory (``MODELS``' ``keeps``: a Darknet run's ``model.cfg``, for
+    the classes it trains), each under its config key's name, unless the run was started from that very copy (a
+    resumed run). A file of that name is replaced only if bigbatch wrote it (its first line is the new one's)."""
+    from bigbatch.config import flatten
+    from bigbatch.engine.checkpoint import atomic_write
+
+    keeps = cfg.model.part().info.get("keeps") or {}
+    given = flatten(cfg.model_dump(mode="json"))
+    for key, text_of in keeps.items():
+        path = run_dir / key
+        if given.get(key) and Path(given[key]).resolve() == path.resolve():
+            continue  # resumed from its own copy: kept as it is
+        text = text_of(model)
+        if path.exists() or path.is_symlink():
+            first, ours = text.split("\n", 1)[0].encode(), False
+            if path.is_file() and not path.is_symlink():
+                with contextlib.suppress(OSError), open(path, "rb") as f:
+                    ours = f.read(len(first)) == first
+            if not ours:
+                raise UserError(f"--out: {path} is not a file bigbatch kept; not overwritten (choose another --out)")
+        atomic_write(path, lambda f, text=text: f.write(text), mode="w")
+
+
+def kept_overrides(run_dir: Path, config: dict[str, Any]) -> list[str]:
+    """``--set`` overrides that point a run's config (``config``, as saved) at the files the run directory kept
+    (:func:`keep_model_files`), for ``eval``, ``--resume`` and ``export`` of a run whose files were moved since."""
+    from bigbatch.registry import MODELS
+
+    model = config.get("model") if isinstance(config, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    if not isinstance(name, str) or name not in MODELS.names():
+        return []  # the config's own check says what is wrong
+    keeps = MODELS.get(name).info.get("keeps") or {}
+    # the path as a JSON string, which YAML reads back whatever it holds (": ", "#")
+    return [f"{key}={json.dumps(str((run_dir / key).resolve()))}" for key in keeps if (run_dir / key).is_file()]
+
+
+def kept_run_files(run_dir: Path) -> list[str]:
+    """:func:`kept_overrides` for the run's own ``config.yaml`` (``train --resume DIR``)."""
+    from bigbatch.config import read_yaml
+
+    try:
+        return kept_overrides(run_dir, read_yaml(run_dir / "config.yaml"))
+    except UserError:
+        return []  # loading the config says what is wrong with it
+
+
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory of a checkpoint in its ``checkpoints/`` folder, else None."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+
+
 def timestamped(name: str) -> Path:
     """``runs/<name>-<YYYYmmdd-HHMMSS>``: the folder of a run (or a profile) not given one, by the local time."""
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -249,7 +304,9 @@ def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
     except UserError:
         saved = {}
     wanted = flatten(cfg.model_dump(mode="json"))
-    differ = [k for k in sorted(saved.keys() | wanted.keys()) if k != "subdivisions" and saved.get(k) != wanted.get(k)]
+    kept = {key.split("=", 1)[0] for key in kept_run_files(out_dir)}  # a resumed run's config names its kept copies
+    differ = [k for k in sorted(saved.keys() | wanted.keys()) if k != "subdivisions" and saved.get(k) != wanted.get(k)
+              and not (k in kept and saved.get(k) == str((out_dir / k).resolve()))]
     if differ:
         first = differ[0]
         raise UserError(f"--out: {out_dir} already holds a run of another config ({first}: {saved.get(first)!r} "

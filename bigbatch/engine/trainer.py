@@ -35,6 +35,7 @@ from bigbatch.engine.hooks.base import every_steps
 from bigbatch.engine.parts import build_parts
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.run import LastCheckpoint, Run
+from bigbatch.engine.run_dir import keep_model_files
 from bigbatch.engine.state import Best, TrainingState
 from bigbatch.largebatch.adascale import AdaScale
 from bigbatch.largebatch.optim import set_lr
@@ -70,7 +71,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
 
     # --- the model, the large-batch recipe, and the state a checkpoint holds ----------------
     events = EventStorage()
-    last_checkpoint = LastCheckpoint(out_dir / "checkpoints" / "last.pt", every_steps(cfg.checkpoint.every, plan))
+    last_checkpoint = LastCheckpoint(out_dir / "checkpoints" / "last.pt",
+                                     every_steps(cfg.checkpoint.every, plan, "checkpoint.every"))
     parts = build_parts(cfg, task, plan, proc, events, last_good=last_checkpoint.last_good)
     train_step = parts.step  # trains parts.model, wrapped in DDP under torchrun
     state = TrainingState(cfg, parts.model, train_step, parts.ema)
@@ -79,6 +81,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     if proc.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write(out_dir / "config.yaml", lambda f: f.write(config_to_yaml(cfg)), mode="w")
+        keep_model_files(out_dir, cfg, parts.model)  # a Darknet run's cfg: the run evaluates after it is moved
         print(plan.describe(), flush=True)
 
     # --- the hooks: records, evaluation, checkpoints, memory, fault injection ---------------

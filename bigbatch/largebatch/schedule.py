@@ -59,25 +59,26 @@ def scaled_lr(optim: OptimConfig, batch: int) -> float:
     return optim.lr * (ratio if optim.scaling == "linear" else math.sqrt(ratio))
 
 
-def length_in_steps(length: int | float | str, plan: BatchPlan) -> float:
+def length_in_steps(length: int | float | str, plan: BatchPlan, key: str = "a length") -> float:
     """Steps from a length in steps, epochs (x train images / batch) or images (/ batch); under a batch schedule,
-    the steps that take that many images (``BatchPlan.steps_for_images``)."""
+    the steps that take that many images (``BatchPlan.steps_for_images``). ``key`` names the length in the error
+    when epochs cannot be counted (the training set not at hand)."""
     number, unit = parse_length(length)
     if unit == "steps":
         return number
     if unit == "epochs":
-        return plan.steps_for_images(number * plan.train_images)
+        return plan.steps_for_images(number * plan.images_per_epoch(key))
     return plan.steps_for_images(number)
 
 
-def periods_of(every: int | float | str, plan: BatchPlan) -> Callable[[int], float]:
+def periods_of(every: int | float | str, plan: BatchPlan, key: str = "a length") -> Callable[[int], float]:
     """t -> the periods of length ``every`` before step t: t / every in steps; under a batch schedule, an ``every``
     in epochs or images counts the images the steps before t took."""
     number, unit = parse_length(every)
     if plan.phases and unit != "steps":
-        images = number * plan.train_images if unit == "epochs" else number
+        images = number * plan.images_per_epoch(key) if unit == "epochs" else number
         return lambda t: plan.images_before(t) / images
-    steps = length_in_steps(every, plan)
+    steps = length_in_steps(every, plan, key)
     return lambda t: t / steps
 
 
@@ -131,7 +132,8 @@ def warmup_steps(cfg: RunConfig, plan: BatchPlan) -> int:
 
 
 def _phases_steps(cfg: RunConfig, plan: BatchPlan) -> float:
-    return sum(max(0.0, length_in_steps(phase.length, plan)) for phase in cfg.schedule.warmup)
+    return sum(max(0.0, length_in_steps(phase.length, plan, f"schedule.warmup[{i}].length"))
+               for i, phase in enumerate(cfg.schedule.warmup))
 
 
 def _inception_warmup_steps(cfg: RunConfig, plan: BatchPlan) -> float:
@@ -167,8 +169,8 @@ def _warmup(phases: list[WarmupPhase], base: float, plan: BatchPlan) -> tuple[Ca
     """The warmup factor as a function of the step, and the step where warmup ends."""
     pieces: list[tuple[float, float, Callable[[float], float]]] = []  # (start, length, factor of t - start)
     start, previous_end_factor = 0.0, 0.0
-    for phase in phases:
-        length = length_in_steps(phase.length, plan)
+    for i, phase in enumerate(phases):
+        length = length_in_steps(phase.length, plan, f"schedule.warmup[{i}].length")
         if length <= 0:
             continue
         if phase.kind == "linear":
@@ -218,7 +220,7 @@ def _constant(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> 
 @DECAYS.register("step", check=_required("every"))
 def _step(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
     """gamma ** floor(t / every)."""
-    periods = periods_of(cfg.every, plan)
+    periods = periods_of(cfg.every, plan, "schedule.decay.every")
     return lambda t: cfg.gamma ** math.floor(periods(t))
 
 
@@ -231,7 +233,7 @@ def _milestones_and_scales(cfg: DecayConfig) -> None:
 @DECAYS.register("multistep", check=_milestones_and_scales)
 def _multistep(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
     """The product of the scales (default ``gamma``) of the milestones passed."""
-    milestones = [length_in_steps(m, plan) for m in cfg.milestones]
+    milestones = [length_in_steps(m, plan, f"schedule.decay.milestones[{i}]") for i, m in enumerate(cfg.milestones)]
     scales = cfg.scales if cfg.scales is not None else [cfg.gamma] * len(milestones)
     return lambda t: math.prod(s for m, s in zip(milestones, scales, strict=True) if t >= m)
 
@@ -239,7 +241,7 @@ def _multistep(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) ->
 @DECAYS.register("exponential", check=_required("every"))
 def _exponential(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
     """gamma ** (t / every), the exponent floored when ``staircase``."""
-    periods = periods_of(cfg.every, plan)
+    periods = periods_of(cfg.every, plan, "schedule.decay.every")
     if cfg.staircase:
         return lambda t: cfg.gamma ** math.floor(periods(t))
     return lambda t: cfg.gamma ** periods(t)
@@ -248,8 +250,8 @@ def _exponential(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) 
 def _progress(cfg: DecayConfig, plan: BatchPlan, start: float) -> Callable[[int], float]:
     """How far step t is from ``start`` (default: the end of the warmup) to ``end`` (default: the run's end), in
     [0, 1]."""
-    begin = length_in_steps(cfg.start, plan) if cfg.start is not None else start
-    end = length_in_steps(cfg.end, plan) if cfg.end is not None else float(plan.steps)
+    begin = length_in_steps(cfg.start, plan, "schedule.decay.start") if cfg.start is not None else start
+    end = length_in_steps(cfg.end, plan, "schedule.decay.end") if cfg.end is not None else float(plan.steps)
     span = max(end - begin, 1e-12)
     return lambda t: min(max((t - begin) / span, 0.0), 1.0)
 
@@ -271,7 +273,7 @@ def _poly(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Call
 @DECAYS.register("sigmoid", check=_required("center"), rates={"gamma": SLOPE})
 def _sigmoid(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
     """1 / (1 + exp(gamma * (t - center))), Darknet's ``sig`` policy."""
-    center = length_in_steps(cfg.center, plan)
+    center = length_in_steps(cfg.center, plan, "schedule.decay.center")
     return lambda t: 1.0 / (1.0 + math.exp(cfg.gamma * (t - center)))
 
 
@@ -334,8 +336,23 @@ def darknet(learning_rate: float, p: DarknetScheduleConfig, total_steps: int) ->
       constant: lr;  step: lr * scale ** (batch_num // step);  exp: lr * gamma ** batch_num
       steps: lr times every scales[i] with steps[i] <= batch_num
       poly: lr * (1 - batch_num / max_batches) ** power;  sig: lr / (1 + exp(gamma * (batch_num - step)))
+      sgdr (AlexeyAB's): cosine cycles, the first sgdr_cycle steps long, each sgdr_mult times the one before;
+        a cycle starting at s of length c: lr_min + (lr - lr_min) (1 + cos(pi (batch_num - s) / c)) / 2, where a
+        new cycle starts once s + c < batch_num (so a cycle's last step is its LR's minimum)
     """
     max_batches = p.max_batches or total_steps
+    first_cycle = p.sgdr_cycle or max_batches
+
+    def sgdr_cycle_start(batch_num: int) -> tuple[int, int]:
+        """(start, length) of the cycle of ``batch_num``: AlexeyAB's loop, in closed form for sgdr_mult 1."""
+        start, length = 0, first_cycle
+        if p.sgdr_mult == 1:
+            cycles = max(0, -(-batch_num // length) - 1)  # the k with k * length < batch_num <= (k + 1) * length
+            return cycles * length, length
+        while start + length < batch_num:  # lengths grow geometrically: at most 63 turns for 64-bit steps
+            start += length
+            length *= p.sgdr_mult
+        return start, length
 
     def lr(step: int) -> float:
         batch_num = step + 1
@@ -356,6 +373,10 @@ def darknet(learning_rate: float, p: DarknetScheduleConfig, total_steps: int) ->
             return learning_rate * p.gamma**batch_num
         if p.policy == "poly":
             return learning_rate * max(1.0 - batch_num / max_batches, 0.0) ** p.power
+        if p.policy == "sgdr":
+            start, length = sgdr_cycle_start(batch_num)
+            return p.learning_rate_min + 0.5 * (learning_rate - p.learning_rate_min) * (
+                1.0 + math.cos(math.pi * (batch_num - start) / length))
         return learning_rate / (1.0 + math.exp(p.gamma * (batch_num - p.step)))  # sig
 
     return lr

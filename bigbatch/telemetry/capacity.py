@@ -83,6 +83,7 @@ def parameter_count(cfg: RunConfig) -> int | None:
 
     key = cfg.model.part().info.get("size_key", "model.name")
     model_cfg = cfg.model.model_copy(update={"weights": None})  # the size only: no weights file is read
+    guessed = cfg.data.classes is None  # the dataset's classes are known once it is read: a count is guessed
     if cfg.task == "detection":
         classes, shape = len(cfg.data.classes or ["object"]), {"min_size": cfg.data.size,
                                                                "max_size": max(largest_input(cfg))}
@@ -96,7 +97,9 @@ def parameter_count(cfg: RunConfig) -> int | None:
             raise UserError(f"{key}: the model would have more than 2^63 bytes of parameters "
                             f"({str(e).splitlines()[0][:120]})") from None
         return None
-    except UserError:
+    except UserError as e:
+        if guessed and "classes" in str(e):  # the guessed class count (a cfg's counters_per_class): left to the run
+            return None
         raise
     except Exception:  # a model that cannot be built on the meta device: its size is left to the run
         return None

@@ -299,10 +299,10 @@ def is_due(done: int, every: int | EveryImages, total: int, plan: BatchPlan | No
     return done % every == 0 or done == total
 
 
-def every_steps(length: int | float | str, plan: BatchPlan) -> int | EveryImages:
+def every_steps(length: int | float | str, plan: BatchPlan, key: str = "a length") -> int | EveryImages:
     """An interval given in steps, epochs or images, as a whole number of steps (at least 1); under a batch
     schedule or a growing adaptive batch, an interval in epochs or images stays one of images (``EveryImages``)."""
     number, unit = parse_length(length)
     if (plan.phases or plan.grow_to is not None) and unit != "steps":
-        return EveryImages(number * plan.train_images if unit == "epochs" else number, plan)
-    return max(1, round(length_in_steps(length, plan)))
+        return EveryImages(number * plan.images_per_epoch(key) if unit == "epochs" else number, plan)
+    return max(1, round(length_in_steps(length, plan, key)))

@@ -11,7 +11,7 @@ class Evaluation(Hook):
     stage = "evaluate"
 
     def __init__(self, run: Run) -> None:
-        self.every = every_steps(run.cfg.eval.every, run.plan)
+        self.every = every_steps(run.cfg.eval.every, run.plan, "eval.every")
 
     def after_step(self, run: Run) -> None:
         done = run.state.step
