@@ -28,13 +28,15 @@ ADDED_SINCE = {"  color_jitter: 0.0\n": "  mosaic: 0.0\n  mosaic_bound: false\n"
     "  cfg: null\n": "  memory_format: auto\n  darknet_dialect: alexeyab\n",
     "  min_lr_ratio: null\n": "  batch: []\n  decay_at_batch_milestones: false\n",
     "  momentum_correction: false\n": "  fused: false\n",
-    "  limit: null\n": "  keep_freed: true\n"}
+    "  limit: null\n": "  keep_freed: true\n",
+    "    max_batches: null\n": "    learning_rate_min: 1.0e-05\n    sgdr_cycle: null\n    sgdr_mult: 2\n"}
 """Keys added to the config since the run was written (after the line they follow), at their defaults:
 ``data.mosaic`` and ``data.mosaic_bound`` (detection augmentation); ``data.darknet``, Darknet's classifier
 augmentation (``data.preprocessing: darknet``); ``data.standard``, the keys of ``data.preprocessing: standard``;
 ``data.decode``; ``model.memory_format``; ``model.darknet_dialect``; ``schedule.batch`` and
 ``schedule.decay_at_batch_milestones`` (a batch schedule); ``optim.fused`` (AdamW's fused kernel);
-``memory.keep_freed`` (host memory kept for the next micro-batch)."""
+``memory.keep_freed`` (host memory kept for the next micro-batch); ``schedule.darknet.learning_rate_min``,
+``sgdr_cycle`` and ``sgdr_mult`` (Darknet's ``sgdr`` policy)."""
 
 
 def test_its_config_is_written_back_byte_for_byte():

@@ -46,7 +46,7 @@ def bad_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "a path under a file": (a_file / "run", f"cannot make {a_file / 'run'}: {a_file} is a file"),
         "a name too long": (tmp_path / ("x" * 300), "File name too long"),
         "a place under /proc": (Path("/proc/bigbatch-no-such-run"), "cannot make /proc/bigbatch-no-such-run"),
-        "a read-only folder (/proc/self)": (Path("/proc/self"), "cannot write in /proc/self"),
+        "a read-only folder (/proc/self)": (Path("/proc/self"), "/proc/self is not a bigbatch run directory and holds"),
     }
 
 
@@ -76,6 +76,22 @@ def test_a_users_folder_holding_a_file_the_run_would_write_is_refused(tmp_path, 
     assert "would overwrite" in one_error(capsys, f"--out: {users} is not a bigbatch run directory")
     assert (users / "config.yaml").read_text() == "the user's own config\n"
     assert sorted(p.name for p in users.iterdir()) == ["config.yaml"]
+
+
+def test_a_users_folder_holding_any_file_is_refused_naming_one(tmp_path, capsys, no_training):
+    """``--out`` must be new, empty or a bigbatch run (docs/usage.md): a folder of the user's photos is refused, naming
+    one of its files, and left as it was; an empty one is taken."""
+    users = tmp_path / "photos"
+    users.mkdir()
+    for name in ("b.jpg", "a.jpg", "notes.txt"):
+        (users / name).write_bytes(b"the user's")
+    assert main(["train", "digits", "--out", str(users), "--set", *TINY]) == 2
+    one_error(capsys, f"--out: {users} is not a bigbatch run directory and holds {users / 'a.jpg'} and 2 more")
+    assert sorted(p.name for p in users.iterdir()) == ["a.jpg", "b.jpg", "notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(AssertionError, match="training started"):  # an empty folder passes the checks
+        main(["train", "digits", "--out", str(empty), "--set", *TINY, "steps=1"])
 
 
 def test_another_tools_run_folder_is_not_taken_for_a_bigbatch_run(tmp_path, capsys, no_training):

@@ -102,15 +102,18 @@ def _make(path: Path, key: str) -> list[Path]:
 
 
 def _check_not_foreign(path: Path, key: str) -> None:
-    """An existing folder is written into only when it holds none of the names a run writes, or is a run of
-    bigbatch's: its ``config.yaml`` reads as a bigbatch config. A ``config.yaml`` of the user's is never overwritten."""
+    """An existing folder is written into only when it is empty (but for a lock file a run left) or is a run of
+    bigbatch's: its ``config.yaml`` reads as a bigbatch config. Nothing of the user's is written beside, nor a
+    ``config.yaml`` of theirs overwritten."""
     if (path / LOCK_NAME).is_symlink():
         raise UserError(f"{key}: {path / LOCK_NAME} is a symbolic link, not bigbatch's lock file; choose another "
                         f"folder")
-    taken = [name for name in RUN_FILES if (path / name).exists() or (path / name).is_symlink()]
-    if taken and not _is_bigbatch_run(path):
-        raise UserError(f"{key}: {path} is not a bigbatch run directory and already holds {path / taken[0]}, which "
-                        f"the run would overwrite; choose a new or empty folder")
+    held = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
+    if held and not _is_bigbatch_run(path):
+        taken = [name for name in RUN_FILES if name in held]
+        what = (f"already holds {path / taken[0]}, which the run would overwrite" if taken else
+                f"holds {path / held[0]}" + (f" and {len(held) - 1} more" if len(held) > 1 else ""))
+        raise UserError(f"{key}: {path} is not a bigbatch run directory and {what}; choose a new or empty folder")
 
 
 def _is_bigbatch_run(path: Path) -> bool:
