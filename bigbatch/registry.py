@@ -30,6 +30,7 @@ dataset's paths); it runs while the config is validated, before any work.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -247,7 +248,7 @@ class Registry:
         if entry is None:
             known = self.names()
             shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
-            raise ValueError(f"unknown {self.kind} {name!r} (expected one of: {shown})")
+            raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, known)} (expected one of: {shown})")
         return entry
 
     def all_fields(self) -> dict[str, tuple[Any, Any]]:
@@ -309,3 +310,12 @@ HOOKS = Registry("hook", "", ("bigbatch.engine.hooks",))
 CONFIG_FORMATS = Registry("config format", "", ("bigbatch.darknet.recipe",))
 """Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
 a mistake in the file is a ``UserError`` naming it."""
+
+
+def did_you_mean(word: object, choices: list[str]) -> str:
+    """``"; did you mean 'steps'?"`` for the choice nearest ``word`` (difflib's ratio, at least 0.6), else ``""``:
+    a misspelt key, name or recipe gets its likely meaning in the one error line."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -43,7 +43,8 @@ def test_bad_config_fails_with_one_error_line(tmp_path, command, overrides, key,
 
 
 def test_unknown_key_lists_the_accepted_keys():
-    with pytest.raises(UserError, match=r"^batchsize: unknown key \(expected one of: .*\bbatch\b.*\bsubdivisions\b"):
+    with pytest.raises(UserError, match=r"^batchsize: unknown key; did you mean 'batch'\? \(expected one of: "
+                                        r".*\bsubdivisions\b"):
         load_config("digits", ["batchsize=64"])
 
 
@@ -57,8 +58,26 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 
 
 def test_unknown_recipe_names_the_builtins():
-    with pytest.raises(UserError, match="neither a YAML file nor a built-in recipe.*digits"):
+    with pytest.raises(UserError, match="neither a YAML file, a Darknet .cfg nor a built-in recipe.*digits") as e:
         load_config("no-such-recipe")
+    assert "did you mean" not in str(e.value)
+    recipes = str(e.value).split("(built-in: ")[1].rstrip(")").split(", ")
+    assert len(recipes) == len(set(recipes)) and "yolov3-tiny-shapes" in recipes  # a .yaml and a .cfg: listed once
+
+
+@pytest.mark.parametrize(("source", "overrides", "expected"), [
+    ("digitz", [], "config: 'digitz' is neither a YAML file, a Darknet .cfg nor a built-in recipe; did you mean "
+                   "'digits'?"),
+    ("digits", ["step=10"], "step: unknown key; did you mean 'steps'?"),
+    ("digits", ["optim.nme=sgd"], "optim.nme: unknown key; did you mean 'name'?"),
+    ("digits", ["data.name=digitz"], "data.name: unknown dataset 'digitz'; did you mean 'digits'?"),
+    ("digits", ["schedule.decay.kind=cosin"], "schedule.decay.kind: unknown decay 'cosin'; did you mean 'cosine'?"),
+    ("digits", ["zzz=1"], "zzz: unknown key (expected one of: "),
+])
+def test_a_misspelt_name_gets_the_nearest_one(source, overrides, expected):
+    with pytest.raises(UserError) as e:
+        load_config(source, overrides)
+    assert str(e.value).startswith(expected), str(e.value)
 
 
 def test_overrides_are_typed_and_steps_replaces_epochs():

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from bigbatch.config.section import Section
+from bigbatch.registry import did_you_mean
 
 ADAPTIVE_KEYS = ("mode", "base", "max", "grow")
 
@@ -53,7 +54,8 @@ def unfold_adaptive(data: Any) -> Any:
         return data
     unknown = [key for key in batch if key not in ADAPTIVE_KEYS]
     if unknown:
-        raise ValueError(f"batch.{unknown[0]}: unknown key (expected one of: {', '.join(ADAPTIVE_KEYS)})")
+        near = did_you_mean(unknown[0], list(ADAPTIVE_KEYS))
+        raise ValueError(f"batch.{unknown[0]}: unknown key{near} (expected one of: {', '.join(ADAPTIVE_KEYS)})")
     if batch.get("mode") != "adaptive":
         raise ValueError(f"batch.mode: expected 'adaptive' (a fixed batch is a number: batch: 256), got "
                          f"{batch.get('mode')!r}")

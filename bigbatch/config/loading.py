@@ -14,14 +14,14 @@ from pydantic import ValidationError
 from bigbatch.config.messages import describe_validation_error, dotted
 from bigbatch.config.run import RunConfig
 from bigbatch.errors import UserError
-from bigbatch.registry import CONFIG_FORMATS
+from bigbatch.registry import CONFIG_FORMATS, did_you_mean
 
 RECIPES_DIR = Path(__file__).parent.parent / "configs"
 """The built-in recipes (``bigbatch/configs/``)."""
 
 def builtin_recipes() -> list[str]:
     """The recipes in ``bigbatch/configs/``: YAML files, and the Darknet ``.cfg`` files written for bigbatch."""
-    return sorted(p.stem for p in [*RECIPES_DIR.glob("*.yaml"), *RECIPES_DIR.glob("*.cfg")])
+    return sorted({p.stem for p in [*RECIPES_DIR.glob("*.yaml"), *RECIPES_DIR.glob("*.cfg")]})
 
 
 MAX_YAML_NODES = 100_000
@@ -127,10 +127,9 @@ def resolve_config_source(source: str) -> tuple[Path, str]:
         builtin = RECIPES_DIR / f"{source}{suffix}"
         if builtin.is_file():
             return builtin, source
-    raise UserError(
-        f"config: {source!r} is neither a YAML file nor a built-in recipe "
-        f"(built-in: {', '.join(builtin_recipes())})"
-    )
+    recipes = builtin_recipes()
+    raise UserError(f"config: {source!r} is neither a YAML file, a Darknet .cfg nor a built-in recipe"
+                    f"{did_you_mean(source, recipes)} (built-in: {', '.join(recipes)})")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

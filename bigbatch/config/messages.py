@@ -8,6 +8,7 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from bigbatch.config.section import Section
+from bigbatch.registry import did_you_mean
 
 _UNION_MEMBERS = {"float", "int", "str", "bool", "list", "dict", "tuple", "none"}
 
@@ -32,8 +33,10 @@ def _describe(error: dict[str, Any], section: type[Section] | None) -> tuple[str
     kind = error["type"]
     loc = dotted(_key(error["loc"], kind))
     if kind == "extra_forbidden":
-        expected = f" (expected one of: {', '.join(section.keys())})" if section is not None else ""
-        return loc, f"unknown key{expected}"
+        if section is None:
+            return loc, "unknown key"
+        keys = list(section.keys())
+        return loc, f"unknown key{did_you_mean(error['loc'][-1], keys)} (expected one of: {', '.join(keys)})"
     if kind == "missing":
         return loc, "missing (required)"
     message = error["msg"]
