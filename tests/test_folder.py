@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from bigbatch.config import load_config
-from bigbatch.data import folder
+from bigbatch.data import folder, jpeg
 from bigbatch.data.crops import InceptionTrainCrop
 from bigbatch.data.folder import FolderImages, decode_crop, find_classes, huge_page_tensor, jpeg_reduction, list_samples
 from bigbatch.data.problems import DataIssues
@@ -88,7 +88,11 @@ def damaged(tmp_path, photos) -> tuple[Path, list[Path]]:
     truncated.write_bytes(truncated.read_bytes()[:300])
     not_an_image = root / "train" / "flower" / "notes.jpg"
     not_an_image.write_text("not an image\n")
-    return root, [truncated, not_an_image]
+    garbled = root / "train" / "china" / "001.jpg"  # 20 bytes of 0xFF mid-scan: libjpeg warns, then fails
+    data = bytearray(garbled.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 20] = b"\xff" * 20
+    garbled.write_bytes(bytes(data))
+    return root, [truncated, not_an_image, garbled]
 
 
 def test_bad_files_are_reported_once_and_replaced(tmp_path, damaged):
@@ -97,15 +101,37 @@ def test_bad_files_are_reported_once_and_replaced(tmp_path, damaged):
     assert result.returncode == 0, result.stderr
     for path in bad:
         assert result.stderr.count(f"warning: {path}: unreadable image") == 1, result.stderr
-    assert "data: 2 problems in 2 files: 2 images replaced" in result.stdout
+    assert "BytesIO" not in result.stderr  # PIL's in-memory file is not named: the file is
+    assert "data: 3 problems in 3 files: 3 images replaced" in result.stdout
 
 
 def test_a_strict_run_stops_at_the_first_bad_file_naming_it(tmp_path, damaged):
+    """One line: libjpeg's own warnings ("Corrupt JPEG data: ...", which torchvision's decoder prints on stderr)
+    do not print above it."""
     root, bad = damaged
     result = train(tmp_path / "run", root, "data.strict=true")
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: data: {bad[0]}: "), result.stderr
+    if jpeg.available():  # the region decode, silent; without it torchvision decodes, and libjpeg warns
+        assert len(result.stderr.splitlines()) == 1, result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.skipif(not jpeg.available(), reason="the region decode (the C extension) was not built")
+def test_decoding_a_garbled_jpeg_prints_nothing_of_libjpegs_own(damaged, capfd):
+    from torchvision.io import decode_image
+
+    from bigbatch.data.images import decode_rgb
+
+    garbled = str(damaged[1][2])
+    with pytest.raises(RuntimeError):
+        decode_image(garbled)
+    assert "Corrupt JPEG data" in capfd.readouterr().err  # the file makes libjpeg warn, as torchvision calls it
+    with pytest.raises(RuntimeError, match="premature end of data segment|truncated"):
+        decode_rgb(garbled)
+    assert capfd.readouterr().err == ""
+    good = str(damaged[0] / "train" / "china" / "002.jpg")
+    assert torch.equal(decode_rgb(good), decode_image(good))
 
 
 class Box:

@@ -16,17 +16,42 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
+from bigbatch.data import jpeg
+from bigbatch.data.files import read_regular
+
 DECODABLE = ("GIF", "JPEG", "PNG", "WEBP")  # the formats torchvision.io.decode_image reads (PIL's names)
 
 
 def error_reason(error: Exception) -> str:
-    """torchvision's message without its C++ source location (``decode_jpeg, /path/file.cpp:171, ...``)."""
-    return re.sub(r"^\w+, \S+:\d+, ", "", str(error)).strip()
+    """torchvision's message without its C++ source location (``decode_jpeg, /path/file.cpp:171, ...``), and PIL's
+    without the in-memory file it read (``cannot identify image file <_io.BytesIO object at 0x...>``): the caller
+    names the file."""
+    reason = re.sub(r"^\w+, \S+:\d+, ", "", str(error))
+    return re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", reason).strip()
+
+
+def decode_bytes(data: bytearray) -> torch.Tensor:
+    """An image file's bytes decoded as uint8 [3, H, W] RGB: a JPEG by the region decode over the whole image where
+    it was built (``data/jpeg.py``: torchvision's pixels bit for bit, and silent, where libjpeg's own warnings, such
+    as "Corrupt JPEG data: premature end of data segment", would print on stderr above bigbatch's one line), else by
+    torchvision. A file that does not decode is a ``RuntimeError`` with the reason."""
+    try:
+        size = jpeg.region_size(data)
+        if size is not None:
+            return jpeg.decode_region(data, 0, 0, *size).contiguous()
+        return decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except (ValueError, Image.DecompressionBombError) as error:
+        raise RuntimeError(str(error)) from None
 
 
 def decode_rgb(path: str) -> torch.Tensor:
-    """The image decoded by torchvision (libjpeg-turbo for JPEG) as uint8 [3, H, W] RGB."""
-    return decode_image(path, mode=ImageReadMode.RGB)
+    """The image file at ``path`` (a regular file of at most 1 GiB: ``files.read_regular``) decoded as uint8
+    [3, H, W] RGB (:func:`decode_bytes`); a file that cannot be read or decoded is a ``RuntimeError``."""
+    try:
+        data = read_regular(path)
+    except OSError as error:
+        raise RuntimeError(str(error)) from None
+    return decode_bytes(data)
 
 
 def inspect_image(path: str, decode: bool = False) -> tuple[tuple[int, int] | None, str | None]:

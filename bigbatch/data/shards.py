@@ -62,12 +62,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data.files import open_regular
 from bigbatch.data.folder import DECODE_ERRORS, CropFirst, EncodedImages, classification_fields, preprocessing
 from bigbatch.data.formats import train_images_given
-from bigbatch.data.images import error_reason
+from bigbatch.data.images import decode_bytes, error_reason
 from bigbatch.data.order import Batches, batches_of
 from bigbatch.data.pack import INDEX
 from bigbatch.data.problems import DataIssues
@@ -271,7 +270,7 @@ class ShardImages(EncodedImages):
                         raise OSError("the shard ends before the image does")
                     with Image.open(io.BytesIO(data)):
                         pass
-                    decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
+                    decode_bytes(data)
                 except DECODE_ERRORS as error:
                     problems.append((index, f"unreadable image ({error_reason(error)}{self.origin(index)})"))
         return problems
