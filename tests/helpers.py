@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import socket
@@ -158,6 +159,12 @@ def torchrun(out, *overrides: str, processes: int = 2) -> subprocess.CompletedPr
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", *COMMON, *overrides]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def train_records(out) -> list[dict]:
+    """The training records of the run directory ``out``'s ``metrics.jsonl`` (no evaluations, no events)."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "lr" in r]
 
 
 def weights(out) -> dict[str, torch.Tensor]:

@@ -67,13 +67,21 @@ OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryLimitExceeded)
 @dataclass
 class StepResult:
     loss: torch.Tensor
-    """Mean micro-batch loss (unscaled)."""
+    """Mean micro-batch loss (unscaled) over this process's micro-batches (the training record averages ``means`` over
+    every process's)."""
     grad_norm: float | None
     """Global gradient norm before clipping, when clipping by norm."""
     applied: bool
     """False when a gradient was not finite: no update was made."""
     nonfinite_layer: str | None = None
     """The first parameter whose gradient was not finite, when not applied."""
+    micro_batches: int = 1
+    """How many micro-batches ``loss`` is the mean of (on this process)."""
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """What the training record averages over every process's micro-batches (``engine/distributed.py``'s
+        ``global_means``)."""
+        return {"loss": self.loss}
 
 
 def _nothing(index: int) -> None:
@@ -130,7 +138,7 @@ def attempt_step(
         nonfinite_layer = first_nonfinite(model)
     scaler.update(finite, unwrap(model))
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer)
+    return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer, subdivisions)
 
 
 class MicroBatchHooks(Protocol):
