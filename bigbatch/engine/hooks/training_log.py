@@ -1,6 +1,6 @@
 """The training record: every ``log.every`` steps (and the first and the last), the step's scalars.
 
-Under torchrun the loss is the global batch's: at the recorded steps (the same on every process) every
+Under torchrun the loss and its terms are the global batch's: at the recorded steps (the same on every process) every
 process's means over its micro-batches are averaged in one small all-reduce (``distributed.global_means``), so a
 record does not depend on the layout (processes x subdivisions). What a process measures of itself (times, memory)
 stays rank 0's. Only rank 0 puts the record."""
@@ -19,8 +19,9 @@ from bigbatch.registry import HOOKS
 
 class TrainingLog(Hook):
     """The ``train`` record: ``step``, ``images``, ``epoch``, ``lr``, ``loss`` (the step's mean micro-batch loss over
-    the global batch), ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step waited
-    for its data, on rank 0), and ``grad_norm`` (when clipping by norm), ``loss_scale`` (when one is used) and
+    the global batch) and its terms when the task's loss has some (``loss_box``, ...: each its mean micro-batch value
+    over the global batch), ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step
+    waited for its data, on rank 0), and ``grad_norm`` (when clipping by norm), ``loss_scale`` (when one is used) and
     ``batch`` (the global batch of the step, under a batch schedule); the measure hooks' values join it
     (``engine/hooks/base.py``).
 
