@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import socket
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,16 +149,23 @@ COMMON = ["batch=64", "steps=3", "data.size=16", "model.width=8", "log.tensorboa
 """The short digits run that the layout tests (one process against several) train."""
 
 
-def torchrun(out, *overrides: str, processes: int = 2) -> subprocess.CompletedProcess:
-    """``bigbatch train digits`` with ``COMMON`` and ``overrides`` under a real ``torchrun`` of ``processes``, on the
-    CPU."""
+def torchrun(out, *overrides: str, processes: int = 2, config: str = "digits",
+             common: Sequence[str] = COMMON) -> subprocess.CompletedProcess:
+    """``bigbatch train <config>`` (default: digits with ``COMMON``) with ``common`` and ``overrides`` under a real
+    ``torchrun`` of ``processes``, on the CPU."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", *COMMON, *overrides]
+               "-m", "bigbatch", "train", config, "--out", str(out), "--set", *common, *overrides]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def train_records(out) -> list[dict]:
+    """The training records of the run directory ``out``'s ``metrics.jsonl`` (no evaluations, no events)."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "lr" in r]
 
 
 def weights(out) -> dict[str, torch.Tensor]:

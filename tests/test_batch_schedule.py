@@ -164,6 +164,8 @@ def test_one_process_and_two_grow_the_batch_alike(tmp_path):
     assert multi.returncode == 0, multi.stderr[-3000:]
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
     assert [r["batch"] for r in records(tmp_path / "two")] == [64, 64, 128, 128]
+    logged = [[r["loss"] for r in records(tmp_path / name)] for name in ("one", "two")]
+    assert logged[1] == pytest.approx(logged[0], rel=1e-5), "the global batch's loss, before and after it grows"
 
 
 def test_schedule_prints_and_writes_the_batch_beside_the_lr(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import run_main
+from tests.helpers import run_main, torchrun
 
 QUICK = ["log.tensorboard=false", "data.workers=0", "eval.batch=50"]
 
@@ -32,24 +32,33 @@ def network_weights(out: Path) -> dict[str, torch.Tensor]:
     return network_state(torch.load(out / "checkpoints" / "last.pt", weights_only=True))
 
 
-def test_the_loss_and_the_update_are_the_same_for_1_and_4_subdivisions(shapes, tmp_path):
-    """Darknet's batch/subdivisions meaning: one step of batch 16 as 1 micro-batch of 16 or 4 of 4 gives the same loss
-    and the same weights (BatchNorm frozen during a burn-in of 2 steps, so that its batch statistics do not depend
-    on the layout; the loss is per image)."""
-    outs = {}
+def test_the_loss_its_terms_and_the_update_are_the_same_for_1_and_4_subdivisions_and_2_processes(shapes, tmp_path):
+    """Darknet's batch/subdivisions meaning: one step of batch 16 as 1 micro-batch of 16 or 4 of 4, or under torchrun
+    2 processes of 2 of 4, gives the same loss, the same loss terms and the same weights (BatchNorm frozen during a
+    burn-in of 2 steps, so that its batch statistics do not depend on the layout; the loss is per image). The terms
+    sum to the loss; under torchrun the record's are the global batch's, not rank 0's half."""
+    settings = [f"data.path={shapes}", *QUICK, "batch=16", "steps=2", "eval.every=100", "checkpoint.every=2",
+                "norm.freeze_during_warmup=true", "data.jitter=0", "optim.lr=0.01", "schedule.darknet.burn_in=2"]
+    outs = {layout: tmp_path / layout for layout in ("1x1", "1x4", "2x2")}
     for subdivisions in (1, 4):
-        out = outs[subdivisions] = tmp_path / f"s{subdivisions}"
-        result = run_main("train", "yolov3-tiny-shapes", "--out", str(out), "--set", f"data.path={shapes}", *QUICK,
-                          "batch=16", f"subdivisions={subdivisions}", "steps=2", "eval.every=100",
-                          "checkpoint.every=2", "norm.freeze_during_warmup=true", "data.jitter=0", "optim.lr=0.01",
-                          "schedule.darknet.burn_in=2")
+        result = run_main("train", "yolov3-tiny-shapes", "--out", str(outs[f"1x{subdivisions}"]), "--set",
+                          *settings, f"subdivisions={subdivisions}")
         assert result.returncode == 0, result.stderr[-2000:]
-    one, four = (records(outs[s]) for s in (1, 4))
-    losses = [[r["loss"] for r in rs if "loss" in r] for rs in (one, four)]
-    assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)
-    a, b = network_weights(outs[1]), network_weights(outs[4])
-    for key in a:
-        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), key
+    result = torchrun(outs["2x2"], "subdivisions=2", config="yolov3-tiny-shapes", common=settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = {layout: [r for r in records(out) if "loss" in r] for layout, out in outs.items()}
+    keys = ("loss", "loss_box", "loss_obj", "loss_cls")  # the terms: each the mean over the micro-batches
+    for layout in ("1x4", "2x2"):
+        assert [r["step"] for r in logged[layout]] == [r["step"] for r in logged["1x1"]] == [1, 2]
+        for a, b in zip(logged["1x1"], logged[layout], strict=True):
+            assert [b[k] for k in keys] == pytest.approx([a[k] for k in keys], rel=1e-5), layout
+    for r in logged["1x1"]:
+        assert sum(r[k] for k in keys[1:]) == pytest.approx(r["loss"], rel=1e-6)
+    a = network_weights(outs["1x1"])
+    for layout in ("1x4", "2x2"):
+        b = network_weights(outs[layout])
+        for key in a:
+            assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), (layout, key)
 
 
 def test_weights_files_start_a_run_and_come_out_of_it(shapes, tmp_path):

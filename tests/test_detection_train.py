@@ -165,8 +165,8 @@ def test_plan_measures_the_largest_detection_input(shapes):
     task = build_task(cfg)
     images, targets = task.synthetic_batch(cfg, 2, torch.device("cpu"))
     assert [tuple(image.shape) for image in images] == [(3, 160, 200)] * 2  # 160 x 160 / 128 (max_size / size)
-    loss = task.loss(task.build_model(cfg).train(), (images, targets))
-    assert torch.isfinite(loss)
+    terms = task.loss(task.build_model(cfg).train(), (images, targets))
+    assert terms and all(name.startswith("loss_") and torch.isfinite(value) for name, value in terms.items())
 
 
 def write_yolo_copy(shapes: Path, root: Path) -> Path:

@@ -1,11 +1,25 @@
-"""The same training whatever the layout: real ``torchrun`` processes (Gloo on the CPU) against one process."""
+"""The same training whatever the layout: real ``torchrun`` processes (Gloo on the CPU) against one process; the
+records' means over every process's micro-batches."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
+import torch.distributed as dist
 
-from tests.helpers import COMMON, assert_same_weights, run_main, torchrun, weights
+from bigbatch.engine.distributed import global_means
+from tests.helpers import (
+    COMMON,
+    HANG_GUARD_S,
+    assert_same_weights,
+    run_main,
+    run_spawned,
+    torchrun,
+    train_records,
+    weights,
+)
 
 
 @pytest.mark.parametrize(
@@ -17,17 +31,17 @@ from tests.helpers import COMMON, assert_same_weights, run_main, torchrun, weigh
     ],
     ids=["groupnorm-4-vs-2x2", "batchnorm-2-vs-2x1", "cross-device-bn-1-vs-2x1"],
 )
-def test_layout_does_not_change_the_weights(tmp_path, one_process, two_processes):
-    single = run_main("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, *one_process)
+def test_layout_does_not_change_the_weights_or_the_logged_loss(tmp_path, one_process, two_processes):
+    """The weights, and the loss each step's record logs: the global batch's mean micro-batch loss, not rank 0's."""
+    single = run_main("train", "digits", "--out", str(tmp_path / "one"), "--set", *COMMON, *one_process, "log.every=1")
     assert single.returncode == 0, single.stderr
-    multi = torchrun(tmp_path / "two", *two_processes)
+    multi = torchrun(tmp_path / "two", *two_processes, "log.every=1")
     assert multi.returncode == 0, multi.stderr[-3000:]
     assert multi.stdout.count("run written to") == 1, "only rank 0 reports"
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
-    import json
-
-    train = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in train if "lr" in r]
+    one, train = train_records(tmp_path / "one"), train_records(tmp_path / "two")
+    assert [r["step"] for r in train] == [r["step"] for r in one] == [1, 2, 3]
+    assert [r["loss"] for r in train] == pytest.approx([r["loss"] for r in one], rel=1e-5)
     if "subdivisions=2" in two_processes:  # DDP with a synchronising last backward: its wait is t_sync
         phases = ("t_data", "t_forward", "t_backward", "t_sync", "t_update", "t_other")
         assert all(r["t_sync"] >= 0 and sum(r[p] for p in phases) == pytest.approx(r["t_step"], rel=0.05)
@@ -50,3 +64,35 @@ def test_cross_device_bn_running_statistics_match_one_process(tmp_path, running_
     for key in a:
         if key.endswith(("running_mean", "running_var")):
             torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-4, msg=key)
+
+
+ITEMS = (torch.tensor([[2.5, 1.0]], dtype=torch.float64),
+         torch.tensor([[1.0, 0.5], [3.0, 0.25], [0.5, 2.0]], dtype=torch.float64))
+"""Two processes' items (a loss and one term each): unequal counts, so that a plain mean of the means would differ."""
+
+
+def _means(items: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"loss": items[:, 0].mean(), "loss_box": items[:, 1].mean()}
+
+
+def _global_means_worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(ITEMS),
+                            timeout=timedelta(seconds=HANG_GUARD_S))
+    try:
+        torch.save(global_means(_means(ITEMS[rank]), len(ITEMS[rank])), f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_global_means_are_the_means_over_every_process_items(tmp_path):
+    """Each value's mean over the items of every process (the concatenation's mean: the oracle), the same on every
+    process, each process weighed by its number of items; without a process group, this process's own means."""
+    everything = torch.cat(ITEMS)
+    expected = {"loss": everything[:, 0].mean().item(), "loss_box": everything[:, 1].mean().item()}
+    gathered = run_spawned(_global_means_worker, len(ITEMS), tmp_path)
+    assert gathered[0] == gathered[1]
+    assert list(gathered[0]) == ["loss", "loss_box"]
+    assert gathered[0] == pytest.approx(expected, rel=1e-12)
+    alone = global_means(_means(ITEMS[1]), len(ITEMS[1]))
+    assert alone == pytest.approx({k: v.item() for k, v in _means(ITEMS[1]).items()}, rel=1e-12)

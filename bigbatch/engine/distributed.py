@@ -7,6 +7,7 @@ process of world size 1. Only rank 0 writes logs, metrics and checkpoints.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,26 @@ def store_of_this_attempt(world: int) -> dist.Store | None:
                                 is_master=False, timeout=dist.default_pg_timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"bigbatch/attempt_{attempt}", agent_store)
+
+
+def global_means(means: Mapping[str, torch.Tensor], count: int) -> dict[str, float]:
+    """Each value's mean over the items of every process, from this process's ``means`` over its ``count`` items:
+    ``sum_p count_p mean_p / sum_p count_p`` (with equal counts, the mean over the processes of their means).
+
+    One packed float64 all-reduce of ``(count, count * mean, ...)`` on the values' device (NCCL reduces device
+    tensors; Gloo either) and one host transfer; without a process group, the means themselves. A collective: every
+    process calls it at the same points, with the same keys in the same order."""
+    if not means:
+        return {}
+    values = list(means.values())
+    device = values[0].device
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return dict(zip(means, torch.stack([v.detach().to(torch.float64) for v in values]).tolist(), strict=True))
+    weight = torch.tensor(float(count), dtype=torch.float64, device=device)
+    packed = torch.stack([weight, *(v.detach().to(device=device, dtype=torch.float64) * weight for v in values)])
+    dist.all_reduce(packed)
+    total, *sums = packed.tolist()
+    return {name: value / total for name, value in zip(means, sums, strict=True)}
 
 
 def teardown() -> None:

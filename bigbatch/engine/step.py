@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -44,7 +44,9 @@ from bigbatch.largebatch.norm import (
 from bigbatch.largebatch.precision import LossScaler, first_nonfinite
 from bigbatch.telemetry.memory import MemoryLimitExceeded
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
+LossFn = Callable[[nn.Module, Any], torch.Tensor | Mapping[str, torch.Tensor]]
+"""A micro-batch's mean loss (a scalar), or its terms by name: the loss is their sum, and the training record shows
+each (``Task.loss``, ``tasks/base.py``)."""
 MicroBatchHook = Callable[[int], None]
 """Called with a micro-batch's index: before its forward, or after its backward."""
 
@@ -67,13 +69,31 @@ OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryLimitExceeded)
 @dataclass
 class StepResult:
     loss: torch.Tensor
-    """Mean micro-batch loss (unscaled)."""
+    """Mean micro-batch loss (unscaled) over this process's micro-batches (the training record averages ``means`` over
+    every process's)."""
     grad_norm: float | None
     """Global gradient norm before clipping, when clipping by norm."""
     applied: bool
     """False when a gradient was not finite: no update was made."""
     nonfinite_layer: str | None = None
     """The first parameter whose gradient was not finite, when not applied."""
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Each loss term's mean over this process's micro-batches, when the loss came as terms (their sum is ``loss``)."""
+    micro_batches: int = 1
+    """How many micro-batches ``loss`` and ``terms`` are the means of (on this process)."""
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """``loss``, then the terms: what the training record averages over every process's micro-batches
+        (``engine/distributed.py``'s ``global_means``)."""
+        return {"loss": self.loss, **self.terms}
+
+
+def _loss_and_terms(out: torch.Tensor | Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A loss function's result as (the loss, its terms): terms by name sum to the loss; a scalar has none."""
+    if isinstance(out, Mapping):
+        terms = dict(out)
+        return sum(terms.values()), terms
+    return out, {}
 
 
 def _nothing(index: int) -> None:
@@ -106,7 +126,7 @@ def attempt_step(
     clock = clock or PhaseClock("off")
     subdivisions = len(micro_batches)
     distributed = isinstance(model, DistributedDataParallel)
-    losses = []
+    losses, terms = [], []
     for i, micro_batch in enumerate(micro_batches):
         last = i == subdivisions - 1
         sync = contextlib.nullcontext() if last or not distributed else model.no_sync()
@@ -114,12 +134,13 @@ def attempt_step(
         with sync:
             clock.switch("forward")
             with autocast():
-                loss = loss_fn(model, micro_batch)
+                loss, parts = _loss_and_terms(loss_fn(model, micro_batch))
             clock.switch("last_backward" if last and distributed and subdivisions > 1 else "backward")
             (loss * (scaler.scale / subdivisions)).backward()
             clock.switch("other")
         after_backward(i)
         losses.append(loss.detach())
+        terms.append({name: value.detach() for name, value in parts.items()})
     clock.switch("update")
     finite = scaler.unscale_(model.parameters())
     grad_norm, nonfinite_layer = None, None
@@ -130,7 +151,9 @@ def attempt_step(
         nonfinite_layer = first_nonfinite(model)
     scaler.update(finite, unwrap(model))
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer)
+    term_means = {name: torch.stack([t[name] for t in terms]).float().mean() for name in terms[0]}
+    return StepResult(torch.stack(losses).float().mean(), grad_norm, finite, nonfinite_layer, term_means,
+                      subdivisions)
 
 
 class MicroBatchHooks(Protocol):

@@ -40,8 +40,9 @@ class Task(Protocol):
     def observe(self, micro_batches: list[Any]) -> None:
         """See one step's micro-batches as loaded (before they go to the device), e.g. to count data problems."""
 
-    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """The mean loss of one micro-batch (a scalar the step scales and back-propagates)."""
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The mean loss of one micro-batch (a scalar the step scales and back-propagates), or its terms by name
+        (``loss_<name>``): the loss is their sum, and the training record shows each term's mean over the batch."""
 
     def evaluate(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1) -> dict[str, float]:
         """Metrics over the whole validation set, each image counted once, the same on every rank."""

@@ -140,10 +140,13 @@ class DetectionTask:
             self.issues.absorb_targets(targets)
 
     @staticmethod
-    def loss(model: nn.Module, batch: tuple[list[torch.Tensor], list[dict[str, Any]]]) -> torch.Tensor:
-        """The sum of the detector's losses (classification, box regression, ...) over the micro-batch."""
+    def loss(model: nn.Module, batch: tuple[list[torch.Tensor], list[dict[str, Any]]]) -> dict[str, torch.Tensor]:
+        """The detector's losses over the micro-batch (classification, box regression, ...), as its terms: the loss
+        is their sum. Named as the training record shows them: ``loss_<name>`` (torchvision's FCOS and RetinaNet name
+        theirs ``classification``, ``bbox_regression``, ...; Faster R-CNN's and Darknet's have the prefix)."""
         images, targets = batch
-        return sum(model(images, targets).values())
+        return {name if name.startswith("loss_") else f"loss_{name}": value
+                for name, value in model(images, targets).items()}
 
     # --- evaluation -------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,10 +1,16 @@
-"""The training record: every ``log.every`` steps (and the first and the last), the step's scalars."""
+"""The training record: every ``log.every`` steps (and the first and the last), the step's scalars.
+
+Under torchrun the loss and its terms are the global batch's: at the recorded steps (the same on every process) every
+process's means over its micro-batches are averaged in one small all-reduce (``distributed.global_means``), so a
+record does not depend on the layout (processes x subdivisions). What a process measures of itself (times, memory)
+stays rank 0's. Only rank 0 puts the record."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from bigbatch.engine.distributed import global_means
 from bigbatch.engine.hooks.base import Hook, is_due
 from bigbatch.engine.run import Run
 from bigbatch.largebatch.precision import LossScaler
@@ -12,12 +18,21 @@ from bigbatch.registry import HOOKS
 
 
 class TrainingLog(Hook):
-    """The ``train`` record: ``step``, ``images``, ``epoch``, ``lr``, ``loss`` (the step's mean micro-batch loss),
-    ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step waited for its data), and
-    ``grad_norm`` (when clipping by norm), ``loss_scale`` (when one is used) and ``batch`` (the global batch of the
-    step, under a batch schedule); the measure hooks' values join it (``engine/hooks/base.py``)."""
+    """The ``train`` record: ``step``, ``images``, ``epoch``, ``lr``, ``loss`` (the step's mean micro-batch loss over
+    the global batch) and its terms when the task's loss has some (``loss_box``, ...: each its mean micro-batch value
+    over the global batch), ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step
+    waited for its data, on rank 0), and ``grad_norm`` (when clipping by norm), ``loss_scale`` (when one is used) and
+    ``batch`` (the global batch of the step, under a batch schedule); the measure hooks' values join it
+    (``engine/hooks/base.py``).
+
+    Built on every process: at each recorded step every process takes part in the loss's all-reduce (the steps are
+    decided from the step count and the run's plan, the same everywhere); the other processes then return nothing."""
 
     stage = "record"
+
+    def __init__(self, main: bool = True) -> None:
+        self.main = main
+        """Whether this process puts the record (rank 0), or only takes part in its all-reduce."""
 
     def before_train(self, run: Run) -> None:
         self.first = run.state.step + 1
@@ -27,14 +42,16 @@ class TrainingLog(Hook):
         done, plan, result = run.state.step, run.plan, run.result
         if not (is_due(done, run.cfg.log.every, plan.steps) or done == self.first):
             return None
+        means = global_means(result.means(), result.micro_batches)  # a collective: on every process
+        if not self.main:
+            return None
         now = time.perf_counter()
         images = plan.images_before(done)
         rate = (images - plan.images_before(self.last_step)) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_step = now, done
         scaler = run.train_step.scaler
-        values = {"step": done, "images": images, "epoch": round(plan.epoch_at(done), 4), "lr": run.lr,
-                  "loss": result.loss.item(), "images_per_s": round(rate, 1), "skipped": run.train_step.skipped,
-                  "t_data": round(run.t_data, 6)}
+        values = {"step": done, "images": images, "epoch": round(plan.epoch_at(done), 4), "lr": run.lr, **means,
+                  "images_per_s": round(rate, 1), "skipped": run.train_step.skipped, "t_data": round(run.t_data, 6)}
         if plan.phases:
             values["batch"] = plan.batch_at(done - 1)  # the batch in effect in the step just done
         if result.grad_norm is not None:
@@ -44,4 +61,4 @@ class TrainingLog(Hook):
         return values
 
 
-HOOKS.register("training_log", lambda run: TrainingLog() if run.proc.is_main else None)
+HOOKS.register("training_log", lambda run: TrainingLog(main=run.proc.is_main))
