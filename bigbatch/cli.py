@@ -196,7 +196,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"done: {result.steps} steps in {minutes:.1f} min; final:")
     print(result.report)
     if result.best.value is not None:
-        print(f"best {result.best.metric} {result.best.value:.2f} at step {result.best.step}")
+        from bigbatch.registry import TASKS
+
+        text = TASKS.get(cfg.task).info.get("metric_text") or (lambda name, value: f"{value:.4g}")
+        print(f"best {result.best.metric} {text(result.best.metric, result.best.value)} at step {result.best.step}")
     print(f"run written to {out_dir}")
     return 0
 
@@ -254,7 +257,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.batching import EPOCHS_UNKNOWN, make_plan
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_resolved
-    from bigbatch.largebatch.schedule import build_schedule
+    from bigbatch.largebatch.schedule import build_schedule, warmup_note
     from bigbatch.outputs import check_output_file
     from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
     from bigbatch.tasks import train_set_size_if_known
@@ -266,6 +269,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     cfg = load_resolved(args.config, args.overrides, reads_data=False)
     plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size_if_known(cfg))
     lr_at = build_schedule(cfg, plan)
+    note = warmup_note(cfg, plan)
+    if note is not None:
+        print(note)
     if plan.base is not None:  # AdaScale: the base recipe's schedule; the gain is measured during the run
         largest = plan.grow_to or plan.batch
         batch = (f"{plan.batch} = {plan.batch / plan.base:g} x {plan.base}" if plan.grow_to is None else

@@ -60,6 +60,8 @@ class TaskInfo(Info):
     metric_prefixes: tuple[str, ...] = ()
     """Per-class metrics: ``("AP/",)`` admits ``AP/<class>``."""
     check: Callable[[Any], None] | None = None
+    metric_text: Callable[[str, float], str] | None = None
+    """metric_text(name, value) -> the value as the task's report prints it (``"1.00 %"`` for an mAP of 0.01)."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from bigbatch.cli import main
 from bigbatch.engine.hooks import Hook
 from bigbatch.registry import HOOKS
+from tests.helpers import DARKNET_DATA
 
 SETTINGS = ["steps=4", "batch=32", "subdivisions=2", "data.size=8", "model.width=4", "model.norm=group",
             "eval.every=2", "checkpoint.every=2", "log.every=1", "log.tensorboard=false"]
@@ -172,7 +173,14 @@ def test_an_input_bound_run_is_told_what_to_change():
     assert records[0].values == {"step": 10, "event": "input_pipeline", "waited_s": 3.0, "step_s": 10.0,
                                  "share": 0.3}
     assert records[0].message.startswith("input pipeline: waited 30.0% of step time (3.0 s of 10.0 s); the run is "
-                                         "input-bound: try more DataLoader workers (data.workers=0;")
+                                         "input-bound: try more DataLoader workers (data.workers=0, as the config "
+                                         "sets it;")
+    # a Darknet .cfg sets no data.workers: the 0 is bigbatch's default, said so, with the key to set
+    run.cfg = load_config(str(DARKNET_DATA / "yolov3-tiny.cfg"))
+    records.clear()
+    hook.after_train(run)
+    assert "(data.workers=0, bigbatch's default, which the config leaves unset; this machine has" in \
+        records[0].message and "--set data.workers=" in records[0].message
 
 
 class LearnsAfterEvaluation(Hook):

@@ -268,3 +268,21 @@ def test_schedule_cli_reads_a_darknet_cfg(tmp_path):
     rows = dict(line.split(",") for line in csv.read_text().splitlines()[1:])
     assert len(rows) == 500_200
     assert float(rows["999"]) == pytest.approx(0.001) and float(rows["420000"]) == pytest.approx(0.0001)
+
+
+def test_a_warmup_longer_than_the_run_is_said_once_with_its_numbers(capsys):
+    """A 10-step trial of a cfg with burn_in=1000: lr * ((10 / 1000) ** 4) at most, said with the key to shorten;
+    a run whose warmup ends inside it, or whose LR is not negligible, says nothing."""
+    from bigbatch.cli import main
+    from bigbatch.largebatch.schedule import warmup_note
+
+    cfg, plan, lr = schedule_of(str(DARKNET_DATA / "yolov3-tiny.cfg"), "steps=10")
+    note = warmup_note(cfg, plan)
+    assert lr(9) == pytest.approx(0.001 * (10 / 1000) ** 4)
+    assert note is not None and "ends at step 1000, after this run's 10 steps" in note, note
+    assert f"at most {lr(9):.3g}" in note and "schedule.darknet.burn_in" in note
+    assert warmup_note(*schedule_of(str(DARKNET_DATA / "yolov3-tiny.cfg"), "steps=2000")[:2]) is None
+    assert warmup_note(*schedule_of(str(DARKNET_DATA / "yolov3-tiny.cfg"), "steps=900")[:2]) is None  # 0.66 x
+    assert warmup_note(*schedule_of("digits")[:2]) is None
+    assert main(["schedule", str(DARKNET_DATA / "yolov3-tiny.cfg"), "--set", "steps=10", "--lines", "2"]) == 0
+    assert capsys.readouterr().out.startswith(note + "\n")

@@ -135,3 +135,16 @@ def test_torchvision_model_trains_from_scratch(tmp_path):
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     assert "layer4.1.bn2.running_mean" in state["model"]
     assert state["model"]["fc.weight"].shape == (10, 512)
+
+
+def test_the_best_evaluation_is_said_in_the_reports_unit(digits_run):
+    """One unit for a metric: top-1 is a percentage (as the record holds it); detection's mAP, a fraction in the
+    records, is printed as the percentage its report table shows (``mAP@0.5 0.26 %``, not ``best mAP50 0.00``)."""
+    from bigbatch.registry import TASKS
+
+    out, result = digits_run
+    best = max(r["top1"] for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+               if r.get("split") == "val")
+    assert f"best top1 {best:.2f} % at step " in result.stdout, result.stdout
+    detection = TASKS.get("detection").info["metric_text"]
+    assert detection("mAP50", 0.0026) == "0.26 %" and detection("mAP", 0.52) == "52.00 %"

@@ -120,6 +120,30 @@ def check_batch_milestones(plan: BatchPlan, lr: Schedule) -> None:
                                 "that decay: remove it, or set schedule.decay_at_batch_milestones: true")
 
 
+NEGLIGIBLE_LR = 0.01
+"""A run whose largest LR is under this fraction of the LR its warmup ends at barely trains: it is said at the start."""
+
+
+def warmup_note(cfg: RunConfig, plan: BatchPlan, start: int = 0) -> str | None:
+    """When the warmup outlasts the run (from step ``start``) so that the LR never reaches ``NEGLIGIBLE_LR`` of the
+    LR it warms up to (a short trial of a Darknet cfg with ``burn_in=1000``: ``lr * (10 / 1000) ** 4``), one line
+    that says so, with the numbers; else None. A warmup only rises, so the run's largest LR is its last step's."""
+    if plan.base is not None or plan.steps <= start:
+        return None
+    end = warmup_steps(cfg, plan)
+    if end < plan.steps:
+        return None
+    lr = build_schedule(cfg, plan)
+    largest, warmed = lr(plan.steps - 1), lr(end)
+    if warmed <= 0 or largest >= NEGLIGIBLE_LR * warmed:
+        return None
+    key = "schedule.darknet.burn_in" if cfg.schedule.preset == "darknet" else (
+        "schedule.warmup" if cfg.schedule.preset == "none" else f"schedule.{cfg.schedule.preset}")
+    return (f"note: the warmup ends at step {end}, after this run's {plan.steps} steps: the LR stays at most "
+            f"{largest:.3g}, {largest / warmed:.2g} x the {warmed:.3g} it warms up to, so the weights barely move; "
+            f"shorten it ({key}) for a short trial")
+
+
 def warmup_steps(cfg: RunConfig, plan: BatchPlan) -> int:
     """The optimizer steps before the schedule's warmup ends (rounded up): what the preset registered as its
     ``warmup_steps(cfg, plan)`` (``schedule.warmup``'s phases; the Inception guide's cold and warmup epochs;

@@ -136,4 +136,10 @@ class ClassificationTask:
         return f"{line}\n{self.issues.summary()}" if self.issues is not None and self.issues.problems else line
 
 
-TASKS.register("classification", ClassificationTask, metrics=("top1", "top5", "loss"), model_kind="classifier")
+def metric_text(name: str, value: float) -> str:
+    """top1 and top5 are percentages already; the loss is a loss."""
+    return f"{value:.4f}" if name == "loss" else f"{value:.2f} %"
+
+
+TASKS.register("classification", ClassificationTask, metrics=("top1", "top5", "loss"), model_kind="classifier",
+               metric_text=metric_text)

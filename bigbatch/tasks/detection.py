@@ -211,4 +211,5 @@ class DetectionTask:
 
 
 TASKS.register("detection", DetectionTask, metrics=("mAP", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large"),
-               metric_prefixes=("AP/", "AP50/"), model_kind="detector")
+               metric_prefixes=("AP/", "AP50/"), model_kind="detector",
+               metric_text=lambda name, value: f"{100 * value:.2f} %")  # COCO's fractions, as the report's table

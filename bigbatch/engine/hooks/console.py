@@ -15,6 +15,11 @@ class Console(Hook):
     stage = "record"
 
     def before_train(self, run: Run) -> None:
+        from bigbatch.largebatch.schedule import warmup_note
+
+        note = warmup_note(run.cfg, run.plan, run.state.step)
+        if note is not None:
+            print(note, flush=True)
         self.bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm

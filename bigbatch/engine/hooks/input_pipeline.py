@@ -53,7 +53,10 @@ def advice(run: Run) -> str:
     data, cores = run.cfg.data, os.cpu_count() or 1
     hints = []
     if data.workers < cores:
-        hints.append(f"more DataLoader workers (data.workers={data.workers}; this machine has {cores} cores)")
+        given = "workers" in data.model_fields_set  # else the default: a .cfg, or a recipe that does not say
+        where = "as the config sets it" if given else "bigbatch's default, which the config leaves unset"
+        hints.append(f"more DataLoader workers (data.workers={data.workers}, {where}; this machine has {cores} cores: "
+                     f"--set data.workers={min(cores, 8)})")
     if data.name == "folder":
         hints.append("image files packed into shards (bigbatch pack), read in large sequential blocks")
     hints.append(f"less decoding per image (a smaller data.size than {data.size}, or smaller stored images)")
