@@ -273,3 +273,21 @@ def test_yolo_layout_holds_the_same_boxes_as_the_coco_files(tmp_path):
     # the set, YOLO files included, is the generator's own: generating again replaces it
     assert main(["data", "shapes", "--out", str(out), "--images", "10"]) == 0
     assert not (out / "shapes.data").exists() and len(list((out / "train").iterdir())) == 8
+
+
+def test_a_data_file_or_a_yolo_folder_given_to_the_shapes_format_names_data_name_yolo(tmp_path: Path, capsys,
+                                                                                      no_training) -> None:
+    """A Darknet cfg run's data default to the shapes set: ``data.path=obj.data`` without ``data.name=yolo`` is one
+    line, before any work, saying which format reads it (it was "is a file, not a folder", with no hint)."""
+    from bigbatch.cli import main
+
+    data_file = tmp_path / "obj.data"
+    data_file.write_text("classes=1\ntrain=train.txt\nvalid=val.txt\nnames=obj.names\n")
+    yolo = tmp_path / "yolo"
+    (yolo / "images" / "train").mkdir(parents=True)
+    for path in (data_file, yolo):
+        assert main(["train", "yolov3-tiny-shapes", "--out", str(tmp_path / "run"), "--set", f"data.path={path}"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith("error: data.path: "), err
+        assert "--set data.name=yolo" in err, err
+    assert sorted(p.name for p in yolo.rglob("*")) == ["images", "train"]  # nothing written into it

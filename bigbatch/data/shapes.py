@@ -46,7 +46,7 @@ from bigbatch.processes import process_exists
 from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:
-    from bigbatch.config import RunConfig
+    from bigbatch.config import DataConfig, RunConfig
     from bigbatch.data.detection import DetectionRecord
     from bigbatch.data.problems import DataIssues
 
@@ -340,9 +340,10 @@ def shapes_target(root: Path, key: str = "--out") -> Path:
     if root.is_dir() and any(root.iterdir()):
         foreign = foreign_entry(root)
         if foreign is not None:
-            raise UserError(f"{key}: {root} exists and is not a shapes set bigbatch generated ({foreign} is not "
-                            f"one of its files); bigbatch never overwrites what it did not write: choose an empty "
-                            f"or new folder")
+            other = f"; {OTHER_FORMATS}" if key == "data.path" else ""
+            why = f"no {MARKER} in it" if foreign == str(root) else f"{foreign} is not one of its files"
+            raise UserError(f"{key}: {root} exists and is not a shapes set bigbatch generated ({why}); bigbatch never "
+                            f"overwrites what it did not write: choose an empty or new folder{other}")
     return root
 
 
@@ -423,6 +424,24 @@ def train_images(cfg: RunConfig) -> int:
     return images_in_annotations(path, cfg.data, "data.path")
 
 
-DATASETS.register("shapes", load, task="detection", count=train_images,
+OTHER_FORMATS = ("a Darknet .data file or a YOLO folder is read with --set data.name=yolo, a COCO set with "
+                 "data.name=coco")
+"""What a ``data.path`` that is not a shapes set is likely meant to be (the shapes set is the detection default)."""
+
+
+def _path_usable(data: DataConfig) -> None:
+    """Before any work: ``data.path`` is a folder to hold the generated set (or holds it), not a file (a Darknet
+    ``.data`` file given without ``data.name=yolo``) nor another folder, and the message says which format it is."""
+    if data.path is None:
+        return
+    root = Path(data.path)
+    if root.exists() and not root.is_dir():
+        raise UserError(f"data.path: {root} is a file, not the folder of a shapes set (data.name: shapes, the "
+                        f"default); {OTHER_FORMATS}")
+    if not (root / "annotations" / "val.json").is_file():
+        shapes_target(root, "data.path")  # a folder the set can be generated in
+
+
+DATASETS.register("shapes", load, task="detection", count=train_images, given=_path_usable,
                   fields={"shapes_images": (Annotated[int, Field(gt=0)], 2000), **AUGMENTATION_FIELDS})
 """``data.shapes_images``: images to generate (train and val together) when ``data.path`` holds no set yet."""
