@@ -52,9 +52,13 @@ def count(text: str) -> int:
     return value
 
 
-def _add_config_args(parser: argparse.ArgumentParser, config_default: str | None = "digits") -> None:
-    parser.add_argument("config", nargs="?", default=config_default,
-                        help="a YAML file or a built-in recipe name (default: %(default)s)")
+def _add_config_args(parser: argparse.ArgumentParser, config_default: str | None = "digits",
+                     default_text: str = "%(default)s") -> None:
+    from bigbatch.config import builtin_recipes
+
+    parser.add_argument("config", nargs="?", default=config_default, metavar="CONFIG",
+                        help=f"a YAML file, a Darknet .cfg, or a built-in recipe: {', '.join(builtin_recipes())} "
+                        f"(default: {default_text})")
     _add_set_arg(parser)
 
 
@@ -69,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a model")
-    _add_config_args(train, config_default=None)
+    _add_config_args(train, config_default=None, default_text="digits; with --resume, the run's own config")
     train.add_argument("--out", type=Path, help="run directory (default: runs/<recipe>-<timestamp>)")
     train.add_argument("--resume", type=Path, metavar="DIR",
                        help="continue the run in DIR from DIR/checkpoints/last.pt up to the configured steps")

@@ -148,3 +148,14 @@ def test_the_best_evaluation_is_said_in_the_reports_unit(digits_run):
     assert f"best top1 {best:.2f} % at step " in result.stdout, result.stdout
     detection = TASKS.get("detection").info["metric_text"]
     assert detection("mAP50", 0.0026) == "0.26 %" and detection("mAP", 0.52) == "52.00 %"
+
+
+def test_train_help_names_every_kind_of_config_and_the_default(capsys):
+    from bigbatch.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a YAML file, a Darknet .cfg, or a built-in recipe: digits," in text, text
+    assert "(default: digits; with --resume, the run's own config)" in text and "default: None" not in text

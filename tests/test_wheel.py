@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import HANG_GUARD_S, ROOT
+from tests.helpers import DARKNET_DATA, HANG_GUARD_S, ROOT
 
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "LICENSE", "bigbatch", "csrc")
 """What setuptools reads to build the wheel (those present are copied; ``bigbatch`` without ``__pycache__``)."""
@@ -163,3 +163,156 @@ def test_the_console_script_runs_the_installed_package(installed):
     assert result.stderr == "" and "24 layers;" in result.stdout
     where = run([str(python), "-c", "import bigbatch; print(bigbatch.__file__)"], cwd=cwd).stdout.strip()
     assert Path(where).is_relative_to(python.parent.parent), where
+
+
+# --------------------------------------------------------------------------------- the docs' commands, verbatim
+
+DOC_FILES = ("README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")))
+
+
+def doc_commands() -> list[tuple[str, str, str | None]]:
+    """Every ``bigbatch`` command in a fenced block of the README and docs/: (file, the command as written, the line
+    after it when the command is shown with a ``$`` prompt, its output). Lines ending in ``\\`` are joined."""
+    import re
+
+    found = []
+    for name in DOC_FILES:
+        for block in re.findall(r"```[a-z]*\n(.*?)```", (ROOT / name).read_text(encoding="utf-8"), re.S):
+            lines = block.replace("\\\n", " ").splitlines()
+            for i, line in enumerate(lines):
+                text = line.strip()
+                prompt = text.startswith("$ ")
+                words = text.removeprefix("$ ").split()
+                if words and (words[0] == "bigbatch" or "bigbatch" in words[1:] and "-m" in words):
+                    shown = lines[i + 1].strip() if prompt and i + 1 < len(lines) else None
+                    found.append((name, " ".join(text.removeprefix("$ ").split()), shown))
+    return found
+
+
+SYNOPSIS = "a synopsis (placeholders, not a command)"
+SKIPPED = {
+    **{command: SYNOPSIS for command in (
+        "bigbatch train [CONFIG] [--set KEY=VALUE ...] [--out DIR] [--resume DIR] # train; a run directory",
+        "bigbatch eval CHECKPOINT_OR_RUN_DIR [--save-detections FILE.json] # evaluate a checkpoint",
+        "bigbatch show [CONFIG] [--set KEY=VALUE ...] # the resolved config and batch plan",
+        "bigbatch schedule [CONFIG] [--csv FILE] [--png FILE] # the learning rate (and batch), step by step",
+        "bigbatch scale [CONFIG] --batch B [--out NEW.yaml] # the recipe for another batch",
+        "bigbatch plan [CONFIG] [--memory-limit SIZE] # subdivisions that fit the memory",
+        "bigbatch profile [CONFIG] [--steps N] [--out DIR] # time by operator kind",
+        "bigbatch report RUN [RUN ...] [--out FILE.html] # one HTML page of runs",
+        "bigbatch data shapes --out DIR | data bench [CONFIG] # a detection set; input speed",
+        "bigbatch pack SRC --out DIR # an image folder as shards",
+        "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg [--darknet-weights OUT.weights] # Darknet .weights, checkpoints",
+        "bigbatch train [CONFIG] [--set KEY=VALUE ...] [--out DIR] [--resume DIR]",
+        "bigbatch eval CHECKPOINT_OR_RUN_DIR [--set KEY=VALUE ...] [--save-detections FILE.json]",
+        "bigbatch data shapes --out DIR [--images N] [--seed S] [--format coco|yolo]",
+        "bigbatch data bench [CONFIG] [--set KEY=VALUE ...] [--images N]",
+        "bigbatch pack SRC --out DIR [--shard-size 256MB] [--seed S]",
+        "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg [--darknet-weights OUT.weights] [--checkpoint OUT.pt] "
+        "[--weights IN]",
+        "bigbatch show [CONFIG] [--set KEY=VALUE ...]",
+        "bigbatch schedule [CONFIG] [--set KEY=VALUE ...] [--csv FILE] [--png FILE]",
+        "bigbatch scale [CONFIG] --batch B [--out NEW.yaml]",
+        "bigbatch plan [CONFIG] [--set KEY=VALUE ...] [--memory-limit SIZE]",
+        "bigbatch profile [CONFIG] [--set KEY=VALUE ...] [--steps N] [--out DIR]",
+        "bigbatch report RUN [RUN ...] [--out FILE.html]")},
+    "torchrun --nproc-per-node 8 -m bigbatch train megdet-r50-fpn --out runs/megdet --set subdivisions=2":
+        "8 processes on COCO (tests/test_distributed.py runs torchrun on 2 CPU processes)",
+    "torchrun --nproc-per-node 8 -m bigbatch train megdet-r50-fpn --set subdivisions=2":
+        "8 processes on COCO (tests/test_distributed.py runs torchrun on 2 CPU processes)",
+    "bigbatch train megdet-r50-fpn --set subdivisions=16 # one device": "Faster R-CNN on COCO, which is not here",
+    "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29400 -m bigbatch "
+    "train megdet-r50-fpn --set subdivisions=1": "two machines of 8 GPUs each",
+    "bigbatch export yolov3.cfg --weights yolov3.weights --checkpoint yolov3.pt # .weights -> checkpoint":
+        "Darknet's released yolov3.weights (248 MB) is not fetched in a test; tests/test_darknet_cli.py converts a "
+        "file of the same size both ways",
+    "bigbatch export darknet19.cfg --weights darknet19.weights --darknet-weights darknet19.conv.23 --upto 23":
+        "Darknet's released darknet19.weights is not fetched in a test; tests/test_darknet_classify.py writes and "
+        "loads a .conv.23",
+    "bigbatch train darknet19.cfg --set data.path=photos data.size=64 batch=16 subdivisions=1 steps=1000 "
+    "model.weights=darknet19.conv.23": "needs darknet19.conv.23 (above); tests/test_darknet_classify.py trains it",
+    "bigbatch train inception-v3-tpu --set data.path=/data/imagenet # Cloud TPU's Inception v3 recipe on ImageNet":
+        "ImageNet, which is not here (tests/test_folder.py trains the recipe on a small folder)",
+    "bigbatch train digits --set data.name=folder data.path=DIR data.size=224 model.name=timm/resnet50":
+        "DIR is a placeholder for the reader's folder (tests/test_folder.py trains timm models on one)",
+    "bigbatch pack /data/imagenet --out /data/imagenet-shards --shard-size 256MB": "ImageNet, which is not here",
+    "bigbatch train inception-v3-tpu --set data.name=shards data.path=/data/imagenet-shards":
+        "ImageNet, which is not here (tests/test_shards.py trains on packed shards)",
+}
+"""Commands of the docs that are not run here, with why."""
+
+SHORTER = ["log.tensorboard=false", "eval.batch=16", "memory.interval=60"]
+SHORTENED = {
+    "bigbatch data shapes --out shapes --format yolo # a Darknet-layout set to try it on: shapes/shapes.data":
+        ["--images", "30"],
+    "bigbatch train yolov3-tiny.cfg --out runs/yolo --set data.name=yolo data.path=shapes/shapes.data data.size=128":
+        ["--set", "steps=1", "batch=4", "subdivisions=1", "data.size=64", "data.multiscale.sizes=null", *SHORTER],
+    "bigbatch train shapes-detect --out runs/shapes # the demo: generates data/shapes on first use, then trains":
+        ["--set", "data.shapes_images=40", "steps=1", "batch=4", "subdivisions=1", "data.size=64", *SHORTER],
+    "bigbatch data shapes --out myshapes --images 500 --seed 1 # write a generated set yourself": ["--images", "20"],
+    "bigbatch train digits --out batch256 --set log.tensorboard=false": ["--set", "steps=2", *SHORTER],
+    "bigbatch train digits --out batch1024 --set batch=1024 log.tensorboard=false": ["--set", "steps=2", *SHORTER],
+    "bigbatch train digits --out r1 --set steps=60 eval.every=20 log.tensorboard=false subdivisions=4":
+        ["--set", "steps=3", "eval.every=2", *SHORTER],
+    "bigbatch train digits --out r2 --set batch=512 subdivisions=4 steps=30 log.tensorboard=false":
+        ["--set", "steps=2", *SHORTER],
+    "bigbatch train shapes-detect": ["--out", "runs/demo", "--set", "data.shapes_images=40", "steps=1", "batch=4",
+                                     "subdivisions=1", "data.size=64", *SHORTER],
+}
+"""Commands run with these arguments added (a shorter run, a smaller set): the command as written, checked to start."""
+
+SETUP = [["train", "digits", "--out", name, "--set", "steps=2", "batch=64", "subdivisions=2", *SHORTER]
+         for name in ("runs/digits-b256", "runs/digits-b1024", "runs/a", "runs/b")]
+"""What the report docs' commands read: the reader's runs, here short ones."""
+
+RUN_DOC_COMMANDS = """
+import contextlib, io, json, shlex, sys
+from bigbatch.cli import main
+
+done = []
+for argv in json.load(open(sys.argv[1])):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    done.append({"argv": argv, "code": code, "stdout": out.getvalue()[-3000:], "stderr": err.getvalue()[-3000:]})
+json.dump(done, sys.stdout)
+"""
+
+
+def test_every_command_of_the_docs_runs_from_the_installed_package_or_is_skipped_with_its_reason(installed):
+    """Each fenced ``bigbatch`` command of the README and docs/ runs as written (``bigbatch`` is the installed
+    package's; a shortening added where ``SHORTENED`` says), in doc order from an empty folder outside the source
+    tree with the reader's files (Darknet's yolov3.cfg and yolov3-tiny.cfg) beside it; or is in ``SKIPPED`` with its
+    reason. A ``$`` example's shown output must be what the command prints (the machine's memory aside)."""
+    import re
+    import shlex
+
+    _, python, cwd = installed
+    work = cwd.parent / "docs-commands"
+    work.mkdir()
+    for name in ("yolov3.cfg", "yolov3-tiny.cfg"):
+        shutil.copy(DARKNET_DATA / name, work / name)
+    commands = doc_commands()
+    unknown = [(name, command) for name, command, _ in commands if command not in SKIPPED and command.split()[0]
+               != "bigbatch"]
+    assert unknown == [], f"commands neither run (bigbatch ...) nor in SKIPPED: {unknown}"
+    to_run = [(name, command, shown) for name, command, shown in commands if command not in SKIPPED]
+    argvs = [*SETUP, *[shlex.split(command, comments=True)[1:] + SHORTENED.get(command, [])
+                       for _, command, _ in to_run]]
+    (work / "commands.json").write_text(json.dumps(argvs))
+    result = run([str(python), "-c", RUN_DOC_COMMANDS, str(work / "commands.json")], cwd=work)
+    done = json.loads(result.stdout)
+    for setup in done[:len(SETUP)]:
+        assert setup["code"] == 0, setup
+    machine = re.compile(r"this machine's [\d.]+ \wiB")
+    for (name, command, shown), ran in zip(to_run, done[len(SETUP):], strict=True):
+        expected_code = 2 if shown is not None and shown.startswith("error:") else 0
+        assert ran["code"] in (expected_code, None), f"{name}: `{command}` exited {ran['code']}:\n{ran['stderr']}"
+        if shown is not None:
+            first = (ran["stderr"] or ran["stdout"]).splitlines()[0]
+            assert machine.sub("MEMORY", first) == machine.sub("MEMORY", shown), (name, command, first)
+    assert {command for command in SKIPPED} <= {command for _, command, _ in commands}, "SKIPPED names a command "\
+        "the docs no longer hold"
