@@ -17,7 +17,7 @@ import pytest
 from bigbatch.errors import UserError
 from bigbatch.report import charts, write_report
 from bigbatch.report.runs import read_run, read_runs
-from tests.helpers import HANG_GUARD_S, run_main
+from tests.helpers import HANG_GUARD_S, StopAfter, run_main, torchrun
 
 SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=3", "log.every=2",
             "log.tensorboard=false", "memory.interval=0.5"]
@@ -331,3 +331,117 @@ def test_the_cli_writes_the_report(two_runs, tmp_path, capsys):
     assert f"report written to {out}" in capsys.readouterr().out
     assert out.read_text().count("<svg") >= 5
     assert main(["report", str(tmp_path / "absent")]) == 2
+
+
+# --- the world size and the restarts, as the run records them --------------------------------------------------------
+
+def segments(run: Path) -> list[dict]:
+    return [r for r in records(run) if r.get("event") in ("started", "resumed")]
+
+
+def test_a_run_records_its_world_size_and_the_report_shows_it(two_runs, tmp_path):
+    small = two_runs[0]
+    started = segments(small)
+    assert len(started) == 1 and started[0]["step"] == 0 and started[0]["world"] == 1
+    assert records(small)[0] == started[0]  # the first line of the file: before any step
+    run = read_run(small)
+    assert run.world == 1 and run.worlds == [(0, 1)] and run.restarts == []
+    html = write_report([small], tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "world size is not recorded" not in html
+    assert "micro-batch 32 on 1 process" in section(html, "runs")  # 64 / (1 x 2)
+    assert "restart-" not in html  # a run never interrupted: nothing marked
+
+
+def test_a_run_resumed_on_another_world_size_records_each(tmp_path):
+    """Two processes under torchrun for two steps, resumed on one for a third: each start says its world size."""
+    out = tmp_path / "moved"
+    launched = torchrun(out, "steps=2", "checkpoint.every=1", "memory.interval=0.2")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    resumed = run_main("train", "--resume", str(out), "--set", "steps=3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [(r["event"], r["step"], r["world"], r.get("stopped_at")) for r in segments(out)] == \
+        [("started", 0, 2, None), ("resumed", 2, 1, 2)]  # it had got to step 2, its checkpoint's: nothing redone
+    run = read_run(out)
+    assert run.worlds == [(0, 2), (2, 1)] and run.world == 1
+    html = write_report([out], None).read_text(encoding="utf-8")
+    runs = section(html, "runs")
+    assert "2, then 1 from step 2" in runs and "<td>2 → 1</td>" in runs
+    assert "micro-batch 8 on 1 process (from step 2)" in runs  # batch 64, the digits recipe's 8 subdivisions
+    assert "resumed at step 2 (it had got to step 2) on 1 process" in runs
+    assert 'id="c' in section(html, "loss") and "restart-0-0" in section(html, "loss")
+    assert "redone-0-0" not in section(html, "loss")  # no step was run twice
+
+
+def test_an_interrupted_run_resumed_is_marked_where_it_restarted(tmp_path):
+    """Stopped (KeyboardInterrupt, as Ctrl-C) after step 5 with its last checkpoint at step 4, then resumed: the
+    resume is recorded at step 4 with the step the run had got to, and the charts over steps, images seen and time
+    mark it."""
+    from bigbatch.registry import HOOKS
+
+    out = tmp_path / "stopped"
+    settings = ["data.size=8", "model.width=4", "subdivisions=2", "batch=64", "steps=8", "eval.every=2", "log.every=1",
+                "checkpoint.every=2", "log.tensorboard=false", "memory.interval=0.2"]
+    HOOKS.register("stop_after_5", lambda run: StopAfter(5))
+    try:
+        stopped = run_main("train", "digits", "--out", str(out), "--set", *settings)
+    finally:
+        HOOKS.unregister("stop_after_5")
+    assert stopped.returncode == 130
+    resumed = run_main("train", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at step 4 on 1 process (the run before had recorded up to step 5)" in resumed.stdout
+    assert [(r["event"], r["step"], r.get("stopped_at")) for r in segments(out)] == \
+        [("started", 0, None), ("resumed", 4, 5)]
+    train_steps = [r["step"] for r in records(out) if "lr" in r]
+    assert train_steps == list(range(1, 9))  # the records past the checkpoint were dropped, as before
+
+    run = read_run(out)
+    assert [(r.step, r.stopped_at, r.world, r.source) for r in run.restarts] == [(4, 5, 1, "metrics.jsonl")]
+    assert len(run.memory_breaks) == 1  # memory.csv's clock starts again there too
+    before, after = run.memory_breaks[0]
+    assert 0 <= before < after
+    html = write_report([out], None).read_text(encoding="utf-8")
+    for anchor in ("loss", "evaluation", "throughput", "noise", "updates"):
+        assert "restart-0-0" in section(html, anchor), anchor
+        assert "redone-0-0" in section(html, anchor), anchor  # step 5 was run twice
+    assert "restart-0-0" in section(html, "memory") and "redone-0-0" in section(html, "memory")
+    assert "resumed at step 4 (it had got to step 5) on 1 process" in section(html, "runs")
+
+    # the same run directory as a version before the start records left it: memory.csv says where it restarted
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (old / "metrics.jsonl").write_text("\n".join(line for line in lines if '"event": "started"' not in line
+                                                 and '"event": "resumed"' not in line) + "\n")
+    run = read_run(old)
+    assert run.world is None and [(r.step, r.stopped_at, r.source) for r in run.restarts] == [(4, 5, "memory.csv")]
+    html = write_report([old], None).read_text(encoding="utf-8")
+    assert "world size is not recorded" in html
+    assert "restart-0-0" in section(html, "loss") and "resumed at step 4 (it had got to step 5)" in html
+
+
+def test_restarts_of_hand_made_run_directories(tmp_path):
+    """Where the restarts come from: the start records first; else memory.csv's clock going back; else training
+    records going back to an earlier step; a run with none of these is drawn without a mark."""
+    events = ({"step": 0, "event": "started", "world": 2, "time": 1000.0},
+              {"step": 3, "event": "resumed", "world": 4, "time": 1600.0, "stopped_at": 5})
+    recorded = read_run(make_run(tmp_path / "recorded", [{"step": s} for s in range(1, 9)], events=events))
+    assert recorded.worlds == [(0, 2), (3, 4)] and recorded.world == 4
+    assert [(r.step, r.stopped_at, r.world, r.time) for r in recorded.restarts] == [(3, 5, 4, 1600.0)]
+    assert read_run(tmp_path / "recorded").batch == 100  # micro-batch: 100 / (4 x 4)
+    assert "micro-batch 6.25 on each of 4 processes (from step 3)" in \
+        section(write_report([tmp_path / "recorded"], None).read_text(encoding="utf-8"), "runs")
+
+    memory = [{"time": 1000 + 60 * i, "elapsed_s": 60 * i, "step": 2 * i, "rss_mib": 800.0} for i in range(4)]
+    memory += [{"time": 1600 + 60 * i, "elapsed_s": 60 * i, "step": 4 + 2 * i, "rss_mib": 800.0} for i in range(3)]
+    clocked = read_run(make_run(tmp_path / "clocked", [{"step": s} for s in range(1, 9)], memory=memory))
+    assert [(r.step, r.stopped_at, r.source) for r in clocked.restarts] == [(4, 6, "memory.csv")]
+    assert clocked.memory_breaks == [(3.0, 10.0)]  # minutes: the last sample before, the first after
+
+    repeated = read_run(make_run(tmp_path / "repeated", [{"step": s} for s in (1, 2, 3, 4, 5, 3, 4, 5, 6)]))
+    assert [(r.step, r.stopped_at, r.source) for r in repeated.restarts] == [(2, 5, "training records")]
+
+    plain = make_run(tmp_path / "plain", [{"step": s} for s in range(1, 9)])
+    assert read_run(plain).restarts == []
+    assert "restart-" not in write_report([plain], None).read_text(encoding="utf-8")
+

@@ -13,7 +13,7 @@ from typing import Any
 
 from bigbatch import __version__
 from bigbatch.report import charts
-from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData
+from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData, Segment
 
 GENERATOR = "bigbatch report"
 """The ``<meta name="generator">`` content (followed by the version): what marks a file as a report written here,
@@ -108,6 +108,33 @@ def _absent(text: str) -> str:
 
 # --- the runs ------------------------------------------------------------------------------------------------------
 
+def when(seconds: float | None) -> str:
+    """A wall-clock time of a run's record (seconds since the epoch), in the machine's local time, to the minute."""
+    if seconds is None or not math.isfinite(seconds) or not 0 <= seconds < 1e11:
+        return "–"
+    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
+
+
+def world_sizes(run: RunData) -> str:
+    """The world size in words: ``2``, or ``2, then 4 from step 40`` for a run resumed on another one."""
+    changes = run.worlds
+    if len(changes) <= 1:
+        return fmt(run.world)
+    return fmt(changes[0][1]) + "".join(f", then {fmt(world)} from step {fmt(step)}" for step, world in changes[1:])
+
+
+def restart_line(restart: Segment) -> str:
+    """One restart in words: where it resumed, where the run had got before, on how many processes, when."""
+    what = f"resumed at step {fmt(restart.step)}" if restart.resumed else f"started again at step {fmt(restart.step)}"
+    if restart.stopped_at is not None:
+        what += f" (it had got to step {fmt(restart.stopped_at)})"
+    if restart.world is not None:
+        what += f" on {fmt(restart.world)} process{'es' if restart.world != 1 else ''}"
+    if restart.time is not None:
+        what += f", {when(restart.time)}"
+    return what + ("" if restart.source == "metrics.jsonl" else f"; from {restart.source}")
+
+
 def micro_batch(run: RunData) -> str:
     batch, subdivisions, world = run.batch, run.subdivisions, run.world
     if batch is None or not isinstance(subdivisions, int) or subdivisions < 1:
@@ -122,7 +149,9 @@ def batch_plan(run: RunData) -> str:
         return "–"
     plan = f"batch {fmt(run.batch)}, {fmt(run.subdivisions)} subdivisions: micro-batch {micro_batch(run)}"
     if run.world:
-        return plan + f" on each of {run.world} processes"
+        since = f" (from step {fmt(run.worlds[-1][0])})" if len(run.worlds) > 1 else ""
+        where = "on 1 process" if run.world == 1 else f"on each of {run.world} processes"
+        return plan + f" {where}{since}"
     return plan + " (batch / (world × subdivisions); the world size is not recorded)"
 
 
@@ -178,7 +207,8 @@ def summary(runs: list[RunData]) -> str:
         steps = fmt(run.steps_done) + (f" / {fmt(planned)}" if planned is not None else "")
         rows.append([
             _run_name(run, i), escape(str(run.task or "–")), fmt(run.batch), escape(fmt(run.subdivisions)),
-            micro_batch(run), *([fmt(run.world)] if worlds else []), steps, fmt(run.images_seen),
+            micro_batch(run), *([escape(" → ".join(fmt(w) for _, w in run.worlds) or fmt(run.world))]
+                                if worlds else []), steps, fmt(run.images_seen),
             cell(run.last.get("epoch") if run.last else None), fmt(losses[-1] if losses else None),
             escape(f"{best[1]} {fmt(best[2])} ({best[0]}, step {best[3]})") if best else "–",
             fmt(round(rate, 1) if rate is not None else None), fmt(noise[-1] if noise else None), data_wait(run),
@@ -205,8 +235,9 @@ def card(run: RunData, index: int) -> str:
         ("task", escape(str(run.task or "–"))),
         ("model", escape(str(_config_value(run, "model", "name") or "–"))),
         ("batch plan", escape(batch_plan(run))),
-        *([("world size", fmt(run.world))] if run.world else []),
+        *([("world size", escape(world_sizes(run)))] if run.world else []),
         ("steps", fmt(run.steps_done) + (f" of {fmt(run.planned_steps)}" if run.planned_steps else "")),
+        *([("restarts", "<br>".join(escape(restart_line(r)) for r in run.restarts))] if run.restarts else []),
         ("images seen", fmt(run.images_seen)),
         ("optimizer", escape(f"{_config_value(run, 'optim', 'name') or '–'}, "
                              f"lr {fmt(_config_value(run, 'optim', 'lr'))} "
@@ -228,7 +259,8 @@ def card(run: RunData, index: int) -> str:
 def events_table(run: RunData) -> str:
     rows = []
     for event in run.events[:MAX_EVENTS]:
-        details = ", ".join(f"{k} {fmt(v)}" for k, v in event.items() if k not in ("step", "event"))
+        details = ", ".join(f"{k} {when(v) if k == 'time' and isinstance(v, (int, float)) else fmt(v)}"
+                            for k, v in event.items() if k not in ("step", "event"))
         rows.append([escape(str(event.get("event"))), cell(event.get("step")), escape(details)])
     more = f"<p>… and {run.events_total - len(run.events)} more in metrics.jsonl</p>" \
         if run.events_total > len(run.events) else ""
@@ -292,8 +324,10 @@ def render(runs: list[RunData]) -> str:
     body: dict[str, str] = {}
 
     body["runs"] = (summary(runs) + '<p class="how">micro-batch = batch / (world × subdivisions); where the run does '
-                    "not record its world size the figure is for one process. Images/s: the mean over the logged "
-                    "steps but the first (start-up).</p>"
+                    "not record its world size (made before each start recorded it) the figure is for one process. "
+                    "Images/s: the mean over the logged steps but the first (start-up). A run resumed after an "
+                    "interruption lists its restarts on its card; the charts mark them (a dash-dot line of its "
+                    "colour where it resumed, the steps it ran twice shaded).</p>"
                     + '<div class="cards">' + "".join(card(run, i) for i, run in enumerate(runs)) + "</div>")
 
     loss, lr, batch = charts.loss(runs), charts.learning_rate(runs), charts.global_batch(runs)
@@ -341,7 +375,8 @@ def render(runs: list[RunData]) -> str:
         if svg is not None and run.updates is not None:
             maps.append(_figure(svg, f"{len(run.updates.layers)} parameter tensors × {len(run.updates.steps)} logged "
                                      f"steps, from {escape(run.updates.source)}; grey: not measured, or weights "
-                                     "that were all zero"))
+                                     "that were all zero" + ("; a white dash-dot line where the run resumed, the "
+                                                             "steps it ran twice shaded" if run.restarts else "")))
     body["updates"] = (
         '<p class="how">The relative update ‖ΔW‖ / ‖W‖ of each parameter tensor at each logged step, log scale: '
         "a row much brighter than the rest is a layer the learning rate moves faster than the others (LARS and "
@@ -373,7 +408,9 @@ def render(runs: list[RunData]) -> str:
         "the process, the system's, on CUDA the allocated, reserved and peak device memory, and on a "
         "unified-memory device (Jetson) the RAM the GPU holds (unified gpu). Columns that stay at zero are left "
         "out.</p>"
-        + (_figure(memory) if memory else _absent("No run has a memory.csv.")))
+        + (_figure(memory, "Where a run was stopped and resumed, the time between its last sample and its next "
+                           "is shaded, a dash-dot line where it resumed." if any(r.memory_breaks for r in runs)
+                   else "") if memory else _absent("No run has a memory.csv.")))
 
     nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)
     sections = "".join(_section(anchor, title, body[anchor]) for anchor, title in SECTIONS)
