@@ -19,8 +19,8 @@ from bigbatch.report import charts, write_report
 from bigbatch.report.runs import read_run, read_runs
 from tests.helpers import HANG_GUARD_S, StopAfter, run_main, torchrun
 
-SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=3", "log.every=2",
-            "log.tensorboard=false", "memory.interval=0.5"]
+SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=2", "log.every=2",
+            "log.tensorboard=false", "memory.interval=0.05"]
 SECTIONS = ("runs", "loss", "evaluation", "throughput", "phases", "updates", "noise", "scale", "memory")
 
 
@@ -76,8 +76,10 @@ def test_a_report_of_two_runs(two_runs, tmp_path):
     assert "report-b64" in html and "report-b128" in html
     for anchor in SECTIONS:
         assert f'<section id="{anchor}">' in html
-    for anchor in ("loss", "evaluation", "throughput", "updates", "noise", "memory"):
+    for anchor in ("loss", "evaluation", "throughput", "updates", "noise"):
         assert "<svg" in section(html, anchor), anchor
+    samples = max(len((run / "memory.csv").read_text().splitlines()) - 1 for run in two_runs)
+    assert ("<svg" in section(html, "memory")) == (samples >= charts.MIN_POINTS)  # fewer: a table of them
     assert section(html, "loss").count("<svg") == 2  # loss, then the learning rate
     assert section(html, "updates").count("<svg") == 2  # a heatmap a run
     # the config, as the run wrote it, in a collapsible block
@@ -445,3 +447,55 @@ def test_restarts_of_hand_made_run_directories(tmp_path):
     assert read_run(plain).restarts == []
     assert "restart-" not in write_report([plain], None).read_text(encoding="utf-8")
 
+
+# --- too few points to draw ---------------------------------------------------------------------------------------
+
+def test_a_detection_run_evaluated_once_shows_its_metrics_as_a_table_not_charts(tmp_path):
+    data = tmp_path / "shapes"
+    made = run_main("data", "shapes", "--out", str(data), "--images", "30", "--seed", "3")
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "det"
+    trained = run_main("train", "shapes-detect", "--out", str(out), "--set", f"data.path={data}", "steps=3",
+                       "eval.every=3", "log.every=1", "log.tensorboard=false", "memory.interval=0.2")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    evaluation = [r for r in records(out) if r.get("split") == "val"]
+    assert len(evaluation) == 1
+    html = write_report([out], None).read_text(encoding="utf-8")
+    evaluated = section(html, "evaluation")
+    assert "<svg" not in evaluated and "The run was evaluated once" in evaluated
+    for metric in ("mAP", "mAP50", "mAP75", "mAP_small", "AR100"):  # every metric in the table, with its value
+        assert f"<th>{metric}</th>" in evaluated
+    row = evaluated[evaluated.index("<tbody>"):]
+    for metric in ("mAP", "mAP50", "AR100"):
+        value = evaluation[0][metric]
+        cell = f"<td>{value:.0f}</td>" if value == int(value) else f"<td>{value:.4g}</td>"
+        assert cell in row, metric
+    assert "<svg" in section(html, "loss")  # three training records: drawn
+
+
+def test_series_of_too_few_points_are_tables(tmp_path):
+    """A run of one training record, one evaluation and two memory samples: tables of the values, no chart; beside
+    a run of many points, the same metrics are drawn (the short run's point among the other's lines)."""
+    memory = [{"time": 1000 + 5 * i, "elapsed_s": 5 * i, "step": i, "rss_mib": 800.0 + i} for i in range(2)]
+    short = make_run(tmp_path / "short", [{"step": 1, "loss": 2.25, "images_per_s": 123.0}], memory=memory,
+                     events=({"step": 1, "split": "val", "top1": 12.5},))
+    html = write_report([short], None).read_text(encoding="utf-8")
+    for anchor in ("loss", "evaluation", "throughput", "memory"):
+        assert "<svg" not in section(html, anchor), anchor
+    # step, images seen, loss, lr
+    assert re.search(r"<td>1</td><td>100</td><td>2.25</td><td>0.1</td>", section(html, "loss"))
+    assert "<td>123</td>" in section(html, "throughput")
+    assert "<td>12.5</td>" in section(html, "evaluation")
+    assert "<td>800</td>" in section(html, "memory") and "<td>801</td>" in section(html, "memory")
+    assert read_run(short).evals["val"]["top1"].count == 1
+
+    twice = make_run(tmp_path / "twice", [{"step": s} for s in (1, 2, 3)],
+                     events=({"step": 1, "split": "val", "top1": 10.0}, {"step": 3, "split": "val", "top1": 30.0}))
+    evaluated = section(write_report([twice], None).read_text(encoding="utf-8"), "evaluation")
+    assert "<svg" not in evaluated and "Every evaluation of the metrics too few to draw" in evaluated
+    assert "<td>10</td>" in evaluated and "<td>30</td>" in evaluated
+
+    long = make_run(tmp_path / "long", [{"step": s} for s in range(1, 7)],
+                    events=tuple({"step": s, "split": "val", "top1": 10.0 * s} for s in range(1, 7)))
+    both = write_report([short, long], tmp_path / "both.html").read_text(encoding="utf-8")
+    assert "<svg" in section(both, "loss") and "<svg" in section(both, "evaluation")

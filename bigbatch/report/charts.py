@@ -6,7 +6,8 @@ matplotlib state (a notebook's inline backend stays as it was). Text stays text 
 (``svg.fonttype: none``): the browser's sans-serif font, and a file a fraction of the size.
 
 Every function takes the runs and returns one SVG string, or None when no run holds what it draws. A run keeps
-its colour in every chart.
+its colour in every chart. A series that no run holds at least :data:`MIN_POINTS` points of is not drawn (a chart
+of single dots says less than the numbers): the page shows its values in a table instead (:func:`too_few`).
 
 Where a run started again (``RunData.restarts``: a resume after an interruption) a chart against steps, images seen
 or time marks it: a dash-dot line of the run's colour at the step it resumed from, and the steps it ran twice (from
@@ -38,6 +39,9 @@ WIDTH = 10.0
 """Inches; the page scales the SVG to its column."""
 MAX_POINTS = 1500
 """A longer series is thinned to every k-th point (its last kept) to keep the file light."""
+MIN_POINTS = 3
+"""The fewest points of a series (in one run at least) that get a chart; fewer (one evaluation, a one-step run, two
+memory samples) are a table of values on the page: one point is a dot, two a straight line."""
 RESTART = {"linestyle": (0, (5, 2, 1, 2)), "linewidth": 1.1}
 """How a restart is drawn: a dash-dot line in the run's colour."""
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
@@ -148,6 +152,16 @@ def _legend(fig: Figure, axes: list[Axes]) -> None:
                    ncols=min(len(entries), 4))
 
 
+def drawn(runs: list[RunData], key: str) -> bool:
+    """Whether the training records' ``key`` gets a chart: some run holds at least :data:`MIN_POINTS` points."""
+    return any(len(run.series(key)[0]) >= MIN_POINTS for run in runs)
+
+
+def too_few(runs: list[RunData], key: str) -> bool:
+    """Whether the runs hold points of ``key`` but too few to draw (the page shows them as a table)."""
+    return any(run.series(key)[0] for run in runs) and not drawn(runs, key)
+
+
 def _restart_steps(run: RunData) -> list[tuple[float, float | None]]:
     """``(step it resumed from, the highest step recorded before, if later)`` of each restart of ``run``."""
     return [(float(r.step), float(r.stopped_at) if r.stopped_at is not None and r.stopped_at > r.step else None)
@@ -185,9 +199,9 @@ def _mark_steps(ax: Axes, runs: list[tuple[int, RunData]], images: bool = False)
 
 def steps_and_images(runs: list[RunData], key: str, title: str, ylabel: str, log: bool = True) -> str | None:
     """``key`` of the training records against steps (left) and images seen (right), the runs overlaid; a log
-    y axis where the values span more than 30x and ``log``."""
+    y axis where the values span more than 30x and ``log``. None where no run holds :data:`MIN_POINTS` points."""
     runs_with = [(i, run) for i, run in enumerate(runs) if run.series(key)[0]]
-    if not runs_with:
+    if not drawn(runs, key):
         return None
     with _style():
         fig, (by_step, by_images) = _figure()
@@ -224,9 +238,17 @@ def eval_metrics(runs: list[RunData]) -> list[str]:
     return known + sorted(set(found) - set(known))
 
 
+def eval_drawn(runs: list[RunData]) -> list[str]:
+    """The metrics of :func:`eval_metrics` that get a chart: a split of a run holds :data:`MIN_POINTS` or more."""
+    return [metric for metric in eval_metrics(runs)
+            if any(len(curves[metric].steps) >= MIN_POINTS for run in runs for curves in run.evals.values()
+                   if metric in curves)]
+
+
 def evaluation(runs: list[RunData]) -> str | None:
-    """Each metric (a row) against steps and images seen; each split of a run its own line style."""
-    metrics = eval_metrics(runs)[:MAX_METRICS]
+    """Each metric (a row) against steps and images seen; each split of a run its own line style. Only the metrics
+    of :func:`eval_drawn`, the first :data:`MAX_METRICS` of them."""
+    metrics = eval_drawn(runs)[:MAX_METRICS]
     if not metrics:
         return None
     splits = sorted({split for run in runs for split in run.evals}, key=lambda s: (s != "val", s))
@@ -260,16 +282,27 @@ def evaluation(runs: list[RunData]) -> str | None:
         return to_svg(fig)
 
 
-def memory(runs: list[RunData]) -> str | None:
-    """Each non-zero column of ``memory.csv`` (a panel) against minutes since the run started, the runs overlaid;
-    where a run was stopped and resumed, the time between its last sample and its next shaded."""
+def memory_columns(runs: list[RunData]) -> list[str]:
+    """The columns of the runs' ``memory.csv`` the memory chart draws: those with a non-zero value, in order."""
     skip = {"time", "elapsed_s", "step", "minutes"}
     columns: list[str] = []
     for run in runs:
         for name, values in run.memory.items():
             if name not in skip and name not in columns and any(math.isfinite(v) and v != 0 for v in values):
                 columns.append(name)
-    if not columns:
+    return columns
+
+
+def memory_drawn(runs: list[RunData]) -> bool:
+    """Whether a run holds :data:`MIN_POINTS` memory samples or more (fewer: the page's table of samples)."""
+    return any(len(run.memory.get("minutes", ())) >= MIN_POINTS for run in runs)
+
+
+def memory(runs: list[RunData]) -> str | None:
+    """Each non-zero column of ``memory.csv`` (a panel) against minutes since the run started, the runs overlaid;
+    where a run was stopped and resumed, the time between its last sample and its next shaded."""
+    columns = memory_columns(runs)
+    if not columns or not memory_drawn(runs):
         return None
     cols = min(3, len(columns))
     rows = math.ceil(len(columns) / cols)
@@ -364,7 +397,7 @@ def updates(run: RunData) -> str | None:
 def noise_scale(runs: list[RunData]) -> str | None:
     """The noise scale against steps and images seen, each run's batch a dashed line of its colour."""
     runs_with = [(i, run) for i, run in enumerate(runs) if run.series("noise_scale")[0]]
-    if not runs_with:
+    if not drawn(runs, "noise_scale"):
         return None
     with _style():
         fig, (by_step, by_images) = _figure()
@@ -393,7 +426,8 @@ def noise_scale(runs: list[RunData]) -> str | None:
 def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
     """The loss scale (log 2 axis) and the skipped steps so far, against steps; None when neither says anything:
     no loss scale recorded and no step skipped."""
-    scaled = [(i, run) for i, run in enumerate(runs) if run.series("loss_scale")[0]]
+    scaled = [(i, run) for i, run in enumerate(runs) if run.series("loss_scale")[0]] \
+        if drawn(runs, "loss_scale") else []
     skipped = [(i, run) for i, run in enumerate(runs)
                if ("skipped" in run.curves and run.curves["skipped"].high[0] > 0) or run.skips.count]
     if not scaled and not skipped:
