@@ -499,3 +499,12 @@ def test_series_of_too_few_points_are_tables(tmp_path):
                     events=tuple({"step": s, "split": "val", "top1": 10.0 * s} for s in range(1, 7)))
     both = write_report([short, long], tmp_path / "both.html").read_text(encoding="utf-8")
     assert "<svg" in section(both, "loss") and "<svg" in section(both, "evaluation")
+
+
+def test_a_loss_scale_of_too_few_records_beside_skipped_steps_is_a_table(tmp_path):
+    train = [{"step": s, "skipped": int(s > 2), **({"loss_scale": 65536.0} if s in (1, 4) else {})}
+             for s in range(1, 5)]
+    run = make_run(tmp_path / "skipping", train, events=({"step": 2, "event": "skipped", "skipped": 1},))
+    scale = section(write_report([run], None).read_text(encoding="utf-8"), "scale")
+    assert "<svg" in scale and "too few records of the loss scale to draw" in scale  # the skipped steps are drawn
+    assert scale.count("<td>65,536</td>") == 2  # the two loss-scale records, in the table

@@ -440,8 +440,10 @@ def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
         if scaled:
             _log_y(scale_ax, base=2)
         else:
-            scale_ax.text(0.5, 0.5, "no loss scale recorded (fp32, or bf16 without one)", ha="center",
-                          va="center", transform=scale_ax.transAxes)
+            few = too_few(runs, "loss_scale")
+            scale_ax.text(0.5, 0.5, "too few records of the loss scale to draw: the table below" if few else
+                          "no loss scale recorded (fp32, or bf16 without one)", ha="center", va="center",
+                          transform=scale_ax.transAxes)
         scale_ax.set_title("loss scale")
         _mark_steps(scale_ax, scaled)
         _mark_steps(skip_ax, skipped)

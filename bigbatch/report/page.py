@@ -467,8 +467,7 @@ def render(runs: list[RunData]) -> str:
             "No noise scale recorded (log.noise_scale: off, one micro-batch per process, or a run made before it).")))
 
     scale, grad = charts.loss_scale_and_skipped(runs), charts.grad_norm(runs)
-    few = points_table(runs, [key for key in ("loss_scale", "grad_norm") if charts.too_few(runs, key)
-                              and (key == "grad_norm" or scale is None)])
+    few = points_table(runs, [key for key in ("loss_scale", "grad_norm") if charts.too_few(runs, key)])
     body["scale"] = (
         '<p class="how">A dynamic loss scale halves at each step whose gradients are not finite (the step is '
         "skipped) and grows again after a run of good steps. Many skipped steps waste compute; a scale that keeps "
