@@ -83,7 +83,8 @@ def test_a_writer_hook_gets_every_record_of_metrics_jsonl(tmp_path, moments):
     out = tmp_path / "run"
     assert main(["train", "digits", "--out", str(out), "--set", *SETTINGS]) == 0
     written = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert moments.records == written and len(written) == 4 + 2 + 2 + 2  # train, evals, memory, input, noise, phases
+    # the start (world size), train, evals, memory, input, noise, phases
+    assert moments.records == written and len(written) == 1 + 4 + 2 + 2 + 2
 
 
 def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments):

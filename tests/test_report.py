@@ -17,10 +17,10 @@ import pytest
 from bigbatch.errors import UserError
 from bigbatch.report import charts, write_report
 from bigbatch.report.runs import read_run, read_runs
-from tests.helpers import HANG_GUARD_S, run_main
+from tests.helpers import HANG_GUARD_S, StopAfter, run_main, torchrun
 
-SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=3", "log.every=2",
-            "log.tensorboard=false", "memory.interval=0.5"]
+SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=2", "log.every=2",
+            "log.tensorboard=false", "memory.interval=0.05"]
 SECTIONS = ("runs", "loss", "evaluation", "throughput", "phases", "updates", "noise", "scale", "memory")
 
 
@@ -76,8 +76,10 @@ def test_a_report_of_two_runs(two_runs, tmp_path):
     assert "report-b64" in html and "report-b128" in html
     for anchor in SECTIONS:
         assert f'<section id="{anchor}">' in html
-    for anchor in ("loss", "evaluation", "throughput", "updates", "noise", "memory"):
+    for anchor in ("loss", "evaluation", "throughput", "updates", "noise"):
         assert "<svg" in section(html, anchor), anchor
+    samples = max(len((run / "memory.csv").read_text().splitlines()) - 1 for run in two_runs)
+    assert ("<svg" in section(html, "memory")) == (samples >= charts.MIN_POINTS)  # fewer: a table of them
     assert section(html, "loss").count("<svg") == 2  # loss, then the learning rate
     assert section(html, "updates").count("<svg") == 2  # a heatmap a run
     # the config, as the run wrote it, in a collapsible block
@@ -331,3 +333,178 @@ def test_the_cli_writes_the_report(two_runs, tmp_path, capsys):
     assert f"report written to {out}" in capsys.readouterr().out
     assert out.read_text().count("<svg") >= 5
     assert main(["report", str(tmp_path / "absent")]) == 2
+
+
+# --- the world size and the restarts, as the run records them --------------------------------------------------------
+
+def segments(run: Path) -> list[dict]:
+    return [r for r in records(run) if r.get("event") in ("started", "resumed")]
+
+
+def test_a_run_records_its_world_size_and_the_report_shows_it(two_runs, tmp_path):
+    small = two_runs[0]
+    started = segments(small)
+    assert len(started) == 1 and started[0]["step"] == 0 and started[0]["world"] == 1
+    assert records(small)[0] == started[0]  # the first line of the file: before any step
+    run = read_run(small)
+    assert run.world == 1 and run.worlds == [(0, 1)] and run.restarts == []
+    html = write_report([small], tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "world size is not recorded" not in html
+    assert "micro-batch 32 on 1 process" in section(html, "runs")  # 64 / (1 x 2)
+    assert "restart-" not in html  # a run never interrupted: nothing marked
+
+
+def test_a_run_resumed_on_another_world_size_records_each(tmp_path):
+    """Two processes under torchrun for two steps, resumed on one for a third: each start says its world size."""
+    out = tmp_path / "moved"
+    launched = torchrun(out, "steps=2", "checkpoint.every=1", "memory.interval=0.2")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    resumed = run_main("train", "--resume", str(out), "--set", "steps=3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [(r["event"], r["step"], r["world"], r.get("stopped_at")) for r in segments(out)] == \
+        [("started", 0, 2, None), ("resumed", 2, 1, 2)]  # it had got to step 2, its checkpoint's: nothing redone
+    run = read_run(out)
+    assert run.worlds == [(0, 2), (2, 1)] and run.world == 1
+    html = write_report([out], None).read_text(encoding="utf-8")
+    runs = section(html, "runs")
+    assert "2, then 1 from step 2" in runs and "<td>2 → 1</td>" in runs
+    assert "micro-batch 8 on 1 process (from step 2)" in runs  # batch 64, the digits recipe's 8 subdivisions
+    assert "resumed at step 2 (it had got to step 2) on 1 process" in runs
+    assert 'id="c' in section(html, "loss") and "restart-0-0" in section(html, "loss")
+    assert "redone-0-0" not in section(html, "loss")  # no step was run twice
+
+
+def test_an_interrupted_run_resumed_is_marked_where_it_restarted(tmp_path):
+    """Stopped (KeyboardInterrupt, as Ctrl-C) after step 5 with its last checkpoint at step 4, then resumed: the
+    resume is recorded at step 4 with the step the run had got to, and the charts over steps, images seen and time
+    mark it."""
+    from bigbatch.registry import HOOKS
+
+    out = tmp_path / "stopped"
+    settings = ["data.size=8", "model.width=4", "subdivisions=2", "batch=64", "steps=8", "eval.every=2", "log.every=1",
+                "checkpoint.every=2", "log.tensorboard=false", "memory.interval=0.2"]
+    HOOKS.register("stop_after_5", lambda run: StopAfter(5))
+    try:
+        stopped = run_main("train", "digits", "--out", str(out), "--set", *settings)
+    finally:
+        HOOKS.unregister("stop_after_5")
+    assert stopped.returncode == 130
+    resumed = run_main("train", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at step 4 on 1 process (the run before had recorded up to step 5)" in resumed.stdout
+    assert [(r["event"], r["step"], r.get("stopped_at")) for r in segments(out)] == \
+        [("started", 0, None), ("resumed", 4, 5)]
+    train_steps = [r["step"] for r in records(out) if "lr" in r]
+    assert train_steps == list(range(1, 9))  # the records past the checkpoint were dropped, as before
+
+    run = read_run(out)
+    assert [(r.step, r.stopped_at, r.world, r.source) for r in run.restarts] == [(4, 5, 1, "metrics.jsonl")]
+    assert len(run.memory_breaks) == 1  # memory.csv's clock starts again there too
+    before, after = run.memory_breaks[0]
+    assert 0 <= before < after
+    html = write_report([out], None).read_text(encoding="utf-8")
+    for anchor in ("loss", "evaluation", "throughput", "noise", "updates"):
+        assert "restart-0-0" in section(html, anchor), anchor
+        assert "redone-0-0" in section(html, anchor), anchor  # step 5 was run twice
+    assert "restart-0-0" in section(html, "memory") and "redone-0-0" in section(html, "memory")
+    assert "resumed at step 4 (it had got to step 5) on 1 process" in section(html, "runs")
+
+    # the same run directory as a version before the start records left it: memory.csv says where it restarted
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (old / "metrics.jsonl").write_text("\n".join(line for line in lines if '"event": "started"' not in line
+                                                 and '"event": "resumed"' not in line) + "\n")
+    run = read_run(old)
+    assert run.world is None and [(r.step, r.stopped_at, r.source) for r in run.restarts] == [(4, 5, "memory.csv")]
+    html = write_report([old], None).read_text(encoding="utf-8")
+    assert "world size is not recorded" in html
+    assert "restart-0-0" in section(html, "loss") and "resumed at step 4 (it had got to step 5)" in html
+
+
+def test_restarts_of_hand_made_run_directories(tmp_path):
+    """Where the restarts come from: the start records first; else memory.csv's clock going back; else training
+    records going back to an earlier step; a run with none of these is drawn without a mark."""
+    events = ({"step": 0, "event": "started", "world": 2, "time": 1000.0},
+              {"step": 3, "event": "resumed", "world": 4, "time": 1600.0, "stopped_at": 5})
+    recorded = read_run(make_run(tmp_path / "recorded", [{"step": s} for s in range(1, 9)], events=events))
+    assert recorded.worlds == [(0, 2), (3, 4)] and recorded.world == 4
+    assert [(r.step, r.stopped_at, r.world, r.time) for r in recorded.restarts] == [(3, 5, 4, 1600.0)]
+    assert read_run(tmp_path / "recorded").batch == 100  # micro-batch: 100 / (4 x 4)
+    assert "micro-batch 6.25 on each of 4 processes (from step 3)" in \
+        section(write_report([tmp_path / "recorded"], None).read_text(encoding="utf-8"), "runs")
+
+    memory = [{"time": 1000 + 60 * i, "elapsed_s": 60 * i, "step": 2 * i, "rss_mib": 800.0} for i in range(4)]
+    memory += [{"time": 1600 + 60 * i, "elapsed_s": 60 * i, "step": 4 + 2 * i, "rss_mib": 800.0} for i in range(3)]
+    clocked = read_run(make_run(tmp_path / "clocked", [{"step": s} for s in range(1, 9)], memory=memory))
+    assert [(r.step, r.stopped_at, r.source) for r in clocked.restarts] == [(4, 6, "memory.csv")]
+    assert clocked.memory_breaks == [(3.0, 10.0)]  # minutes: the last sample before, the first after
+
+    repeated = read_run(make_run(tmp_path / "repeated", [{"step": s} for s in (1, 2, 3, 4, 5, 3, 4, 5, 6)]))
+    assert [(r.step, r.stopped_at, r.source) for r in repeated.restarts] == [(2, 5, "training records")]
+
+    plain = make_run(tmp_path / "plain", [{"step": s} for s in range(1, 9)])
+    assert read_run(plain).restarts == []
+    assert "restart-" not in write_report([plain], None).read_text(encoding="utf-8")
+
+
+# --- too few points to draw ---------------------------------------------------------------------------------------
+
+def test_a_detection_run_evaluated_once_shows_its_metrics_as_a_table_not_charts(tmp_path):
+    data = tmp_path / "shapes"
+    made = run_main("data", "shapes", "--out", str(data), "--images", "30", "--seed", "3")
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "det"
+    trained = run_main("train", "shapes-detect", "--out", str(out), "--set", f"data.path={data}", "steps=3",
+                       "eval.every=3", "log.every=1", "log.tensorboard=false", "memory.interval=0.2")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    evaluation = [r for r in records(out) if r.get("split") == "val"]
+    assert len(evaluation) == 1
+    html = write_report([out], None).read_text(encoding="utf-8")
+    evaluated = section(html, "evaluation")
+    assert "<svg" not in evaluated and "The run was evaluated once" in evaluated
+    for metric in ("mAP", "mAP50", "mAP75", "mAP_small", "AR100"):  # every metric in the table, with its value
+        assert f"<th>{metric}</th>" in evaluated
+    row = evaluated[evaluated.index("<tbody>"):]
+    for metric in ("mAP", "mAP50", "AR100"):
+        value = evaluation[0][metric]
+        cell = f"<td>{value:.0f}</td>" if value == int(value) else f"<td>{value:.4g}</td>"
+        assert cell in row, metric
+    assert "<svg" in section(html, "loss")  # three training records: drawn
+
+
+def test_series_of_too_few_points_are_tables(tmp_path):
+    """A run of one training record, one evaluation and two memory samples: tables of the values, no chart; beside
+    a run of many points, the same metrics are drawn (the short run's point among the other's lines)."""
+    memory = [{"time": 1000 + 5 * i, "elapsed_s": 5 * i, "step": i, "rss_mib": 800.0 + i} for i in range(2)]
+    short = make_run(tmp_path / "short", [{"step": 1, "loss": 2.25, "images_per_s": 123.0}], memory=memory,
+                     events=({"step": 1, "split": "val", "top1": 12.5},))
+    html = write_report([short], None).read_text(encoding="utf-8")
+    for anchor in ("loss", "evaluation", "throughput", "memory"):
+        assert "<svg" not in section(html, anchor), anchor
+    # step, images seen, loss, lr
+    assert re.search(r"<td>1</td><td>100</td><td>2.25</td><td>0.1</td>", section(html, "loss"))
+    assert "<td>123</td>" in section(html, "throughput")
+    assert "<td>12.5</td>" in section(html, "evaluation")
+    assert "<td>800</td>" in section(html, "memory") and "<td>801</td>" in section(html, "memory")
+    assert read_run(short).evals["val"]["top1"].count == 1
+
+    twice = make_run(tmp_path / "twice", [{"step": s} for s in (1, 2, 3)],
+                     events=({"step": 1, "split": "val", "top1": 10.0}, {"step": 3, "split": "val", "top1": 30.0}))
+    evaluated = section(write_report([twice], None).read_text(encoding="utf-8"), "evaluation")
+    assert "<svg" not in evaluated and "Every evaluation of the metrics too few to draw" in evaluated
+    assert "<td>10</td>" in evaluated and "<td>30</td>" in evaluated
+
+    long = make_run(tmp_path / "long", [{"step": s} for s in range(1, 7)],
+                    events=tuple({"step": s, "split": "val", "top1": 10.0 * s} for s in range(1, 7)))
+    both = write_report([short, long], tmp_path / "both.html").read_text(encoding="utf-8")
+    assert "<svg" in section(both, "loss") and "<svg" in section(both, "evaluation")
+
+
+def test_a_loss_scale_of_too_few_records_beside_skipped_steps_is_a_table(tmp_path):
+    train = [{"step": s, "skipped": int(s > 2), **({"loss_scale": 65536.0} if s in (1, 4) else {})}
+             for s in range(1, 5)]
+    run = make_run(tmp_path / "skipping", train, events=({"step": 2, "event": "skipped", "skipped": 1},))
+    scale = section(write_report([run], None).read_text(encoding="utf-8"), "scale")
+    assert "<svg" in scale and "too few records of the loss scale to draw" in scale  # the skipped steps are drawn
+    assert scale.count("<td>65,536</td>") == 2  # the two loss-scale records, in the table

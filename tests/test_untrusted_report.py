@@ -27,7 +27,7 @@ from bigbatch.config import (
 )
 from bigbatch.config import loading as config_loading
 from bigbatch.report import charts, write_report
-from bigbatch.report.runs import MAX_EVENTS, MAX_POINTS, MAX_UPDATE_STEPS, Curve, read_runs
+from bigbatch.report.runs import MAX_EVENTS, MAX_POINTS, MAX_RESTARTS, MAX_UPDATE_STEPS, Curve, read_runs
 
 
 def section(html: str, anchor: str) -> str:
@@ -171,6 +171,24 @@ def test_memory_does_not_grow_with_the_file(tmp_path):
     # and the charts draw at most charts.MAX_POINTS of them
     svg = charts.loss([run])
     assert svg is not None and len(svg) < 1_000_000
+
+
+def test_restarts_kept_are_bounded(tmp_path):
+    """A run resumed thousands of times (records of its starts, its memory clock starting again, its steps going
+    back) keeps at most MAX_RESTARTS of each, and its page still draws."""
+    folder = make_run(tmp_path / "restless")
+    n = 3 * MAX_RESTARTS
+    with open(folder / "metrics.jsonl", "a") as f:
+        for k in range(n):
+            f.write(json.dumps({"step": 4, "event": "resumed", "world": 1 + k % 3, "stopped_at": 6}) + "\n")
+            for step in (5, 6):
+                f.write(json.dumps({"step": step, "images": 100 * step, "lr": 0.1, "loss": 1.0}) + "\n")
+    with open(folder / "memory.csv", "a", newline="") as f:
+        csv.writer(f).writerows([2000 + k, k % 2, 1, 800] for k in range(2 * n))  # elapsed_s 0, 1, 0, 1, ...
+    (run,) = read_runs([folder])
+    assert len(run.segments) == len(run.clock_restarts) == len(run.record_restarts) == MAX_RESTARTS
+    assert len(run.memory_breaks) <= MAX_RESTARTS and len(run.restarts) == MAX_RESTARTS
+    assert charts.loss([run]) is not None
 
 
 def spans(steps: list[int], stride: int) -> list[int]:

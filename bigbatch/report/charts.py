@@ -6,7 +6,12 @@ matplotlib state (a notebook's inline backend stays as it was). Text stays text 
 (``svg.fonttype: none``): the browser's sans-serif font, and a file a fraction of the size.
 
 Every function takes the runs and returns one SVG string, or None when no run holds what it draws. A run keeps
-its colour in every chart.
+its colour in every chart. A series that no run holds at least :data:`MIN_POINTS` points of is not drawn (a chart
+of single dots says less than the numbers): the page shows its values in a table instead (:func:`too_few`).
+
+Where a run started again (``RunData.restarts``: a resume after an interruption) a chart against steps, images seen
+or time marks it: a dash-dot line of the run's colour at the step it resumed from, and the steps it ran twice (from
+there to where it had got before) shaded in its colour; on the memory chart, the time it was stopped shaded.
 
 Text from a run (its folder's name, metric, column and layer names) is shown as text: it passes through
 :func:`plain`, which escapes the ``$`` that would make matplotlib read it as mathtext, and LaTeX is off whatever the
@@ -18,6 +23,7 @@ from __future__ import annotations
 import io
 import math
 import re
+from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import count
@@ -33,6 +39,11 @@ WIDTH = 10.0
 """Inches; the page scales the SVG to its column."""
 MAX_POINTS = 1500
 """A longer series is thinned to every k-th point (its last kept) to keep the file light."""
+MIN_POINTS = 3
+"""The fewest points of a series (in one run at least) that get a chart; fewer (one evaluation, a one-step run, two
+memory samples) are a table of values on the page: one point is a dot, two a straight line."""
+RESTART = {"linestyle": (0, (5, 2, 1, 2)), "linewidth": 1.1}
+"""How a restart is drawn: a dash-dot line in the run's colour."""
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#7f7f7f")
 PHASE_COLOURS = {"data": "#e15759", "forward": "#4e79a7", "backward": "#76b7b2", "sync": "#f28e2b",
@@ -141,11 +152,56 @@ def _legend(fig: Figure, axes: list[Axes]) -> None:
                    ncols=min(len(entries), 4))
 
 
+def drawn(runs: list[RunData], key: str) -> bool:
+    """Whether the training records' ``key`` gets a chart: some run holds at least :data:`MIN_POINTS` points."""
+    return any(len(run.series(key)[0]) >= MIN_POINTS for run in runs)
+
+
+def too_few(runs: list[RunData], key: str) -> bool:
+    """Whether the runs hold points of ``key`` but too few to draw (the page shows them as a table)."""
+    return any(run.series(key)[0] for run in runs) and not drawn(runs, key)
+
+
+def _restart_steps(run: RunData) -> list[tuple[float, float | None]]:
+    """``(step it resumed from, the highest step recorded before, if later)`` of each restart of ``run``."""
+    return [(float(r.step), float(r.stopped_at) if r.stopped_at is not None and r.stopped_at > r.step else None)
+            for r in run.restarts]
+
+
+STEPS_AGAIN = "resumed here (dash-dot); shaded: steps run twice"
+STOPPED = "resumed here (dash-dot); shaded: stopped"
+
+
+def mark_restarts(ax: Axes, i: int, spans: list[tuple[float, float | None]], label: str | None = STEPS_AGAIN,
+                  color: str | None = None) -> None:
+    """Run ``i``'s restarts on ``ax``: a dash-dot line at each ``(x, end)`` in the run's colour (or ``color``), and
+    from ``x`` to ``end`` shaded (the steps run twice; on the memory chart the time it was stopped, ``end`` then
+    before ``x``). The first line carries ``label`` for the legend; each artist's SVG id says what it is
+    (``restart-<run>-<k>``, ``redone-<run>-<k>``)."""
+    color = color or colour(i)
+    for k, (x, end) in enumerate(spans):
+        if x is None or not math.isfinite(x):
+            continue
+        line = ax.axvline(x, color=color, gid=f"restart-{i}-{k}", **RESTART, label=label if k == 0 else None)
+        line.set_zorder(1.5)
+        if end is not None and math.isfinite(end) and end != x:
+            ax.axvspan(min(x, end), max(x, end), color=color, alpha=0.12, linewidth=0, gid=f"redone-{i}-{k}")
+
+
+def _mark_steps(ax: Axes, runs: list[tuple[int, RunData]], images: bool = False) -> None:
+    """Each run's restarts on an axis of steps, or of images seen (``images``: step x batch)."""
+    for i, run in runs:
+        spans = _restart_steps(run)
+        if images:
+            spans = [(run.images_at(x), None if end is None else run.images_at(end)) for x, end in spans]
+        mark_restarts(ax, i, [(x, end) for x, end in spans if x is not None], label=None if images else STEPS_AGAIN)
+
+
 def steps_and_images(runs: list[RunData], key: str, title: str, ylabel: str, log: bool = True) -> str | None:
     """``key`` of the training records against steps (left) and images seen (right), the runs overlaid; a log
-    y axis where the values span more than 30x and ``log``."""
+    y axis where the values span more than 30x and ``log``. None where no run holds :data:`MIN_POINTS` points."""
     runs_with = [(i, run) for i, run in enumerate(runs) if run.series(key)[0]]
-    if not runs_with:
+    if not drawn(runs, key):
         return None
     with _style():
         fig, (by_step, by_images) = _figure()
@@ -165,6 +221,8 @@ def steps_and_images(runs: list[RunData], key: str, title: str, ylabel: str, log
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             else:
                 _images_axis(ax)
+        _mark_steps(by_step, runs_with)
+        _mark_steps(by_images, runs_with, images=True)
         _legend(fig, [by_step])
         return to_svg(fig)
 
@@ -180,9 +238,17 @@ def eval_metrics(runs: list[RunData]) -> list[str]:
     return known + sorted(set(found) - set(known))
 
 
+def eval_drawn(runs: list[RunData]) -> list[str]:
+    """The metrics of :func:`eval_metrics` that get a chart: a split of a run holds :data:`MIN_POINTS` or more."""
+    return [metric for metric in eval_metrics(runs)
+            if any(len(curves[metric].steps) >= MIN_POINTS for run in runs for curves in run.evals.values()
+                   if metric in curves)]
+
+
 def evaluation(runs: list[RunData]) -> str | None:
-    """Each metric (a row) against steps and images seen; each split of a run its own line style."""
-    metrics = eval_metrics(runs)[:MAX_METRICS]
+    """Each metric (a row) against steps and images seen; each split of a run its own line style. Only the metrics
+    of :func:`eval_drawn`, the first :data:`MAX_METRICS` of them."""
+    metrics = eval_drawn(runs)[:MAX_METRICS]
     if not metrics:
         return None
     splits = sorted({split for run in runs for split in run.evals}, key=lambda s: (s != "val", s))
@@ -206,21 +272,37 @@ def evaluation(runs: list[RunData]) -> str | None:
             by_step.set_xlabel("step")
             by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
             _images_axis(by_images)
+            evaluated = [(i, run) for i, run in enumerate(runs)
+                         if any(metric in curves for curves in run.evals.values())]
+            _mark_steps(by_step, evaluated)
+            _mark_steps(by_images, evaluated, images=True)
             for ax in (by_step, by_images):
                 ax.set_ylabel(plain(metric))
         _legend(fig, axes)
         return to_svg(fig)
 
 
-def memory(runs: list[RunData]) -> str | None:
-    """Each non-zero column of ``memory.csv`` (a panel) against minutes since the run started, the runs overlaid."""
+def memory_columns(runs: list[RunData]) -> list[str]:
+    """The columns of the runs' ``memory.csv`` the memory chart draws: those with a non-zero value, in order."""
     skip = {"time", "elapsed_s", "step", "minutes"}
     columns: list[str] = []
     for run in runs:
         for name, values in run.memory.items():
             if name not in skip and name not in columns and any(math.isfinite(v) and v != 0 for v in values):
                 columns.append(name)
-    if not columns:
+    return columns
+
+
+def memory_drawn(runs: list[RunData]) -> bool:
+    """Whether a run holds :data:`MIN_POINTS` memory samples or more (fewer: the page's table of samples)."""
+    return any(len(run.memory.get("minutes", ())) >= MIN_POINTS for run in runs)
+
+
+def memory(runs: list[RunData]) -> str | None:
+    """Each non-zero column of ``memory.csv`` (a panel) against minutes since the run started, the runs overlaid;
+    where a run was stopped and resumed, the time between its last sample and its next shaded."""
+    columns = memory_columns(runs)
+    if not columns or not memory_drawn(runs):
         return None
     cols = min(3, len(columns))
     rows = math.ceil(len(columns) / cols)
@@ -236,6 +318,9 @@ def memory(runs: list[RunData]) -> str | None:
             ax.set_title(plain(name.removesuffix("_mib").replace("_", " ")) + unit)
             ax.set_xlabel("minutes since the run started")
             ax.set_ylim(bottom=0)
+            for i, run in enumerate(runs):  # resumed at the second minute; stopped since the first
+                if run.memory_breaks and name in run.memory:
+                    mark_restarts(ax, i, [(after, before) for before, after in run.memory_breaks], label=STOPPED)
         for ax in axes[len(columns):]:
             ax.set_visible(False)
         _legend(fig, axes)
@@ -298,6 +383,10 @@ def updates(run: RunData) -> str | None:
         ticks = sorted({round(j) for j in np.linspace(0, columns - 1, min(columns, 10))})
         ax.set_xticks(ticks, [str(data.steps[j]) for j in ticks])
         ax.set_xlabel("step")
+        # a restart between the columns of the step it resumed from and the next; its redone steps' columns shaded
+        at = [(bisect_right(data.steps, step) - 0.5, None if end is None else bisect_right(data.steps, end) - 0.5)
+              for step, end in _restart_steps(run)]
+        mark_restarts(ax, 0, at, label=None, color="white")
         ax.grid(False)
         ax.set_title(f"{plain(run.label)}: relative update per layer")
         bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
@@ -308,7 +397,7 @@ def updates(run: RunData) -> str | None:
 def noise_scale(runs: list[RunData]) -> str | None:
     """The noise scale against steps and images seen, each run's batch a dashed line of its colour."""
     runs_with = [(i, run) for i, run in enumerate(runs) if run.series("noise_scale")[0]]
-    if not runs_with:
+    if not drawn(runs, "noise_scale"):
         return None
     with _style():
         fig, (by_step, by_images) = _figure()
@@ -328,6 +417,8 @@ def noise_scale(runs: list[RunData]) -> str | None:
         by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
         by_images.set_title("noise scale B_simple vs images seen")
         _images_axis(by_images)
+        _mark_steps(by_step, runs_with)
+        _mark_steps(by_images, runs_with, images=True)
         _legend(fig, [by_step])
         return to_svg(fig)
 
@@ -335,7 +426,8 @@ def noise_scale(runs: list[RunData]) -> str | None:
 def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
     """The loss scale (log 2 axis) and the skipped steps so far, against steps; None when neither says anything:
     no loss scale recorded and no step skipped."""
-    scaled = [(i, run) for i, run in enumerate(runs) if run.series("loss_scale")[0]]
+    scaled = [(i, run) for i, run in enumerate(runs) if run.series("loss_scale")[0]] \
+        if drawn(runs, "loss_scale") else []
     skipped = [(i, run) for i, run in enumerate(runs)
                if ("skipped" in run.curves and run.curves["skipped"].high[0] > 0) or run.skips.count]
     if not scaled and not skipped:
@@ -348,9 +440,13 @@ def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
         if scaled:
             _log_y(scale_ax, base=2)
         else:
-            scale_ax.text(0.5, 0.5, "no loss scale recorded (fp32, or bf16 without one)", ha="center",
-                          va="center", transform=scale_ax.transAxes)
+            few = too_few(runs, "loss_scale")
+            scale_ax.text(0.5, 0.5, "too few records of the loss scale to draw: the table below" if few else
+                          "no loss scale recorded (fp32, or bf16 without one)", ha="center", va="center",
+                          transform=scale_ax.transAxes)
         scale_ax.set_title("loss scale")
+        _mark_steps(scale_ax, scaled)
+        _mark_steps(skip_ax, skipped)
         for i, run in enumerate(runs):
             steps, _, values = _thin(*run.series("skipped"))
             if steps:

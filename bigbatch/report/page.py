@@ -13,7 +13,7 @@ from typing import Any
 
 from bigbatch import __version__
 from bigbatch.report import charts
-from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData
+from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData, Segment
 
 GENERATOR = "bigbatch report"
 """The ``<meta name="generator">`` content (followed by the version): what marks a file as a report written here,
@@ -108,6 +108,33 @@ def _absent(text: str) -> str:
 
 # --- the runs ------------------------------------------------------------------------------------------------------
 
+def when(seconds: float | None) -> str:
+    """A wall-clock time of a run's record (seconds since the epoch), in the machine's local time, to the minute."""
+    if seconds is None or not math.isfinite(seconds) or not 0 <= seconds < 1e11:
+        return "–"
+    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
+
+
+def world_sizes(run: RunData) -> str:
+    """The world size in words: ``2``, or ``2, then 4 from step 40`` for a run resumed on another one."""
+    changes = run.worlds
+    if len(changes) <= 1:
+        return fmt(run.world)
+    return fmt(changes[0][1]) + "".join(f", then {fmt(world)} from step {fmt(step)}" for step, world in changes[1:])
+
+
+def restart_line(restart: Segment) -> str:
+    """One restart in words: where it resumed, where the run had got before, on how many processes, when."""
+    what = f"resumed at step {fmt(restart.step)}" if restart.resumed else f"started again at step {fmt(restart.step)}"
+    if restart.stopped_at is not None:
+        what += f" (it had got to step {fmt(restart.stopped_at)})"
+    if restart.world is not None:
+        what += f" on {fmt(restart.world)} process{'es' if restart.world != 1 else ''}"
+    if restart.time is not None:
+        what += f", {when(restart.time)}"
+    return what + ("" if restart.source == "metrics.jsonl" else f"; from {restart.source}")
+
+
 def micro_batch(run: RunData) -> str:
     batch, subdivisions, world = run.batch, run.subdivisions, run.world
     if batch is None or not isinstance(subdivisions, int) or subdivisions < 1:
@@ -122,7 +149,9 @@ def batch_plan(run: RunData) -> str:
         return "–"
     plan = f"batch {fmt(run.batch)}, {fmt(run.subdivisions)} subdivisions: micro-batch {micro_batch(run)}"
     if run.world:
-        return plan + f" on each of {run.world} processes"
+        since = f" (from step {fmt(run.worlds[-1][0])})" if len(run.worlds) > 1 else ""
+        where = "on 1 process" if run.world == 1 else f"on each of {run.world} processes"
+        return plan + f" {where}{since}"
     return plan + " (batch / (world × subdivisions); the world size is not recorded)"
 
 
@@ -178,7 +207,8 @@ def summary(runs: list[RunData]) -> str:
         steps = fmt(run.steps_done) + (f" / {fmt(planned)}" if planned is not None else "")
         rows.append([
             _run_name(run, i), escape(str(run.task or "–")), fmt(run.batch), escape(fmt(run.subdivisions)),
-            micro_batch(run), *([fmt(run.world)] if worlds else []), steps, fmt(run.images_seen),
+            micro_batch(run), *([escape(" → ".join(fmt(w) for _, w in run.worlds) or fmt(run.world))]
+                                if worlds else []), steps, fmt(run.images_seen),
             cell(run.last.get("epoch") if run.last else None), fmt(losses[-1] if losses else None),
             escape(f"{best[1]} {fmt(best[2])} ({best[0]}, step {best[3]})") if best else "–",
             fmt(round(rate, 1) if rate is not None else None), fmt(noise[-1] if noise else None), data_wait(run),
@@ -205,8 +235,9 @@ def card(run: RunData, index: int) -> str:
         ("task", escape(str(run.task or "–"))),
         ("model", escape(str(_config_value(run, "model", "name") or "–"))),
         ("batch plan", escape(batch_plan(run))),
-        *([("world size", fmt(run.world))] if run.world else []),
+        *([("world size", escape(world_sizes(run)))] if run.world else []),
         ("steps", fmt(run.steps_done) + (f" of {fmt(run.planned_steps)}" if run.planned_steps else "")),
+        *([("restarts", "<br>".join(escape(restart_line(r)) for r in run.restarts))] if run.restarts else []),
         ("images seen", fmt(run.images_seen)),
         ("optimizer", escape(f"{_config_value(run, 'optim', 'name') or '–'}, "
                              f"lr {fmt(_config_value(run, 'optim', 'lr'))} "
@@ -228,7 +259,8 @@ def card(run: RunData, index: int) -> str:
 def events_table(run: RunData) -> str:
     rows = []
     for event in run.events[:MAX_EVENTS]:
-        details = ", ".join(f"{k} {fmt(v)}" for k, v in event.items() if k not in ("step", "event"))
+        details = ", ".join(f"{k} {when(v) if k == 'time' and isinstance(v, (int, float)) else fmt(v)}"
+                            for k, v in event.items() if k not in ("step", "event"))
         rows.append([escape(str(event.get("event"))), cell(event.get("step")), escape(details)])
     more = f"<p>… and {run.events_total - len(run.events)} more in metrics.jsonl</p>" \
         if run.events_total > len(run.events) else ""
@@ -246,6 +278,63 @@ def final_evaluations(runs: list[RunData]) -> str:
         return ""
     return "<h3>The last evaluation</h3>" + _table(["run", "split", "step", *map(escape, metrics)], rows,
                                                    text_columns=(0, 1))
+
+
+def points_table(runs: list[RunData], keys: list[str]) -> str:
+    """The values of the training records' ``keys`` whose points are too few to draw (``charts.too_few``): a row
+    per run and recorded step."""
+    if not keys:
+        return ""
+    rows = []
+    for i, run in enumerate(runs):
+        by_step: dict[float, dict[str, float]] = {}
+        images: dict[float, float] = {}
+        for key in keys:
+            for step, seen, value in zip(*run.series(key), strict=True):
+                by_step.setdefault(step, {})[key] = value
+                images[step] = seen
+        for step in sorted(by_step):
+            seen = images[step]
+            rows.append([_run_name(run, i), fmt(int(step)), fmt(int(seen) if math.isfinite(seen) else None),
+                         *(fmt(by_step[step].get(key)) for key in keys)])
+    return (f'<p class="how">Too few points to draw (fewer than {charts.MIN_POINTS} in every run): the values.</p>'
+            + _table(["run", "step", "images seen", *map(escape, keys)], rows))
+
+
+def evaluation_points(runs: list[RunData], metrics: list[str]) -> str:
+    """Every evaluation of ``metrics`` (those with too few evaluations to draw): a row per run, split and step."""
+    rows = []
+    for i, run in enumerate(runs):
+        for split, curves in sorted(run.evals.items(), key=lambda item: (item[0] != "val", item[0])):
+            by_step: dict[float, dict[str, float]] = {}
+            for metric in metrics:
+                if metric in curves:
+                    steps, _, values = curves[metric].points()
+                    for step, value in zip(steps, values, strict=True):
+                        by_step.setdefault(step, {})[metric] = value
+            for step in sorted(by_step):
+                images = run.images_at(step)
+                rows.append([_run_name(run, i), escape(split), fmt(int(step)),
+                             fmt(round(images) if images is not None else None),
+                             *(fmt(by_step[step].get(metric)) for metric in metrics)])
+    if not rows:
+        return ""
+    return ("<h3>Every evaluation of the metrics too few to draw</h3>"
+            + _table(["run", "split", "step", "images seen", *map(escape, metrics)], rows, text_columns=(0, 1)))
+
+
+def memory_points(runs: list[RunData]) -> str:
+    """The samples of ``memory.csv`` where every run has too few to draw: a row per sample."""
+    columns = charts.memory_columns(runs)
+    rows = []
+    for i, run in enumerate(runs):
+        for k, minute in enumerate(run.memory.get("minutes", [])):
+            step = run.memory.get("step", [])
+            rows.append([_run_name(run, i), fmt(round(minute, 2) if math.isfinite(minute) else None),
+                         fmt(int(step[k]) if k < len(step) and math.isfinite(step[k]) else None),
+                         *(fmt(run.memory[c][k] if c in run.memory else None) for c in columns)])
+    return (f'<p class="how">Too few samples to draw (fewer than {charts.MIN_POINTS} in every run): the samples.</p>'
+            + _table(["run", "minutes", "step", *(escape(c) for c in columns)], rows))
 
 
 def phase_table(runs: list[RunData]) -> str:
@@ -292,34 +381,50 @@ def render(runs: list[RunData]) -> str:
     body: dict[str, str] = {}
 
     body["runs"] = (summary(runs) + '<p class="how">micro-batch = batch / (world × subdivisions); where the run does '
-                    "not record its world size the figure is for one process. Images/s: the mean over the logged "
-                    "steps but the first (start-up).</p>"
+                    "not record its world size (made before each start recorded it) the figure is for one process. "
+                    "Images/s: the mean over the logged steps but the first (start-up). A run resumed after an "
+                    "interruption lists its restarts on its card; the charts mark them (a dash-dot line of its "
+                    "colour where it resumed, the steps it ran twice shaded).</p>"
                     + '<div class="cards">' + "".join(card(run, i) for i, run in enumerate(runs)) + "</div>")
 
     loss, lr, batch = charts.loss(runs), charts.learning_rate(runs), charts.global_batch(runs)
     adaptive = [chart for chart in (charts.adascale_gain(runs), charts.adascale_progress(runs)) if chart]
+    few = points_table(runs, [key for key in ("loss", "lr", "batch", "gain", "progress") if charts.too_few(runs, key)])
     body["loss"] = ('<p class="how">Against steps the runs are compared update for update; against images seen, data '
                     "for data: a larger batch that reaches the same loss after the same images is using its "
                     "extra images as well as the smaller one. A run with a batch schedule "
                     "(<code>schedule.batch</code>) or an adaptive batch shows its global batch after the LR; an "
                     "adaptive run (AdaScale) then its gain r and its progress through the base schedule.</p>"
                     + (_figure(loss) + _figure(lr) + (_figure(batch) if batch else "")
-                       + "".join(_figure(chart) for chart in adaptive) if loss or lr
+                       + "".join(_figure(chart) for chart in adaptive) + few if loss or lr or few
                        else _absent("No training record in these runs.")))
 
     evaluation = charts.evaluation(runs)
-    more = len(charts.eval_metrics(runs)) - charts.MAX_METRICS
+    drawn = charts.eval_drawn(runs)
+    undrawn = [metric for metric in charts.eval_metrics(runs) if metric not in drawn]
+    more = len(drawn) - charts.MAX_METRICS
+    once = all(len(curve.steps) <= 1 for run in runs for curves in run.evals.values() for curve in curves.values())
+    if not undrawn:
+        points = ""
+    elif once:  # the table of the last evaluation holds every value
+        which = "its values are" if evaluation is None else f"the values of {escape(', '.join(undrawn))} are"
+        points = _absent(f"{'Each run was' if len(runs) > 1 else 'The run was'} evaluated once: {which} in the "
+                         "table below, not drawn.")
+    else:
+        points = evaluation_points(runs, undrawn)
     body["evaluation"] = (
         '<p class="how">Each split (<code>val</code>, <code>val_ema</code>, ...) is its own line style, the run its '
-        "colour; images seen = step × batch (interpolated from the training records under a batch schedule).</p>"
-        + (_figure(evaluation, f"{more} more metrics in the table below" if more > 0 else "")
-           if evaluation else _absent("No evaluation record in these runs."))
-        + final_evaluations(runs))
+        f"colour; images seen = step × batch (interpolated from the training records under a batch schedule). A "
+        f"metric evaluated fewer than {charts.MIN_POINTS} times in every run is a table, not a chart.</p>"
+        + (_figure(evaluation, f"{more} more metrics in the table below" if more > 0 else "") if evaluation
+           else "" if undrawn else _absent("No evaluation record in these runs."))
+        + points + final_evaluations(runs))
 
     rate = charts.throughput(runs)
+    few = points_table(runs, ["images_per_s"] if charts.too_few(runs, "images_per_s") else [])
     body["throughput"] = ('<p class="how">Training images per second between logged steps (evaluations and '
                           "checkpoints included where they fall between two records).</p>"
-                          + (_figure(rate) if rate else _absent("No throughput recorded.")))
+                          + (_figure(rate) if rate else few or _absent("No throughput recorded.")))
 
     phases = charts.phases(runs)
     missing = [escape(run.label) for run in runs if run.phase_means() is None]
@@ -341,7 +446,8 @@ def render(runs: list[RunData]) -> str:
         if svg is not None and run.updates is not None:
             maps.append(_figure(svg, f"{len(run.updates.layers)} parameter tensors × {len(run.updates.steps)} logged "
                                      f"steps, from {escape(run.updates.source)}; grey: not measured, or weights "
-                                     "that were all zero"))
+                                     "that were all zero" + ("; a white dash-dot line where the run resumed, the "
+                                                             "steps it ran twice shaded" if run.restarts else "")))
     body["updates"] = (
         '<p class="how">The relative update ‖ΔW‖ / ‖W‖ of each parameter tensor at each logged step, log scale: '
         "a row much brighter than the rest is a layer the learning rate moves faster than the others (LARS and "
@@ -351,21 +457,23 @@ def render(runs: list[RunData]) -> str:
                                               "it).")))
 
     noise = charts.noise_scale(runs)
+    few = points_table(runs, ["noise_scale"] if charts.too_few(runs, "noise_scale") else [])
     body["noise"] = (
         '<p class="how">The simple noise scale B_simple = tr(Σ) / |G|² (McCandlish et al. 2018), estimated from '
         "the micro-batch and batch gradients, against the batch (the dashed line of the run's colour). It is the "
         "critical batch: growing a batch well below it cuts the steps to a result nearly in proportion; above it, "
         "less and less, so the extra images buy less. It grows as training proceeds: read it late in a run.</p>"
-        + (_figure(noise) + noise_verdicts(runs) if noise else _absent(
+        + (_figure(noise) + noise_verdicts(runs) if noise else few + noise_verdicts(runs) if few else _absent(
             "No noise scale recorded (log.noise_scale: off, one micro-batch per process, or a run made before it).")))
 
     scale, grad = charts.loss_scale_and_skipped(runs), charts.grad_norm(runs)
+    few = points_table(runs, [key for key in ("loss_scale", "grad_norm") if charts.too_few(runs, key)])
     body["scale"] = (
         '<p class="how">A dynamic loss scale halves at each step whose gradients are not finite (the step is '
         "skipped) and grows again after a run of good steps. Many skipped steps waste compute; a scale that keeps "
         "falling points at a layer that overflows.</p>"
-        + (_figure(scale) if scale else _absent("No loss scale recorded and no step skipped."))
-        + (_figure(grad, "The gradient norm, recorded when clipping by norm.") if grad else ""))
+        + (_figure(scale) if scale else "" if few else _absent("No loss scale recorded and no step skipped."))
+        + (_figure(grad, "The gradient norm, recorded when clipping by norm.") if grad else "") + few)
 
     memory = charts.memory(runs)
     body["memory"] = (
@@ -373,7 +481,10 @@ def render(runs: list[RunData]) -> str:
         "the process, the system's, on CUDA the allocated, reserved and peak device memory, and on a "
         "unified-memory device (Jetson) the RAM the GPU holds (unified gpu). Columns that stay at zero are left "
         "out.</p>"
-        + (_figure(memory) if memory else _absent("No run has a memory.csv.")))
+        + (_figure(memory, "Where a run was stopped and resumed, the time between its last sample and its next "
+                           "is shaded, a dash-dot line where it resumed." if any(r.memory_breaks for r in runs)
+                   else "") if memory
+           else memory_points(runs) if charts.memory_columns(runs) else _absent("No run has a memory.csv.")))
 
     nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)
     sections = "".join(_section(anchor, title, body[anchor]) for anchor, title in SECTIONS)

@@ -8,6 +8,11 @@ Nor does what it keeps grow with the files: ``metrics.jsonl``, ``memory.csv`` an
 a time, each curve keeps at most :data:`MAX_POINTS` points (evenly spread, the first and last always among them),
 and what the page sums up (the means, the best evaluation, the last record) is computed while reading.
 ``config.yaml`` is read by bigbatch's bounded YAML loader (``config.load_yaml``: no alias bomb).
+
+Where the run started again (a resume after Ctrl-C or a crash) is read from the run's own records of each start
+(``event: started`` / ``resumed``, with the world size); a run directory made before those records says it in
+``memory.csv`` (its clock starts again at each start of the process) or, older still, in training records whose
+step goes back.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ MAX_CONFIG_BYTES = 1 << 20
 """The largest ``config.yaml`` read (a resolved config is a few KB)."""
 MAX_STEP = 2**53
 """Steps beyond this (in magnitude) are not a record's."""
+MAX_RESTARTS = 200
+"""The most starts of a run kept, of each source (a run resumed every few steps for weeks)."""
 
 
 def _thinned(steps: list[int] | array, stride: int, most: int) -> tuple[list[int], int]:
@@ -259,6 +266,31 @@ class Phases:
 
 
 @dataclass
+class Segment:
+    """One start of the run's process(es): the first (at step 0), or a restart (a resume from the checkpoint of
+    ``step``, or a start from scratch over an earlier attempt)."""
+
+    step: int
+    """The optimizer steps done when it started: 0, or the step of the checkpoint it resumed from."""
+    resumed: bool = True
+    world: int | None = None
+    """The number of processes it ran on, where recorded."""
+    time: float | None = None
+    """When it started (seconds since the epoch), where recorded."""
+    stopped_at: int | None = None
+    """The highest step recorded before it started (where the run before it got to), where known: the steps from
+    ``step`` to it were run twice."""
+    source: str = "metrics.jsonl"
+    """What says so: ``metrics.jsonl`` (the run's record of its start), ``memory.csv`` (the clock starting again),
+    or ``training records`` (their step going back)."""
+
+    @property
+    def restart(self) -> bool:
+        """A start after another: a resume, or a start over an earlier attempt that had recorded steps."""
+        return self.resumed or self.stopped_at is not None
+
+
+@dataclass
 class RunData:
     path: Path
     label: str = ""
@@ -292,6 +324,16 @@ class RunData:
     recorded: dict[str, Any] = field(default_factory=dict)
     """What the records say of the run: ``batch`` and ``world`` (the last event or training record giving one),
     ``subdivisions`` (the last out-of-memory re-cut), ``images_batch`` (images / step of the lowest step)."""
+    segments: list[Segment] = field(default_factory=list)
+    """Each start the run recorded (``event: started`` or ``resumed``), in the order written: at most
+    :data:`MAX_RESTARTS`."""
+    clock_restarts: list[Segment] = field(default_factory=list)
+    """Where ``memory.csv``'s clock starts again (a run directory made before the start records)."""
+    record_restarts: list[Segment] = field(default_factory=list)
+    """Where a training record's step goes back (older runs kept the records past the checkpoint)."""
+    memory_breaks: list[tuple[float, float]] = field(default_factory=list)
+    """``(minutes, minutes)`` of the last sample before each restart of ``memory.csv``'s clock and the first after
+    it, on the ``minutes`` axis (runs whose samples carry their wall-clock ``time``)."""
 
     # --- what the header shows -------------------------------------------------------------------------------
     @property
@@ -318,10 +360,29 @@ class RunData:
 
     @property
     def world(self) -> int | None:
-        """The number of processes, where the run recorded it (``world`` in the config or a record)."""
+        """The number of processes (of the last start), where the run recorded it (``world`` in the config or a
+        record: each start's ``started``/``resumed`` event)."""
         if isinstance(self.config.get("world"), int):
             return self.config["world"]
         return self.recorded.get("event_world", self.recorded.get("train_world"))
+
+    @property
+    def worlds(self) -> list[tuple[int, int]]:
+        """``(step, world)`` where the recorded world size changes, the first start's first: ``[(0, 2), (40, 4)]``
+        for a run resumed at step 40 on 4 processes (torchrun allows it); empty where no start recorded one."""
+        changes: list[tuple[int, int]] = []
+        for segment in self.segments:
+            if segment.world is not None and (not changes or changes[-1][1] != segment.world):
+                changes.append((segment.step, segment.world))
+        return changes
+
+    @property
+    def restarts(self) -> list[Segment]:
+        """Where the run started again, in the order it did: from its own records of each start where it has any,
+        else from ``memory.csv``'s clock, else from its training records' steps going back."""
+        if self.segments:
+            return [segment for segment in self.segments if segment.restart]
+        return self.clock_restarts or self.record_restarts
 
     @property
     def planned_steps(self) -> int | None:
@@ -518,6 +579,12 @@ def _series_left(run: RunData, key: str) -> bool:
 def _training(run: RunData, record: dict[str, Any], step: int, heatmap: _Heatmap | None) -> int:
     """Put a training record in its curves; 1 if it repeats or goes back to an earlier step, else 0."""
     repeat = run.last is not None and step <= run.last["step"]
+    previous = run.recorded.get("previous_train_step")
+    if previous is not None and step <= previous and len(run.record_restarts) < MAX_RESTARTS:
+        # a resumed run's first record is of the step after its checkpoint's (training_log: the first and every
+        # log.every); the one before was as far as the run had got
+        run.record_restarts.append(Segment(step=max(step - 1, 0), stopped_at=previous, source="training records"))
+    run.recorded["previous_train_step"] = step
     if repeat:  # the last record of a step wins, in every curve
         for curve in run.curves.values():
             curve.drop(step)
@@ -586,6 +653,12 @@ def _event(run: RunData, record: dict[str, Any], step: int) -> None:
         run.recorded["event_world"] = record["world"]
     if kind == "out_of_memory" and "subdivisions" in record:
         run.recorded["subdivisions"] = record["subdivisions"]
+    if kind in ("started", "resumed") and len(run.segments) < MAX_RESTARTS:
+        world, stopped = record.get("world"), _number(record.get("stopped_at"))
+        run.segments.append(Segment(
+            step=step, resumed=kind == "resumed", world=world if isinstance(world, int) and world > 0 else None,
+            time=_number(record.get("time")), stopped_at=int(stopped) if stopped is not None and
+            abs(stopped) < MAX_STEP else None))
     if kind == "skipped":
         run.skips.put(step, math.nan, _number(record.get("skipped")) or 0.0)
 
@@ -637,6 +710,8 @@ def _read_memory(run: RunData) -> None:
     samples = _Samples()
     names: list[str] = []
     start = None  # the first finite time
+    breaks: list[tuple[float, float]] = []  # the times of the last sample before a restart of the clock and the next
+    last_time, last_step = math.nan, math.nan
     with f:
         reader = csv.reader(_csv_lines(f))
         try:
@@ -660,7 +735,17 @@ def _read_memory(run: RunData) -> None:
                 elapsed = sample.get("elapsed_s", math.nan)
                 if elapsed < previous:  # a resumed run appends with its own clock: no line across the gap
                     samples.gap()
+                    now, step = sample.get("time", math.nan), sample.get("step", math.nan)
+                    if len(run.clock_restarts) < MAX_RESTARTS:
+                        run.clock_restarts.append(Segment(
+                            step=int(step) if math.isfinite(step) and abs(step) < MAX_STEP else 0,
+                            time=now if math.isfinite(now) else None, source="memory.csv",
+                            stopped_at=int(last_step) if math.isfinite(last_step) and abs(last_step) < MAX_STEP
+                            else None))
+                        if math.isfinite(last_time) and math.isfinite(now):
+                            breaks.append((last_time, now))
                 previous = elapsed
+                last_time, last_step = sample.get("time", math.nan), sample.get("step", math.nan)
                 samples.add(values)
         except csv.Error as error:
             run.notes.append(f"memory.csv: line {reader.line_num} could not be read ({error}); the samples before "
@@ -671,6 +756,7 @@ def _read_memory(run: RunData) -> None:
     columns = {name: [row[2][i] for row in samples.rows] for i, name in enumerate(names)}
     if start is not None:
         minutes = [(t - start) / 60 for t in columns["time"]]
+        run.memory_breaks = [((before - start) / 60, (after - start) / 60) for before, after in breaks]
     elif "elapsed_s" in columns:
         minutes = [t / 60 for t in columns["elapsed_s"]]
     else:

@@ -1,9 +1,12 @@
-"""``metrics.jsonl``: every record, one JSON object a line (main process)."""
+"""``metrics.jsonl``: every record, one JSON object a line (main process); each start of the process (a run's
+first, and every resume) begins with a record of where and on how many processes it starts."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 from bigbatch.engine.events import Record
 from bigbatch.engine.hooks.base import Hook
@@ -12,11 +15,23 @@ from bigbatch.outputs import keep_lines
 from bigbatch.registry import HOOKS
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
+def truncate_metrics(path: Path, last_step: int) -> int | None:
     """Drop records past ``last_step`` (written by a run that died after its last checkpoint), and a line a kill
-    cut short."""
-    if path.exists():
-        keep_lines(path, lambda line: record_step(line) is not None and record_step(line) <= last_step)
+    cut short -> the highest step a record of the file had before (how far the run that wrote it got), or None
+    (no file, or no record in it)."""
+    if not path.exists():
+        return None
+    highest: int | None = None
+
+    def keep(line: str) -> bool:
+        nonlocal highest
+        step = record_step(line)
+        if step is not None and (highest is None or step > highest):
+            highest = step
+        return step is not None and step <= last_step
+
+    keep_lines(path, keep)
+    return highest
 
 
 def record_step(line: str) -> int | None:
@@ -28,13 +43,29 @@ def record_step(line: str) -> int | None:
     return step if isinstance(step, int) else None
 
 
+def segment_record(run: Run, highest: int | None) -> tuple[str, dict[str, Any], str]:
+    """What the process's start records (``event``, values, message): ``started`` at step 0 or ``resumed`` at the
+    checkpoint's step, the ``world`` size (a resumed run may run on another one), the wall-clock ``time``, and
+    ``stopped_at``: the highest step the file recorded before (where an interrupted run got to), if any."""
+    step, world = run.state.step, run.proc.world
+    values: dict[str, Any] = {"world": world, "time": round(time.time(), 3)}
+    processes = f"{world} process{'es' if world != 1 else ''}"
+    if highest is not None:
+        values["stopped_at"] = highest
+    if not step:
+        return "started", values, f"started on {processes}"
+    before = f" (the run before had recorded up to step {highest})" if highest is not None else ""
+    return "resumed", values, f"resumed at step {step} on {processes}{before}"
+
+
 class JsonLines(Hook):
     stage = "write"
 
     def before_train(self, run: Run) -> None:
         path = run.out_dir / "metrics.jsonl"
-        truncate_metrics(path, run.state.step)
+        highest = truncate_metrics(path, run.state.step)
         self.file = open(path, "a", encoding="utf-8")
+        run.events.event(run.state.step, *segment_record(run, highest))
 
     def write(self, record: Record) -> None:
         self.file.write(json.dumps(record.values) + "\n")
