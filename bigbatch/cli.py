@@ -166,7 +166,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from bigbatch.batching import check_batch
     from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_checked, resolve_auto
-    from bigbatch.engine.run_dir import check_resumable, hold_run_dir, holds_this_run, kept_run_files, timestamped
+    from bigbatch.engine.run_dir import (
+        check_resumable,
+        hold_run_dir,
+        holds_this_run,
+        interrupted_message,
+        kept_run_files,
+        timestamped,
+    )
+    from bigbatch.engine.step import Interrupted
 
     overrides = args.overrides
     if args.resume is not None:
@@ -193,7 +201,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         from bigbatch.engine.trainer import train
 
         started = time.perf_counter()
-        result = train(cfg, out_dir, resume=resume)
+        try:
+            result = train(cfg, out_dir, resume=resume)
+        except Interrupted as stop:
+            if distributed.rank_from_env() == 0:
+                print(interrupted_message(stop, out_dir), file=sys.stderr, flush=True)
+            return 130
     if distributed.rank_from_env() != 0:
         return 0  # rank 0 reports
     minutes = (time.perf_counter() - started) / 60

@@ -391,7 +391,8 @@ def test_an_interrupted_run_resumed_is_marked_where_it_restarted(tmp_path):
     assert stopped.returncode == 130
     resumed = run_main("train", "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed at step 4 on 1 process (the run before had recorded up to step 5)" in resumed.stdout
+    assert resumed.stdout.startswith(f"resumed from step 4 of 8 ({out / 'checkpoints' / 'last.pt'})\n")
+    assert "running on 1 process; the run before had recorded up to step 5" in resumed.stdout
     assert [(r["event"], r["step"], r.get("stopped_at")) for r in segments(out)] == \
         [("started", 0, None), ("resumed", 4, 5)]
     train_steps = [r["step"] for r in records(out) if "lr" in r]

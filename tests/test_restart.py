@@ -94,7 +94,7 @@ def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path, rendezvous):
     stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
     assert killed_at == 5, "killed after the first checkpoint, long before the end"
     assert launcher.returncode == 0, stderr[-3000:]
-    assert "resuming the run in" in stdout, "the restarted workers resumed from the run's checkpoint"
+    assert "resumed from step " in stdout, "the restarted workers resumed from the run's checkpoint"
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     assert state["step"] == STEPS
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()

@@ -3,6 +3,7 @@ uninterrupted run with the same seed (CPU)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -76,3 +77,46 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
                    if "loss" in line and "split" not in line]
     assert train_steps == list(range(1, STEPS + 1))
     assert steps == metrics_steps(tmp_path / "reference" / "metrics.jsonl")
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal: the console draws its progress bar (tqdm) into it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_ctrl_c_says_the_checkpoint_kept_the_steps_lost_and_the_command_that_resumes(tmp_path, monkeypatch):
+    """Interrupted after step 5 with its checkpoint at step 4: the progress bar is closed before the summaries (drawn
+    once more at most, not after each), the last lines say what is kept and print the command; that command, run as
+    printed, starts with "resumed from step 4 of 8"."""
+    import contextlib
+    import shlex
+
+    from bigbatch.cli import main
+    from bigbatch.registry import HOOKS
+    from tests.helpers import StopAfter
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    settings = ["data.size=8", "model.width=4", "subdivisions=2", "batch=64", "steps=8", "eval.every=100",
+                "checkpoint.every=2", "log.tensorboard=false", "memory.interval=60"]
+    stdout, stderr = io.StringIO(), Terminal()
+    HOOKS.register("stop_after_5", lambda run: StopAfter(5))
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(["train", "digits", "--out", str(out), "--set", *settings])
+    finally:
+        HOOKS.unregister("stop_after_5")
+    assert code == 130
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
+    err = stderr.getvalue()
+    assert err.endswith(f"interrupted after step 5 of 8; kept: {out / 'checkpoints' / 'last.pt'} at step 4 (the 1 "
+                        f"step after it will run again); resume with:\n  bigbatch train --resume {out}\n"), err[-500:]
+    assert "input pipeline: waited" in stdout.getvalue()  # a summary after the steps
+    assert err.count("5/8 [") <= 2, err  # the bar's last state: drawn when it got there, and once as it closed
+    command = err.splitlines()[-1].split()
+    resumed = run_main(*command[1:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[0] == f"resumed from step 4 of 8 ({out / 'checkpoints' / 'last.pt'})"
+    assert shlex.join(command) == f"bigbatch train --resume {out}"

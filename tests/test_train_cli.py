@@ -97,7 +97,7 @@ def test_out_dir_with_this_run_resumes_it(digits_run, tmp_path):
     result = run_main("train", "digits", "--out", str(out), "--set", "steps=60", "eval.every=25",
                       "checkpoint.every=20", "memory.interval=0.5", "subdivisions=4")
     assert result.returncode == 0, result.stderr
-    assert f"resuming the run in {out}" in result.stdout
+    assert result.stdout.startswith(f"resumed from step 60 of 60 ({out / 'checkpoints' / 'last.pt'})\n")
     assert [r for r in records(out) if "lr" in r] == before, "nothing trained again"
 
 

@@ -72,6 +72,8 @@ class Run:
     """What hooks leave for the run's result (``memory``: the peaks)."""
     adascale: AdaScale | None = None
     """An adaptive run's AdaScale state (``batch: {mode: adaptive}``): the gain, the progress in base steps."""
+    steps_over: bool = False
+    """The loop is over (done, stopped or interrupted): the ``after_train`` hooks are running."""
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -270,6 +270,21 @@ def run_dir_of(checkpoint: Path) -> Path | None:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
+def interrupted_message(stop: Any, run_dir: Path) -> str:
+    """What an interrupted ``train`` says (``stop``: ``engine.step.Interrupted``): the steps done, the checkpoint
+    kept and the steps a resume runs again, and the command that resumes."""
+    import shlex
+
+    done = f"interrupted after step {stop.done} of {stop.steps}"
+    if stop.checkpoint is None:
+        return (f"{done}; no checkpoint had been written yet, so nothing is kept: the same command starts the run "
+                f"again")
+    lost = stop.done - stop.checkpoint_step
+    again = f"the {lost} step{'s' if lost != 1 else ''} after it will run again" if lost else "no step is lost"
+    return (f"{done}; kept: {stop.checkpoint} at step {stop.checkpoint_step} ({again}); resume with:\n"
+            f"  bigbatch train --resume {shlex.quote(str(run_dir))}")
+
+
 def timestamped(name: str) -> Path:
     """``runs/<name>-<YYYYmmdd-HHMMSS>``: the folder of a run (or a profile) not given one, by the local time."""
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -315,8 +330,4 @@ def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
         raise UserError(f"--out: {out_dir} already holds a run of another config ({first}: {saved.get(first)!r} "
                         f"there, {wanted.get(first)!r} here); continue it with --resume {out_dir}, "
                         f"or choose another --out")
-    from bigbatch.engine import distributed
-
-    if distributed.rank_from_env() == 0:
-        print(f"resuming the run in {out_dir} from its last checkpoint", flush=True)
-    return True
+    return True  # the run says "resumed from step N of M" first

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -53,6 +54,15 @@ MicroBatchHook = Callable[[int], None]
 
 class TrainingStopped(Exception):
     """Training cannot go on (the CLI prints the message and exits with code 1)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C, SIGINT) after ``done`` of its ``steps`` steps; ``checkpoint``, the last one
+    written (None: none yet), holds step ``checkpoint_step``: what a resume continues from."""
+
+    def __init__(self, done: int, steps: int, checkpoint: Path | None, checkpoint_step: int | None) -> None:
+        super().__init__(done)
+        self.done, self.steps, self.checkpoint, self.checkpoint_step = done, steps, checkpoint, checkpoint_step
 
 
 class NonFiniteTraining(TrainingStopped):

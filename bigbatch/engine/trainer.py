@@ -37,6 +37,7 @@ from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.run_dir import keep_model_files
 from bigbatch.engine.state import Best, TrainingState
+from bigbatch.engine.step import Interrupted
 from bigbatch.largebatch.adascale import AdaScale
 from bigbatch.largebatch.optim import set_lr
 from bigbatch.tasks import build_task
@@ -78,7 +79,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     state = TrainingState(cfg, parts.model, train_step, parts.ema)
     if resume:
         state.resume(out_dir / "checkpoints" / "last.pt")
+        last_checkpoint.step = state.step
     if proc.is_main:
+        if resume:
+            print(f"resumed from step {state.step} of {plan.steps} ({last_checkpoint.path})", flush=True)
         out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write(out_dir / "config.yaml", lambda f: f.write(config_to_yaml(cfg)), mode="w")
         keep_model_files(out_dir, cfg, parts.model)  # a Darknet run's cfg: the run evaluates after it is moved
@@ -111,9 +115,13 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
             state.step = step + 1
             run.hooks.after_step()
         metrics = run.metrics or run.evaluate(raw_too=False)[0]  # a finished run resumed: report, log nothing
-    except BaseException:
+    except BaseException as error:
         run.hooks.after_train(failing=True)  # the run's own error is the one raised
         state.finish_writes(failing=True)  # the checkpoints saved before the error reach the disk
+        if isinstance(error, KeyboardInterrupt):  # Ctrl-C: say where a resume would continue from
+            kept = last_checkpoint.step
+            raise Interrupted(state.step, run.plan.steps, last_checkpoint.path if kept is not None else None,
+                              kept) from None
         raise
     run.hooks.after_train()
     state.finish_writes()  # every checkpoint on disk before the run says it is done

@@ -217,6 +217,7 @@ class Hooks:
         is raised after all ran, unless the run is ``failing`` already: then it is printed as a warning, so that
         the run's own error is the one the user sees."""
         error: BaseException | None = None
+        self.run.steps_over = True
         for moment in ("after_train", "close"):
             for hook in self._started:
                 if getattr(type(hook), moment) is getattr(Hook, moment):

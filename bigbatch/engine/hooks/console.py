@@ -1,5 +1,6 @@
-"""What a person sees: on a terminal, a progress bar (step, images/s, loss, lr, ETA) with messages above it;
-otherwise a printed line per record (main process)."""
+"""What a person sees: on a terminal, a progress bar (step, images/s, loss, lr, ETA) with messages above it, closed
+when the steps are over so that the summaries after them print below it, once; otherwise a printed line per record
+(main process)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from bigbatch.registry import HOOKS
 class Console(Hook):
     stage = "record"
 
+    def __init__(self) -> None:
+        self.bar = None  # records put before before_train (a measure hook's own, at its start) print as lines
+        self.run: Run | None = None
+
     def before_train(self, run: Run) -> None:
         from bigbatch.largebatch.schedule import warmup_note
 
         note = warmup_note(run.cfg, run.plan, run.state.step)
         if note is not None:
             print(note, flush=True)
+        self.run = run  # for write(): whether the steps are over
         self.bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
@@ -35,6 +41,9 @@ class Console(Hook):
             self.bar.update(min(done, self.bar.total) - self.bar.n)
 
     def write(self, record: Record) -> None:
+        if self.bar is not None and self.run is not None and self.run.steps_over:
+            self.bar.close()  # the summaries (phases, memory, ...) go below the bar, which is not drawn again
+            self.bar = None
         if self.bar is None:
             print(record.message, flush=True)
         elif record.kind == "train":
@@ -46,6 +55,7 @@ class Console(Hook):
             self.bar.write(record.message)
 
     def close(self, run: Run) -> None:
+        self.run = None
         if self.bar is not None:
             self.bar.close()
 

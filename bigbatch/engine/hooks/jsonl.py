@@ -54,8 +54,8 @@ def segment_record(run: Run, highest: int | None) -> tuple[str, dict[str, Any], 
         values["stopped_at"] = highest
     if not step:
         return "started", values, f"started on {processes}"
-    before = f" (the run before had recorded up to step {highest})" if highest is not None else ""
-    return "resumed", values, f"resumed at step {step} on {processes}{before}"
+    before = f"; the run before had recorded up to step {highest}" if highest is not None else ""
+    return "resumed", values, f"running on {processes}{before}"
 
 
 class JsonLines(Hook):
