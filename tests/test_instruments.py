@@ -152,12 +152,38 @@ def test_memory_growth_per_1000_steps_and_a_steady_rise(tmp_path):
         return path
 
     rising = write([(s, 1000 + 0.5 * s) for s in range(0, 2000, 100)])  # 0.5 MiB per step
-    per_1000, r2, samples = memory_growth(rising, after_step=400)
-    assert per_1000 == pytest.approx(500) and r2 == pytest.approx(1) and samples == 15
+    per_1000, r2, samples, steps = memory_growth(rising, after_step=400)
+    assert per_1000 == pytest.approx(500) and r2 == pytest.approx(1) and samples == 15 and steps == 1400
+    assert not memory_growth(rising, after_step=400).steady  # 15 samples: too few to call it a leak
+    assert memory_growth(write([(s, 1000 + 0.5 * s) for s in range(0, 2100, 100)]), after_step=0).steady  # 21
+    assert not memory_growth(write([(s, 1000 + 0.5 * s) for s in range(100, 140)]), after_step=0).steady  # 39 steps
     flat = write([(s, 1000 + (7 if s % 200 else -7)) for s in range(0, 2000, 100)])  # noise around a level
-    per_1000, r2, _ = memory_growth(flat, after_step=0)
+    per_1000, r2, _, _ = memory_growth(flat, after_step=0)
     assert abs(per_1000) < 10 and r2 < 0.1
     assert memory_growth(write([(1, 5), (2, 6)]), after_step=0) is None  # too few samples
+
+
+def test_a_resumed_runs_memory_trend_is_its_own_process_and_not_the_step_between_the_two(tmp_path):
+    """The run before sampled a flat 1,000 MiB over steps 0-300; the resumed process, its own flat 1,400 MiB from
+    step 300 on. Over both, a line through the step-up reads as a rise of 1 GiB per 1,000 steps (the false alarm);
+    over this process's samples (``since``: where its rows begin), flat."""
+    import torch
+
+    from bigbatch.telemetry.memory import MemorySampler, memory_growth
+
+    path = tmp_path / "memory.csv"
+    first = MemorySampler(path, 60, torch.device("cpu"))
+    for step in range(0, 300, 10):
+        first._csv.writerow([0, 0, step, 1000, *[""] * (len(first.columns) - 4)])
+    first._file.close()
+    again = MemorySampler(path, 60, torch.device("cpu"))
+    for step in range(300, 600, 10):
+        again._csv.writerow([0, 0, step, 1400 + (step % 20) / 10, *[""] * (len(again.columns) - 4)])
+    again._file.close()
+    both = memory_growth(path, after_step=0)
+    assert both.per_1000 > 1000  # what was reported before: over 1 GiB more per 1,000 steps, from one step-up
+    own = memory_growth(path, after_step=0, since=again.first_row)
+    assert own.samples == 30 and abs(own.per_1000) < 10 and not own.steady
 
 
 def test_the_run_reports_memory_growth_after_the_first_evaluation(tmp_path, capsys, monkeypatch):

@@ -18,6 +18,7 @@ import csv
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import torch
@@ -67,6 +68,9 @@ class MemorySampler:
         self._csv = csv.writer(self._file)
         if existing is None:
             self._csv.writerow(self.columns)
+            self._file.flush()
+        self.first_row = self._file.tell()
+        """Where this process's samples begin in the file (a resumed run's follow those of the runs before)."""
         self._thread = threading.Thread(target=self._run, name="bigbatch-memory", daemon=True)
 
     def start(self) -> MemorySampler:
@@ -145,22 +149,44 @@ def _unused_name(path: Path) -> Path:
 
 STEADY_R2 = 0.8
 """A rise counts as steady when a straight line explains this share of the samples' variance ..."""
-STEADY_SAMPLES = 10
-"""... over at least this many samples (with 3 or 4, the allocator's settling after an evaluation looks like a
-line)."""
+STEADY_SAMPLES = 20
+"""... over at least this many samples ..."""
+STEADY_STEPS = 200
+"""... spanning at least this many steps, all of one process (since the run's last start): with a few samples, the
+allocator's settling after an evaluation looks like a line, and a resumed process's own baseline beside the one
+before it like a rise."""
 
 
-def memory_growth(path: Path, after_step: int, column: str = "rss_mib") -> tuple[float, float, int] | None:
+class Growth(NamedTuple):
+    per_1000: float
+    """MiB per 1,000 steps: the least-squares slope."""
+    r2: float
+    """The share of the samples' variance the line explains."""
+    samples: int
+    steps: float
+    """The steps the samples span."""
+
+    @property
+    def steady(self) -> bool:
+        """A steady rise: a line explains most of it, over enough samples and steps (``STEADY_*``)."""
+        return (self.per_1000 > 0 and self.r2 >= STEADY_R2 and self.samples >= STEADY_SAMPLES
+                and self.steps >= STEADY_STEPS)
+
+
+def memory_growth(path: Path, after_step: int, column: str = "rss_mib", since: int = 0) -> Growth | None:
     """The trend of ``column`` in ``memory.csv`` over the samples taken after ``after_step`` (the first evaluation:
     the Darknet-on-Jetson write-up's memory climbed during training, past the allocations of the first steps and
-    evaluation):
-    ``(MiB per 1,000 steps, R^2 of the least-squares line, samples)``, or None with fewer than 3 samples over at
-    least two steps (samples without a value are left out).
-    Slope ``b = sum (s - s_mean)(m - m_mean) / sum (s - s_mean)^2``; ``R^2 = b^2 var(s) / var(m)``."""
+    evaluation), from byte ``since`` of the file on (``MemorySampler.first_row``: this process's samples, so that a
+    resumed run does not fit a line through its own baseline and the one of the process before):
+    a :class:`Growth`, or None with fewer than 3 samples over at least two steps (samples without a value are left
+    out). Slope ``b = sum (s - s_mean)(m - m_mean) / sum (s - s_mean)^2``; ``R^2 = b^2 var(s) / var(m)``."""
     rows = []
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            for r in csv.DictReader(f):
+            header = next(csv.reader([f.readline()]), [])
+            if since > f.tell():
+                f.seek(since)
+            for r in csv.DictReader(f, fieldnames=header):
                 try:
                     step, value = float(r["step"]), float(r[column])
                 except (KeyError, TypeError, ValueError):  # no such column, or a sample not read (empty cell)
@@ -177,7 +203,8 @@ def memory_growth(path: Path, after_step: int, column: str = "rss_mib") -> tuple
     var_m = sum((m - mean_m) ** 2 for _, m in rows)
     slope = sum((s - mean_s) * (m - mean_m) for s, m in rows) / var_s
     r2 = slope * slope * var_s / var_m if var_m > 0 else 0.0
-    return slope * 1000, r2, n
+    steps = max(s for s, _ in rows) - min(s for s, _ in rows)
+    return Growth(slope * 1000, r2, n, steps)
 
 
 class MemoryLimitExceeded(RuntimeError):

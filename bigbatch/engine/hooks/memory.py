@@ -10,8 +10,6 @@ from bigbatch.engine.host_memory import release_freed
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
 from bigbatch.telemetry.memory import (
-    STEADY_R2,
-    STEADY_SAMPLES,
     MemoryLimitExceeded,
     MemorySampler,
     memory_growth,
@@ -40,7 +38,7 @@ class MemoryLog(Hook):
 
     def before_train(self, run: Run) -> None:
         self.sampler = MemorySampler(run.out_dir / "memory.csv", run.cfg.memory.interval, run.proc.device)
-        self.sampler.step = run.state.step
+        self.sampler.step = self.started = run.state.step
         if self.sampler.set_aside is not None:
             run.events.event(run.state.step, "memory_log_set_aside", {"path": str(self.sampler.set_aside)},
                              f"memory.csv was not a memory log (unreadable, or another header): kept as "
@@ -72,11 +70,11 @@ class MemoryLog(Hook):
         fields: dict[str, float | int | bool] = {}
         parts, flagged = [], []
         for column, what in columns.items():
-            growth = memory_growth(self.sampler.path, self.first_eval, column)
+            growth = memory_growth(self.sampler.path, self.first_eval, column, self.sampler.first_row)
             if growth is None:
                 continue
-            per_1000, r2, samples = growth
-            steady = per_1000 > 0 and r2 >= STEADY_R2 and samples >= STEADY_SAMPLES
+            per_1000, r2, samples, _ = growth
+            steady = growth.steady
             key = "rss" if column == "rss_mib" else "unified_gpu"
             fields.update({f"{key}_mib_per_1000_steps": round(per_1000, 2), f"{key}_r2": round(r2, 3)})
             if column == "rss_mib":
@@ -89,8 +87,9 @@ class MemoryLog(Hook):
         if not parts:
             return
         samples = fields.get("samples", "")
-        message = (f"memory after the first evaluation (step {self.first_eval}): {' and '.join(parts)} per 1,000 "
-                   f"steps over {samples} samples")
+        since = (f"after the first evaluation (step {self.first_eval})" if self.first_eval >= self.started else
+                 f"since this process resumed the run (step {self.started})")
+        message = f"memory {since}: {' and '.join(parts)} per 1,000 steps over {samples} samples"
         if flagged:
             message += (f" - a steady rise of {' and '.join(flagged)} (a leak, or a cache that keeps growing): "
                         "watch memory.csv")
