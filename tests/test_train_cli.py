@@ -159,3 +159,26 @@ def test_train_help_names_every_kind_of_config_and_the_default(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "a YAML file, a Darknet .cfg, or a built-in recipe: digits," in text, text
     assert "(default: digits; with --resume, the run's own config)" in text and "default: None" not in text
+
+
+def test_eval_shows_its_progress_on_a_terminal(digits_run, tmp_path):
+    """``bigbatch eval`` says how many images it evaluates, and on a terminal draws a progress bar (tqdm) while it
+    does; elsewhere no bar."""
+    import contextlib
+    import io
+
+    from bigbatch.cli import main
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = tmp_path / "copy"
+    shutil.copytree(digits_run[0], out)
+    for stderr, bar in ((Terminal(), True), (io.StringIO(), False)):
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            assert main(["eval", str(out)]) == 0
+        assert "evaluating 360 validation images" in stdout.getvalue()
+        assert ("evaluating 360 images" in stderr.getvalue() and "batch" in stderr.getvalue()) is bar, \
+            stderr.getvalue()

@@ -7,7 +7,7 @@ tensors do: one indexing operation instead of one per image) and a ``collate`` f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -123,12 +123,20 @@ def slabs_per_worker(prefetch: int) -> int:
     return 3 * prefetch + 1
 
 
-def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, workers: int = 0) -> DataLoader:
-    """The validation set in index order; rank ``r`` of ``world`` takes indices ``r, r + world, ...``."""
+def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, workers: int = 0,
+                 progress: bool = False) -> Iterable[Any]:
+    """The validation set in index order; rank ``r`` of ``world`` takes indices ``r, r + world, ...``. With
+    ``progress`` (``bigbatch eval``), a progress bar on a terminal (tqdm; none elsewhere)."""
     indices = list(range(rank, len(dataset), world))  # type: ignore[arg-type]
     chunks = [indices[i : i + batch] for i in range(0, len(indices), batch)]
-    return DataLoader(dataset, batch_sampler=chunks, num_workers=workers, collate_fn=_collate_of(dataset),
-                      generator=own_generator(0, 0))
+    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=workers, collate_fn=_collate_of(dataset),
+                        generator=own_generator(0, 0))
+    if not progress:
+        return loader
+    from tqdm import tqdm
+
+    return tqdm(loader, total=len(chunks), desc=f"evaluating {len(indices)} images", unit="batch", leave=False,
+                disable=None, dynamic_ncols=True)
 
 
 def own_generator(seed: int, start: int) -> torch.Generator:

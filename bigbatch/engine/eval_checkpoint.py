@@ -46,8 +46,9 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     model = task.build_model(cfg)
     weights, use_ema = counted_weights(state, cfg)
     load_weights(model, weights, "model")
-    print(f"weights  {'EMA' if use_ema else 'raw'} from {path}")
-    metrics, predictions = task.predict(model, cfg.eval.batch)
+    print(f"weights  {'EMA' if use_ema else 'raw'} from {path}; evaluating {len(task.val_set)} validation images",
+          flush=True)
+    metrics, predictions = task.predict(model, cfg.eval.batch, progress=True)
     if save_detections is not None:
         task.save_predictions(save_detections, predictions)
         note = getattr(task, "predictions_note", "")  # how the saved categories are numbered

@@ -47,8 +47,9 @@ class Task(Protocol):
     def evaluate(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1) -> dict[str, float]:
         """Metrics over the whole validation set, each image counted once, the same on every rank."""
 
-    def predict(self, model: nn.Module, batch_size: int) -> tuple[dict[str, float], list[Any]]:
-        """(metrics, predictions) over the validation set in one process (``bigbatch eval``)."""
+    def predict(self, model: nn.Module, batch_size: int, progress: bool = False) -> tuple[dict[str, float], list[Any]]:
+        """(metrics, predictions) over the validation set in one process (``bigbatch eval``); ``progress``: a
+        progress bar on a terminal."""
 
     def save_predictions(self, path: Path, predictions: list[Any]) -> None:
         """Write ``predict``'s predictions in ``prediction_format``."""

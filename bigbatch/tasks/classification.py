@@ -92,14 +92,15 @@ class ClassificationTask:
         return loss
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1, progress: bool = False
+                 ) -> dict[str, float]:
         """Top-1, top-5 and mean loss over the validation set, each image counted once."""
         was_training = model.training
         model.eval()
         k = min(5, self.num_classes)
         device = next(model.parameters()).device
         totals = torch.zeros(4, dtype=torch.float64)  # images, top1 hits, top5 hits, loss sum
-        for batch in eval_batches(self.val_set, batch_size, rank, world):
+        for batch in eval_batches(self.val_set, batch_size, rank, world, progress=progress):
             images, labels = batch[0], batch[1]
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             logits = model(images)
@@ -123,9 +124,9 @@ class ClassificationTask:
         return {"top1": 100.0 * top1 / images, "top5": 100.0 * top5 / images, "loss": loss / images,
                 "images": int(images)}
 
-    def predict(self, model: nn.Module, batch_size: int) -> tuple[dict[str, float], list[Any]]:
+    def predict(self, model: nn.Module, batch_size: int, progress: bool = False) -> tuple[dict[str, float], list[Any]]:
         """The metrics, and no predictions (``prediction_format`` is None)."""
-        return self.evaluate(model, batch_size), []
+        return self.evaluate(model, batch_size, progress=progress), []
 
     def save_predictions(self, path: Path, predictions: list[Any]) -> None:
         raise TypeError("classification exports no predictions (prediction_format is None); callers check it first")

@@ -150,14 +150,15 @@ class DetectionTask:
 
     # --- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
-    def detect(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1) -> list[dict[str, Any]]:
+    def detect(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1, progress: bool = False
+               ) -> list[dict[str, Any]]:
         """This rank's share of the validation set as COCO results (boxes in original image pixels)."""
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
         category_ids = category_ids_of(self.class_names, self.category_ids)
         results: list[dict[str, Any]] = []
-        for images, targets in eval_batches(self.val_set, batch_size, rank, world):
+        for images, targets in eval_batches(self.val_set, batch_size, rank, world, progress=progress):
             self.issues.absorb_targets(targets)
             outputs = model([image.to(device, non_blocking=True) for image in images])
             kept = [(t, o) for t, o in zip(targets, outputs, strict=True) if "substitute_for" not in t]
@@ -180,9 +181,10 @@ class DetectionTask:
             dist.broadcast_object_list(metrics, src=0)
         return metrics[0]
 
-    def predict(self, model: nn.Module, batch_size: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def predict(self, model: nn.Module, batch_size: int, progress: bool = False
+                ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """(COCO metrics, detections as COCO results) over the validation set, in this process."""
-        detections = self.detect(model, batch_size)
+        detections = self.detect(model, batch_size, progress=progress)
         return self.score(detections), detections
 
     @staticmethod
