@@ -172,6 +172,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         holds_this_run,
         interrupted_message,
         kept_run_files,
+        run_name,
         timestamped,
     )
     from bigbatch.engine.step import Interrupted
@@ -191,7 +192,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_checked(source, overrides)
     world = distributed.world_size_from_env()
     if args.resume is None:
-        out_dir = args.out or timestamped(cfg.name)
+        out_dir = args.out or timestamped(run_name(cfg, overrides))
     held = hold_run_dir(out_dir) if distributed.rank_from_env() == 0 else contextlib.nullcontext()
     with held:
         cfg = resolve_auto(cfg)

@@ -182,3 +182,18 @@ def test_eval_shows_its_progress_on_a_terminal(digits_run, tmp_path):
         assert "evaluating 360 validation images" in stdout.getvalue()
         assert ("evaluating 360 images" in stderr.getvalue() and "batch" in stderr.getvalue()) is bar, \
             stderr.getvalue()
+
+
+def test_a_default_run_folder_is_named_after_the_model_and_data_that_set_changed(tmp_path, monkeypatch, capsys):
+    """``runs/<recipe>-<time>`` for a recipe as it is; ``runs/<model>-<data folder>-<time>`` when --set changes its
+    model or data, so that a folder run borrowing the digits recipe is not named ``digits``."""
+    from bigbatch.cli import main
+    from tests.helpers import TINY, write_photo_folder
+
+    monkeypatch.chdir(tmp_path)
+    photos = write_photo_folder(tmp_path / "photos", train=4, val=2)
+    assert main(["train", "digits", "--set", *TINY, "steps=1", "data.name=folder", f"data.path={photos}"]) == 0
+    assert main(["train", "digits", "--set", *TINY, "steps=1"]) == 0
+    capsys.readouterr()
+    names = sorted(p.name.rsplit("-", 2)[0] for p in (tmp_path / "runs").iterdir())
+    assert names == ["digits", "small_cnn-photos"], names

@@ -285,6 +285,23 @@ def interrupted_message(stop: Any, run_dir: Path) -> str:
             f"  bigbatch train --resume {shlex.quote(str(run_dir))}")
 
 
+RENAMING_KEYS = ("model.name", "model.cfg", "data.name", "data.path")
+"""``--set`` keys that make a run of another model or data than its recipe's: its default folder is named after them."""
+
+
+def run_name(cfg: RunConfig, overrides: list[str]) -> str:
+    """The name of a run's default folder: the recipe's (``digits``); ``<model>-<data>`` when ``--set`` changed the
+    recipe's model or data (``resnet18-photos``: the model's name, or its cfg's, and the data folder's name, or the
+    format's), so that a folder run borrowing the digits recipe is not named ``digits``."""
+    keys = {text.partition("=")[0].strip() for text in overrides}
+    if not keys & set(RENAMING_KEYS):
+        return cfg.name
+    model = Path(cfg.model.cfg).stem if getattr(cfg.model, "cfg", None) else cfg.model.name.rpartition("/")[2]
+    data = Path(cfg.data.path).resolve().name if cfg.data.path else cfg.data.name
+    name = re.sub(r"[^\w.+-]+", "_", f"{model}-{data}").strip("._") or cfg.name
+    return name[:100]
+
+
 def timestamped(name: str) -> Path:
     """``runs/<name>-<YYYYmmdd-HHMMSS>``: the folder of a run (or a profile) not given one, by the local time."""
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
