@@ -391,7 +391,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")
     if args.out is not None:
         check_output_file(args.out, "--out", ours=starts_with(SCALE_MARK, 200))
-    cfg = load_resolved(args.config, args.overrides, reads_data=False)
+    cfg = load_resolved(args.config, args.overrides, reads_data=False, needs_length=False)
     world = distributed.world_size_from_env()
     new, changes = rescale(cfg, args.batch, world)
     check_batch(new, world)

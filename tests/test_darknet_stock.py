@@ -231,5 +231,6 @@ def test_show_prints_every_stock_cfg_darknet_builds_without_its_data(entry, tmp_
         assert f"steps: {max_batches[-1]}" in shown.out
         if net is not None and "[softmax]" in {line.strip() for line in path.read_text(encoding="utf-8").splitlines()}:
             assert "epochs          unknown" in shown.out  # an image folder not given: its size is not known
-    else:  # Darknet trains it until stopped: no length to plan
+    else:  # Darknet trains it until stopped: no length to plan; the recipe still rescales
         assert "steps           not set" in shown.out
+        assert main(["scale", str(path), "--batch", "64"]) == 0, capsys.readouterr().err
