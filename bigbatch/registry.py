@@ -315,9 +315,9 @@ a mistake in the file is a ``UserError`` naming it."""
 
 
 def did_you_mean(word: object, choices: list[str]) -> str:
-    """``"; did you mean 'steps'?"`` for the choice nearest ``word`` (difflib's ratio, at least 0.6), else ``""``:
+    """``", did you mean 'steps'?"`` for the choice nearest ``word`` (difflib's ratio, at least 0.6), else ``""``:
     a misspelt key, name or recipe gets its likely meaning in the one error line."""
     if not isinstance(word, str):
         return ""
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return f", did you mean {close[0]!r}?" if close else ""

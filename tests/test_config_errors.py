@@ -43,7 +43,7 @@ def test_bad_config_fails_with_one_error_line(tmp_path, command, overrides, key,
 
 
 def test_unknown_key_lists_the_accepted_keys():
-    with pytest.raises(UserError, match=r"^batchsize: unknown key; did you mean 'batch'\? \(expected one of: "
+    with pytest.raises(UserError, match=r"^batchsize: unknown key, did you mean 'batch'\? \(expected one of: "
                                         r".*\bsubdivisions\b"):
         load_config("digits", ["batchsize=64"])
 
@@ -66,12 +66,12 @@ def test_unknown_recipe_names_the_builtins():
 
 
 @pytest.mark.parametrize(("source", "overrides", "expected"), [
-    ("digitz", [], "config: 'digitz' is neither a YAML file, a Darknet .cfg nor a built-in recipe; did you mean "
+    ("digitz", [], "config: 'digitz' is neither a YAML file, a Darknet .cfg nor a built-in recipe, did you mean "
                    "'digits'?"),
-    ("digits", ["step=10"], "step: unknown key; did you mean 'steps'?"),
-    ("digits", ["optim.nme=sgd"], "optim.nme: unknown key; did you mean 'name'?"),
-    ("digits", ["data.name=digitz"], "data.name: unknown dataset 'digitz'; did you mean 'digits'?"),
-    ("digits", ["schedule.decay.kind=cosin"], "schedule.decay.kind: unknown decay 'cosin'; did you mean 'cosine'?"),
+    ("digits", ["step=10"], "step: unknown key, did you mean 'steps'?"),
+    ("digits", ["optim.nme=sgd"], "optim.nme: unknown key, did you mean 'name'?"),
+    ("digits", ["data.name=digitz"], "data.name: unknown dataset 'digitz', did you mean 'digits'?"),
+    ("digits", ["schedule.decay.kind=cosin"], "schedule.decay.kind: unknown decay 'cosin', did you mean 'cosine'?"),
     ("digits", ["zzz=1"], "zzz: unknown key (expected one of: "),
 ])
 def test_a_misspelt_name_gets_the_nearest_one(source, overrides, expected):

@@ -214,7 +214,6 @@ def test_megdet_recipe_shows_without_the_data():
 @pytest.mark.parametrize(("overrides", "message"), [
     (["task=detection"], "error: data.name: 'digits' is not a detection dataset; expected shapes, coco or yolo"),
     (["task=detection", "data.name=shapes"], "error: model.name: 'small_cnn' is not a detector (task: detection)"),
-    (["task=detection", "data.name=coco", "model.name=small_detector"], "error: data.train: missing;"),
     (["task=detection", "data.name=shapes", "model.name=small_detector", "eval.metric=top1"],
      "error: eval.metric: 'top1' is not a detection metric"),
     (["task=detection", "data.name=shapes", "model.name=small_detector", "data.multiscale.sizes=[100]"],
@@ -227,6 +226,20 @@ def test_detection_config_mistakes_name_the_field(overrides, message):
     with pytest.raises(UserError) as caught:
         load_config("digits", overrides)
     assert f"error: {caught.value}".startswith(message), str(caught.value)
+
+
+def test_coco_splits_not_given_are_named_by_a_run_not_by_show(capsys, no_training):
+    """``show`` plans a COCO config before its paths are set (its epochs unknown); ``train`` names the key."""
+    from bigbatch.cli import main
+
+    settings = ["--set", "task=detection", "data.name=coco", "model.name=small_detector", "eval.metric=mAP",
+                "schedule.warmup=[]",
+                "steps=10"]
+    assert main(["show", "digits", *settings]) == 0
+    assert "epochs          unknown" in capsys.readouterr().out
+    assert main(["train", "digits", *settings]) == 2
+    assert capsys.readouterr().err.startswith("error: data.train: missing; coco needs data.train.images and "
+                                              "data.train.annotations")
 
 
 def test_coco_paths_that_do_not_exist_are_named(tmp_path):

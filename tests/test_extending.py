@@ -165,7 +165,8 @@ def test_a_dataset_format_key_is_typed_defaulted_and_listed(toy_blobs):
         load_config("digits", ["data.name=toy_blobs", "data.toy_count=0"])
     with pytest.raises(UserError, match=r"^data.toy_count: input should be a valid integer, got 'x'$"):
         load_config("digits", ["data.toy_count=x"])
-    with pytest.raises(UserError, match=r"^data.toy_cuont: unknown key \(expected one of: name, .*, toy_count\)$"):
+    with pytest.raises(UserError, match=r"^data.toy_cuont: unknown key, did you mean 'toy_count'\? \(expected one of: "
+                                        r"name, .*, toy_count\)$"):
         load_config("digits", ["data.toy_cuont=3"])
     with pytest.raises(UserError, match=r"^data.name: 'toy_blobs' is not a detection dataset; expected shapes, coco "
                                         r"or yolo$"):

@@ -295,7 +295,7 @@ def test_a_sample_not_read_is_an_empty_cell_and_the_trend_skips_it(tmp_path):
     sampler._file.close()
     with open(tmp_path / "memory.csv", newline="") as f:
         assert [r["unified_gpu_mib"] for r in csv.DictReader(f)] == ["100.0", "", "120.0", "130.0", "140.0"]
-    per_1000, r2, samples = memory_growth(tmp_path / "memory.csv", 0, "unified_gpu_mib")
+    per_1000, r2, samples, _ = memory_growth(tmp_path / "memory.csv", 0, "unified_gpu_mib")
     assert per_1000 == pytest.approx(100.0) and r2 == pytest.approx(1.0) and samples == 4  # 10 MiB per 100 steps
 
 

@@ -126,7 +126,7 @@ def test_a_run_that_stops_before_writing_leaves_no_folder(tmp_path, capsys):
     a_file = tmp_path / "a-file"
     a_file.write_text("the user's")
     assert main(["train", "shapes-detect", "--out", str(out), "--set", f"data.path={a_file}"]) == 2
-    one_error(capsys, f"data.path: {a_file} is a file, not a folder")  # found once the run directory was held
+    one_error(capsys, f"data.path: {a_file} is a file, not the folder of a shapes set")  # before any work
     assert not out.exists()
     assert a_file.read_text() == "the user's"
     nested = tmp_path / "new" / "deeper" / "run"  # every folder it made goes again
