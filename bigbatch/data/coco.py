@@ -51,14 +51,17 @@ a file is read whole and parsed in memory."""
 
 class ClassNames(list[str]):
     """Class names in label order, with ``category_ids``: the annotation file's category id of each label
-    (``category_ids[label]``), or None for a set without ids (YOLO: ``label + CATEGORY_ID_OFFSET`` stands in).
-    A plain list of names otherwise (equality, indexing and JSON compare and write the names only)."""
+    (``category_ids[label]``), or None for a set without ids (YOLO: ``label + CATEGORY_ID_OFFSET`` stands in), and
+    ``ids_from``: for a set whose own files carry no ids, the COCO file whose image and category ids it took
+    (``data/coco_ids.py``). A plain list of names otherwise (equality, indexing and JSON compare and write the names
+    only)."""
 
-    def __init__(self, names: list[str], category_ids: list[int] | None = None):
+    def __init__(self, names: list[str], category_ids: list[int] | None = None, ids_from: str | None = None):
         super().__init__(names)
         if category_ids is not None and len(category_ids) != len(names):
             raise ValueError(f"{len(category_ids)} category ids for {len(names)} class names")
         self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
+        self.ids_from = ids_from
 
 
 def category_ids_of(class_names: list[str], category_ids: list[int] | None = None) -> list[int]:
