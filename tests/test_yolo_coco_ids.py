@@ -220,9 +220,13 @@ def test_a_fifo_or_a_file_too_large_is_refused_without_reading_it(copy, monkeypa
         f"annotation file may be")
 
 
-def test_a_missing_file_stops_train_in_one_line(generated, tmp_path):
+def test_a_missing_file_stops_train_before_any_work_in_one_line(generated, tmp_path):
     missing = tmp_path / "missing.json"
     result = run_main("train", "shapes-detect", "--out", str(tmp_path / "run"), "--set", "data.name=yolo",
                       f"data.path={generated / 'shapes.data'}", f"data.annotations={missing}", "steps=1")
-    assert result.returncode == 2
-    assert result.stderr == f"error: data.annotations: annotation file {missing} not found\n"
+    assert result.returncode == 2 and not (tmp_path / "run").exists()
+    assert result.stderr == (f"error: data.annotations: {missing} does not exist; expected a COCO annotation file of "
+                             f"the validation images, auto (the one `bigbatch data shapes` wrote, if any) or null "
+                             f"(none)\n")
+    assert message(generated, f"data.annotations={missing}") == (
+        f"data.annotations: annotation file {missing} not found")  # the loader's own check, when called alone

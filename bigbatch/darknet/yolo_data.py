@@ -321,6 +321,10 @@ def _path_given(data: DataConfig) -> None:
         raise UserError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
     if not Path(data.path).exists():
         raise UserError(f"data.path: {data.path} does not exist; yolo needs a Darknet .data file or a dataset folder")
+    if data.annotations not in (None, ANNOTATIONS_AUTO) and not Path(data.annotations).exists():
+        raise UserError(f"data.annotations: {data.annotations} does not exist; expected a COCO annotation file of the "
+                        f"validation images, {ANNOTATIONS_AUTO} (the one `bigbatch data shapes` wrote, if any) or null "
+                        f"(none)")
 
 
 YOLO_FIELDS = {
