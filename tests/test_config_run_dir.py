@@ -18,7 +18,8 @@ from bigbatch.errors import UserError
 BEFORE_PACKAGE_RUN = Path(__file__).parent / "data" / "run-digits-before-config-package"
 
 
-ADDED_SINCE = {"  color_jitter: 0.0\n": "  mosaic: 0.0\n  mosaic_bound: false\n",
+ADDED_SINCE = {"  val: null\n": "  annotations: auto\n",
+               "  color_jitter: 0.0\n": "  mosaic: 0.0\n  mosaic_bound: false\n",
                "  preprocessing: inception\n": (
     "  darknet:\n    min_crop: 1.0\n    max_crop: 2.0\n    aspect: 1.0\n    angle: 0.0\n    hue: 0.0\n"
     "    saturation: 1.0\n    exposure: 1.0\n    flip: true\n"
@@ -31,7 +32,8 @@ ADDED_SINCE = {"  color_jitter: 0.0\n": "  mosaic: 0.0\n  mosaic_bound: false\n"
     "  limit: null\n": "  keep_freed: true\n",
     "    max_batches: null\n": "    learning_rate_min: 1.0e-05\n    sgdr_cycle: null\n    sgdr_mult: 2\n"}
 """Keys added to the config since the run was written (after the line they follow), at their defaults:
-``data.mosaic`` and ``data.mosaic_bound`` (detection augmentation); ``data.darknet``, Darknet's classifier
+``data.annotations`` (a COCO file of a YOLO set's validation images); ``data.mosaic`` and ``data.mosaic_bound``
+(detection augmentation); ``data.darknet``, Darknet's classifier
 augmentation (``data.preprocessing: darknet``); ``data.standard``, the keys of ``data.preprocessing: standard``;
 ``data.decode``; ``model.memory_format``; ``model.darknet_dialect``; ``schedule.batch`` and
 ``schedule.decay_at_batch_milestones`` (a batch schedule); ``optim.fused`` (AdamW's fused kernel);
@@ -77,7 +79,8 @@ def test_an_unknown_data_key_lists_every_key_in_the_written_order():
     listed = str(raised.value).partition("expected one of: ")[2].rstrip(")").split(", ")
     written = list(read_yaml(BEFORE_PACKAGE_RUN / "config.yaml")["data"])
     after = written.index("color_jitter") + 1
-    written[after:after] = ["mosaic", "mosaic_bound"]  # added since (ADDED_SINCE), as the next three
+    written[after:after] = ["mosaic", "mosaic_bound"]  # added since (ADDED_SINCE), as the next four
+    written.insert(written.index("val") + 1, "annotations")
     assert listed == [*written, "darknet", "standard", "decode"]
 
 

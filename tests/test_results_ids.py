@@ -4,10 +4,13 @@ The oracle is pycocotools scoring the saved file against the set's own annotatio
 categories): it must give bigbatch's own numbers, and 1.0 for detections equal to the ground truth. The
 generated shapes set numbers its classes 1, 3, 5, 7, 9; a rewritten validation file numbers them with gaps up
 to 90 as COCO does, in another order than the training file; a ``data.classes`` subset names classes out of
-order; a YOLO set has no ids and is numbered class index + 1. The detections go through the task's real path
-(``predict``: the loader, ``boxes_to_original``, ``detections_to_coco``; then ``save_predictions``), and once
-through the real ``eval`` command, from a detector that answers each image with its ground truth (or, for a
-score between 0 and 1, with a deterministic mix of shifted boxes, wrong labels and false positives).
+order; a YOLO set has no ids and is numbered class index + 1, unless a COCO file of the same images gives them
+(``data.annotations``; by default the val.json ``data shapes`` wrote beside a generated set), whose areas then make
+the small / medium / large numbers agree too. The detections go through the task's real path
+(``predict``: the loader, ``boxes_to_original``, ``detections_to_coco``; then ``save_predictions``), from a detector
+that answers each image with its ground truth (or, for a score between 0 and 1, with a deterministic mix of shifted
+boxes, wrong labels and false positives), once through the real ``eval`` command; and once from a real YOLO
+training run and ``eval``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pycocotools.cocoeval import COCOeval
 from bigbatch.config import load_config
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.shapes import CATEGORY_IDS, CLASSES, generate_shapes
+from bigbatch.tasks.coco_eval import SUMMARY_KEYS
 from bigbatch.tasks.detection import DetectionTask
 from tests.helpers import run_main
 
@@ -173,14 +177,79 @@ def test_a_class_subset_out_of_order_keeps_the_files_ids(shapes, tmp_path, sourc
     assert task.category_ids == [ids[name] for name in subset]
 
 
-def test_a_yolo_set_has_no_ids_and_is_numbered_class_index_plus_one(shapes, tmp_path):
-    task = shapes_task(shapes, "data.name=yolo", f"data.path={shapes / 'shapes.data'}")
+def yolo_task(shapes: Path, *overrides: str, path: str = "shapes.data") -> DetectionTask:
+    return shapes_task(shapes, "data.name=yolo", f"data.path={shapes / path}", *overrides)
+
+
+def assert_same_summary(metrics: dict, stats: np.ndarray) -> None:
+    """All 12 numbers, the area ranges' included (bigbatch leaves out what pycocotools says is -1)."""
+    for key, value in zip(SUMMARY_KEYS, stats, strict=True):
+        if value == -1:
+            assert key not in metrics, key
+        else:
+            assert metrics[key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_a_yolo_set_without_a_coco_file_numbers_images_by_place_and_classes_by_index_plus_one(shapes, tmp_path):
+    task = yolo_task(shapes, "data.annotations=null")
     assert task.class_names == list(CLASSES) and task.category_ids is None
-    assert "class index + 1" in task.predictions_note
+    assert "image id = place in the image list, category id = class index + 1" in task.predictions_note
+    assert "data.annotations" in task.predictions_note
     metrics, detections = saved_results(task, tmp_path / "d.json")
     assert {d["category_id"] for d in detections} == {1, 2, 3, 4, 5}
     assert [c["id"] for c in task.ground_truth["categories"]] == [1, 2, 3, 4, 5]
+    assert [i["id"] for i in task.ground_truth["images"]] == list(range(8))  # places in val.txt
     assert metrics["mAP"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("imperfect", [False, True], ids=["perfect", "imperfect"])
+@pytest.mark.parametrize("path", ["shapes.data", "."], ids=["data file", "folder"])
+def test_a_yolo_run_of_a_generated_set_scores_against_the_val_json_beside_it(shapes, tmp_path, imperfect, path):
+    """``data.annotations: auto`` takes the set's own annotations/val.json: pycocotools accepts the saved file
+    against it and gives bigbatch's 12 numbers, small / medium / large included (8 of the 28 objects lie in
+    another area range by their box than by their mask)."""
+    task = yolo_task(shapes, path=path)
+    val_json = shapes / "annotations" / "val.json"
+    metrics, detections = saved_results(task, tmp_path / "d.json", imperfect)
+    stats = pycocotools_stats(val_json, tmp_path / "d.json")  # "Results do not correspond to current coco set"
+    assert_same_summary(metrics, stats)
+    assert task.ids_from == str(val_json) and task.predictions_note == f"image and category ids of {val_json}"
+    val = json.loads(val_json.read_text())
+    assert {d["image_id"] for d in detections} == {i["id"] for i in val["images"]} == set(range(33, 41))
+    assert {d["category_id"] for d in detections} == set(CATEGORY_IDS)
+    if imperfect:
+        assert 0.2 < stats[0] < 0.9 and not np.isclose(stats[3], stats[4])
+    else:
+        assert stats[0] == pytest.approx(1.0)
+
+
+def test_a_yolo_ground_truth_takes_each_objects_box_and_area_from_the_coco_file(shapes):
+    """COCO's area is the mask's: each object's is the file's, not its box's (w x h)."""
+    task = yolo_task(shapes)
+    val = json.loads((shapes / "annotations" / "val.json").read_text())
+
+    def objects(annotations: list[dict]) -> list[tuple]:
+        return sorted((a["image_id"], a["category_id"], *np.round(a["bbox"], 3), round(a["area"], 3))
+                      for a in annotations)
+
+    assert objects(task.ground_truth["annotations"]) == objects(val["annotations"])
+    assert sum(a["area"] < 0.9 * a["bbox"][2] * a["bbox"][3] for a in val["annotations"]) > 10
+    without = yolo_task(shapes, "data.annotations=null").ground_truth["annotations"]
+    assert all(a["area"] == pytest.approx(a["bbox"][2] * a["bbox"][3]) for a in without)
+
+
+def test_a_yolo_class_subset_takes_the_ids_of_a_coco_file_given(shapes, tmp_path):
+    """``data.annotations`` names a file: categories by name (gapped ids, another order, one more category)."""
+    subset = ["star", "circle", "cross"]
+    gapped = shapes / "annotations" / "val-gapped.json"
+    task = yolo_task(shapes, "data.classes=[star, circle, cross]", f"data.annotations={gapped}")
+    assert task.class_names == subset and task.category_ids == [GAPPED[name] for name in subset]
+    for imperfect in (False, True):
+        metrics, detections = saved_results(task, tmp_path / "d.json", imperfect)
+        stats = pycocotools_stats(gapped, tmp_path / "d.json", [GAPPED[name] for name in subset])
+        assert_same_summary(metrics, stats)
+        assert (stats[0] == pytest.approx(1.0)) is not imperfect
+        assert {d["category_id"] for d in detections} == {GAPPED[name] for name in subset}
 
 
 def test_eval_command_writes_the_annotation_files_ids(shapes, tmp_path, monkeypatch):
@@ -201,3 +270,23 @@ def test_eval_command_writes_the_annotation_files_ids(shapes, tmp_path, monkeypa
     assert record["mAP"] == pytest.approx(1.0) and stats[0] == pytest.approx(1.0)
     assert {d["category_id"] for d in json.loads(saved.read_text())} == set(CATEGORY_IDS)
     assert f"detections written to {saved} (COCO results format, category ids of the annotation file)" in result.stdout
+
+
+def test_the_detections_of_a_yolo_training_run_score_against_the_sets_val_json(shapes, tmp_path):
+    """The whole path of a user's first day: ``data shapes --format yolo``, a YOLO run of a Darknet network (2 steps),
+    ``eval --save-detections``; pycocotools scores the file against the set's val.json with the numbers of eval's own
+    record, all 12 of them."""
+    out, saved = tmp_path / "run", tmp_path / "detections.json"
+    result = run_main("train", "yolov3-tiny-shapes", "--out", str(out), "--set", "data.name=yolo",
+                      f"data.path={shapes / 'shapes.data'}", "steps=2", "batch=8", "data.size=64", "data.workers=0",
+                      "eval.every=100", "checkpoint.every=2", "log.tensorboard=false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_main("eval", str(out), "--save-detections", str(saved))
+    assert result.returncode == 0, result.stderr[-2000:]
+    val_json = shapes / "annotations" / "val.json"
+    assert f"(COCO results format, image and category ids of {val_json})" in result.stdout
+    detections = json.loads(saved.read_text())
+    assert len(detections) > 100
+    stats = pycocotools_stats(val_json, saved)
+    assert stats[8] > 0  # AR100: some detections match objects, so the ids and boxes were understood
+    assert_same_summary(json.loads((out / "eval-last.json").read_text()), stats)

@@ -247,6 +247,8 @@ SHORTENED = {
         ["--images", "30"],
     "bigbatch train yolov3-tiny.cfg --out runs/yolo --set data.name=yolo data.path=shapes/shapes.data data.size=128":
         ["--set", "steps=1", "batch=4", "subdivisions=1", "data.size=64", "data.multiscale.sizes=null", *SHORTER],
+    "bigbatch train yolov3-tiny-shapes --out runs/yolo-shapes --set data.name=yolo data.path=shapes/shapes.data":
+        ["--set", "steps=1", "batch=4", "subdivisions=1", "data.size=64", *SHORTER],
     "bigbatch train shapes-detect --out runs/shapes # the demo: generates data/shapes on first use, then trains":
         ["--set", "data.shapes_images=40", "steps=1", "batch=4", "subdivisions=1", "data.size=64", *SHORTER],
     "bigbatch data shapes --out myshapes --images 500 --seed 1 # write a generated set yourself": ["--images", "20"],

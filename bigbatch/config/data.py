@@ -31,13 +31,14 @@ class MultiScaleConfig(Section):
 
 class DataConfig(PartSection):
     """The dataset: the keys every format shares. A format declares its own keys when it registers (``fields=``):
-    ``coco`` its splits (``train``, ``val``), ``shapes`` ``shapes_images``, every detection format the augmentation
-    keys (``data/detection_keys.py``), ``folder`` and ``shards`` ``preprocessing``."""
+    ``coco`` its splits (``train``, ``val``), ``yolo`` ``annotations`` (a COCO file of its validation images, for
+    their ids), ``shapes`` ``shapes_images``, every detection format the augmentation keys
+    (``data/detection_keys.py``), ``folder`` and ``shards`` ``preprocessing``."""
 
     parts = DATASETS
-    layout = ("name", "size", "max_size", "resize", "path", "train", "val", "classes", "strict", "train_images",
-              "shapes_images", "flip", "crop", "jitter", "hue", "saturation", "exposure", "crop_size", "color_jitter",
-              "mosaic", "mosaic_bound", "multiscale", "workers")
+    layout = ("name", "size", "max_size", "resize", "path", "train", "val", "annotations", "classes", "strict",
+              "train_images", "shapes_images", "flip", "crop", "jitter", "hue", "saturation", "exposure", "crop_size",
+              "color_jitter", "mosaic", "mosaic_bound", "multiscale", "workers")
     """The order config.yaml has always written these keys in, the formats' own among the shared ones."""
 
     name: Annotated[str, registered(DATASETS)] = "digits"

@@ -20,9 +20,14 @@ label file is an image without boxes, as in Darknet. ``image_id`` is the image's
 whatever is skipped.
 
 The ``yolo`` detection format of ``registry.DATASETS``: ``data.path`` is a ``.data`` file or a dataset folder
-(:func:`yolo_splits`), and ``data.classes`` keeps some classes by name. A YOLO set has no category ids, only
-class indices: its names carry ``category_ids=None`` (``coco.ClassNames``), so the evaluation and a COCO
-results file (``eval --save-detections``) number the categories label + 1 (``coco.CATEGORY_ID_OFFSET``).
+(:func:`yolo_splits`), and ``data.classes`` keeps some classes by name. A YOLO set has no ids of its own: an image's
+id is its position in its list, a category's its class index + 1 (``coco.CATEGORY_ID_OFFSET``; the names carry
+``category_ids=None``). ``data.annotations`` names a COCO file of the same validation images; the validation
+records then take its image ids (by file name), category ids (by name) and each object's box and area
+(``data/coco_ids.py``), so that a COCO results file (``eval --save-detections``) scores against that file as
+bigbatch scores it. Its default, ``auto``, is the ``annotations/val.json`` that ``bigbatch data shapes`` wrote when
+``data.path`` is (or is in) a set it generated (``shapes.own_annotation_file``), and no file otherwise; ``null``:
+no file.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ import numpy as np
 
 from bigbatch.darknet.text import read_options
 from bigbatch.data.coco import ClassNames, class_mapping
+from bigbatch.data.coco_ids import take_coco_ids
 from bigbatch.data.detection import EDGE_TOLERANCE, DetectionRecord, check_box
 from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.data.formats import train_images_given
 from bigbatch.data.images import inspect_images
 from bigbatch.data.problems import DataIssues
+from bigbatch.data.shapes import own_annotation_file
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -255,9 +262,32 @@ def _subset(records: list[DetectionRecord], names: list[str], classes: list[str]
     return kept, classes
 
 
+ANNOTATIONS_AUTO = "auto"
+"""``data.annotations``' default: the COCO file ``bigbatch data shapes`` wrote beside a set it generated, if any."""
+NO_IDS = "the images are then numbered by their place in the list, the categories class index + 1"
+
+
+def validation_annotations(data: DataConfig) -> tuple[Path, str] | None:
+    """The COCO file of the validation images (``data.annotations``; with ``auto``, the shapes set's own
+    ``annotations/val.json`` when ``data.path`` is, or is in, a set bigbatch generated) and the advice a mismatch
+    message ends with; None for none."""
+    if data.annotations is None:
+        return None
+    if data.annotations != ANNOTATIONS_AUTO:
+        return Path(data.annotations), f"or set data.annotations=null: {NO_IDS}"
+    path = Path(data.path)
+    found = own_annotation_file(path.parent if path.is_file() else path, "val")
+    if found is None:
+        return None
+    return found, (f"this is the file `bigbatch data shapes` wrote beside the set, taken by default (data.annotations: "
+                   f"{ANNOTATIONS_AUTO}); set data.annotations=null to use none: {NO_IDS}")
+
+
 def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
          ) -> tuple[list[DetectionRecord], list[DetectionRecord], ClassNames]:
-    """The two splits of ``data.path``; the names without category ids (the set has none: label + 1)."""
+    """The two splits of ``data.path``; the names without category ids (label + 1), or with those of the COCO file
+    of the validation images (:func:`validation_annotations`), whose image ids and objects the validation records
+    then take."""
     data = cfg.data
     train_source, val_source, train_split, val_split = yolo_splits(Path(data.path))
     train, names = load_yolo(train_source, issues, keep_empty=False, split=train_split)
@@ -267,7 +297,12 @@ def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
     if data.classes is not None:
         train, names = _subset(train, names, data.classes)
         val, _ = _subset(val, val_names, data.classes)
-    return train, val, ClassNames(names, None)
+    found = validation_annotations(data)
+    if found is None:
+        return train, val, ClassNames(names, None)
+    path, advice = found
+    val, category_ids = take_coco_ids(val, names, path, "data.annotations", issues, advice)
+    return train, val, ClassNames(names, category_ids, ids_from=str(path))
 
 
 def train_images(cfg: RunConfig) -> int:
@@ -286,6 +321,19 @@ def _path_given(data: DataConfig) -> None:
         raise UserError("data.path: missing; yolo needs a Darknet .data file or a dataset folder")
     if not Path(data.path).exists():
         raise UserError(f"data.path: {data.path} does not exist; yolo needs a Darknet .data file or a dataset folder")
+    if data.annotations not in (None, ANNOTATIONS_AUTO) and not Path(data.annotations).exists():
+        raise UserError(f"data.annotations: {data.annotations} does not exist; expected a COCO annotation file of the "
+                        f"validation images, {ANNOTATIONS_AUTO} (the one `bigbatch data shapes` wrote, if any) or null "
+                        f"(none)")
 
 
-DATASETS.register("yolo", load, task="detection", count=train_images, given=_path_given, fields=AUGMENTATION_FIELDS)
+YOLO_FIELDS = {
+    "annotations": (str | None, ANNOTATIONS_AUTO),
+    # a COCO annotation file of the same validation images, whose image ids (by file name), category ids (by name),
+    # boxes and areas the evaluation and a results file take; auto: the annotations/val.json of a set `bigbatch data
+    # shapes` generated, when data.path is (or is in) one; null: none (image id = place in the list, category id =
+    # class index + 1)
+}
+
+DATASETS.register("yolo", load, task="detection", count=train_images, given=_path_given,
+                  fields={**YOLO_FIELDS, **AUGMENTATION_FIELDS})

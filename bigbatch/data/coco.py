@@ -31,6 +31,7 @@ import numpy as np
 from bigbatch.config import Section
 from bigbatch.data.detection import DetectionRecord, check_box
 from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
+from bigbatch.data.files import read_regular
 from bigbatch.data.formats import images_in_annotations, train_images_given
 from bigbatch.data.images import inspect_images
 from bigbatch.data.problems import DataIssues
@@ -43,17 +44,24 @@ if TYPE_CHECKING:
 CATEGORY_ID_OFFSET = 1
 """A set without category ids (YOLO): category id = contiguous label + 1 (COCO's ids start at 1)."""
 
+ANNOTATION_FILE_LIMIT = 2**32
+"""The largest annotation file read (4 GiB; COCO's instances_train2017.json is 448 MB, LVIS v1's train file 1.1 GB):
+a file is read whole and parsed in memory."""
+
 
 class ClassNames(list[str]):
     """Class names in label order, with ``category_ids``: the annotation file's category id of each label
-    (``category_ids[label]``), or None for a set without ids (YOLO: ``label + CATEGORY_ID_OFFSET`` stands in).
-    A plain list of names otherwise (equality, indexing and JSON compare and write the names only)."""
+    (``category_ids[label]``), or None for a set without ids (YOLO: ``label + CATEGORY_ID_OFFSET`` stands in), and
+    ``ids_from``: for a set whose own files carry no ids, the COCO file whose image and category ids it took
+    (``data/coco_ids.py``). A plain list of names otherwise (equality, indexing and JSON compare and write the names
+    only)."""
 
-    def __init__(self, names: list[str], category_ids: list[int] | None = None):
+    def __init__(self, names: list[str], category_ids: list[int] | None = None, ids_from: str | None = None):
         super().__init__(names)
         if category_ids is not None and len(category_ids) != len(names):
             raise ValueError(f"{len(category_ids)} category ids for {len(names)} class names")
         self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
+        self.ids_from = ids_from
 
 
 def category_ids_of(class_names: list[str], category_ids: list[int] | None = None) -> list[int]:
@@ -78,37 +86,42 @@ def _key(value: Any) -> Any:
     return value if isinstance(value, (int, float, str)) else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_annotation_file(path: Path, key: str = "data") -> dict[str, Any]:
+    """A COCO annotation file's JSON, checked to hold the ``images``, ``annotations`` and ``categories`` lists. The
+    file is read as an untrusted one (``files.read_regular``: a regular file of at most ``ANNOTATION_FILE_LIMIT``
+    bytes); each problem is a ``UserError`` naming ``key`` and the file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
+        data = json.loads(read_regular(path, ANNOTATION_FILE_LIMIT, "an annotation file").decode("utf-8-sig"))
     except FileNotFoundError:
-        raise UserError(f"data: annotation file {path} not found") from None
+        raise UserError(f"{key}: annotation file {path} not found") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"data: cannot read annotation file {path}: {error}") from None
+        raise UserError(f"{key}: cannot read annotation file {path}: {error}") from None
     except json.JSONDecodeError as error:
-        raise UserError(f"data: {path}:{error.lineno}: not valid JSON ({error.msg}, column {error.colno})") from None
+        raise UserError(f"{key}: {path}:{error.lineno}: not valid JSON ({error.msg}, column {error.colno})") from None
     expected = "a COCO annotation file: an object with 'images', 'annotations' and 'categories' lists"
     if not isinstance(data, dict):
-        raise UserError(f"data: {path}: expected {expected}")
-    for key in ("images", "annotations", "categories"):
-        if key not in data:  # e.g. an image-info file (COCO test-dev) has no 'annotations': no boxes to learn or score
-            raise UserError(f"data: {path}: the '{key}' key is missing; expected {expected}")
-        if not isinstance(data[key], list):
-            raise UserError(f"data: {path}: '{key}' is a {type(data[key]).__name__}, not a list; expected {expected}")
+        raise UserError(f"{key}: {path}: expected {expected}")
+    for name in ("images", "annotations", "categories"):
+        if name not in data:  # e.g. an image-info file (COCO test-dev) has no 'annotations': no boxes to learn or score
+            raise UserError(f"{key}: {path}: the '{name}' key is missing; expected {expected}")
+        if not isinstance(data[name], list):
+            kind = type(data[name]).__name__
+            raise UserError(f"{key}: {path}: '{name}' is a {kind}, not a list; expected {expected}")
     return data
 
 
-def _categories(data: dict[str, Any], path: Path) -> dict[int, str]:
+def categories_of(data: dict[str, Any], path: Path, key: str = "data") -> dict[int, str]:
+    """``{category id: name}`` of a file :func:`read_annotation_file` read (ids integers, each once)."""
     categories: dict[int, str] = {}
     for k, category in enumerate(data["categories"]):
         ok = isinstance(category, dict) and _is_number(category.get("id")) and isinstance(category.get("name"), str)
         if not ok or not float(category["id"]).is_integer():
-            raise UserError(f"data: {path}: category #{k}: expected {{'id': <int>, 'name': <str>}}, got {category!r}")
+            raise UserError(f"{key}: {path}: category #{k}: expected {{'id': <int>, 'name': <str>}}, got {category!r}")
         if int(category["id"]) in categories:
-            raise UserError(f"data: {path}: category #{k}: id {category['id']} appears twice")
+            raise UserError(f"{key}: {path}: category #{k}: id {category['id']} appears twice")
         categories[int(category["id"])] = category["name"]
     if not categories:
-        raise UserError(f"data: {path}: 'categories' is empty")
+        raise UserError(f"{key}: {path}: 'categories' is empty")
     return categories
 
 
@@ -134,11 +147,12 @@ def class_mapping(categories: dict[int, str], classes: list[str] | None, path: P
     return list(classes), mapping
 
 
-class _Image:
-    """An image entry while its annotations are gathered."""
+class AnnotatedImage:
+    """An image entry of an annotation file with its annotations: ``file_name`` as the file gives it, ``path`` that
+    name in the images folder; boxes XYXY (checked and clipped), labels, areas, crowd regions (as given)."""
 
-    def __init__(self, path: str, width: int, height: int):
-        self.path, self.width, self.height = path, width, height
+    def __init__(self, file_name: str, path: str, width: int, height: int):
+        self.file_name, self.path, self.width, self.height = file_name, path, width, height
         self.boxes: list[tuple[float, ...]] = []
         self.labels: list[int] = []
         self.areas: list[float] = []
@@ -148,9 +162,9 @@ class _Image:
 
 
 def _images(data: dict[str, Any], images_dir: Path, path: Path, issues: DataIssues
-            ) -> tuple[dict[int, _Image], set[int]]:
+            ) -> tuple[dict[int, AnnotatedImage], set[int]]:
     """``({image id: entry}, ids of image entries skipped as malformed)``, in file order."""
-    images: dict[int, _Image] = {}
+    images: dict[int, AnnotatedImage] = {}
     skipped: set[int] = set()
     for k, entry in enumerate(data["images"]):
         image_id = entry.get("id") if isinstance(entry, dict) else None
@@ -167,12 +181,12 @@ def _images(data: dict[str, Any], images_dir: Path, path: Path, issues: DataIssu
         elif image_id in images or image_id in skipped:
             issues.report(path, where, f"image id {image_id} appears twice; the first entry is kept")
         else:
-            images[image_id] = _Image(os.path.abspath(images_dir / name), int(width), int(height))
+            images[image_id] = AnnotatedImage(name, os.path.abspath(images_dir / name), int(width), int(height))
     return images, skipped
 
 
-def _gather(data: dict[str, Any], images: dict[int, _Image], skipped_images: set[int], categories: dict[int, str],
-            label_of: dict[int, int], path: Path, issues: DataIssues) -> None:
+def _gather(data: dict[str, Any], images: dict[int, AnnotatedImage], skipped_images: set[int],
+            categories: dict[int, str], label_of: dict[int, int], path: Path, issues: DataIssues) -> None:
     """Each annotation checked and added to its image as a training box or a crowd region."""
     for k, ann in enumerate(data["annotations"]):
         where = f"annotation #{k} (id {ann.get('id') if isinstance(ann, dict) else None})"
@@ -213,6 +227,16 @@ def _gather(data: dict[str, Any], images: dict[int, _Image], skipped_images: set
         image.areas.append((box[2] - box[0]) * (box[3] - box[1]) if area is None else area)
 
 
+def annotated_images(data: dict[str, Any], images_dir: Path, path: Path, categories: dict[int, str],
+                     label_of: dict[int, int], issues: DataIssues) -> dict[int, AnnotatedImage]:
+    """``{image id: entry}`` of a file :func:`read_annotation_file` read, in file order, each with its annotations of
+    the categories in ``label_of`` (``{category id: label}``); malformed entries and annotations reported to
+    ``issues`` and skipped (the images are not opened)."""
+    images, skipped = _images(data, images_dir, path, issues)
+    _gather(data, images, skipped, categories, label_of, path, issues)
+    return images
+
+
 def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike, classes: list[str] | None,
               issues: DataIssues, keep_empty: bool) -> tuple[list[DetectionRecord], ClassNames]:
     """``(records, class names)`` of a COCO set, in the order of the file's ``images``; the names carry each
@@ -221,11 +245,10 @@ def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike,
     ``keep_empty``: keep images without (remaining) training boxes (validation: yes, training: no).
     """
     path = Path(annotation_file)
-    data = _read_json(path)
-    categories = _categories(data, path)
+    data = read_annotation_file(path)
+    categories = categories_of(data, path)
     names, label_of = class_mapping(categories, classes, path)
-    images, skipped = _images(data, Path(images_dir), path, issues)
-    _gather(data, images, skipped, categories, label_of, path, issues)
+    images = annotated_images(data, Path(images_dir), path, categories, label_of, issues)
 
     chosen = [(image_id, image) for image_id, image in images.items() if image.boxes or keep_empty]
     records = []

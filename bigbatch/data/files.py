@@ -4,7 +4,8 @@ A data set may hold anything under an image's name: a FIFO (opening it for readi
 link to ``/dev/zero`` (a read never ends), a socket, a device. Every image file bigbatch reads goes through
 :func:`open_regular`: the file is opened without blocking (``O_NONBLOCK``, which a regular file ignores), then
 checked on the open descriptor (``fstat``, so the check and the read are of the same file), and refused with an
-``OSError`` unless it is a regular file of at most ``IMAGE_FILE_LIMIT`` bytes.
+``OSError`` unless it is a regular file of at most ``IMAGE_FILE_LIMIT`` bytes. A COCO annotation file is read the
+same way, within its own bound (``coco.ANNOTATION_FILE_LIMIT``).
 """
 
 from __future__ import annotations
@@ -22,26 +23,27 @@ class NotARegularFile(OSError):
     """An image's name on something that is not a regular file (FIFO, device, socket, directory)."""
 
 
-def open_regular(path: str | os.PathLike, limit: int = IMAGE_FILE_LIMIT) -> io.FileIO:
+def open_regular(path: str | os.PathLike, limit: int = IMAGE_FILE_LIMIT, what: str = "an image") -> io.FileIO:
     """``path`` opened for reading (unbuffered), once it is known to be a regular file of at most ``limit`` bytes;
-    ``OSError`` (``NotARegularFile`` for the wrong kind of file) otherwise."""
+    ``OSError`` (``NotARegularFile`` for the wrong kind of file) otherwise. ``what``: the file's kind, for the
+    message."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"{os.fsdecode(path)} is not a regular file")
         if info.st_size > limit:
-            raise OSError(f"{os.fsdecode(path)} is {info.st_size:,} bytes, more than the {limit:,} an image may be")
+            raise OSError(f"{os.fsdecode(path)} is {info.st_size:,} bytes, more than the {limit:,} {what} may be")
         return io.FileIO(fd, "r", closefd=True)
     except BaseException:
         os.close(fd)
         raise
 
 
-def read_regular(path: str | os.PathLike, limit: int = IMAGE_FILE_LIMIT) -> bytearray:
+def read_regular(path: str | os.PathLike, limit: int = IMAGE_FILE_LIMIT, what: str = "an image") -> bytearray:
     """The bytes of the regular file ``path`` (at most ``limit``; ``open_regular``'s checks), as a writable buffer
     (torchvision decodes from it without a copy)."""
-    with open_regular(path, limit) as file:
+    with open_regular(path, limit, what) as file:
         size = os.fstat(file.fileno()).st_size
         data = bytearray(size)
         view, got = memoryview(data), 0

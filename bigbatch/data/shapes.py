@@ -40,6 +40,7 @@ from PIL import Image, ImageDraw
 from pydantic import Field
 
 from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
+from bigbatch.data.files import read_regular
 from bigbatch.data.formats import images_in_annotations
 from bigbatch.errors import UserError
 from bigbatch.processes import process_exists
@@ -288,13 +289,34 @@ _GENERATED = re.compile(r"^(?:(?:train|val)/\d{6,}\.(?:jpg|txt)|annotations/\.?(
 _GENERATED_DIRS = ("train", "val", "annotations")
 
 
+MARKER_LIMIT = 2**16
+"""The largest marker file read (bytes; the generator writes about 130)."""
+
+
 def is_generated_set(root: Path) -> bool:
-    """Whether ``root`` carries the marker of a set bigbatch generated."""
+    """Whether ``root`` carries the marker of a set bigbatch generated: a regular file (no link), read within
+    ``MARKER_LIMIT`` bytes."""
+    marker_path = root / MARKER
     try:
-        marker = json.loads((root / MARKER).read_text(encoding="utf-8"))
+        if marker_path.is_symlink():
+            return False
+        marker = json.loads(read_regular(marker_path, MARKER_LIMIT, "a marker").decode("utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(marker, dict) and marker.get("written_by") == MARKER_SIGNATURE
+
+
+def own_annotation_file(root: Path, split: str = "val") -> Path | None:
+    """The COCO file ``write_shapes`` wrote for ``split`` in the set at ``root`` (``annotations/<split>.json``), when
+    ``root`` carries the marker of a set bigbatch generated and that file is there as written: a regular file inside
+    ``root``, with no link on the way from ``root``. None otherwise."""
+    if not is_generated_set(root):
+        return None
+    folder = root / "annotations"
+    path = folder / f"{split}.json"
+    if folder.is_symlink() or path.is_symlink() or not path.is_file():
+        return None
+    return path
 
 
 def foreign_entry(root: Path) -> str | None:

@@ -13,7 +13,9 @@ them with faster-coco-eval (``tasks/coco_eval.py``); the metrics go back to ever
 Category ids: detections and the evaluation's ground truth carry the dataset's own category ids, label ``l``
 being ``category_ids[l]`` (the validation annotation file's id of that class, ``data.classes`` subsets
 included), so that a saved COCO results file scores against the original annotation file, with pycocotools,
-faster-coco-eval or the COCO server, as bigbatch scores it. A set without ids (YOLO) numbers them label + 1.
+faster-coco-eval or the COCO server, as bigbatch scores it. A set without ids (YOLO) numbers them label + 1 and its
+images by their place in the list, unless a COCO file of the same images gives both (``data.annotations``,
+``data/coco_ids.py``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class DetectionTask:
     category_ids: list[int] | None = None
     """The dataset's category id of each label (a COCO annotation file's ids), or None for a set without ids
     (YOLO): then label + 1."""
+    ids_from: str | None = None
+    """For a set whose own files carry no ids (YOLO), the COCO file whose image and category ids it took."""
     prediction_format = "COCO results"
 
     # --- data --------------------------------------------------------------------------------
@@ -71,6 +75,7 @@ class DetectionTask:
         issues = DataIssues(strict=data.strict)
         train_records, val_records, names = DATASETS.get(data.name).obj(cfg, issues, rank)
         category_ids = getattr(names, "category_ids", None)  # coco.ClassNames; a plain list: a set without ids
+        ids_from = getattr(names, "ids_from", None)
         names = list(names)
         if not train_records:
             raise UserError("data: the training set holds no usable image with a box")
@@ -95,7 +100,7 @@ class DetectionTask:
             multiscale = MultiScale(draw, settings.every, cfg.seed, stop=total_steps(cfg, len(train_records)),
                                     final=settings.final)
         return cls(train, val, names, coco_ground_truth(val_records, names, category_ids), cfg.seed, data.size,
-                   multiscale, issues, category_ids)
+                   multiscale, issues, category_ids, ids_from)
 
     def size_at(self, step: int) -> int:
         """The training input size of optimizer step ``step``."""
@@ -194,9 +199,12 @@ class DetectionTask:
 
     @property
     def predictions_note(self) -> str:
-        """How the saved detections number the categories (printed by ``eval --save-detections``)."""
+        """How the saved detections number the images and categories (printed by ``eval --save-detections``)."""
         if self.category_ids is None:
-            return "category id = class index + 1: the data set has no category ids"
+            return ("image id = place in the image list, category id = class index + 1: the data set has no ids "
+                    "(data.annotations: a COCO file of the same images, for its ids)")
+        if self.ids_from is not None:
+            return f"image and category ids of {self.ids_from}"
         return "category ids of the annotation file"
 
     def score(self, detections: list[dict[str, Any]]) -> dict[str, float]:
