@@ -400,7 +400,8 @@ def test_an_interrupted_run_resumed_is_marked_where_it_restarted(tmp_path):
 
     run = read_run(out)
     assert [(r.step, r.stopped_at, r.world, r.source) for r in run.restarts] == [(4, 5, 1, "metrics.jsonl")]
-    assert len(run.memory_breaks) == 1  # memory.csv's clock starts again there too
+    memory_csv = (out / "memory.csv").read_text()
+    assert len(run.memory_breaks) == 1, memory_csv  # memory.csv's clock starts again there too
     before, after = run.memory_breaks[0]
     assert 0 <= before < after
     html = write_report([out], None).read_text(encoding="utf-8")
