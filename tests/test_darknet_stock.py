@@ -208,11 +208,11 @@ def test_a_stock_cfg_darknet_cannot_build_is_built_or_refused_with_one_line(entr
         assert len(str(refused).splitlines()) == 1
 
 
-@pytest.mark.parametrize("entry", [e for e in ORACLE if e["built"]], ids=entry_id)
+@pytest.mark.parametrize("entry", entries(True), ids=entry_id)
 def test_show_prints_every_stock_cfg_darknet_builds_without_its_data(entry, tmp_path, monkeypatch, capsys):
     """``bigbatch show NET.cfg`` plans the cfg's ``max_batches`` steps with the epochs unknown (no data is at hand
     here), for the classifiers (an image folder not given) and the detectors alike; the cfgs bigbatch refuses by
-    design are one ``error:`` line naming the cfg's line."""
+    design are one ``error:`` line naming the cfg's line. (The large cfgs under ``slow``, as above.)"""
     from bigbatch.cli import main
 
     monkeypatch.chdir(tmp_path)  # no data of any kind here
