@@ -7,10 +7,14 @@ collected as ``"section:key"`` (``DarknetCfg.ignored``); a key Darknet does not 
 
 Values are checked strictly: a value must be a number of the right kind and range (Darknet's ``atoi``/``atof``
 read ``"3x"`` as 3 and ``""`` as 0); an unknown activation is an error (Darknet falls back to relu).
+
+A key that names a file (``[softmax] tree=``) is looked up by :func:`find_named_file`: only where Darknet users keep
+such a file, and never outside those folders, whatever the ``.cfg`` says.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -30,6 +34,34 @@ LAYER_KEYS_REFUSED = frozenset({"dontload", "dontloadscales"})
 
 LEADING_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 """The longest prefix of an item that C's ``atof`` reads as a number."""
+
+
+NAMED_FILE_FOLDERS = "the current folder, the cfg's folder and its parent folder"
+"""Where a file a ``.cfg`` names is looked up (:func:`find_named_file`), in that order, for the messages."""
+
+
+def find_named_file(cfg_path: Path, name: str) -> Path:
+    """The file ``name`` that a key of the ``.cfg`` at ``cfg_path`` names, where Darknet users keep it: from the
+    current folder (as Darknet opens it), else beside the cfg, else in the cfg's parent folder (Darknet's repository
+    keeps ``cfg/`` beside ``data/``, and runs from their parent). An absolute name is taken as given.
+
+    The first of these that exists is the file, if its real path (links and ``..`` followed) lies inside one of those
+    three folders (their real paths); a file that leads outside them is refused, never opened: a ``.cfg`` from
+    elsewhere must not make bigbatch read, and quote, a file of the user's. ``LookupError`` says why, without the
+    file's content; the path returned is the real one, which is what is opened."""
+    cfg = Path(os.path.abspath(cfg_path))
+    folders = list(dict.fromkeys((Path.cwd(), cfg.parent, cfg.parent.parent)))
+    inside = [Path(os.path.realpath(folder)) for folder in folders]
+    given = Path(name)
+    for candidate in [given] if given.is_absolute() else [folder / given for folder in folders]:
+        if not os.path.exists(candidate):
+            continue
+        real = Path(os.path.realpath(candidate))
+        if not any(real.is_relative_to(folder) for folder in inside):
+            raise LookupError(f"{name} leads outside the folders a cfg's files are read from ({NAMED_FILE_FOLDERS}): "
+                              "not read")
+        return real
+    raise LookupError(f"{name} not found (looked from the current folder, beside the cfg and in its parent folder)")
 
 
 class SectionReader:
@@ -59,6 +91,17 @@ class SectionReader:
     def text(self, key: str, default: str) -> str:
         self.read.add(key)
         return self.options.get(key, default)
+
+    def file(self, key: str) -> Path | None:
+        """The file ``key`` names (:func:`find_named_file`), None without the key; not found, or outside the folders
+        it is looked up in: an error naming the key."""
+        name = self.text(key, "")
+        if not name:
+            return None
+        try:
+            return find_named_file(self.path, name)
+        except LookupError as error:
+            raise self.error(key, str(error)) from None
 
     def integer(self, key: str, default: int, low: int | None = None, high: int | None = None) -> int:
         self.read.add(key)

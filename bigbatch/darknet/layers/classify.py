@@ -11,15 +11,14 @@
   ``[softmax]`` head.
 
 A tree file is found as Darknet users run it: relative to the current folder, else to the cfg's folder or its
-parent (Darknet's repository keeps ``cfg/`` beside ``data/``); only a regular file of at most
-:data:`MAX_TREE_BYTES` is read.
+parent (Darknet's repository keeps ``cfg/`` beside ``data/``), and never outside those three folders
+(``reading.find_named_file``); only a regular file of at most :data:`MAX_TREE_BYTES` and :data:`MAX_TREE_CLASSES`
+lines is read (``files.read_lines``), and a mistake in it is named by its line, never quoted.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,10 +26,14 @@ import torch.nn as nn
 
 from bigbatch.darknet.reading import SectionReader
 from bigbatch.darknet.spec import DarknetCfg, LayerKind, LayerSpec, Shape, TableRow, register_kind
-from bigbatch.errors import UserError
+from bigbatch.data.files import BadLine, read_lines
 
 MAX_TREE_BYTES = 16 * 2**20
 """The largest WordTree file read (Darknet's 9k.tree is 0.2 MB)."""
+
+MAX_TREE_CLASSES = 2**16
+"""The most lines a WordTree file may have (one class a line): Darknet's 9k.tree has 9,418 classes, the full ImageNet
+(ImageNet-21k) 21,841; each line becomes a softmax output of the network."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,39 +88,30 @@ def avgpool_row(spec: AvgPool, x: Shape, out: Shape, net: Shape) -> TableRow:
 # ----------------------------------------------------------------------------- [softmax]
 
 
-def find_beside_cfg(s: SectionReader, key: str, name: str) -> Path:
-    """The file ``name`` a key of the cfg names: as given (from the current folder), else beside the cfg or in
-    its folder's parent. A regular file only."""
-    candidates = [Path(name)]
-    if not Path(name).is_absolute():
-        candidates += [s.path.parent / name, s.path.parent.parent / name]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise s.error(key, f"{name} not found (looked from the current folder, beside the cfg and in its parent "
-                       "folder)")
-
-
-def read_tree_groups(s: SectionReader, key: str, name: str) -> tuple[int, ...]:
-    """The sizes of the runs of consecutive classes with the same parent in a WordTree file (tree.c's groups)."""
-    path = find_beside_cfg(s, key, name)
-    size = os.stat(path).st_size
-    if size > MAX_TREE_BYTES:
-        raise s.error(key, f"{path} is {size:,} bytes; a tree file of at most {MAX_TREE_BYTES:,} is read")
+def read_tree_groups(s: SectionReader, key: str) -> tuple[int, ...]:
+    """The sizes of the runs of consecutive classes with the same parent in the WordTree file ``key`` names (tree.c's
+    groups: ``name parent`` lines, the parent's index or -1)."""
+    path = s.file(key)
     groups: list[int] = []
     last: int | None = None
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-        fields = line.split()
-        if not fields:
-            continue
-        try:
-            parent = int(fields[1]) if len(fields) > 1 else -1
-        except ValueError:
-            raise UserError(f"{path}:{number}: expected 'name parent', got {line!r}") from None
-        if parent != last or not groups:
-            groups.append(0)
-            last = parent
-        groups[-1] += 1
+    try:
+        for number, line in read_lines(path, MAX_TREE_CLASSES, "a WordTree file", limit=MAX_TREE_BYTES):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                parent = int(fields[1]) if len(fields) > 1 else -1
+            except ValueError:
+                raise s.error(key, f"{path}:{number}: expected 'name parent' (a class name, then its parent's index "
+                                   "or -1)") from None
+            if parent != last or not groups:
+                groups.append(0)
+                last = parent
+            groups[-1] += 1
+    except BadLine as error:
+        raise s.error(key, str(error)) from None
+    except OSError as error:
+        raise s.error(key, f"cannot read {path}: {error.strerror or error}") from None
     if not groups:
         raise s.error(key, f"{path} holds no classes")
     return tuple(groups)
@@ -129,7 +123,7 @@ def parse_softmax(s: SectionReader, common: dict[str, Any]) -> Softmax:
     if s.has("spatial") and s.number("spatial", 0) != 0:
         raise s.error("spatial", "a spatial softmax is not supported by bigbatch (only 0)")
     return Softmax(**common, groups=s.integer("groups", 1, 1), temperature=s.number("temperature", 1.0, above=0),
-                   tree=tree, tree_groups=read_tree_groups(s, "tree", tree) if tree else ())
+                   tree=tree, tree_groups=read_tree_groups(s, "tree") if tree else ())
 
 
 def softmax_shape(cfg: DarknetCfg, layer: Softmax, x: Shape, outputs: list[Shape]) -> Shape:
