@@ -11,14 +11,26 @@ hang guard, so that a regression fails instead of stopping the suite."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from bigbatch.darknet.layers.classify import MAX_TREE_CLASSES
-from bigbatch.data.files import BadLine, read_lines
-from tests.helpers import run_main
+from bigbatch.darknet.yolo_data import (
+    DATA_FILE_LIMIT,
+    MAX_CLASS_NAMES,
+    MAX_LABEL_BOXES,
+    MAX_LISTED_IMAGES,
+    NAMES_FILE_LIMIT,
+)
+from bigbatch.data.files import LINE_LIMIT, BadLine, read_lines
+from tests.helpers import HANG_GUARD_S, ROOT, run_main
 
 SECRET = "password swordfish-SECRET x"
 """The second line of a file of the user's that a hostile cfg or .data file names: it must never be printed."""
@@ -132,3 +144,185 @@ def test_a_tree_file_of_too_many_lines_is_refused(tmp_path):
     cfg = classifier(tmp_path, "long.tree")
     error = one_error_line(run_main("show", str(cfg), cwd=cfg.parent))
     assert f"long.tree:{MAX_TREE_CLASSES + 1}: more than 65,536 lines, the most a WordTree file may have" in error
+
+
+# ------------------------------------------------------------------------------- kind 2: the files a .data file names
+
+
+def yolo_set(root: Path, data: str = "classes = 2\ntrain = train.txt\nvalid = train.txt\nnames = x.names\n") -> Path:
+    """``root/set``: two 100x50 images with one box each, their label files, ``x.names`` (2 classes), ``train.txt``
+    and ``x.data`` (``data``); the ``.data`` file's path."""
+    folder = root / "set"
+    (folder / "images").mkdir(parents=True)
+    (folder / "labels").mkdir()
+    for n, name in enumerate("ab"):
+        pixels = np.random.default_rng(n).integers(0, 256, (50, 100, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / "images" / f"{name}.jpg", quality=95)
+        (folder / "labels" / f"{name}.txt").write_text(f"{n} 0.5 0.5 0.2 0.2\n")
+    (folder / "x.names").write_text("circle\nsquare\n")
+    (folder / "train.txt").write_text("images/a.jpg\nimages/b.jpg\n")
+    (folder / "x.data").write_text(data)
+    return folder / "x.data"
+
+
+def show(data: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``bigbatch show`` of the YOLO recipe on ``data``, which reads the training split (its labels, to count the
+    images), from the ``.data`` file's folder."""
+    return run_main("show", "yolov3-tiny-shapes", "--set", "data.name=yolo", f"data.path={data}", *overrides,
+                    cwd=data.parent)
+
+
+@pytest.mark.parametrize("how", ["beside", "link inside"])
+def test_a_names_file_outside_the_data_folder_without_classes_is_refused(tmp_path, how):
+    """Its lines would become the class names that training prints (the evaluation's table, the metrics' keys)."""
+    outside = tmp_path / "elsewhere" / "secret.names"
+    outside.parent.mkdir()
+    outside.write_text(f"{SECRET}\nsquare\n")
+    names = "../elsewhere/secret.names" if how == "beside" else "x.names"
+    data = yolo_set(tmp_path, f"train = train.txt\nvalid = train.txt\nnames = {names}\n")
+    if how == "link inside":
+        (data.parent / "x.names").unlink()
+        (data.parent / "x.names").symlink_to(outside)
+    error = one_error_line(show(data))
+    assert error == (f"error: data: {data}: names = {names} is outside the .data file's folder ({data.parent}); such a "
+                     "names file is read only with a 'classes =' line giving its number of classes\n")
+    # with the count given, as every .data file of Darknet's own gives it: Darknet's layout (data/coco.names) is read
+    data.write_text(f"classes = 2\ntrain = train.txt\nvalid = train.txt\nnames = {names}\n")
+    result = show(data)
+    assert result.returncode == 0 and "(of 2 training images)" in result.stdout, result.stderr
+    data.write_text(f"classes = 3\ntrain = train.txt\nvalid = train.txt\nnames = {names}\n")
+    assert one_error_line(show(data)).endswith("classes = 3, but the names file lists 2 names\n")
+
+
+@pytest.mark.parametrize("what", ["names bytes", "names lines", "data bytes", "list lines", "list line length"])
+def test_the_files_a_data_file_names_are_bounded_before_they_are_read(tmp_path, what):
+    """Each bound is one error line naming the file (and its line), before memory is spent on what is past it: a
+    names file of 100 MB (or of many short lines: 2 classes picked from such a file took 3.4 GiB), an image list of
+    millions of lines (10^7 took over 4 GiB), a line without end, a .data file that is no .data file."""
+    data = yolo_set(tmp_path)
+    folder = data.parent
+    overrides: list[str] = []
+    if what == "names bytes":
+        with open(folder / "x.names", "ab") as f:
+            f.truncate(100 * 2**20)  # sparse: no disk
+        fragment = f"x.names is 104,857,600 bytes, more than the {NAMES_FILE_LIMIT:,} a names file may be"
+    elif what == "names lines":
+        (folder / "x.names").write_text("circle\nsquare\n" + "x\n" * MAX_CLASS_NAMES)
+        data.write_text("train = train.txt\nvalid = train.txt\nnames = x.names\n")
+        overrides = ["data.classes=[circle,square]"]
+        fragment = f"x.names:{MAX_CLASS_NAMES + 1}: more than 65,536 lines, the most a names file may have"
+    elif what == "data bytes":
+        with open(data, "ab") as f:
+            f.truncate(DATA_FILE_LIMIT + 1)
+        fragment = f"is {DATA_FILE_LIMIT + 1:,} bytes, more than the {DATA_FILE_LIMIT:,} a .data file may be"
+    elif what == "list lines":
+        (folder / "train.txt").write_text("images/a.jpg\n" + "\n" * MAX_LISTED_IMAGES)
+        fragment = f"train.txt:{MAX_LISTED_IMAGES + 1}: more than 2,097,152 lines, the most an image list may have"
+    else:
+        (folder / "train.txt").write_text("images/a.jpg\n" + "a" * (LINE_LIMIT + 1))
+        fragment = "train.txt:2: a line longer than 4,096 bytes, the longest an image list may have"
+    error = one_error_line(show(data, *overrides))
+    assert error.startswith("error: data: ") and fragment in error, error
+
+
+def test_a_folder_of_more_images_than_a_split_may_have_is_refused(tmp_path, monkeypatch):
+    """``valid =`` (or ``train =``) naming a folder: its images are counted as they are listed (2 images against a
+    bound of 1 here, where the real one, 2,097,152, would take minutes to write)."""
+    from bigbatch.darknet import yolo_data
+
+    data = yolo_set(tmp_path, "classes = 2\ntrain = images\nvalid = images\nnames = x.names\n")
+    monkeypatch.setattr(yolo_data, "MAX_LISTED_IMAGES", 1)
+    error = one_error_line(show(data))
+    assert error == f"error: data: {data.parent / 'images'} holds more than 1 images, the most one split may have\n"
+
+
+def test_a_name_no_system_can_open_is_not_found_rather_than_a_traceback(tmp_path):
+    """A list's entry with a 300-character name (past the 255 a file name may have) and a names file whose name holds
+    a NUL: the code before let the system's error through as a traceback."""
+    data = yolo_set(tmp_path)
+    long_name = "x" * 300 + ".jpg"
+    (data.parent / "train.txt").write_text(f"images/a.jpg\n{long_name}\n")
+    result = show(data)
+    assert result.returncode == 0 and "(of 1 training images)" in result.stdout, result.stderr
+    assert f"warning: {data.parent / long_name}: image not found" in result.stderr
+    data.write_text("classes = 2\ntrain = train.txt\nnames = x\0.names\n")
+    assert "names = x\0.names: no such file (tried from the current folder and from" in one_error_line(show(data))
+
+
+def test_a_label_file_of_a_million_boxes_gives_its_first_ones_and_a_warning(tmp_path):
+    data = yolo_set(tmp_path)
+    label = data.parent / "labels" / "b.txt"
+    label.write_text("1 0.5 0.5 0.2 0.2\n" * 10**6)
+    result = show(data)
+    assert result.returncode == 0 and "(of 2 training images)" in result.stdout, result.stderr
+    assert (f"warning: {label}:{MAX_LABEL_BOXES + 1}: more than 4,096 lines: the boxes from this line on are skipped "
+            "(a label file gives at most 4,096)") in result.stderr
+    from bigbatch.darknet.yolo_data import load_yolo
+    from bigbatch.data.problems import DataIssues
+
+    records, _ = load_yolo(data, DataIssues(), keep_empty=True)
+    assert [len(r.boxes) for r in records] == [1, MAX_LABEL_BOXES]
+
+
+def test_a_label_line_that_is_not_numbers_is_reported_without_its_content(tmp_path):
+    data = yolo_set(tmp_path)
+    label = data.parent / "labels" / "b.txt"
+    label.write_text(f"1 0.5 0.5 0.2 0.2\n{SECRET} 0 0\n")
+    result = show(data)
+    assert result.returncode == 0, result.stderr
+    assert (f"warning: {label}:2: malformed label line: expected numbers '<class> <xc> <yc> <w> <h>', field 1 is not a "
+            "number") in result.stderr and "swordfish" not in result.stderr + result.stdout
+
+
+# ---------------------------------------------------------------------------- FIFOs and /dev/zero, in a child process
+
+
+CHILD = """
+import json, resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
+from tests.helpers import run_main
+results = []
+for cwd, args in json.loads(sys.argv[1]):
+    result = run_main(*args, cwd=Path(cwd))
+    results.append([result.returncode, result.stdout, result.stderr])
+print(json.dumps(results))
+""".replace("CHILD_MEMORY", str(4 * 2**30))
+"""Runs ``bigbatch.cli.main`` on each ``(cwd, args)`` case with its address space limited to 4 GiB (a read of
+``/dev/zero`` ends in a MemoryError there, not in the machine's memory running out); its results as JSON."""
+
+
+def test_fifos_and_links_to_dev_zero_are_refused_unread(tmp_path):
+    """A FIFO waits for a writer forever when opened for reading; ``/dev/zero`` never ends. Named by a cfg's ``tree=``
+    or a .data file's ``names=`` or ``train=``: one error line; as an image's label file: the image is skipped with a
+    warning."""
+    cases, expected = [], []
+    cfg = classifier(tmp_path / "cfg", "fifo.tree")
+    os.mkfifo(cfg.parent / "fifo.tree")
+    cases.append([str(cfg.parent), ["show", str(cfg)]])
+    expected.append(("error", f"tree: cannot read {cfg.parent / 'fifo.tree'}: {cfg.parent / 'fifo.tree'} is not a "
+                              "regular file"))
+    for n, (key, kind) in enumerate((("names", "fifo"), ("names", "zero"), ("train", "fifo"), ("label", "fifo"),
+                                     ("label", "zero"))):
+        data = yolo_set(tmp_path / str(n))
+        file = {"names": data.parent / "x.names", "train": data.parent / "train.txt",
+                "label": data.parent / "labels" / "b.txt"}[key]
+        file.unlink()
+        if kind == "fifo":
+            os.mkfifo(file)
+        else:
+            file.symlink_to("/dev/zero")
+        cases.append([str(data.parent), ["show", "yolov3-tiny-shapes", "--set", "data.name=yolo",
+                                         f"data.path={data}"]])
+        what = {"names": "names file", "train": "the image list"}.get(key)
+        expected.append(("warning", f"warning: {file}: unreadable label file: {file} is not a regular file")
+                        if key == "label" else ("error", f"error: data: cannot read {what} {file}: {file} is not a "
+                                                         "regular file"))
+    child = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=HANG_GUARD_S)
+    assert child.returncode == 0, child.stderr[-3000:]
+    for (returncode, stdout, stderr), (outcome, fragment) in zip(json.loads(child.stdout), expected, strict=True):
+        if outcome == "error":
+            assert returncode == 2 and stderr.count("\n") == 1 and fragment in stderr, (fragment, stderr)
+        else:
+            assert returncode == 0 and fragment in stderr and "(of 1 training images)" in stdout, (fragment, stderr)

@@ -19,6 +19,16 @@ The label file of an image follows Darknet's rule (``replace_image_to_label``; u
 label file is an image without boxes, as in Darknet. ``image_id`` is the image's index in the list, stable
 whatever is skipped.
 
+Every file a ``.data`` file names may be hostile, as a dataset's images are (``data/files.py``): each is read only as
+a regular file, opened without blocking (a FIFO or a link to ``/dev/zero`` is refused, never read), line by line
+within bounds set before any memory is spent on it: the ``.data`` file within :data:`DATA_FILE_LIMIT` bytes, a names
+file within :data:`NAMES_FILE_LIMIT` bytes and :data:`MAX_CLASS_NAMES` lines, an image list or folder within
+:data:`MAX_LISTED_IMAGES` images, a label file's first :data:`MAX_LABEL_BOXES` lines (those after them are skipped and
+reported), each line within ``files.LINE_LIMIT`` bytes. A mistake is one ``error:`` line naming the file and line (a
+label file's: a reported skip), never the line's content. The paths keep Darknet's rule above, but class names are
+printed (tables, metric keys): a names file outside the ``.data`` file's folder (links and ``..`` followed) is read
+only when a ``classes =`` line gives its count, as every ``.data`` file of Darknet's own does.
+
 The ``yolo`` detection format of ``registry.DATASETS``: ``data.path`` is a ``.data`` file or a dataset folder
 (:func:`yolo_splits`), and ``data.classes`` keeps some classes by name. A YOLO set has no ids of its own: an image's
 id is its position in its list, a category's its class index + 1 (``coco.CATEGORY_ID_OFFSET``; the names carry
@@ -43,6 +53,7 @@ from bigbatch.data.coco import ClassNames, class_mapping
 from bigbatch.data.coco_ids import take_coco_ids
 from bigbatch.data.detection import EDGE_TOLERANCE, DetectionRecord, check_box
 from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
+from bigbatch.data.files import BadLine, read_lines
 from bigbatch.data.formats import train_images_given
 from bigbatch.data.images import inspect_images
 from bigbatch.data.problems import DataIssues
@@ -57,6 +68,25 @@ IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".we
 IMAGE_FOLDERS = ("images", "JPEGImages")
 LINE_FORMAT = "'<class> <xc> <yc> <w> <h>'"
 
+DATA_FILE_LIMIT = 2**16
+"""The largest ``.data`` file read, in bytes (64 KiB): a handful of ``key = path`` lines; Darknet's coco.data is 146
+bytes."""
+NAMES_FILE_LIMIT = 4 * 2**20
+"""The largest names file read, in bytes (4 MiB): Darknet's largest, 9k.names (9,418 classes), is about 0.1 MB, and a
+file of :data:`MAX_CLASS_NAMES` lines of 60 characters fits."""
+MAX_CLASS_NAMES = 2**16
+"""The most lines a names file may have (one class a line): 9k.names has 9,418, the full ImageNet 21,841; each class
+is a network output and a row of the evaluation's table."""
+MAX_LISTED_IMAGES = 2**21
+"""The most images (lines) an image list, or a folder, may give one split: 2,097,152, above Open Images' 1.7 million
+training images with boxes, the largest public detection set. Each listed image costs about half a kilobyte of
+records before training starts, so a split stays within about 1 GiB; a longer list is refused before it is read on."""
+MAX_LABEL_BOXES = 4096
+"""The most lines (boxes) read from one image's label file: the lines after them are skipped, with a warning.
+Darknet's ``[yolo]`` layer reads at most ``max`` truths an image (200 by default in AlexeyAB's fork, 90 in
+pjreddie's), the first of them here; this is 20 times the larger, and above the densest public sets (a few hundred
+objects an image)."""
+
 
 def yolo_label_path(image_path: str | os.PathLike) -> str:
     """Darknet's rule: the last ``images``/``JPEGImages`` folder becomes ``labels``, the extension ``.txt``."""
@@ -68,46 +98,82 @@ def yolo_label_path(image_path: str | os.PathLike) -> str:
     return str(PurePath(*parts).with_suffix(".txt"))
 
 
+def _read_error(error: OSError, path: str | os.PathLike, what: str) -> UserError:
+    """The one line for a file a dataset names that cannot be read: its line's problem (``BadLine``), or why the file
+    is not read (missing, not a regular file, too large)."""
+    if isinstance(error, BadLine):
+        return UserError(f"data: {error}")
+    if isinstance(error, FileNotFoundError):
+        return UserError(f"data: {what} {path} not found")
+    return UserError(f"data: cannot read {what} {path}: {error.strerror or error}")
+
+
 def read_darknet_data(path: str | os.PathLike) -> dict[str, str]:
     """The ``key = value`` options of a Darknet ``.data`` file (lines starting with ``#`` or ``;`` skipped)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"data: {path} not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"data: cannot read {path}: {error}") from None
+        lines = [line for _, line in read_lines(path, DATA_FILE_LIMIT, "a .data file", limit=DATA_FILE_LIMIT)]
+    except OSError as error:
+        raise _read_error(error, path, "the .data file") from None
     expected = "'key = value' (a Darknet .data file)"
     return read_options(lines, f"data: {path}", expected)[0][1]
 
 
 def read_names(path: str | os.PathLike) -> list[str]:
-    """Class names, one a line (blank lines skipped)."""
+    """Class names, one a line (blank lines skipped); at most :data:`MAX_CLASS_NAMES` lines and
+    :data:`NAMES_FILE_LIMIT` bytes."""
+    names = []
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise UserError(f"data: names file {path} not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"data: cannot read names file {path}: {error}") from None
-    names = [line.strip() for line in text.splitlines() if line.strip()]
+        for _, line in read_lines(path, MAX_CLASS_NAMES, "a names file", limit=NAMES_FILE_LIMIT):
+            if line.strip():
+                names.append(line.strip())
+    except OSError as error:
+        raise _read_error(error, path, "names file") from None
     if not names:
         raise UserError(f"data: names file {path} holds no class names (expected one a line)")
     return names
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` lies in ``folder``, once both are real paths (links and ``..`` followed)."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
 def _resolve(text: str, *bases: Path) -> Path:
-    """A path from a Darknet file: as given (relative to the current folder), else under each base in turn."""
+    """A path from a Darknet file: as given (relative to the current folder), else under each base in turn (a name
+    no system can open, too long or holding a NUL, is simply not found)."""
     path = Path(text).expanduser()
     if not path.is_absolute():
         for candidate in (path, *(base / path for base in bases)):
-            if candidate.exists():
+            if os.path.exists(candidate):
                 return candidate.absolute()
     return path.absolute()
 
 
 def _list_images(folder: Path) -> list[str]:
-    """The image files under ``folder/images`` (or ``folder``), recursively, sorted by path."""
+    """The image files under ``folder/images`` (or ``folder``), recursively, sorted by path; at most
+    :data:`MAX_LISTED_IMAGES`."""
     root = folder / "images" if (folder / "images").is_dir() else folder
-    return sorted(str(p.absolute()) for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    found = []
+    for p in root.rglob("*"):
+        if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file():
+            if len(found) == MAX_LISTED_IMAGES:
+                raise UserError(f"data: {root} holds more than {MAX_LISTED_IMAGES:,} images, the most one split may "
+                                "have")
+            found.append(str(p.absolute()))
+    return sorted(found)
+
+
+def _read_list(listing: Path, *bases: Path) -> list[str]:
+    """The image paths an image list names, one a line (blank lines skipped), each resolved by :func:`_resolve`;
+    at most :data:`MAX_LISTED_IMAGES` lines."""
+    paths = []
+    try:
+        for _, line in read_lines(listing, MAX_LISTED_IMAGES, "an image list"):
+            if line.strip():
+                paths.append(str(_resolve(line.strip(), *bases)))
+    except OSError as error:
+        raise _read_error(error, listing, "the image list") from None
+    return paths
 
 
 def _find_names(folder: Path) -> Path:
@@ -132,7 +198,14 @@ def _from_data_file(path: Path, split: str, names: list[str] | None) -> tuple[li
     if names is None:
         if "names" not in options:
             raise UserError(f"data: {path}: no 'names =' line (the class names file)")
-        names = read_names(_resolve(options["names"], base))
+        names_file = _resolve(options["names"], base)
+        if not os.path.exists(names_file):
+            raise UserError(f"data: {path}: names = {options['names']}: no such file (tried from the current folder "
+                            f"and from {base})")
+        if "classes" not in options and not _inside(names_file, base):
+            raise UserError(f"data: {path}: names = {options['names']} is outside the .data file's folder ({base}); "
+                            "such a names file is read only with a 'classes =' line giving its number of classes")
+        names = read_names(names_file)
     if "classes" in options:
         if not options["classes"].isdigit() or int(options["classes"]) != len(names):
             raise UserError(f"data: {path}: classes = {options['classes']}, but the names file lists {len(names)} "
@@ -140,16 +213,20 @@ def _from_data_file(path: Path, split: str, names: list[str] | None) -> tuple[li
     if split not in options:
         raise UserError(f"data: {path}: no '{split} =' line (the list of {split} images)")
     listing = _resolve(options[split], base)
-    if listing.is_dir():
+    if os.path.isdir(listing):
         return _list_images(listing), names
-    if not listing.is_file():
+    if not os.path.exists(listing):
         raise UserError(f"data: {path}: {split} = {options[split]}: no such file or folder (tried from the current "
                         f"folder and from {base})")
+    return _read_list(listing, base, listing.parent), names
+
+
+def _is_number(text: str) -> bool:
     try:
-        entries = listing.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"data: cannot read the image list {listing}: {error}") from None
-    return [str(_resolve(e.strip(), base, listing.parent)) for e in entries if e.strip()], names
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _parse_line(fields: list[str], width: int, height: int, num_classes: int
@@ -160,7 +237,8 @@ def _parse_line(fields: list[str], width: int, height: int, num_classes: int
     try:
         values = [float(f) for f in fields]
     except ValueError:
-        return f"malformed label line: expected numbers {LINE_FORMAT}, got {' '.join(fields)!r}"
+        field = next(n for n, f in enumerate(fields, 1) if not _is_number(f))
+        return f"malformed label line: expected numbers {LINE_FORMAT}, field {field} is not a number"
     if not values[0].is_integer() or not 0 <= values[0] < num_classes:
         return f"class {fields[0]} is not a class index 0..{num_classes - 1} ({num_classes} names)"
     xc, yc, w, h = values[1:]
@@ -172,29 +250,35 @@ def _parse_line(fields: list[str], width: int, height: int, num_classes: int
 
 def _read_labels(path: str, width: int, height: int, num_classes: int, issues: DataIssues
                  ) -> tuple[list[tuple[float, ...]], list[int]] | None:
-    """The valid boxes of a label file (none if it is missing), or None if it cannot be read."""
+    """The valid boxes of a label file (none if it is missing; those of its first :data:`MAX_LABEL_BOXES` lines), or
+    None if it cannot be read (not a regular file, a line too long or not UTF-8)."""
+    boxes, labels = [], []
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
+        for number, line in read_lines(path, MAX_LABEL_BOXES, "a label file"):
+            fields = line.split()
+            if not fields:
+                continue
+            parsed = _parse_line(fields, width, height, num_classes)
+            if isinstance(parsed, str):
+                issues.report(path, number, parsed, unit="box")
+                continue
+            box, problem = check_box(parsed[1], width, height)
+            if problem is not None:
+                issues.report(path, number, problem, unit="box", action="skipped" if box is None else "clipped")
+            if box is not None:
+                boxes.append(box)
+                labels.append(parsed[0])
     except FileNotFoundError:
         return [], []
-    except (OSError, UnicodeDecodeError) as error:
-        issues.report(path, None, f"unreadable label file: {error}")
+    except BadLine as error:
+        if error.line <= MAX_LABEL_BOXES:
+            issues.report(path, error.line, f"unreadable label file: {error.reason}")
+            return None
+        issues.report(path, error.line, f"more than {MAX_LABEL_BOXES:,} lines: the boxes from this line on are "
+                                        f"skipped (a label file gives at most {MAX_LABEL_BOXES:,})", unit="box")
+    except OSError as error:
+        issues.report(path, None, f"unreadable label file: {error.strerror or error}")
         return None
-    boxes, labels = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split()
-        if not fields:
-            continue
-        parsed = _parse_line(fields, width, height, num_classes)
-        if isinstance(parsed, str):
-            issues.report(path, number, parsed, unit="box")
-            continue
-        box, problem = check_box(parsed[1], width, height)
-        if problem is not None:
-            issues.report(path, number, problem, unit="box", action="skipped" if box is None else "clipped")
-        if box is not None:
-            boxes.append(box)
-            labels.append(parsed[0])
     return boxes, labels
 
 

@@ -1,12 +1,14 @@
 """Image files checked before a run and decoded during it: the header read (size, format) without decoding, the
 decode itself (torchvision), and a decoder's error as a short reason.
 
-Loading reads only image headers (PIL); a corrupt body is found when the sample is decoded. In strict mode the
-loaders decode every image up front instead (``inspect_image(path, decode=True)``).
+Loading reads only image headers (PIL), of regular files opened without blocking (``files.open_regular``); a corrupt
+body is found when the sample is decoded. In strict mode the loaders decode every image up front instead
+(``inspect_image(path, decode=True)``).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Sequence
@@ -17,7 +19,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
 from bigbatch.data import jpeg
-from bigbatch.data.files import read_regular
+from bigbatch.data.files import open_regular, read_regular
 
 DECODABLE = ("GIF", "JPEG", "PNG", "WEBP")  # the formats torchvision.io.decode_image reads (PIL's names)
 
@@ -62,7 +64,7 @@ def inspect_image(path: str, decode: bool = False) -> tuple[tuple[int, int] | No
     if not os.path.isfile(path):
         return None, "image not found"
     try:
-        with Image.open(path) as image:
+        with open_regular(path) as raw, Image.open(io.BufferedReader(raw)) as image:  # a FIFO: refused, not waited on
             size, fmt = image.size, image.format
     except (OSError, ValueError, Image.DecompressionBombError) as error:  # UnidentifiedImageError is an OSError
         return None, f"unreadable image: {error}"
