@@ -19,8 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
+from bigbatch.darknet import yolo_delta, yolo_loss
+from bigbatch.darknet.cfg import Yolo
 from bigbatch.darknet.layers.classify import MAX_TREE_CLASSES
 from bigbatch.darknet.yolo_data import (
     DATA_FILE_LIMIT,
@@ -326,3 +329,64 @@ def test_fifos_and_links_to_dev_zero_are_refused_unread(tmp_path):
             assert returncode == 2 and stderr.count("\n") == 1 and fragment in stderr, (fragment, stderr)
         else:
             assert returncode == 0 and fragment in stderr and "(of 1 training images)" in stdout, (fragment, stderr)
+
+
+# ----------------------------------------------------------------------------------- the [yolo] layer's per-image cap
+
+
+def yolo_spec(max_boxes: int) -> Yolo:
+    return Yolo(index=0, section="yolo", line=1, classes=2, num=3, mask=(0, 1, 2), max_boxes=max_boxes,
+                anchors=((4.0, 5.0), (8.0, 6.0), (10.0, 12.0)), lines={"max": 2})
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("dialect", ["alexeyab", "pjreddie", "gradient"])
+def test_a_yolo_layer_builds_its_ious_for_its_max_truths_not_for_every_box(monkeypatch, dialect):
+    """An image of 20,000 boxes (a label file's 4,096 lines, or a caller's own targets) under ``max=5``: the IoUs of
+    every prediction with every truth are built for 5 truths an image (the code before built them for all, 44 GB for
+    10^6 boxes on a large grid), and the loss, its gradient and the delta equal those of the first 5 boxes alone."""
+    spec = yolo_spec(5)
+    generator = torch.Generator().manual_seed(0)
+    n, truths = 2, 20_000
+    boxes = torch.rand(n, truths, 4, generator=generator, dtype=torch.float64) * 0.5 + 0.25
+    labels = torch.randint(0, 2, (n, truths), generator=generator)
+    valid = torch.ones(n, truths, dtype=torch.bool)
+    valid[0, 1] = False  # a hole: the first 5 valid ones are boxes 0, 2, 3, 4, 5
+    raw = torch.randn(n, 3 * 7, 4, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    sizes: list[int] = []
+    module = yolo_loss if dialect == "gradient" else yolo_delta
+    real = module._pairwise_iou
+    monkeypatch.setattr(module, "_pairwise_iou", lambda a, b: sizes.append(b.shape[1]) or real(a, b))
+
+    def terms(boxes, labels, valid):
+        if dialect == "gradient":
+            found = yolo_loss.yolo_layer_loss(raw, spec, yolo_loss.Truths(boxes.float(), labels, valid), (32, 32))
+        else:
+            found = yolo_delta.layer_loss(raw, spec, boxes, labels, valid, (32, 32), dialect, 1.0)
+        total = sum(found.values())
+        (grad,) = torch.autograd.grad(total, raw)
+        return [float(v.detach()) for v in found.values()], grad
+
+    many = terms(boxes, labels, valid)
+    assert sizes == [5]
+    first = torch.tensor([[0, 2, 3, 4, 5], [0, 1, 2, 3, 4]])
+    few = terms(boxes.gather(1, first[..., None].expand(-1, -1, 4)), labels.gather(1, first),
+                torch.ones(n, 5, dtype=torch.bool))
+    assert many[0] == pytest.approx(few[0], rel=1e-12)
+    torch.testing.assert_close(many[1], few[1], rtol=1e-12, atol=1e-12)
+
+
+def test_training_on_a_label_file_of_a_million_boxes_builds_ious_for_max_truths(tmp_path, monkeypatch):
+    """The run the code before ended in a traceback (a 44 GB allocation): the label file gives its first 4,096 boxes,
+    with a warning, and each ``[yolo]`` layer builds its prediction-truth IoUs for at most its ``max=`` (200)."""
+    data = yolo_set(tmp_path)
+    (data.parent / "labels" / "b.txt").write_text("1 0.5 0.5 0.2 0.2\n" * 10**6)
+    truths: list[int] = []
+    real = yolo_delta._pairwise_iou
+    monkeypatch.setattr(yolo_delta, "_pairwise_iou", lambda a, b: truths.append(b.shape[1]) or real(a, b))
+    result = run_main("train", "yolov3-tiny-shapes", "--out", str(tmp_path / "run"), "--set", "data.name=yolo",
+                      f"data.path={data}", "data.annotations=null", "data.size=64", "batch=2", "steps=1",
+                      "eval.every=1", "data.workers=0", "log.tensorboard=false", cwd=data.parent)
+    assert result.returncode == 0, result.stderr
+    assert "more than 4,096 lines: the boxes from this line on are skipped" in result.stderr
+    assert truths and max(truths) == 200

@@ -86,6 +86,19 @@ def box_cap(spec: Yolo, dialect: str) -> int:
     return spec.max_boxes
 
 
+def first_truths(boxes: Tensor, labels: Tensor, valid: Tensor, cap: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The truths a layer reads: the first ``cap`` valid ones of each image (Darknet's ``max``), in their order,
+    moved to the front and the rest dropped, so that what is built for every prediction and truth (their IoUs) holds
+    at most ``cap`` truths an image, however many boxes a label file gave: ``boxes`` ``(N, T', 4)``, ``labels``,
+    ``valid`` ``(N, T')``, ``T' = min(T, cap)``; unchanged when ``T <= cap``."""
+    if boxes.shape[1] <= cap:
+        return boxes, labels, valid
+    keep = valid & (torch.cumsum(valid.long(), dim=1) <= cap)
+    order = torch.argsort((~keep).to(torch.uint8), dim=1, stable=True)[:, :cap]  # kept first, in their order
+    return (boxes.gather(1, order[..., None].expand(-1, -1, boxes.shape[2])), labels.gather(1, order),
+            keep.gather(1, order))
+
+
 def iou_partials(pred: Tensor, truth: Tensor, kind: str) -> Tensor:
     """AlexeyAB's dx_box_iou (box.c) on rows of ``(x, y, w, h)`` boxes (fractions of the input, ``w, h > 0``):
     the partials ``(d/dx, d/dy, d/dw, d/dh)`` Darknet uses for IoU (``kind`` iou), GIoU, DIoU and CIoU.
@@ -278,6 +291,7 @@ def layer_delta(raw: Tensor, spec: Yolo, boxes: Tensor, labels: Tensor, valid: T
     masked = all_anchors[list(spec.mask)]
     mask_index = torch.tensor([spec.mask.index(n) if n in spec.mask else -1 for n in range(spec.num)],
                               device=device)
+    boxes, labels, valid = first_truths(boxes, labels, valid, box_cap(spec, dialect))
     valid = valid & (torch.cumsum(valid.long(), dim=1) <= box_cap(spec, dialect))
     truth = boxes.double()
     delta = torch.zeros_like(z)

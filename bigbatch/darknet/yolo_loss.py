@@ -78,7 +78,7 @@ from torchvision.ops import (
 )
 
 from bigbatch.darknet.cfg import Yolo
-from bigbatch.darknet.yolo_delta import DIALECTS, layer_loss, shape_iou
+from bigbatch.darknet.yolo_delta import DIALECTS, first_truths, layer_loss, shape_iou
 from bigbatch.errors import UserError
 
 LOSS_NAMES = ("loss_box", "loss_obj", "loss_cls")
@@ -231,7 +231,8 @@ def yolo_layer_loss(raw: Tensor, spec: Yolo, truths: Truths, input_size: tuple[i
     masked = all_anchors[list(spec.mask)]
     positions = [spec.mask.index(n) if n in spec.mask else -1 for n in range(spec.num)]
     mask_index = torch.tensor(positions, dtype=torch.long, device=device)  # int_index(l.mask, n, l.n)
-    # the layer's truths: the first max_boxes of each image
+    # the layer's truths: the first max_boxes of each image (and no more built on)
+    truths = Truths(*first_truths(truths.boxes, truths.labels, truths.valid, spec.max_boxes))
     valid = truths.valid & (torch.cumsum(truths.valid.long(), dim=1) <= spec.max_boxes)
     truth_xywh = truths.boxes.to(dtype)
     truth_xyxy = box_convert(truth_xywh, "cxcywh", "xyxy")
