@@ -194,6 +194,7 @@ def test_a_hostile_hook_state_is_one_line_naming_the_hook_and_key_before_any_ste
     assert (path.read_bytes(), (out / "metrics.jsonl").read_bytes()) == before  # no step, nothing written
 
 
+@pytest.mark.fast
 def test_every_hook_with_a_state_declares_its_schema():
     """The kind, not the examples: every hook class of bigbatch's that takes a state back checks it on a schema."""
     import importlib
@@ -257,6 +258,7 @@ def works(name: str, hook: Hook) -> None:
         assert 1 <= ada.begin_step(ada.batch) <= ada.batch / ada.base
 
 
+@pytest.mark.fast
 def test_each_value_of_each_hooks_state_is_checked_on_load():
     """Every leaf of every built-in hook's saved state replaced by each of 21 hostile values: loaded into a fresh
     hook that then works, or one ``UserError`` naming the hook and the key; never another error."""
