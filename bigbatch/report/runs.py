@@ -825,10 +825,11 @@ def _read_memory(run: RunData) -> None:
                 sample = dict(zip(names, values, strict=True))
                 if start is None and math.isfinite(sample.get("time", math.nan)):
                     start = sample["time"]
-                elapsed = sample.get("elapsed_s", math.nan)
-                if elapsed < previous:  # a resumed run appends with its own clock: no line across the gap
+                elapsed, step = sample.get("elapsed_s", math.nan), sample.get("step", math.nan)
+                # a resumed run appends with its own clock (and from its checkpoint's step): no line across the gap
+                if elapsed < previous or step < last_step:
                     samples.gap()
-                    now, step = sample.get("time", math.nan), sample.get("step", math.nan)
+                    now = sample.get("time", math.nan)
                     if len(run.clock_restarts) < MAX_RESTARTS:
                         run.clock_restarts.append(Segment(
                             step=int(step) if math.isfinite(step) and abs(step) < MAX_STEP else 0,
