@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import os
 import random
 import re
 import tracemalloc
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from bigbatch.cli import main
 from bigbatch.config import (
@@ -26,7 +30,7 @@ from bigbatch.config import (
     load_yaml,
 )
 from bigbatch.config import loading as config_loading
-from bigbatch.report import charts, write_report
+from bigbatch.report import charts, page, write_report
 from bigbatch.report.runs import MAX_EVENTS, MAX_POINTS, MAX_RESTARTS, MAX_UPDATE_STEPS, Curve, read_runs
 
 
@@ -366,3 +370,188 @@ def test_a_run_whose_config_is_an_alias_bomb_is_reported_with_a_note(tmp_path):
     assert "config.yaml refused" in section(write_report([run], None).read_text(encoding="utf-8"), "runs")
     (run / "config.yaml").write_text("# padding\n" * 200_000)
     assert "larger than 1 MiB" in section(write_report([run], None).read_text(encoding="utf-8"), "runs")
+
+
+
+# --- numbers the charts cannot draw ----------------------------------------------------------------------------
+
+def records_run(folder: Path, records: list[dict], config: str = "subdivisions: 2\n") -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(config)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def card_of(html: str, label: str) -> str:
+    cards = section(html, "runs")
+    start = cards.index(f"{label}</h3>")
+    return cards[start:cards.find('<div class="card"', start) if '<div class="card"' in cards[start:] else None]
+
+
+def test_the_issues_two_numbers_are_text_with_a_note(tmp_path, capsys):
+    """AdaScale records holding +-1e308 in one curve (the old report: ``arange: cannot compute length``) and a
+    400-digit batch in a ``batch_grown`` event (``OverflowError`` in page.py): the page is written, each value named
+    on its run's card, left out of the charts, the rest drawn."""
+    adaptive = [{"step": s, "images": 16 * s, "lr": 0.1, "loss": 2.0 / s, "gain": 1.0 + s / 10, "scale": 2.0,
+                 "batch": 32, "progress": 1.5 * s} for s in range(1, 7)]
+    adaptive[1]["gain"], adaptive[3]["gain"] = 1e308, -1e308
+    grown = [{"step": s, "images": 16 * s, "lr": 0.1, "loss": 2.0 / s} for s in range(1, 7)]
+    grown.insert(3, {"step": 3, "event": "batch_grown", "batch": 10**400, "noise_scale": 500.0})
+    runs = [records_run(tmp_path / "curve", adaptive), records_run(tmp_path / "event", grown)]
+    out = tmp_path / "report.html"
+    assert main(["report", *map(str, runs), "--out", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert ("2 value(s) the report cannot draw or count with (NaN, infinite, beyond ±1e200, or a count past 2^53), "
+            "shown here as text and left out of the charts: gain 1e+308 (step 2); gain -1e+308 (step 4)"
+            in card_of(html, "curve"))
+    assert "batch 100000…000 (401 digits) (batch_grown event, step 3)" in card_of(html, "event")
+    curve, event = read_runs(runs)
+    assert curve.series("gain")[0] == [1.0, 3.0, 5.0, 6.0]  # the others drawn
+    assert "AdaScale gain r vs steps" in svg_texts(section(html, "loss"))
+    assert event.batch == 16 and event.images_at(3) == 48  # images / step, as for a run without a batch event
+
+
+TRAINING_KEYS = ("images", "epoch", "lr", "loss", "loss_box", "images_per_s", "skipped", "t_data", "t_forward",
+                 "t_backward", "t_sync", "t_update", "t_other", "t_step", "t_bn_sync", "grad_norm", "loss_scale",
+                 "batch", "gain", "scale", "progress", "noise_scale", "world")
+"""Every number a training record holds (``engine/hooks/training_log.py`` and the measure hooks)."""
+MEMORY_COLUMNS = ("time", "elapsed_s", "step", "rss_mib", "system_used_mib", "cuda_allocated_mib")
+
+
+def hostile_run(folder: Path, high: object, low: object, updates_csv: bool = True) -> tuple[Path, int]:
+    """A run of 7 steps in which every number the report reads, in every file, is ``high`` at step 3 and ``low`` at
+    step 5 (those rows of memory.csv and updates.csv, every event the report reads a number of; config.yaml's
+    ``batch``, ``world``, ``steps`` where the values are whole numbers, as only those are counts): a chart of any of
+    them spans both. The others are ordinary, so every chart has points. ``updates_csv``: False leaves it out, so
+    the records' ``top_updates`` are read. -> (the folder, the values replaced)."""
+    folder.mkdir(parents=True)
+    replaced = 0
+
+    def value(step: int, ordinary: object, whole: bool = False) -> object:
+        nonlocal replaced
+        hostile = {3: high, 5: low}.get(step)
+        if hostile is None or (whole and type(hostile) is not int):  # a place that reads whole numbers only
+            return ordinary
+        replaced += 1
+        return hostile
+
+    (folder / "config.yaml").write_text(f"batch: {value(3, 100, True)}\nsubdivisions: 2\nworld: "
+                                        f"{value(5, 1, True)}\nsteps: {value(3, 7, True)}\n")
+    lines = []
+    for s in range(1, 8):
+        record = {"step": s, **{key: value(s, round(1.0 + s / 10, 2)) for key in TRAINING_KEYS}}
+        if not updates_csv:
+            record["top_updates"] = [{"name": "fc.weight", "relative": value(s, 0.001 * s), "max_abs": 0.1}]
+        lines.append(json.dumps(record))
+        lines.append(json.dumps({"step": s, "images": 100 * s, "split": "val", "top1": value(s, s / 10),
+                                 "loss": value(s, 1 / s)}))
+    events = [(1, "started", {"world": (1, True), "time": (1000.0, False)}),
+              (3, "batch_grown", {"batch": (200, True)}), (3, "input_pipeline", {"share": (0.1, False)}),
+              (5, "resumed", {"world": (1, True), "time": (2000.0, False), "stopped_at": (6, False)}),
+              (5, "skipped", {"skipped": (1, False)}), (5, "out_of_memory", {"subdivisions": (4, False)})]
+    for s, kind, fields in events:
+        lines.append(json.dumps({"step": s, "event": kind, **{k: value(s, v, whole) for k, (v, whole) in
+                                                              fields.items()}}))
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with open(folder / "memory.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(MEMORY_COLUMNS)
+        for i in range(7):
+            writer.writerow([json.dumps(value(i, v)) for v in (1000 + 5 * i, 5 * i, i, 800 + i, 900 + i, 100 + i)])
+    if updates_csv:
+        with open(folder / "updates.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "name", "max_abs", "relative"])
+            writer.writerows([s, "fc.weight", 0.01, json.dumps(value(s, 0.001 * s))] for s in range(1, 8))
+    return folder, replaced
+
+
+HOSTILE_PAIRS = {"floats": (1e308, -1e308), "ints": (10**400, -(10**400)), "infinite": (math.inf, math.nan),
+                 "counts": (2**60, -1)}
+"""Values no axis holds, and (``counts``) whole numbers an axis holds but the report cannot count with (a batch of
+2^60, a world of -1): only those read as counts are noted."""
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # matplotlib's: a layout that collapsed (phase bars past 100 %)
+def test_every_number_the_charts_cannot_draw_is_text_and_left_out_with_a_note(tmp_path):
+    """The kind: every number of every file a report reads, set to a value no axis holds, in one report with an
+    ordinary run. The page is written; each run's card names the count of such values (the first of them as text);
+    no chart holds one; the rest is drawn."""
+    runs = {name: hostile_run(tmp_path / name, *pair, updates_csv=name != "ints")
+            for name, pair in HOSTILE_PAIRS.items()}
+    ordinary = make_run(tmp_path / "ordinary")
+    out = tmp_path / "report.html"
+    assert main(["report", *(str(folder) for folder, _ in runs.values()), str(ordinary), "--out", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "cannot draw" not in card_of(html, "ordinary")
+    for name, (folder, replaced) in runs.items():
+        (data,) = read_runs([folder])
+        # 2^60 and -1 are drawn; noted only where the report counts: config.yaml's batch, world and steps, the
+        # batch_grown event's batch, the resumed event's world, the out_of_memory event's subdivisions
+        counts = 6 if name == "counts" else replaced
+        assert data.undrawn_total == counts, (name, data.undrawn_total, counts, data.undrawn)
+        assert f"{counts} value(s) the report cannot draw" in card_of(html, name)
+        for text in data.undrawn:
+            assert text.split(" (")[0] in card_of(html, name)
+        if name == "counts":
+            continue
+        for key in TRAINING_KEYS:
+            steps, _, values = data.series(key)
+            assert steps == [1.0, 2.0, 4.0, 6.0, 7.0], (name, key, steps)
+        if name == "ints":  # each count of the config and the events past 2^53: none used
+            assert data.batch is None and data.planned_steps is None and data.world == 1  # the started event's
+        assert all(math.isnan(v) or abs(v) < 1e4 for column in data.memory.values() for v in column)
+    for anchor in ("loss", "evaluation", "throughput", "phases", "noise", "scale", "memory", "updates"):
+        assert "<svg" in section(html, anchor), anchor
+
+
+NUMBERS = st.one_of(
+    st.floats(),  # NaN, infinities, 1e308, subnormals
+    st.floats(min_value=-1e200, max_value=1e200),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.sampled_from([1e200, -1e200, 1.0000000000000001e200, 5e-324, -5e-324, 0.0, 2**53 + 1, 10**200]),
+)
+CHARTED = {"loss": charts.loss, "lr": charts.learning_rate, "batch": charts.global_batch,
+           "gain": charts.adascale_gain, "noise_scale": charts.noise_scale, "loss_scale": charts.loss_scale_and_skipped,
+           "grad_norm": charts.grad_norm}
+
+
+def drawable_number(value: object) -> bool:
+    """The rule restated: an int or float that is, as a float, finite and of magnitude at most 1e200."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value)) and abs(float(value)) <= 1e200
+    except OverflowError:  # an int past a float
+        return False
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # matplotlib's: a layout that collapsed, a log axis with no data
+@settings(deadline=None, derandomize=bool(os.environ.get("CI")), database=None, max_examples=12,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(key=st.sampled_from(sorted(CHARTED)), values=st.lists(NUMBERS, min_size=1, max_size=10),
+       images=st.lists(st.one_of(NUMBERS, st.integers(0, 10**6)), min_size=1, max_size=3))
+@example(key="batch", values=[0.0], images=[10**400])  # found: a batch curve's images NaN, then round(NaN) in page.py
+@example(key="loss_scale", values=[1.0, 1.0, 5.795284783598489e97], images=[100])  # found: 30-digit labels of its
+# log-2 axis crowded out the plot (constrained layout collapsed)
+def test_any_numbers_in_a_curve_are_drawn_or_noted(tmp_path_factory, key, values, images):
+    """Hypothesis: whatever numbers a charted key's records hold (any float, any whole number JSON holds, the
+    bound's edges), and whatever their ``images``, its chart and the page's tables are made; the points drawn are
+    the drawable values, by step; every other number is counted in the note, and named there."""
+    folder = tmp_path_factory.mktemp("curve") / "run"
+    records = [{"step": s, "images": images[s % len(images)], "lr": 0.1, key: v} for s, v in enumerate(values, 1)]
+    (data,) = read_runs([records_run(folder, records, config="batch: 100\nsubdivisions: 2\n")])
+    kept = [(float(s), float(v)) for s, v in enumerate(values, 1) if drawable_number(v)]
+    steps, _, drawn = data.series(key)
+    assert list(zip(steps, drawn, strict=True)) == kept
+    unusable = sum(not drawable_number(r[k]) for r in records for k in {"images", key})
+    assert data.undrawn_total == unusable
+    placed = [v for _, v in kept if v > 0] if key in ("noise_scale", "loss_scale") else kept  # log axes
+    svg = CHARTED[key]([data])
+    assert (svg is not None) == (len(placed) >= charts.MIN_POINTS)
+    assert charts.off_log_axis([data], key)[1] == len(kept) - len(placed)
+    if svg is not None and len(placed) < len(kept):
+        assert "at or below 0, which its log axis cannot place" in page.off_log_axis([data], key)
+    assert ("cannot draw" in page.card(data, 0)) == (unusable > 0)
+    assert all(at is None or math.isfinite(at) for at in map(data.images_at, range(len(values) + 2)))
+    page.summary([data]) + page.points_table([data], [key]) + page.noise_verdicts([data])

@@ -38,6 +38,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from bigbatch.state_schema import Real, Schema, Whole, check_state
 from bigbatch.telemetry.noise_scale import GradientNorms, NoiseScale
 
 SETTLE = 20
@@ -129,17 +130,17 @@ class AdaScale:
         return {"progress": self.progress, "gain": self.gain, "batch": self.batch, "noise": self.noise.state_dict(),
                 "measured_since_change": self.measured_since_change}
 
+    def state_schema(self) -> Schema:
+        """What :meth:`state_dict` holds, value by value (``state_schema.py``): the batch at least the base, the gain
+        in [1, batch / base] (the bounds of r), the noise estimates :class:`NoiseScale`'s."""
+        return {"progress": Real(0.0), "batch": Whole(self.base),
+                "gain": Real(1.0, lambda state: state["batch"] / self.base), "noise": NoiseScale.STATE_SCHEMA,
+                "measured_since_change": Whole(default=0)}  # absent before growing
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A checkpoint's state, each value checked (a checkpoint may be hostile): ValueError names the bad one."""
-        progress, gain_, batch = state["progress"], state["gain"], state["batch"]
-        measured = state.get("measured_since_change", 0)
-        if not (type(progress) is float and math.isfinite(progress) and progress >= 0):
-            raise ValueError(f"AdaScale progress must be a finite number >= 0, got {progress!r}")
-        if not (type(batch) is int and self.base <= batch <= max(self.grow_to or 0, 2**62)):
-            raise ValueError(f"AdaScale batch must be a whole number of images >= the base {self.base}, got {batch!r}")
-        if not (type(gain_) is float and 1.0 <= gain_ <= batch / self.base):
-            raise ValueError(f"AdaScale gain must be a number in [1, batch / base], got {gain_!r}")
-        if not (type(measured) is int and 0 <= measured <= 2**62):
-            raise ValueError(f"AdaScale measured_since_change must be a whole number >= 0, got {measured!r}")
+        """A checkpoint's state, each value checked (a checkpoint may be hostile): ``StateError`` (a ``ValueError``)
+        names the bad one."""
+        state = check_state(self.state_schema(), state)
         self.noise.load_state_dict(state["noise"])
-        self.progress, self.gain, self.batch, self.measured_since_change = progress, gain_, batch, measured
+        self.progress, self.gain, self.batch = state["progress"], state["gain"], state["batch"]
+        self.measured_since_change = state["measured_since_change"]

@@ -127,7 +127,9 @@ def _log_y(ax: Axes, base: float = 10) -> None:
     """A log y axis labelled in plain numbers (40, 100, 300; 1,024, 65,536), not powers (4 x 10^1)."""
     ax.set_yscale("log", base=base)
     if base == 2:
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        # whole numbers up to 2^30 written out; beyond, as powers of 2 (a label of 30 digits would crowd out the plot)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if 1 <= v <= 2**30 else
+                                                   f"2^{math.log2(v):.0f}" if v > 2**30 else f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
     else:
         ax.yaxis.set_major_formatter(LogFormatter(base=base))
@@ -152,9 +154,34 @@ def _legend(fig: Figure, axes: list[Axes]) -> None:
                    ncols=min(len(entries), 4))
 
 
+LOG_KEYS = ("noise_scale", "loss_scale")
+"""The training records' keys always drawn on a log axis: a value of theirs at or below 0 has no place on it."""
+
+
+def series(run: RunData, key: str) -> tuple[list[float], list[float], list[float]]:
+    """``run.series(key)``, the points a chart of ``key`` can place: on a log axis (:data:`LOG_KEYS`) the positive
+    values only (:func:`off_log_axis` names the others, which the page shows as text)."""
+    steps, images, values = run.series(key)
+    if key in LOG_KEYS and any(v <= 0 for v in values):
+        kept = [i for i, v in enumerate(values) if v > 0]
+        return [steps[i] for i in kept], [images[i] for i in kept], [values[i] for i in kept]
+    return steps, images, values
+
+
+def off_log_axis(runs: list[RunData], key: str, most: int = 8) -> tuple[list[str], int]:
+    """The values of ``key`` at or below 0, which its log axis cannot place: ``(the first ``most`` as text, how many
+    in all)``; none for a key drawn on a linear axis."""
+    if key not in LOG_KEYS:
+        return [], 0
+    found = [f"{run.label}: {value:g} at step {step:.0f}" for run in runs
+             for step, _, value in zip(*run.series(key), strict=True) if value <= 0]
+    return found[:most], len(found)
+
+
 def drawn(runs: list[RunData], key: str) -> bool:
-    """Whether the training records' ``key`` gets a chart: some run holds at least :data:`MIN_POINTS` points."""
-    return any(len(run.series(key)[0]) >= MIN_POINTS for run in runs)
+    """Whether the training records' ``key`` gets a chart: some run holds at least :data:`MIN_POINTS` points it can
+    place (:func:`series`)."""
+    return any(len(series(run, key)[0]) >= MIN_POINTS for run in runs)
 
 
 def too_few(runs: list[RunData], key: str) -> bool:
@@ -341,8 +368,12 @@ def phases(runs: list[RunData]) -> str | None:
         ax = fig.subplots()
         labels = [legend_label(run) for run, _ in measured]
         left = [0.0] * len(measured)
+        # records whose phases add up to more than their t_step (or hold a negative time) are no bigbatch run's:
+        # their bars are shares of the phases' sum, so that they stay inside the 100 % the axis holds
+        totals = [max(means["step"], sum(max(0.0, means[phase]) for phase in PHASES)) for _, means in measured]
         for phase in PHASES:
-            shares = [100 * means[phase] / means["step"] if means["step"] > 0 else 0.0 for _, means in measured]
+            shares = [100 * max(0.0, means[phase]) / total if total > 0 else 0.0
+                      for (_, means), total in zip(measured, totals, strict=True)]
             bars = ax.barh(labels, shares, left=left, color=PHASE_COLOURS[phase], label=phase, height=0.6)
             for bar, share in zip(bars, shares, strict=True):
                 if share >= 4:
@@ -396,13 +427,13 @@ def updates(run: RunData) -> str | None:
 
 def noise_scale(runs: list[RunData]) -> str | None:
     """The noise scale against steps and images seen, each run's batch a dashed line of its colour."""
-    runs_with = [(i, run) for i, run in enumerate(runs) if run.series("noise_scale")[0]]
+    runs_with = [(i, run) for i, run in enumerate(runs) if series(run, "noise_scale")[0]]
     if not drawn(runs, "noise_scale"):
         return None
     with _style():
         fig, (by_step, by_images) = _figure()
         for i, run in runs_with:
-            steps, images, values = _thin(*run.series("noise_scale"))
+            steps, images, values = _thin(*series(run, "noise_scale"))
             by_step.plot(steps, values, color=colour(i), label=f"{legend_label(run)}: noise scale")
             by_images.plot(images, values, color=colour(i))
             if run.batch is not None:
@@ -426,7 +457,7 @@ def noise_scale(runs: list[RunData]) -> str | None:
 def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
     """The loss scale (log 2 axis) and the skipped steps so far, against steps; None when neither says anything:
     no loss scale recorded and no step skipped."""
-    scaled = [(i, run) for i, run in enumerate(runs) if run.series("loss_scale")[0]] \
+    scaled = [(i, run) for i, run in enumerate(runs) if series(run, "loss_scale")[0]] \
         if drawn(runs, "loss_scale") else []
     skipped = [(i, run) for i, run in enumerate(runs)
                if ("skipped" in run.curves and run.curves["skipped"].high[0] > 0) or run.skips.count]
@@ -435,7 +466,7 @@ def loss_scale_and_skipped(runs: list[RunData]) -> str | None:
     with _style():
         fig, (scale_ax, skip_ax) = _figure()
         for i, run in scaled:
-            steps, _, values = _thin(*run.series("loss_scale"))
+            steps, _, values = _thin(*series(run, "loss_scale"))
             scale_ax.plot(steps, values, color=colour(i), label=legend_label(run), drawstyle="steps-post")
         if scaled:
             _log_y(scale_ax, base=2)

@@ -13,7 +13,7 @@ from typing import Any
 
 from bigbatch import __version__
 from bigbatch.report import charts
-from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData, Segment
+from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData, Segment, as_text, drawable
 
 GENERATOR = "bigbatch report"
 """The ``<meta name="generator">`` content (followed by the version): what marks a file as a report written here,
@@ -60,13 +60,14 @@ figcaption { color: var(--muted); font-size: 13px; }
 
 
 def fmt(value: Any) -> str:
-    """A number for a person: integers with thousands separators, others to 4 significant digits."""
+    """A number for a person: integers with thousands separators (one of more than 24 digits by its first and last
+    digits and its length, ``as_text``), others to 4 significant digits."""
     if value is None:
         return "–"
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, int):
-        return f"{value:,}"
+        return f"{value:,}" if abs(value) < 10**24 else as_text(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
@@ -110,7 +111,8 @@ def _absent(text: str) -> str:
 
 def when(seconds: float | None) -> str:
     """A wall-clock time of a run's record (seconds since the epoch), in the machine's local time, to the minute."""
-    if seconds is None or not math.isfinite(seconds) or not 0 <= seconds < 1e11:
+    seconds = drawable(seconds)  # a record's number: maybe 10^400, past a float
+    if seconds is None or not 0 <= seconds < 1e11:
         return "–"
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
 
@@ -159,7 +161,7 @@ def noise_verdicts(runs: list[RunData]) -> str:
     """Each run's batch against its last noise scale, in the words of the run's own summary line."""
     items = []
     for i, run in enumerate(runs):
-        steps, _, noise = run.series("noise_scale")
+        steps, _, noise = charts.series(run, "noise_scale")  # a noise scale at or below 0 says nothing of the batch
         if not noise or run.batch is None:
             continue
         scheduled = run.series("batch")[2]  # a batch schedule: the batch in effect at the end
@@ -189,8 +191,8 @@ def best_eval(run: RunData) -> tuple[str, str, float, int] | None:
 
 
 def data_wait(run: RunData) -> str:
-    share = (run.last_events.get("input_pipeline") or {}).get("share")
-    if isinstance(share, (int, float)):
+    share = drawable((run.last_events.get("input_pipeline") or {}).get("share"))
+    if share is not None:
         return f"{100 * share:.1f} %"
     return "–"
 
@@ -362,6 +364,16 @@ def phase_table(runs: list[RunData]) -> str:
     return _table(head, rows)
 
 
+def off_log_axis(runs: list[RunData], key: str) -> str:
+    """A note of the values of ``key`` a chart on a log axis left out (at or below 0), as text; "" if none."""
+    shown, total = charts.off_log_axis(runs, key)
+    if not total or not charts.drawn(runs, key):  # not drawn: the table of its values shows them all
+        return ""
+    more = f"; and {total - len(shown)} more" if total > len(shown) else ""
+    return (f'<p class="note">{total} value(s) of {escape(key)} at or below 0, which its log axis cannot place, '
+            f"shown here as text and left out of the chart: {escape('; '.join(shown))}{more}</p>")
+
+
 # --- the page ------------------------------------------------------------------------------------------------------
 
 SECTIONS = (
@@ -463,7 +475,8 @@ def render(runs: list[RunData]) -> str:
         "the micro-batch and batch gradients, against the batch (the dashed line of the run's colour). It is the "
         "critical batch: growing a batch well below it cuts the steps to a result nearly in proportion; above it, "
         "less and less, so the extra images buy less. It grows as training proceeds: read it late in a run.</p>"
-        + (_figure(noise) + noise_verdicts(runs) if noise else few + noise_verdicts(runs) if few else _absent(
+        + (_figure(noise) + off_log_axis(runs, "noise_scale") + noise_verdicts(runs) if noise
+           else few + noise_verdicts(runs) if few else _absent(
             "No noise scale recorded (log.noise_scale: off, one micro-batch per process, or a run made before it).")))
 
     scale, grad = charts.loss_scale_and_skipped(runs), charts.grad_norm(runs)
@@ -472,7 +485,8 @@ def render(runs: list[RunData]) -> str:
         '<p class="how">A dynamic loss scale halves at each step whose gradients are not finite (the step is '
         "skipped) and grows again after a run of good steps. Many skipped steps waste compute; a scale that keeps "
         "falling points at a layer that overflows.</p>"
-        + (_figure(scale) if scale else "" if few else _absent("No loss scale recorded and no step skipped."))
+        + (_figure(scale) + off_log_axis(runs, "loss_scale") if scale else "" if few
+           else _absent("No loss scale recorded and no step skipped."))
         + (_figure(grad, "The gradient norm, recorded when clipping by norm.") if grad else "") + few)
 
     memory = charts.memory(runs)

@@ -62,6 +62,17 @@ MAX_STEP = 2**53
 """Steps beyond this (in magnitude) are not a record's."""
 MAX_RESTARTS = 200
 """The most starts of a run kept, of each source (a run resumed every few steps for weeks)."""
+MAX_DRAWN = 1e200
+"""The largest magnitude of a value the report draws or computes with. matplotlib places a value on an axis through
+the axis's range (highest - lowest, with margins) and its ticks, and the page sums and scales values (means, shares,
+step x batch): a value past this (``1e308`` and ``-1e308`` in one curve overflow the range, numpy's ``arange: cannot
+compute length``), a whole number past a float (a 400-digit batch), NaN or infinity is shown as text in a note of
+the run's and left out of the charts. A bigbatch run's values are far inside it (fp32's largest is 3.4e38)."""
+MAX_COUNT = 2**53
+"""The largest batch, world size, subdivisions or image count the report computes with (every whole number up to it
+is exact as a float); a larger one is shown as text in the same note."""
+MAX_UNDRAWN = 8
+"""The values of that note shown (the first ones read); it counts them all."""
 
 
 def _thinned(steps: list[int] | array, stride: int, most: int) -> tuple[list[int], int]:
@@ -233,16 +244,16 @@ class Phases:
     def add(self, record: dict[str, Any]) -> None:
         """Records with a phase time but ``t_data`` count; ``t_step`` is the sum of the phases where absent, and
         the rest of ``t_step`` is ``other`` where a record has no ``t_other`` (older records)."""
-        if all(_number(record.get(key)) is None for key in _PHASE_KEYS[1:]):
+        if all(drawable(record.get(key)) is None for key in _PHASE_KEYS[1:]):
             return
-        times = {p: _number(record.get(key)) or 0.0 for p, key in zip(PHASES, _PHASE_KEYS, strict=True)}
-        total = _number(record.get("t_step"))
+        times = {p: drawable(record.get(key)) or 0.0 for p, key in zip(PHASES, _PHASE_KEYS, strict=True)}
+        total = drawable(record.get("t_step"))
         if total is None:
             total = sum(times.values())
-        if _number(record.get("t_other")) is None:
+        if drawable(record.get("t_other")) is None:
             times["other"] = max(0.0, total - sum(times.values()))
         times["step"] = total
-        bn_sync = _number(record.get("t_bn_sync"))
+        bn_sync = drawable(record.get("t_bn_sync"))
         if self.first is None:
             self.first = (times, bn_sync)
             return
@@ -331,6 +342,10 @@ class RunData:
     """Where ``memory.csv``'s clock starts again (a run directory made before the start records)."""
     record_restarts: list[Segment] = field(default_factory=list)
     """Where a training record's step goes back (older runs kept the records past the checkpoint)."""
+    undrawn: list[str] = field(default_factory=list)
+    """The first :data:`MAX_UNDRAWN` values the report could not draw or count with, as text with where each was
+    (``gain 1e+308 (step 2)``); ``undrawn_total`` counts them all. Read: a note of the run's."""
+    undrawn_total: int = 0
     memory_breaks: list[tuple[float, float]] = field(default_factory=list)
     """``(minutes, minutes)`` of the last sample before each restart of ``memory.csv``'s clock and the first after
     it, on the ``minutes`` axis (runs whose samples carry their wall-clock ``time``)."""
@@ -346,8 +361,8 @@ class RunData:
 
     @property
     def batch(self) -> int | None:
-        batch = self.config.get("batch")
-        if isinstance(batch, int) and batch > 0:
+        batch = count(self.config.get("batch"))
+        if batch is not None:
             return batch
         for key in ("batch", "images_batch"):  # an event's batch; else images = step x batch in every record
             if self.recorded.get(key) is not None:
@@ -362,7 +377,7 @@ class RunData:
     def world(self) -> int | None:
         """The number of processes (of the last start), where the run recorded it (``world`` in the config or a
         record: each start's ``started``/``resumed`` event)."""
-        if isinstance(self.config.get("world"), int):
+        if count(self.config.get("world")) is not None:
             return self.config["world"]
         return self.recorded.get("event_world", self.recorded.get("train_world"))
 
@@ -386,8 +401,7 @@ class RunData:
 
     @property
     def planned_steps(self) -> int | None:
-        steps = self.config.get("steps")
-        return steps if isinstance(steps, int) else None
+        return count(self.config.get("steps"), low=0)
 
     @property
     def steps_done(self) -> int | None:
@@ -407,7 +421,8 @@ class RunData:
             steps, images = [0.0, *steps], [0.0, *images]
             k = min(max(bisect_left(steps, step), 1), len(steps) - 1)  # between records k - 1 and k (or past the last)
             if steps[k] > steps[k - 1]:
-                return images[k - 1] + (step - steps[k - 1]) * (images[k] - images[k - 1]) / (steps[k] - steps[k - 1])
+                at = images[k - 1] + (step - steps[k - 1]) * (images[k] - images[k - 1]) / (steps[k] - steps[k - 1])
+                return at if math.isfinite(at) else None  # a record without its images (NaN): not known
         batch = self.batch
         return None if batch is None else step * batch
 
@@ -431,23 +446,56 @@ class RunData:
         return self.phases.means()
 
 
-def _number(value: Any) -> float | None:
-    """``value`` as a finite float, or None (booleans, strings, NaN, absent, a whole number past a float's range:
-    JSON reads ``1`` followed by 400 zeros as an int)."""
+def drawable(value: Any) -> float | None:
+    """``value`` as a float the charts can draw (finite, at most :data:`MAX_DRAWN` in magnitude), or None: not a
+    number (a boolean, a string, absent) or one the report cannot draw (NaN, infinite, ``1e308``, a whole number past
+    a float's range: JSON reads ``1`` followed by 400 zeros as an int). :func:`is_number` tells the two apart."""
     if type(value) is float:  # the usual case, first
-        return value if math.isfinite(value) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value if -MAX_DRAWN <= value <= MAX_DRAWN else None  # NaN fails both
+    if not is_number(value):
         return None
     try:
         number = float(value)
     except OverflowError:
         return None
-    return number if math.isfinite(number) else None
+    return number if -MAX_DRAWN <= number <= MAX_DRAWN else None
+
+
+def is_number(value: Any) -> bool:
+    """Whether a value read from a run's files is a number (an int or a float, never a boolean)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def count(value: Any, low: int = 1) -> int | None:
+    """``value`` as a count the report computes with (a batch, a world size, images): an int in [``low``,
+    :data:`MAX_COUNT`], else None."""
+    return value if type(value) is int and low <= value <= MAX_COUNT else None
+
+
+def as_text(value: Any) -> str:
+    """A number read from a run, as text for a person: a whole number of more than 24 digits by its first and last
+    digits and its length (``100000…000 (401 digits)``), a float as Python writes it (``1e+308``, ``nan``)."""
+    if type(value) is int and abs(value) >= 10**24:
+        try:
+            digits = str(abs(value))
+        except ValueError:  # past Python's limit for int -> str (4,300 digits)
+            return f"{'-' if value < 0 else ''}a number of about {int(value.bit_length() * 0.30103) + 1} digits"
+        return f"{'-' if value < 0 else ''}{digits[:6]}…{digits[-3:]} ({len(digits)} digits)"
+    if isinstance(value, str):
+        return value[:40] + ("…" if len(value) > 40 else "")
+    return repr(value) if type(value) is float else str(value)
+
+
+def _undrawn(run: RunData, key: str, value: Any, where: str) -> None:
+    """Note ``value`` of ``key`` as one the report cannot draw or count with (``where``: in what file, step, line)."""
+    run.undrawn_total += 1
+    if len(run.undrawn) < MAX_UNDRAWN:
+        run.undrawn.append(f"{as_text(key)} {as_text(value)} ({where})")
 
 
 def _step(value: Any) -> int | None:
     """A record's step as an int, or None (not a number, or past :data:`MAX_STEP`)."""
-    step = _number(value)
+    step = drawable(value)
     return int(step) if step is not None and abs(step) < MAX_STEP else None
 
 
@@ -470,6 +518,11 @@ def read_run(path: Path) -> RunData:
                                  "the largest ten updates per step in metrics.jsonl (updates.csv is absent)")
     if heatmap.refused:
         run.notes.append(f"the update heatmap shows the first {MAX_LAYERS} parameter tensors only")
+    if run.undrawn_total:
+        more = run.undrawn_total - len(run.undrawn)
+        run.notes.append(f"{run.undrawn_total} value(s) the report cannot draw or count with (NaN, infinite, beyond "
+                         "±1e200, or a count past 2^53), shown here as text and left out of the charts: "
+                         + "; ".join(run.undrawn) + (f"; and {more} more" if more else ""))
     return run
 
 
@@ -509,6 +562,10 @@ def _read_config(run: RunData) -> None:
         return
     if isinstance(config, dict):
         run.config = config
+        for key in ("batch", "world", "steps"):  # what the page computes with
+            value = config.get(key)
+            if type(value) is int and count(value, low=0) is None:
+                _undrawn(run, key, value, "config.yaml")
     else:
         run.notes.append("config.yaml does not hold a mapping of keys: shown as it is, its values unused")
 
@@ -593,12 +650,15 @@ def _training(run: RunData, record: dict[str, Any], step: int, heatmap: _Heatmap
     if run.last is None or step >= run.last["step"]:
         run.last = {**record, "step": step}
     run.train_records += 1
-    images = _number(record.get("images"))
+    images = drawable(record.get("images"))
     x = images if images is not None else math.nan
-    curves, isfinite = run.curves, math.isfinite
+    curves = run.curves
     for key, value in record.items():
-        number = value if type(value) is float and isfinite(value) else _number(value)  # floats: most values
+        # floats are most values: the fast path; NaN fails both bounds
+        number = value if type(value) is float and -MAX_DRAWN <= value <= MAX_DRAWN else drawable(value)
         if number is None or key == "step":
+            if number is None and is_number(value):
+                _undrawn(run, key, value, f"step {step}")
             continue
         curve = curves.get(key)
         if curve is None:
@@ -607,16 +667,22 @@ def _training(run: RunData, record: dict[str, Any], step: int, heatmap: _Heatmap
             curve = curves[key] = Curve()
         curve.put(step, x, number)
     run.phases.add(record)
-    if step and isinstance(record.get("images"), int) and step <= run.recorded.get("images_step", step):
+    images = count(record.get("images"), low=0)
+    if step and images is not None and step <= run.recorded.get("images_step", step):
         run.recorded["images_step"] = step
-        run.recorded["images_batch"] = record["images"] // step
-    if isinstance(record.get("world"), int) and step >= run.recorded.get("train_world_step", step):
-        run.recorded["train_world"], run.recorded["train_world_step"] = record["world"], step  # the highest step's
+        run.recorded["images_batch"] = count(images // step)
+    world = count(record.get("world"))  # a number out of range: noted with the curves above
+    if world is not None and step >= run.recorded.get("train_world_step", step):
+        run.recorded["train_world"], run.recorded["train_world_step"] = world, step  # the highest step's
     updates = record.get("top_updates")
     if heatmap is not None and isinstance(updates, list):
         for update in updates:
             if isinstance(update, dict) and isinstance(update.get("name"), str):
-                heatmap.put(step, update["name"], _number(update.get("relative")) or math.nan)
+                relative = update.get("relative")
+                number = drawable(relative)
+                if number is None and is_number(relative):
+                    _undrawn(run, f"top_updates {update['name']} relative", relative, f"step {step}")
+                heatmap.put(step, update["name"], number or math.nan)
     return int(repeat)
 
 
@@ -628,8 +694,12 @@ def _evaluation(run: RunData, record: dict[str, Any], step: int) -> None:
             return
         curves = run.evals[split] = {}
     for key, value in record.items():
-        number = _number(value)
-        if key in ("step", "images", "split") or "/" in key or number is None:
+        if key in ("step", "images", "split") or "/" in key:
+            continue
+        number = drawable(value)
+        if number is None:
+            if is_number(value):
+                _undrawn(run, f"{split} {key}", value, f"step {step}")
             continue
         if key not in curves and _series_left(run, key):
             curves[key] = Curve()
@@ -647,20 +717,47 @@ def _event(run: RunData, record: dict[str, Any], step: int) -> None:
     kind = str(record["event"])
     if kind in run.last_events or len(run.last_events) < MAX_KINDS:
         run.last_events[kind] = record
-    if isinstance(record.get("batch"), int):
-        run.recorded["batch"] = record["batch"]
-    if isinstance(record.get("world"), int):
-        run.recorded["event_world"] = record["world"]
+    where = f"{as_text(kind)} event, step {step}"
+    batch, world = _count(run, record, "batch", where), _count(run, record, "world", where)
+    if batch is not None:
+        run.recorded["batch"] = batch
+    if world is not None:
+        run.recorded["event_world"] = world
     if kind == "out_of_memory" and "subdivisions" in record:
-        run.recorded["subdivisions"] = record["subdivisions"]
+        subdivisions = record["subdivisions"]
+        if not is_number(subdivisions) or count(subdivisions) is not None:  # a number: one to compute with
+            run.recorded["subdivisions"] = subdivisions
+        else:
+            _undrawn(run, "subdivisions", subdivisions, where)
     if kind in ("started", "resumed") and len(run.segments) < MAX_RESTARTS:
-        world, stopped = record.get("world"), _number(record.get("stopped_at"))
+        stopped = _event_number(run, record, "stopped_at", where)
         run.segments.append(Segment(
-            step=step, resumed=kind == "resumed", world=world if isinstance(world, int) and world > 0 else None,
-            time=_number(record.get("time")), stopped_at=int(stopped) if stopped is not None and
-            abs(stopped) < MAX_STEP else None))
+            step=step, resumed=kind == "resumed", world=world, time=_event_number(run, record, "time", where),
+            stopped_at=int(stopped) if stopped is not None and abs(stopped) < MAX_STEP else None))
     if kind == "skipped":
-        run.skips.put(step, math.nan, _number(record.get("skipped")) or 0.0)
+        run.skips.put(step, math.nan, _event_number(run, record, "skipped", where) or 0.0)
+    if kind == "input_pipeline":
+        _event_number(run, record, "share", where)  # the page's "waiting for data"
+
+
+def _event_number(run: RunData, record: dict[str, Any], key: str, where: str) -> float | None:
+    """``record[key]`` as a number the report uses (:func:`drawable`); a number it cannot use is noted."""
+    value = record.get(key)
+    number = drawable(value)
+    if number is None and is_number(value):
+        _undrawn(run, key, value, where)
+    return number
+
+
+def _count(run: RunData, record: dict[str, Any], key: str, where: str) -> int | None:
+    """``record[key]`` as a count (:func:`count`); a whole number out of its range is noted, anything else (absent,
+    not a whole number) is None unnoted, as before."""
+    value = record.get(key)
+    if type(value) is not int:
+        return None
+    if count(value) is None:
+        _undrawn(run, key, value, where)
+    return count(value)
 
 
 class _Samples:
@@ -723,19 +820,16 @@ def _read_memory(run: RunData) -> None:
             for row in reader:
                 if not row:
                     continue
-                values = []
-                for name in names:
-                    try:
-                        values.append(float(row[where[name]] or "nan") if where[name] < len(row) else math.nan)
-                    except ValueError:
-                        values.append(math.nan)
+                values = [_cell(run, name, row[where[name]] if where[name] < len(row) else None, "memory.csv",
+                                reader.line_num) for name in names]
                 sample = dict(zip(names, values, strict=True))
                 if start is None and math.isfinite(sample.get("time", math.nan)):
                     start = sample["time"]
-                elapsed = sample.get("elapsed_s", math.nan)
-                if elapsed < previous:  # a resumed run appends with its own clock: no line across the gap
+                elapsed, step = sample.get("elapsed_s", math.nan), sample.get("step", math.nan)
+                # a resumed run appends with its own clock (and from its checkpoint's step): no line across the gap
+                if elapsed < previous or step < last_step:
                     samples.gap()
-                    now, step = sample.get("time", math.nan), sample.get("step", math.nan)
+                    now = sample.get("time", math.nan)
                     if len(run.clock_restarts) < MAX_RESTARTS:
                         run.clock_restarts.append(Segment(
                             step=int(step) if math.isfinite(step) and abs(step) < MAX_STEP else 0,
@@ -766,6 +860,21 @@ def _read_memory(run: RunData) -> None:
                   **columns}
 
 
+def _cell(run: RunData, name: str, text: str | None, file: str, line: int) -> float:
+    """A CSV cell as a number to draw; NaN for an empty cell (not measured), one that is not a number, and one the
+    report cannot draw (noted: :func:`drawable`)."""
+    if not text:
+        return math.nan
+    try:
+        value = float(text)
+    except ValueError:
+        return math.nan
+    if -MAX_DRAWN <= value <= MAX_DRAWN:
+        return value
+    _undrawn(run, name, text.strip(), f"{file} line {line}")
+    return math.nan
+
+
 def _read_updates(run: RunData, heatmap: _Heatmap) -> None:
     f = _open(run, "updates.csv")
     if f is None:
@@ -781,11 +890,8 @@ def _read_updates(run: RunData, heatmap: _Heatmap) -> None:
                     continue
                 if abs(step) >= MAX_STEP or not isinstance(name, str):
                     continue
-                try:
-                    value = float(row.get("relative") or "nan")
-                except ValueError:
-                    value = math.nan
-                heatmap.put(step, name, value)
+                heatmap.put(step, name, _cell(run, f"relative of {name}", row.get("relative"), "updates.csv",
+                                              reader.line_num))
         except csv.Error as error:
             run.notes.append(f"updates.csv: line {reader.line_num} could not be read ({error}); the rows before it "
                              "are drawn")

@@ -121,7 +121,10 @@ class MemorySampler:
 def _cell(column: str, value: object) -> object:
     if value is None:
         return ""  # not read this time: an empty cell, not a zero that would bend the trend
-    return f"{value:.1f}" if isinstance(value, float) and column != "time" else value
+    if isinstance(value, float) and column not in ("time", "elapsed_s"):
+        return f"{value:.1f}"
+    return value  # the clocks to the millisecond: a short run's samples must not all read 0.0 (restarts are found
+    # where ``elapsed_s`` goes back)
 
 
 REQUIRED = ("time", "step", "rss_mib")

@@ -38,6 +38,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from bigbatch.state_schema import Real, Schema, Whole, check_state
+
 
 def batch_sizes(micro_batch: int, subdivisions: int, world: int = 1) -> tuple[int, int]:
     """(B_small, B_big) of one step's measurement: (b, world * S * b), b images per micro-batch."""
@@ -118,20 +120,16 @@ class NoiseScale:
         return {"decay": self.decay, "steps": self.steps, "ignored": self.ignored,
                 "gradient_sq": self._gradient_sq, "trace_sigma": self._trace_sigma}
 
+    STATE_SCHEMA: Schema = {"decay": Real(0.0, 1.0, high_open=True), "steps": Whole(), "ignored": Whole(),
+                            "gradient_sq": Real(), "trace_sigma": Real()}
+    """What :meth:`state_dict` holds, value by value (``state_schema.py``): a checkpoint's state is checked on it."""
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A checkpoint's averages, each value checked (a checkpoint may be hostile): ValueError names the bad one."""
-        decay, steps, ignored = state["decay"], state["steps"], state["ignored"]
-        gradient_sq, trace_sigma = state["gradient_sq"], state["trace_sigma"]
-        if not (type(decay) is float and 0.0 <= decay < 1.0):
-            raise ValueError(f"NoiseScale decay must be in [0, 1), got {decay!r}")
-        for name, count in (("steps", steps), ("ignored", ignored)):
-            if not (type(count) is int and 0 <= count <= 2**62):
-                raise ValueError(f"NoiseScale {name} must be a whole number >= 0, got {count!r}")
-        for name, value in (("gradient_sq", gradient_sq), ("trace_sigma", trace_sigma)):
-            if not (type(value) is float and math.isfinite(value)):
-                raise ValueError(f"NoiseScale {name} must be a finite number, got {value!r}")
-        self.decay, self.steps, self.ignored = decay, steps, ignored
-        self._gradient_sq, self._trace_sigma = gradient_sq, trace_sigma
+        """A checkpoint's averages, each value checked (a checkpoint may be hostile): ``StateError`` (a
+        ``ValueError``) names the bad one."""
+        state = check_state(self.STATE_SCHEMA, state)
+        self.decay, self.steps, self.ignored = state["decay"], state["steps"], state["ignored"]
+        self._gradient_sq, self._trace_sigma = state["gradient_sq"], state["trace_sigma"]
 
 
 class GradientNorms(NamedTuple):

@@ -18,6 +18,7 @@ import torch
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
+from bigbatch.state_schema import Schema
 from bigbatch.telemetry.noise_scale import MicroBatchGradients, batch_sizes
 
 
@@ -32,6 +33,9 @@ class AdaScaleHook(Hook):
 
     def state_dict(self) -> dict[str, Any]:
         return self.adascale.state_dict()
+
+    def state_schema(self) -> Schema:
+        return self.adascale.state_schema()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.adascale.load_state_dict(state)

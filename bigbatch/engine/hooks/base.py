@@ -23,12 +23,17 @@ A hook that learns from the training (a running average, a baseline) keeps what 
                                  read whenever a checkpoint is written, into its ``hooks`` under the hook's name
                                  (``last.pt`` in the ``checkpoint`` stage's ``after_step``: a hook that learns in
                                  its own ``after_step`` belongs to an earlier stage, as the built-in ones do)
+    state_schema()               what the state holds, value by value (``state_schema.py``: each key's type and range);
+                                 a checkpoint's state is checked on it before ``load_state_dict`` gets it
     load_state_dict(state)       a resumed run's hook, built fresh, gets its own state back, before ``before_train``
 
 So a hook makes its fresh state when it is built, not in ``before_train``. A hook the checkpoint holds no state for
-(an older checkpoint, or the hook was off then) starts fresh. The checkpoint is the main process's: the state kept
-is that process's hook's. Readings of the process itself are not kept (wall-clock and memory: the input
-pipeline's share, the phase table, the memory peaks): a resumed process measures its own.
+(an older checkpoint, or the hook was off then) starts fresh. A checkpoint may be hostile: every built-in hook with a
+state declares its schema, and a value that does not fit (``first_eval: 'x'``, a NaN average, a key too many) is one
+line naming the hook and the key, before any step (``checkpoint: hooks.memory_log.first_eval: expected ...``). The
+checkpoint is the main process's: the state kept is that process's hook's. Readings of the process itself are not
+kept (wall-clock and memory: the input pipeline's share, the phase table, the memory peaks): a resumed process
+measures its own.
 
 Each hook declares its stage (``stage``, one of :data:`STAGES`); at every moment the hooks run stage by stage, and
 within a stage in the order :func:`build_hooks` gives (``BUILT_IN``, with the reasons where the order matters):
@@ -68,6 +73,7 @@ from bigbatch.engine.events import Record
 from bigbatch.errors import UserError
 from bigbatch.largebatch.schedule import length_in_steps
 from bigbatch.registry import HOOKS
+from bigbatch.state_schema import Schema, StateError, check_state
 
 if TYPE_CHECKING:
     from bigbatch.engine.run import Run
@@ -130,6 +136,10 @@ class Hook:
         pass
 
     def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def state_schema(self) -> Schema | None:
+        """The schema of :meth:`state_dict` (None, the default: not declared; the state is handed over unchecked)."""
         return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -241,13 +251,17 @@ class Hooks:
         return {name: state for name, state in states.items() if state is not None}
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
-        """Give each hook its own state from a checkpoint's ``hooks``; a hook without one there starts fresh. A
-        state that does not fit its hook is a ``UserError`` naming the hook."""
+        """Give each hook its own state from a checkpoint's ``hooks``, checked on the hook's schema first; a hook
+        without one there starts fresh. A state that does not fit its hook is a ``UserError`` naming the hook and,
+        where the hook declares its schema, the key."""
         for name, hook in zip(self.names, self.hooks, strict=True):
             if name not in states:
                 continue
+            state, schema = states[name], hook.state_schema()
             try:
-                hook.load_state_dict(states[name])
+                hook.load_state_dict(check_state(schema, state, f"hooks.{name}") if schema is not None else state)
+            except StateError as e:
+                raise UserError(f"checkpoint: {e}") from None
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise UserError(f"checkpoint: the saved state of hook {name!r} does not fit it "
                                 f"({type(e).__name__}: {e})") from None

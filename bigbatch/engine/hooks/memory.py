@@ -9,6 +9,7 @@ from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.host_memory import release_freed
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
+from bigbatch.state_schema import Schema, Whole
 from bigbatch.telemetry.memory import (
     MemoryLimitExceeded,
     MemorySampler,
@@ -32,6 +33,9 @@ class MemoryLog(Hook):
 
     def state_dict(self) -> dict[str, Any]:
         return {"first_eval": self.first_eval}
+
+    def state_schema(self) -> Schema:
+        return {"first_eval": Whole(none=True)}  # a step, or None before the first evaluation
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first_eval = state["first_eval"]

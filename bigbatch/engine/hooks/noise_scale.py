@@ -17,6 +17,7 @@ from typing import Any
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.registry import HOOKS
+from bigbatch.state_schema import Schema
 from bigbatch.telemetry.noise_scale import MicroBatchGradients, NoiseScale, batch_sizes
 
 
@@ -31,6 +32,9 @@ class NoiseScaleHook(Hook):
 
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.shared else self.noise.state_dict()  # shared: AdaScale's state holds it
+
+    def state_schema(self) -> Schema | None:
+        return None if self.shared else NoiseScale.STATE_SCHEMA
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not self.shared:
