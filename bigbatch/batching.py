@@ -192,8 +192,9 @@ def require_length(cfg: RunConfig) -> None:
 
 
 def check_batch(cfg: RunConfig, world: int) -> None:
-    """The global batch must cut into ``world * subdivisions`` equal micro-batches, and each batch of a batch
-    schedule into a whole number of those micro-batches on every device."""
+    """The global batch must cut into ``world * subdivisions`` equal micro-batches, and every other batch the run
+    may reach (:func:`reachable_batches`: a batch schedule's, a growing adaptive batch's largest) into a whole number
+    of those micro-batches on every device."""
     devices = world * cfg.subdivisions
     if cfg.batch % devices:
         raise UserError(
@@ -201,11 +202,39 @@ def check_batch(cfg: RunConfig, world: int) -> None:
             f"{cfg.subdivisions} = {devices}; expected a multiple of {devices}"
         )
     unit = cfg.batch // devices * world  # world x micro-batch
-    for i, batch in enumerate(scheduled_batches(cfg)):
+    for key, batch in reachable_batches(cfg)[1:]:
         if batch % unit:
-            raise UserError(f"schedule.batch[{i}]: a batch of {batch} is not a whole number of micro-batches of "
+            raise UserError(f"{key}: a batch of {batch} is not a whole number of micro-batches of "
                             f"{unit // world} on each of {world} device(s); expected a multiple of {unit} (the "
                             "micro-batch stays what batch and subdivisions make it)")
+
+
+def reachable_batches(cfg: RunConfig) -> list[tuple[str, int]]:
+    """Every global batch a run of ``cfg`` may reach, with the key that sets it: ``batch`` (the first step's), each
+    of ``schedule.batch``'s milestones (:func:`scheduled_batches`), and a growing adaptive batch's ``batch.max``.
+    Each goes through the checks a fixed batch passes: :func:`check_batch`, :func:`check_image_count` and
+    ``telemetry/capacity.py``'s memory."""
+    batches = [("batch", cfg.batch), *((f"schedule.batch[{i}]", batch)
+                                       for i, batch in enumerate(scheduled_batches(cfg)))]
+    if cfg.adaptive is not None and cfg.adaptive.grow:
+        batches.append(("batch.max", cfg.adaptive.max))
+    return batches
+
+
+def largest_batch(cfg: RunConfig) -> tuple[str, int]:
+    """The largest batch a run of ``cfg`` may reach and the key that sets it (the first of equal ones)."""
+    return max(reachable_batches(cfg), key=lambda reached: reached[1])
+
+
+def check_image_count(cfg: RunConfig, steps: int, length_key: str) -> None:
+    """``steps`` optimizer steps at the largest batch the run may reach must count their images in 64 bits (an
+    adaptive run's ``steps`` base steps are also the most optimizer steps it takes). The error names the key of that
+    batch, or ``length_key`` (``steps``, ``epochs``) when it is ``batch``."""
+    key, largest = largest_batch(cfg)
+    if steps * largest > INT64_MAX:
+        up_to = "" if largest == cfg.batch and cfg.adaptive is None else "up to "
+        raise UserError(f"{length_key if key == 'batch' else key}: {steps} steps of {up_to}{largest} images are "
+                        f"{steps * largest:.3g} images, more than a 64-bit count holds ({INT64_MAX:.3g})")
 
 
 def scheduled_batches(cfg: RunConfig) -> list[int]:
@@ -287,11 +316,7 @@ def make_plan(cfg: RunConfig, world: int, train_images: int | None) -> BatchPlan
         return adaptive_plan(cfg, world, train_images)
     phases = batch_phases(cfg, train_images)
     steps = total_steps(cfg, train_images, phases)
-    largest = max([cfg.batch, *(phase.batch for phase in phases)])
-    if steps * largest > INT64_MAX:
-        key = "steps" if cfg.steps is not None else "epochs"
-        raise UserError(f"{key}: {steps} steps of {largest} images are {steps * largest:.3g} images, more than a "
-                        f"64-bit count holds ({INT64_MAX:.3g})")
+    check_image_count(cfg, steps, "steps" if cfg.steps is not None else "epochs")
     for i, phase in enumerate(phases):
         if phase.step >= steps:
             raise UserError(f"schedule.batch[{i}].at: {cfg.schedule.batch[i].at} is at step {phase.step}, past the "
@@ -315,16 +340,10 @@ def adaptive_plan(cfg: RunConfig, world: int, train_images: int | None) -> Batch
         raise UserError(f"subdivisions: batch.mode: adaptive measures the gradient noise from the micro-batches of "
                         f"each step, so it needs 2 or more per process; got {cfg.subdivisions} on each of {world} "
                         f"process(es): raise subdivisions")
-    base, largest = cfg.adaptive.base, cfg.adaptive.max
-    unit = cfg.batch // (world * cfg.subdivisions) * world  # type: ignore[operator]  # world x micro-batch
-    if cfg.adaptive.grow and largest % unit:
-        raise UserError(f"batch.max: {largest} is not a whole number of micro-batches of {unit // world} on each of "
-                        f"{world} device(s); expected a multiple of {unit} (the batch grows by micro-batches)")
+    base = cfg.adaptive.base  # batch.max: checked with every batch the run may reach (check_batch, make_plan)
     if cfg.steps is None and train_images is None:
         raise UserError(epochs_unknown("epochs"))
     steps = cfg.steps if cfg.steps is not None else math.ceil(cfg.epochs * train_images / base - 1e-9)  # type: ignore
-    if steps * largest > INT64_MAX:
-        key = "steps" if cfg.steps is not None else "epochs"
-        raise UserError(f"{key}: up to {steps} steps of {cfg.batch} images are more images than a 64-bit count holds")
+    check_image_count(cfg, steps, "steps" if cfg.steps is not None else "epochs")
     return BatchPlan(batch=cfg.batch, world=world, subdivisions=cfg.subdivisions, steps=steps,  # type: ignore[arg-type]
-                     train_images=train_images, base=base, grow_to=largest if cfg.adaptive.grow else None)
+                     train_images=train_images, base=base, grow_to=cfg.adaptive.max if cfg.adaptive.grow else None)

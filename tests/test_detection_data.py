@@ -446,9 +446,11 @@ def test_corrupt_jpeg_is_replaced_by_the_next_readable_sample_when_read(tmp_path
     wrapped = DetectionDataset([records[0], records[2], records[1]])  # the last one: wraps around to the first
     assert wrapped[2][1]["image_id"] == 20
 
-    only_bad = DetectionDataset([records[1]])
-    with pytest.raises(UserError, match="none of the 1 images can be decoded"):
+    only_bad = DetectionDataset([records[1]], issues=DataIssues(), name="the bad set")
+    capsys.readouterr()
+    with pytest.raises(UserError, match="none of the 1 images of the bad set can be decoded"):
         only_bad[0]
+    assert warnings_in(capsys.readouterr().err) == []  # one error, no warning for each image before it
 
 
 @pytest.mark.parametrize("loader", ["coco", "yolo"])

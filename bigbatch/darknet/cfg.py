@@ -92,6 +92,14 @@ OTHER_DARKNET_SECTIONS = frozenset({
 
 # ----------------------------------------------------------------------------- the file
 
+MAX_LAYERS = 10_000
+"""The most layers (sections after ``[net]``) a ``.cfg`` may have; one more is refused, naming its line, before any
+section is parsed. The largest stock cfgs (AlexeyAB's ``cspx-p7-mish.cfg`` and ``cspx-p7-mish_hp.cfg``, in
+``tests/data/darknet/stock/``) have 375 layers: this leaves room for networks 26 times deeper. Reading and building
+a network is linear in its layers (each layer's shape and module made once, ``shapes.py``, ``network.py``), yet a
+cfg of 10^5 layers would still keep each command that builds it (``show``, ``export``, ``train``: its parameters
+counted on the meta device first, then built) busy for a minute or more; 10,000 keeps it to seconds."""
+
 
 def _net_input(path: Path, section: KeyedSection, ignored: list[str], warnings: list[str]) -> NetInput:
     s = SectionReader(path, section, -1, warnings)
@@ -122,6 +130,11 @@ def read_darknet_cfg(path: str | Path) -> DarknetCfg:
     sections = read_cfg_sections(path, prefix="", warnings=warnings)
     if not sections or sections[0].name not in ("net", "network"):
         raise UserError(f"{path}:{sections[0].line if sections else 1}: a Darknet .cfg starts with a [net] section")
+    if len(sections) - 1 > MAX_LAYERS:
+        first_past = sections[MAX_LAYERS + 1]
+        raise UserError(f"{path}:{first_past.line}: [{first_past.name}]: layer {MAX_LAYERS} is past the most layers "
+                        f"a .cfg may have, {MAX_LAYERS:,} (the cfg has {len(sections) - 1:,}; the largest stock cfgs "
+                        "have 375)")
     ignored: list[str] = []
     net = _net_input(path, sections[0], ignored, warnings)
     layers: list[LayerSpec] = []
@@ -146,7 +159,8 @@ def read_darknet_cfg(path: str | Path) -> DarknetCfg:
     if not layers:
         raise UserError(f"{path}:{sections[0].line}: [net]: the cfg has no layers after [net]")
     if any(layer.kind == "yolo" for layer in layers):  # a detector uses them (data.mosaic, data.mosaic_bound)
-        ignored = [key for key in ignored if key not in {f"{sections[0].name}:{k}" for k in NET_DETECTOR_KEYS}]
+        detector_keys = {f"{sections[0].name}:{k}" for k in NET_DETECTOR_KEYS}
+        ignored = [key for key in ignored if key not in detector_keys]
     return DarknetCfg(path, net, tuple(layers), tuple(dict.fromkeys(ignored)), tuple(dict.fromkeys(warnings)))
 
 

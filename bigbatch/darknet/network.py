@@ -71,9 +71,11 @@ class DarknetNetwork(nn.Module):
         self.cfg = cfg
         self.input_shape = Shape(cfg.net.channels, height, width)
         self.shapes = layer_shapes(cfg, cfg.net.channels, height, width)
-        outputs = [out for _, out in self.shapes]
-        self.layers = nn.ModuleList(KINDS[spec.kind].build(spec, x, outputs[:spec.index])
-                                    for spec, (x, _) in zip(cfg.layers, self.shapes, strict=True))
+        outputs: list[Shape] = []  # the layers' outputs before the one built, grown by one a layer (linear)
+        self.layers = nn.ModuleList()
+        for spec, (x, out) in zip(cfg.layers, self.shapes, strict=True):
+            self.layers.append(KINDS[spec.kind].build(spec, x, outputs))
+            outputs.append(out)
         for layer in self.layers:
             if hasattr(layer, "link"):  # layers that use another's parameters (share_index)
                 layer.link(self.layers)

@@ -17,6 +17,7 @@ __all__ = ["Shape", "layer_shapes"]
 def layer_shapes(cfg: DarknetCfg, channels: int, height: int, width: int) -> list[tuple[Shape, Shape]]:
     """(input, output) of each layer of ``cfg`` for a ``channels x height x width`` input."""
     shapes: list[tuple[Shape, Shape]] = []
+    outputs: list[Shape] = []  # the outputs so far, grown by one a layer (never rebuilt: linear in the layers)
     previous = Shape(channels, height, width)
     for layer in cfg.layers:
         before = cfg.layers[layer.index - 1] if layer.index else None
@@ -25,7 +26,8 @@ def layer_shapes(cfg: DarknetCfg, channels: int, height: int, width: int) -> lis
             raise cfg.error(layer, None, f"reads the output of the [{before.section}] before it, which Darknet "
                                          "decodes; bigbatch's network returns a head's input raw (put a [route] in "
                                          "between)")
-        out = KINDS[layer.kind].shape(cfg, layer, previous, [out for _, out in shapes])
+        out = KINDS[layer.kind].shape(cfg, layer, previous, outputs)
         shapes.append((previous, out))
+        outputs.append(out)
         previous = out
     return shapes

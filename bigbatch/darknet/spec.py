@@ -122,7 +122,8 @@ class LayerKind:
     - ``parse(reader, common) -> spec``: read a section (``reading.SectionReader``), ``common`` being the
       :class:`LayerSpec` fields;
     - ``shape(cfg, spec, x, outputs) -> Shape``: the output for input ``x``, ``outputs`` the shapes of the layers
-      before it (a shape Darknet would reject is ``cfg.error(...)``);
+      before it (a shape Darknet would reject is ``cfg.error(...)``; ``outputs`` is one list the caller grows after
+      each layer, so that a network costs work linear in its layers: read it, never keep it);
     - ``build(spec, x, outputs) -> nn.Module``: the torch module; it is called ``module(x)``, or
       ``module(x, [outputs of spec.sources])`` when the spec has sources;
     - ``row(spec, x, out, net) -> TableRow``, ``net`` the network's input shape;

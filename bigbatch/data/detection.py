@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,7 @@ from torchvision import tv_tensors
 
 from bigbatch.data.images import decode_rgb, error_reason
 from bigbatch.data.order import sample_rng
-from bigbatch.data.problems import DataIssues
-from bigbatch.errors import UserError
+from bigbatch.data.problems import DataIssues, none_readable
 
 EDGE_TOLERANCE = 1.0  # px a box may overshoot the image by (annotation rounding): clipped without a report
 MOSTLY_INSIDE = 0.5  # a box overshooting more is clipped (and reported) if this share of its area is inside
@@ -109,6 +109,16 @@ def check_box(box: Sequence[float], width: int, height: int) -> tuple[tuple[floa
     return kept, f"box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] (xyxy) extends {overshoot:g} px beyond {image}; clipped"
 
 
+def records_name(what: str, records: Sequence[DetectionRecord]) -> str:
+    """A set of records in a message: ``what`` and the folder holding their images (``the training set under
+    /data/coco/train2017``)."""
+    try:
+        folder = os.path.commonpath([os.path.dirname(record.path) for record in records]) if records else ""
+    except ValueError:  # absolute and relative paths: no common folder
+        folder = ""
+    return f"{what} under {folder}" if folder else what
+
+
 class DetectionDataset(Dataset):
     """Records decoded into ``(image, target)``, optionally through ``transform(image, target, size)``.
 
@@ -126,11 +136,13 @@ class DetectionDataset(Dataset):
     """
 
     def __init__(self, records: Sequence[DetectionRecord], transform: Transform | None = None,
-                 issues: DataIssues | None = None):
+                 issues: DataIssues | None = None, name: str = "the set"):
         self.records = list(records)
         self.transform = transform
         self.issues = issues if issues is not None else DataIssues()
+        self.name = name  # the set in a message: "the training set of /data/coco"
         self._unreadable: set[int] = set()
+        self._first_unreadable: tuple[str, str] | None = None  # (path, problem) of the first image found unreadable
 
     def __len__(self) -> int:
         return len(self.records)
@@ -158,7 +170,8 @@ class DetectionDataset(Dataset):
         return self.transform(image, target, size)
 
     def _sample(self, index: int) -> tuple[tv_tensors.Image, dict[str, Any]]:
-        """The record at ``index`` decoded, or the next decodable one."""
+        """The record at ``index`` decoded, or the next decodable one; the unreadable ones passed over are reported
+        once it is found. None decodable: one error naming the set (``problems.none_readable``)."""
         count = len(self.records)
         found: list[tuple[str, str]] = []
         for i in itertools.chain(range(index, count), range(index)):
@@ -171,16 +184,16 @@ class DetectionDataset(Dataset):
                 problem = f"corrupt image: {error_reason(error)}"
             else:
                 if pixels.shape[1:] == (record.height, record.width):
+                    self.issues.replaced(found)
                     image, target = self._pack(record, pixels, None if i == index else self.records[index].image_id)
                     if found:
                         target["data_problems"] = found
                     return image, target
                 problem = f"decodes to {pixels.shape[2]}x{pixels.shape[1]}, expected {record.width}x{record.height}"
             self._unreadable.add(i)
-            message = f"{problem}; the next readable sample is used instead"
-            self.issues.report(record.path, None, message, action="replaced")
-            found.append((record.path, message))
-        raise UserError(f"data: none of the {count} images can be decoded")
+            self._first_unreadable = self._first_unreadable or (record.path, problem)
+            found.append((record.path, f"{problem}; the next readable sample is used instead"))
+        raise none_readable(self.name, count, *(self._first_unreadable or ("-", "no image")))
 
     @staticmethod
     def _pack(record: DetectionRecord, pixels: torch.Tensor, substitute_for: int | None

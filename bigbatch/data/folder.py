@@ -18,7 +18,8 @@ A sample's augmentation is drawn from its own seed (``data/order.py``'s ``sample
 index), so an image gets the same crop whatever the devices, subdivisions, workers or a resume.
 
 A file that cannot be decoded (corrupt, truncated, not an image) is reported once, with its path and the reason,
-and the next readable image of the set stands in for it (a batch keeps its size, the data order its shape);
+and the next readable image of the set stands in for it (a batch keeps its size, the data order its shape); a set
+none of whose images can be decoded is one error naming the set, with no warning for each image before it.
 ``data.strict: true`` instead decodes every image before training and stops at the first bad one, naming it.
 """
 
@@ -48,7 +49,7 @@ from bigbatch.data.files import read_regular
 from bigbatch.data.formats import train_images_given
 from bigbatch.data.images import error_reason, inspect_images
 from bigbatch.data.order import sample_rng
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.problems import DataIssues, none_readable
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -130,7 +131,7 @@ def list_samples(split_dir: Path, classes: Sequence[str], issues: DataIssues | N
     """``(path, label)`` of every image file of each class, in torchvision's ``make_dataset`` order, except that a
     cycle of folder links is refused (``walk_folder``) and an image name on something other than a regular file
     (a FIFO, a device, a link to one, a link to nothing) is skipped with a warning (``issues``)."""
-    issues = issues or DataIssues()
+    issues = issues if issues is not None else DataIssues()  # an empty one is falsy (__len__)
     samples = []
     split_identity = frozenset({_identity(str(split_dir))})
     for label, name in enumerate(classes):
@@ -167,12 +168,17 @@ def split_dir(data: DataConfig, split: str) -> Path:
 
 def list_split(data: DataConfig, split: str, classes: Sequence[str], issues: DataIssues | None = None
                ) -> list[tuple[str, int]]:
-    try:
-        samples = list_samples(split_dir(data, split), classes, issues)
-    except UserError as error:
-        raise UserError(f"data.path: {error}") from None
-    if not samples:
-        raise UserError(f"data.path: {split_dir(data, split)} holds no .jpg, .jpeg or .png file in a class folder")
+    """The split's ``(path, label)`` samples (:func:`list_samples`); a split of no image file is one error, not
+    first a warning for each file skipped."""
+    issues = issues if issues is not None else DataIssues()
+    with issues.held():
+        try:
+            samples = list_samples(split_dir(data, split), classes, issues)
+        except UserError as error:
+            raise UserError(f"data.path: {error}") from None
+        if not samples:
+            raise UserError(f"data.path: {split_dir(data, split)} holds no .jpg, .jpeg or .png file in a class "
+                            f"folder{issues.first()}")
     return samples
 
 
@@ -306,9 +312,11 @@ class EncodedImages(Dataset, ABC):
     augments = True
     """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
 
-    def __init__(self, preprocess: CropFirst, issues: DataIssues) -> None:
+    def __init__(self, preprocess: CropFirst, issues: DataIssues, name: str = "the set") -> None:
         self.preprocess, self.issues = preprocess, issues
+        self.name = name  # the set in a message: "the training set /data/train"
         self._unreadable: set[int] = set()
+        self._first_unreadable: tuple[str, str] | None = None  # (where, problem) of the first image found unreadable
 
     @abstractmethod
     def source(self, index: int) -> str | bytearray:
@@ -352,21 +360,23 @@ class EncodedImages(Dataset, ABC):
         return images, torch.tensor(labels), problems
 
     def _sample(self, index: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
-        """The image at ``index``, or the next readable one (wrapping around)."""
+        """The image at ``index``, or the next readable one (wrapping around); the unreadable ones passed over are
+        reported once it is found. None readable: one error naming the set (``problems.none_readable``)."""
         count, found = len(self), []
         for i in itertools.chain(range(index, count), range(index)):
             if i in self._unreadable:
                 continue
             try:
-                return decode_crop(self.source(i), self.preprocess, out), self.label(i), found
+                image = decode_crop(self.source(i), self.preprocess, out)
             except DECODE_ERRORS as error:
-                message = (f"unreadable image ({error_reason(error)}{self.origin(i)}); the next readable sample is "
-                           f"used instead")
+                problem = f"unreadable image ({error_reason(error)}{self.origin(i)})"
+            else:
+                self.issues.replaced(found)
+                return image, self.label(i), found
             self._unreadable.add(i)
-            where = self.where(i)
-            self.issues.report(where, None, message, action="replaced")
-            found.append((where, message))
-        raise UserError(f"data: none of the {count} images can be decoded")
+            self._first_unreadable = self._first_unreadable or (self.where(i), problem)
+            found.append((self.where(i), f"{problem}; the next readable sample is used instead"))
+        raise none_readable(self.name, count, *(self._first_unreadable or ("-", "no image")))
 
     @staticmethod
     def collate(batch: Batch | Sequence[tuple[torch.Tensor, int, list[tuple[str, str]]]]) -> Batch:
@@ -381,8 +391,9 @@ class EncodedImages(Dataset, ABC):
 class FolderImages(EncodedImages):
     """``(path, label)`` samples: image files."""
 
-    def __init__(self, samples: Sequence[tuple[str, int]], preprocess: CropFirst, issues: DataIssues) -> None:
-        super().__init__(preprocess, issues)
+    def __init__(self, samples: Sequence[tuple[str, int]], preprocess: CropFirst, issues: DataIssues,
+                 name: str = "the set") -> None:
+        super().__init__(preprocess, issues, name)
         self.samples = list(samples)
 
     def __len__(self) -> int:
@@ -441,7 +452,8 @@ def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
             if problem is not None:
                 issues.report(path, None, problem)
     chosen = preprocessing(data)
-    return FolderImages(train, chosen.train, issues), FolderImages(val, chosen.eval, issues), len(classes)
+    return (FolderImages(train, chosen.train, issues, f"the training set {split_dir(data, 'train')}"),
+            FolderImages(val, chosen.eval, issues, f"the validation set {split_dir(data, 'val')}"), len(classes))
 
 
 def train_images(cfg: RunConfig) -> int:

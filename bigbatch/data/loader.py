@@ -16,6 +16,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from bigbatch.data.batch_slabs import BatchSlabs, worker_init
 from bigbatch.data.order import DataOrder
+from bigbatch.errors import UserError
 
 SampleKeys = Callable[[int, list[int]], list[Any]]
 """``keys(step, indices)``: the dataset keys of one micro-batch of optimizer step ``step`` (e.g. each index
@@ -98,7 +99,7 @@ def batches_by_step(
     )
     step_batches: list[Any] = []
     done = start
-    for micro in loader:
+    for micro in one_line_errors(loader):
         if slabs is not None:
             slabs.received(micro)
         step_batches.append(micro)
@@ -132,11 +133,27 @@ def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, wo
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=workers, collate_fn=_collate_of(dataset),
                         generator=own_generator(0, 0))
     if not progress:
-        return loader
+        return one_line_errors(loader)
     from tqdm import tqdm
 
-    return tqdm(loader, total=len(chunks), desc=f"evaluating {len(indices)} images", unit="batch", leave=False,
-                disable=None, dynamic_ncols=True)
+    return tqdm(one_line_errors(loader), total=len(chunks), desc=f"evaluating {len(indices)} images", unit="batch",
+                leave=False, disable=None, dynamic_ncols=True)
+
+
+WORKER_ERROR = f"\n{UserError.__module__}.{UserError.__qualname__}: "
+"""What ends the text torch re-raises for a ``UserError`` of a DataLoader worker (its traceback, then the error)."""
+
+
+def one_line_errors(batches: Iterable[Any]) -> Iterator[Any]:
+    """``batches``, with a ``UserError`` raised in a DataLoader worker one line again: torch re-raises it in this
+    process with the worker's traceback as its message; the message is the error's own, its last line."""
+    try:
+        yield from batches
+    except UserError as error:
+        text = str(error)
+        if WORKER_ERROR not in text:
+            raise
+        raise UserError(text.rsplit(WORKER_ERROR, 1)[1].strip()) from None
 
 
 def own_generator(seed: int, start: int) -> torch.Generator:

@@ -110,9 +110,10 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
     splits = {}
     issues = DataIssues()  # what is not a regular file is skipped with a warning, as training would skip it
     for split in SPLITS:
-        splits[split] = list_samples(src / split, classes, issues)
-        if not splits[split]:
-            raise UserError(f"{src / split}: holds no .jpg, .jpeg or .png file in a class folder")
+        with issues.held():  # a split of no image file is one error, not first a warning for each file skipped
+            splits[split] = list_samples(src / split, classes, issues)
+            if not splits[split]:
+                raise UserError(f"{src / split}: holds no .jpg, .jpeg or .png file in a class folder{issues.first()}")
     return classes, splits
 
 

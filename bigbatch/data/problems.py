@@ -4,6 +4,11 @@ Bad data never crashes a run. Each problem is reported once with its file (and l
 replaces, or clips) the image or box; with ``strict`` the first problem raises a ``UserError`` instead, which the
 CLI prints as ``error: data: <file>:<line>: <message>`` before any training. Every format reports through
 :class:`DataIssues`, classification and detection alike; the run prints its :meth:`DataIssues.summary`.
+
+A set none of whose samples can be used is one error naming the set, never a warning for each sample first: an
+unreadable image is reported only once a readable one stands in for it (:meth:`DataIssues.replaced`, else
+:func:`none_readable`), and the problems found while a set is listed or loaded wait until it is whole
+(:meth:`DataIssues.held`).
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +52,14 @@ def _rank(order: tuple[str, ...], name: str) -> tuple[int, str]:
     return (order.index(name) if name in order else len(order), name)
 
 
+def none_readable(name: str, count: int, where: str, problem: str) -> UserError:
+    """The one error of a set none of whose ``count`` images can be read, naming the set and the first image tried
+    (``where``: ``problem``). Its images are not warned of one by one first: a set's unreadable images are reported
+    only once a readable one stands in for them (:meth:`DataIssues.replaced`)."""
+    return UserError(f"data: none of the {count} images of {name} can be decoded (the first tried, {where}: "
+                     f"{problem})")
+
+
 class DataIssues:
     """Collects data problems ``(path, line | None, message)``.
 
@@ -57,6 +71,7 @@ class DataIssues:
     def __init__(self, strict: bool = False):
         self.strict = strict
         self.problems: list[DataProblem] = []
+        self._held: list[DataProblem] | None = None  # inside held(): the warnings not printed yet
         self._seen: set[DataProblem] = set()
         self._outcomes: Counter[tuple[str, str]] = Counter()  # (action, unit) -> count
 
@@ -71,7 +86,42 @@ class DataIssues:
         self._seen.add(problem)
         self.problems.append(problem)
         self._outcomes[(action, unit)] += 1
-        print(f"warning: {problem}", file=sys.stderr, flush=True)
+        if self._held is not None:
+            self._held.append(problem)
+        else:
+            print(f"warning: {problem}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Inside, each problem's warning waits: they are printed, in order, when the block ends, and never when it
+        ends with an error, which is then the one line (a set loaded inside whose every sample is refused is one
+        error naming the set, :meth:`first`, not a warning for each sample first). Inside another, the outer
+        block decides."""
+        if self._held is not None:
+            yield
+            return
+        self._held = []
+        try:
+            yield
+        except BaseException:
+            self._held = None
+            raise
+        held, self._held = self._held, None
+        for problem in held:
+            print(f"warning: {problem}", file=sys.stderr, flush=True)
+
+    def first(self) -> str:
+        """The first problem, for an error that follows from the problems: `` (N problems in the data, the first:
+        PATH: MESSAGE)``; empty without a problem."""
+        if not self.problems:
+            return ""
+        return f" ({_count(len(self.problems), 'problem')} in the data, the first: {self.problems[0]})"
+
+    def replaced(self, found: Sequence[tuple[str, str]]) -> None:
+        """Report each ``(path, message)`` of ``found``: unreadable images a readable one of the same set now stands
+        in for. A search that finds no readable image reports none of them and raises :func:`none_readable`."""
+        for path, message in found:
+            self.report(path, None, message, action="replaced")
 
     def absorb(self, found: Sequence[tuple[str, str]], unit: str = "image", action: str = "replaced") -> None:
         """Count problems found (and printed) in another process, a DataLoader worker: ``(path, message)`` pairs

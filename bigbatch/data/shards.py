@@ -214,7 +214,7 @@ class ShardImages(EncodedImages):
     bad images and ``collate``: ``EncodedImages``)."""
 
     def __init__(self, index: SplitIndex, preprocess: CropFirst, issues: DataIssues) -> None:
-        super().__init__(preprocess, issues)
+        super().__init__(preprocess, issues, shard_set_name(index))
         self.index = index
         self._files: OrderedDict[int, io.FileIO] = OrderedDict()  # shard -> its open file, this process's
         self._pid = os.getpid()
@@ -274,6 +274,15 @@ class ShardImages(EncodedImages):
                 except DECODE_ERRORS as error:
                     problems.append((index, f"unreadable image ({error_reason(error)}{self.origin(index)})"))
         return problems
+
+
+def shard_set_name(index: SplitIndex) -> str:
+    """A split's shards in a message: ``the train shards in /data/shards (train-000000.tar .. train-000007.tar)``."""
+    if not index.paths:
+        return f"the {index.split} shards"
+    first, last = Path(index.paths[0]), Path(index.paths[-1])
+    names = first.name if first == last else f"{first.name} .. {last.name}"
+    return f"the {index.split} shards in {first.parent} ({names})"
 
 
 class TrainShards(ShardImages):

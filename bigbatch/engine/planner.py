@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bigbatch.batching import scheduled_batches
+from bigbatch.batching import reachable_batches
 from bigbatch.config import RunConfig, validate_config
 from bigbatch.errors import UserError
 
@@ -168,10 +168,9 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
     per_device = cfg.batch // world
     if cfg.batch % world:
         raise UserError(f"batch: {cfg.batch} is not divisible by world size {world}")
-    # a batch schedule's later batches are whole numbers of the same micro-batch: it divides each of them (and a
-    # growing adaptive batch's largest)
-    grows_to = [cfg.adaptive.max] if cfg.adaptive is not None and cfg.adaptive.grow else []
-    every_batch = math.gcd(cfg.batch, *scheduled_batches(cfg), *grows_to)
+    # every batch the run may reach (a batch schedule's, a growing adaptive batch's largest) is a whole number of
+    # the same micro-batch: it divides each of them
+    every_batch = math.gcd(*(batch for _, batch in reachable_batches(cfg)))
     sizes = candidates(every_batch // world if every_batch % world == 0 else per_device)
     if cfg.adaptive is not None:  # AdaScale measures the gradient noise from 2 micro-batches or more per process
         sizes = [m for m in sizes if m <= per_device // 2]

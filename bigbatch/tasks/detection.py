@@ -33,7 +33,7 @@ from bigbatch.batching import total_steps
 from bigbatch.config import RunConfig
 from bigbatch.data.coco import category_ids_of, coco_ground_truth
 from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
-from bigbatch.data.detection import DetectionDataset
+from bigbatch.data.detection import DetectionDataset, records_name
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.multiscale import MultiScale, draw_for
 from bigbatch.data.order import sample_seed
@@ -73,14 +73,15 @@ class DetectionTask:
         """The task on the records of the dataset format ``data.name`` (as registered in ``DATASETS``)."""
         data = cfg.data
         issues = DataIssues(strict=data.strict)
-        train_records, val_records, names = DATASETS.get(data.name).obj(cfg, issues, rank)
+        with issues.held():  # a set with no usable image is one error, not first a warning for each image
+            train_records, val_records, names = DATASETS.get(data.name).obj(cfg, issues, rank)
+            if not train_records:
+                raise UserError(f"data: the training set holds no usable image with a box{issues.first()}")
+            if not val_records:
+                raise UserError(f"data: the validation set holds no usable image{issues.first()}")
         category_ids = getattr(names, "category_ids", None)  # coco.ClassNames; a plain list: a set without ids
         ids_from = getattr(names, "ids_from", None)
         names = list(names)
-        if not train_records:
-            raise UserError("data: the training set holds no usable image with a box")
-        if not val_records:
-            raise UserError("data: the validation set holds no usable image")
         if issues.problems and rank == 0:
             print(issues.summary(), flush=True)
         max_size = data.longest_side if data.resize == "shorter_side" else None
@@ -91,8 +92,10 @@ class DetectionTask:
                                                                 crop_size=data.crop_size, jitter=data.jitter,
                                                                 hue=data.hue, saturation=data.saturation,
                                                                 exposure=data.exposure, mosaic=data.mosaic,
-                                                                mosaic_bound=data.mosaic_bound), issues)
-        val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues)
+                                                                mosaic_bound=data.mosaic_bound), issues,
+                                 records_name("the training set", train_records))
+        val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues,
+                               records_name("the validation set", val_records))
         multiscale = None
         if data.multiscale.sizes is not None:
             settings = data.multiscale

@@ -3,7 +3,9 @@
 Only what is known before the run and what no out-of-memory recovery (halving micro-batches down to one image)
 and no ``subdivisions: auto`` can shrink is counted, so a run refused here could never have run:
 
-    data order      8 bytes x batch               the int64 dataset indices of one global batch, on every process
+    data order      8 bytes x batch               the int64 dataset indices of one global batch, on every process, at
+                                                  the largest batch the run may reach (``batching.largest_batch``: a
+                                                  batch schedule's, a growing adaptive batch's ``batch.max``)
     training set    held_in_memory(cfg)           what the dataset format registered it holds in memory (digits:
                                                   images x size² x 4 bytes, float32 grey images)
     one image       3 x size x size x 4 bytes     the input tensor of a micro-batch of one (float32), at the
@@ -19,13 +21,12 @@ Counts that must fit a 64-bit integer (images seen over the run) are checked too
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 
 import torch
 
-from bigbatch.batching import INT64_MAX
+from bigbatch.batching import INT64_MAX, check_image_count, largest_batch
 from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
@@ -108,9 +109,9 @@ def parameter_count(cfg: RunConfig) -> int | None:
 
 def check_capacity(cfg: RunConfig, world: int = 1) -> None:
     """Refuse (``UserError``, exit 2) what cannot fit on this machine at any micro-batch (see the module doc)."""
-    if cfg.steps is not None and cfg.steps * cfg.batch > INT64_MAX:
-        raise UserError(f"steps: {cfg.steps} steps of {cfg.batch} images are {cfg.steps * cfg.batch:.3g} images, "
-                        f"more than a 64-bit count holds ({INT64_MAX:.3g})")
+    key, largest = largest_batch(cfg)  # every batch the run may reach: a schedule's, a growing adaptive batch's
+    if cfg.steps is not None:
+        check_image_count(cfg, cfg.steps, "steps")
     if cfg.epochs is not None and cfg.epochs > INT64_MAX:  # at least one image an epoch; the plan checks exactly
         raise UserError(f"epochs: {cfg.epochs:.3g} epochs are more images than a 64-bit count holds "
                         f"({INT64_MAX:.3g})")
@@ -118,18 +119,6 @@ def check_capacity(cfg: RunConfig, world: int = 1) -> None:
     device = device_memory()
     memory, where = (device, "this GPU's") if device is not None else (host, "this machine's")
 
-    largest, key, batch = cfg.batch, "batch", cfg.batch
-    for i, milestone in enumerate(cfg.schedule.batch):  # a batch schedule: its largest batch
-        grown = batch * milestone.factor if milestone.factor is not None else 0.0
-        if not math.isfinite(grown) or grown > INT64_MAX:
-            raise UserError(f"schedule.batch[{i}].factor: a batch of {batch} x {milestone.factor:g} is more images "
-                            f"than a 64-bit count holds ({INT64_MAX:.3g})")
-        batch = milestone.batch if milestone.batch is not None else round(grown)
-        if batch > largest:
-            largest, key = batch, f"schedule.batch[{i}]"
-    if cfg.steps is not None and cfg.steps * largest > INT64_MAX:
-        raise UserError(f"{key}: {cfg.steps} steps of up to {largest} images are more than a 64-bit count holds "
-                        f"({INT64_MAX:.3g})")
     order = 8 * largest
     if order > host:
         raise UserError(f"{key}: {largest} images per step need {format_bytes(order)} for the data order alone "
