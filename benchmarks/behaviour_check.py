@@ -1,8 +1,10 @@
 """Behaviour check for a refactor: the same short runs, before and after, give the same checkpoints and records.
 
 Runs 20 steps of `digits`, `shapes-detect` and `yolov3-tiny-shapes` (evaluation and checkpoints every 10 steps,
-on a small generated shapes set) with the `bigbatch` this Python imports (a venv per tree: an editable install
-wins over PYTHONPATH),
+on a small generated shapes set), and two runs whose batch moves: `digits` under a batch schedule (`schedule.batch`,
+the batch doubling at step 10) and an AdaScale run whose batch grows (`batch: {mode: adaptive, grow: true}`: 80 base
+steps of 16, growing after step 20 and again after step 41), with the `bigbatch` this Python imports (a venv per
+tree: an editable install wins over PYTHONPATH),
 and writes a summary of each run: the sha256 of every checkpoint and the parsed metrics.jsonl records with the
 fields a machine's clock and memory decide left out (WALL_CLOCK_FIELDS).
 
@@ -23,9 +25,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-RECIPES = ("digits", "shapes-detect", "yolov3-tiny-shapes")
-COMMON = ["--set", "steps=20", "--set", "eval.every=10", "--set", "checkpoint.every=10", "--set", "data.workers=0"]
-SHAPES = ["--set", "data.shapes_images=200"]
+COMMON = ["steps=20", "eval.every=10", "checkpoint.every=10", "data.workers=0"]
+SHAPES = ["data.shapes_images=200", "data.path=shapes"]  # relative: the same config wherever it runs
+RUNS = {
+    "digits": ["digits", *COMMON],
+    "shapes-detect": ["shapes-detect", *COMMON, *SHAPES],
+    "yolov3-tiny-shapes": ["yolov3-tiny-shapes", *COMMON, *SHAPES],
+    "digits-batch-schedule": ["digits", *COMMON, "subdivisions=2", "schedule.batch=[{at: 10, factor: 2}]"],
+    "digits-adascale-grow": ["digits", "batch={mode: adaptive, base: 16, max: 128, grow: true}", "subdivisions=2",
+                             "steps=80", "data.size=16", "model.width=8", "eval.every=0.2 epochs",
+                             "checkpoint.every=12", "ema.decay=0.9", "optim.name=momentum", "data.workers=0"],
+}
+"""Each run: the recipe, then its ``--set`` overrides."""
+RECIPES = tuple(RUNS)
 
 WALL_CLOCK_FIELDS = ("images_per_s", "memory", "rss", "cuda")
 """Record fields (and prefixes: ``t_*`` times, ``memory_*``, ``rss_*``, ``peak_*``) that depend on the machine's
@@ -57,9 +69,9 @@ def run(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=False)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     summary = {}
-    for recipe in RECIPES:
-        extra = SHAPES + ["--set", "data.path=shapes"] if recipe != "digits" else []  # relative: the same config
-        command = [sys.executable, "-m", "bigbatch", "train", recipe, "--out", str(out / recipe), *COMMON, *extra]
+    for recipe, (source, *overrides) in RUNS.items():
+        command = [sys.executable, "-m", "bigbatch", "train", source, "--out", str(out / recipe), "--set",
+                   *overrides]
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True, env=env, cwd=out)
         summary[recipe] = summarise(out / recipe)
