@@ -39,9 +39,9 @@ RUNS = {
 """Each run: the recipe, then its ``--set`` overrides."""
 RECIPES = tuple(RUNS)
 
-WALL_CLOCK_FIELDS = ("images_per_s", "memory", "rss", "cuda")
+WALL_CLOCK_FIELDS = ("images_per_s", "memory", "rss", "cuda", "time")
 """Record fields (and prefixes: ``t_*`` times, ``memory_*``, ``rss_*``, ``peak_*``) that depend on the machine's
-clock and memory, not on the code's behaviour."""
+clock and memory, not on the code's behaviour (``time``: the wall clock of a ``started`` or ``resumed`` event)."""
 WALL_CLOCK_PREFIXES = ("t_", "memory_", "rss_", "cuda_", "peak_")
 WALL_CLOCK_EVENTS = ("memory_growth", "input_pipeline")
 """Events whose presence (memory sampling) or every value (the input pipeline's seconds and share) is wall-clock."""

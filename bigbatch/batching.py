@@ -33,6 +33,16 @@ INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
+class BatchLayout:
+    """How the first global batch is cut, checked (:func:`check_batch`): what a run's boundary settles before any
+    work (``engine/preflight.py``'s ``resolve_batch``), for the plan made once the training set is loaded."""
+
+    batch: int
+    world: int
+    subdivisions: int
+
+
+@dataclass(frozen=True)
 class BatchPhase:
     """From optimizer step ``step`` on (after ``images`` images), the global batch is ``batch``."""
 
@@ -191,15 +201,25 @@ def require_length(cfg: RunConfig) -> None:
         raise UserError("steps: missing; give steps (optimizer steps) or epochs")
 
 
+def subdivisions_of(cfg: RunConfig) -> int:
+    """``cfg.subdivisions``, resolved: ``auto`` is measured and chosen at the boundary (``engine/preflight.py``'s
+    ``resolve_batch``) before any layout is checked, so past it every config holds a number."""
+    if not isinstance(cfg.subdivisions, int):
+        raise TypeError("subdivisions: auto must be resolved first (engine/preflight.py, resolve_batch)")
+    return cfg.subdivisions
+
+
 def check_batch(cfg: RunConfig, world: int) -> None:
     """The global batch must cut into ``world * subdivisions`` equal micro-batches, and every other batch the run
     may reach (:func:`reachable_batches`: a batch schedule's, a growing adaptive batch's largest) into a whole number
-    of those micro-batches on every device."""
-    devices = world * cfg.subdivisions
+    of those micro-batches on every device. Called once per config, where its layout is settled
+    (:func:`batch_layout`)."""
+    subdivisions = subdivisions_of(cfg)
+    devices = world * subdivisions
     if cfg.batch % devices:
         raise UserError(
             f"batch: {cfg.batch} is not divisible by world size {world} x subdivisions "
-            f"{cfg.subdivisions} = {devices}; expected a multiple of {devices}"
+            f"{subdivisions} = {devices}; expected a multiple of {devices}"
         )
     unit = cfg.batch // devices * world  # world x micro-batch
     for key, batch in reachable_batches(cfg)[1:]:
@@ -304,11 +324,14 @@ def total_steps(cfg: RunConfig, train_images: int | None, phases: tuple[BatchPha
     return phase.step + math.ceil((wanted - phase.images) / phase.batch - 1e-9)
 
 
-def make_plan(cfg: RunConfig, world: int, train_images: int | None) -> BatchPlan:
-    """Check that the batch divides evenly and turn ``epochs`` into steps (an adaptive batch: into base steps).
-    ``train_images`` None: the training set is not at hand (``show``): a length in epochs is one error naming its
-    key."""
-    check_batch(cfg, world)
+def make_plan(cfg: RunConfig, layout: BatchLayout | int, train_images: int | None) -> BatchPlan:
+    """Turn ``epochs`` into steps (an adaptive batch: into base steps) and place a batch schedule's milestones.
+    ``layout``: the batch layout the run's boundary checked (:func:`batch_layout`), or a world size, whose layout is
+    checked here. ``train_images`` None: the training set is not at hand (``show``): a length in epochs is one error
+    naming its key."""
+    if not isinstance(layout, BatchLayout):
+        layout = batch_layout(cfg, layout)
+    world = layout.world
     require_length(cfg)
     if train_images is not None and train_images <= 0:
         raise UserError(f"data.name: the {cfg.data.name!r} training set is empty")
@@ -324,11 +347,23 @@ def make_plan(cfg: RunConfig, world: int, train_images: int | None) -> BatchPlan
     return BatchPlan(
         batch=cfg.batch,
         world=world,
-        subdivisions=cfg.subdivisions,
+        subdivisions=layout.subdivisions,
         steps=steps,
         train_images=train_images,
         phases=phases,
     )
+
+
+def batch_layout(cfg: RunConfig, world: int) -> BatchLayout:
+    """``cfg``'s batch layout on ``world`` processes, checked (:func:`check_batch`)."""
+    check_batch(cfg, world)
+    return BatchLayout(cfg.batch, world, subdivisions_of(cfg))
+
+
+def layout_plan(layout: BatchLayout) -> BatchPlan:
+    """The plan of a config without a length (``show`` of a Darknet ``.cfg`` without ``max_batches``): how its batch
+    is cut, with no steps."""
+    return BatchPlan(layout.batch, layout.world, layout.subdivisions, steps=0, train_images=None)
 
 
 def adaptive_plan(cfg: RunConfig, world: int, train_images: int | None) -> BatchPlan:
@@ -336,14 +371,18 @@ def adaptive_plan(cfg: RunConfig, world: int, train_images: int | None) -> Batch
     length, ``steps`` or ``ceil(epochs * train_images / base)`` base steps. Each step must measure the gradient noise
     from two micro-batches or more per process (``telemetry/noise_scale.py``)."""
     assert cfg.adaptive is not None
-    if cfg.subdivisions < 2:  # type: ignore[operator]
+    subdivisions = subdivisions_of(cfg)
+    if subdivisions < 2:
         raise UserError(f"subdivisions: batch.mode: adaptive measures the gradient noise from the micro-batches of "
-                        f"each step, so it needs 2 or more per process; got {cfg.subdivisions} on each of {world} "
+                        f"each step, so it needs 2 or more per process; got {subdivisions} on each of {world} "
                         f"process(es): raise subdivisions")
     base = cfg.adaptive.base  # batch.max: checked with every batch the run may reach (check_batch, make_plan)
-    if cfg.steps is None and train_images is None:
+    if cfg.steps is not None:
+        steps = cfg.steps
+    elif cfg.epochs is not None and train_images is not None:
+        steps = math.ceil(cfg.epochs * train_images / base - 1e-9)
+    else:
         raise UserError(epochs_unknown("epochs"))
-    steps = cfg.steps if cfg.steps is not None else math.ceil(cfg.epochs * train_images / base - 1e-9)  # type: ignore
     check_image_count(cfg, steps, "steps" if cfg.steps is not None else "epochs")
-    return BatchPlan(batch=cfg.batch, world=world, subdivisions=cfg.subdivisions, steps=steps,  # type: ignore[arg-type]
+    return BatchPlan(batch=cfg.batch, world=world, subdivisions=subdivisions, steps=steps,
                      train_images=train_images, base=base, grow_to=cfg.adaptive.max if cfg.adaptive.grow else None)

@@ -163,9 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from bigbatch.batching import check_batch
     from bigbatch.engine import distributed
-    from bigbatch.engine.preflight import load_checked, resolve_auto
+    from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.engine.run_dir import (
         check_resumable,
         hold_run_dir,
@@ -195,15 +194,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         out_dir = args.out or timestamped(run_name(cfg, overrides))
     held = hold_run_dir(out_dir) if distributed.rank_from_env() == 0 else contextlib.nullcontext()
     with held:
-        cfg = resolve_auto(cfg)
-        check_batch(cfg, world)
+        cfg, layout = resolve_batch(cfg, world)  # the boundary: subdivisions: auto measured, the batch checked
         resume = args.resume is not None or holds_this_run(out_dir, cfg)
 
         from bigbatch.engine.trainer import train
 
         started = time.perf_counter()
         try:
-            result = train(cfg, out_dir, resume=resume)
+            result = train(cfg, out_dir, resume=resume, layout=layout)
         except Interrupted as stop:
             if distributed.rank_from_env() == 0:
                 print(interrupted_message(stop, out_dir), file=sys.stderr, flush=True)
@@ -230,24 +228,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from bigbatch.batching import BatchPlan, check_batch, make_plan
+    from bigbatch.batching import layout_plan, make_plan
     from bigbatch.config import config_to_yaml, flatten
     from bigbatch.data.multiscale import describe as describe_multiscale
     from bigbatch.engine import distributed
-    from bigbatch.engine.preflight import load_resolved
+    from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.largebatch.schedule import build_schedule
     from bigbatch.registry import MODELS
     from bigbatch.tasks import train_set_size_if_known
 
-    cfg = load_resolved(args.config, args.overrides, reads_data=False, needs_length=False)
-    world = distributed.world_size_from_env()
+    cfg = load_checked(args.config, args.overrides, reads_data=False, needs_length=False)
+    cfg, layout = resolve_batch(cfg, distributed.world_size_from_env())
     has_length = cfg.steps is not None or cfg.epochs is not None
-    if has_length:
-        plan = make_plan(cfg, world, train_set_size_if_known(cfg))
+    if not has_length:  # a Darknet .cfg without max_batches (Darknet trains it until stopped): the layout only
+        plan = layout_plan(layout)
+    else:
+        plan = make_plan(cfg, layout, train_set_size_if_known(cfg))
         build_schedule(cfg, plan)  # refuses what a run would (an LR step down at a batch milestone) before printing
-    else:  # a Darknet .cfg without max_batches (Darknet trains it until stopped): the layout only
-        check_batch(cfg, world)
-        plan = BatchPlan(cfg.batch, world, cfg.subdivisions, steps=0, train_images=None)
     describe = MODELS.get(cfg.model.name).info.get("describe")
     model_text = describe(cfg) if describe is not None else None  # read (and checked) before anything is printed
     print(config_to_yaml(cfg).rstrip())
@@ -274,7 +271,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.batching import EPOCHS_UNKNOWN, make_plan
     from bigbatch.engine import distributed
-    from bigbatch.engine.preflight import load_resolved
+    from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.largebatch.schedule import build_schedule, warmup_note
     from bigbatch.outputs import check_output_file
     from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
@@ -284,8 +281,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         check_output_file(args.csv, "--csv", ours=is_schedule_csv)
     if args.png is not None:
         check_output_file(args.png, "--png", ours=is_schedule_png)
-    cfg = load_resolved(args.config, args.overrides, reads_data=False)
-    plan = make_plan(cfg, distributed.world_size_from_env(), train_set_size_if_known(cfg))
+    cfg = load_checked(args.config, args.overrides, reads_data=False)
+    cfg, layout = resolve_batch(cfg, distributed.world_size_from_env())
+    plan = make_plan(cfg, layout, train_set_size_if_known(cfg))
     lr_at = build_schedule(cfg, plan)
     note = warmup_note(cfg, plan)
     if note is not None:
@@ -353,14 +351,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from bigbatch.batching import total_steps
-    from bigbatch.engine.preflight import load_checked
+    from bigbatch.engine.preflight import load_checked, resolve_auto
     from bigbatch.engine.profile import make_trace_dir, profile
     from bigbatch.engine.run_dir import timestamped
     from bigbatch.tasks import train_set_size
 
     if not 1 <= args.steps <= MAX_PROFILED_STEPS:
         raise UserError(f"--steps: expected 1 to {MAX_PROFILED_STEPS} steps to profile, got {args.steps}")
-    cfg = load_checked(args.config, args.overrides)
+    cfg = resolve_auto(load_checked(args.config, args.overrides), 1)  # profile runs one process
     length = total_steps(cfg, train_set_size(cfg))
     if args.steps > length:
         raise UserError(f"--steps: {args.steps} steps, but the run of {cfg.name} is {length} steps long")
@@ -379,11 +377,11 @@ SCALE_MARK = b"by bigbatch scale"
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from bigbatch.batching import check_batch
+    from bigbatch.batching import batch_layout
     from bigbatch.config import config_to_yaml
     from bigbatch.engine import distributed
     from bigbatch.engine.checkpoint import atomic_write
-    from bigbatch.engine.preflight import load_resolved
+    from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.largebatch.rescale import changes_table, rescale
     from bigbatch.outputs import check_output_file, starts_with
 
@@ -391,10 +389,10 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")
     if args.out is not None:
         check_output_file(args.out, "--out", ours=starts_with(SCALE_MARK, 200))
-    cfg = load_resolved(args.config, args.overrides, reads_data=False, needs_length=False)
     world = distributed.world_size_from_env()
+    cfg, _ = resolve_batch(load_checked(args.config, args.overrides, reads_data=False, needs_length=False), world)
     new, changes = rescale(cfg, args.batch, world)
-    check_batch(new, world)
+    batch_layout(new, world)  # the new recipe's layout, checked as its own run would check it
     print(changes_table(changes))
     if args.out is not None:
         text = (f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} {SCALE_MARK.decode()}\n"

@@ -121,6 +121,13 @@ class ModelInfo(Info):
 
 
 @dataclass(frozen=True)
+class ControllerInfo(Info):
+    chooses: Callable[[Any], bool]
+    """chooses(cfg) -> whether this controller decides the batch of a run of ``cfg`` (a controller of the caller's
+    own is asked before the built-in ones: ``engine/controllers/base.py``, ``build_controller``)."""
+
+
+@dataclass(frozen=True)
 class NoInfo(Info):
     """A registry whose parts register no facts (hooks declare their stage on the class)."""
 
@@ -309,6 +316,11 @@ weights unless ``model.weights``, nothing downloaded, by task:
 HOOKS = Registry("hook", "", ("bigbatch.engine.hooks",))
 """Hooks every run builds: obj(run) -> a ``Hook`` or None (not wanted by this config); each hook declares its stage
 (``engine/hooks/base.py``), so a hook registers no facts."""
+BATCH_CONTROLLERS = Registry("batch controller", "", ("bigbatch.engine.controllers.adaptive",
+                                                      "bigbatch.engine.controllers.scheduled",
+                                                      "bigbatch.engine.controllers.fixed"), ControllerInfo)
+"""What decides each step's batch and LR gain (``engine/controllers/``): obj(cfg, plan, proc) -> a
+``BatchController``; the first whose ``chooses(cfg)`` holds drives the run."""
 CONFIG_FORMATS = Registry("config format", "", ("bigbatch.darknet.recipe",))
 """Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
 a mistake in the file is a ``UserError`` naming it."""

@@ -235,7 +235,7 @@ class StopAfter(Hook):
         self.step = step
 
     def after_step(self, run) -> None:
-        if run.state.step == self.step:
+        if run.progress.step == self.step:
             raise KeyboardInterrupt
 
 
@@ -441,7 +441,7 @@ class PauseAfterRecord(Hook):  # after the built-in hooks: the step's record is 
     stage = "write"
 
     def after_step(self, run):
-        if run.state.step == {at}:
+        if run.progress.step == {at}:
             run.state.finish_writes()  # killed with the checkpoints saved so far on disk
             print("paused", flush=True)
             while True:

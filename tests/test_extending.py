@@ -1,5 +1,5 @@
-"""Where to add X: an optimizer, a decay kind, a dataset format, a model family is one definition and one
-registration (here, in this file), used through the real config and CLI with no other change; what it registers
+"""Where to add X: an optimizer, a decay kind, a dataset format, a model family, a batch controller is one
+definition and one registration (here, in this file), used through the real config and CLI with no other change; what it registers
 about itself (its task, its own config keys, its smallest input, its per-step rates) is what the config checks and
 ``bigbatch scale`` rescales."""
 
@@ -30,8 +30,9 @@ from bigbatch.data.loader import TensorImages
 from bigbatch.errors import UserError
 from bigbatch.largebatch.rescale import rescale
 from bigbatch.largebatch.schedule import build_schedule, scaled_lr
-from bigbatch.registry import DATASETS, DECAYS, MODELS, OPTIMIZERS
-from tests.helpers import run_main
+from bigbatch.engine.controllers.base import BatchController, StepBatch
+from bigbatch.registry import BATCH_CONTROLLERS, DATASETS, DECAYS, MODELS, OPTIMIZERS
+from tests.helpers import run_main, train_records
 
 TINY = ["batch=32", "subdivisions=2", "data.size=8", "model.width=4", "log.tensorboard=false", "eval.every=2",
         "checkpoint.every=2", "memory.interval=60"]
@@ -297,3 +298,41 @@ def test_every_field_typed_as_a_length_or_a_step_count_is_rescaled():
         for part in key.split("."):
             value = value[int(part)] if part.isdigit() else value[part]
         assert value == ([10] if isinstance(value, list) else 10), key
+
+
+# ----------------------------------------------------------------------------- a batch controller
+
+
+class SquareRootLR(BatchController):
+    """A fourth batch controller: the plan's batch, with the LR scaled by sqrt(batch / 64) (Krizhevsky's square-root
+    rule, "One weird trick", 2014), which the training record shows as its gain."""
+
+    def __init__(self, cfg, plan, proc) -> None:
+        super().__init__(plan, proc)
+
+    def next_step(self, progress) -> StepBatch:
+        batch = progress.plan.batch_at(progress.step)
+        return StepBatch(batch, gain=math.sqrt(batch / 64))
+
+    def record(self, progress) -> dict[str, Any]:
+        return {"gain": math.sqrt(progress.plan.batch_at(progress.step - 1) / 64)}
+
+
+@pytest.fixture
+def toy_controller():
+    BATCH_CONTROLLERS.register("sqrt_lr", SquareRootLR, chooses=lambda cfg: cfg.optim.name == "sgd")
+    yield
+    BATCH_CONTROLLERS.unregister("sqrt_lr")
+
+
+def test_a_registered_batch_controller_decides_the_lr_gain_of_every_step(tmp_path, toy_controller):
+    """The controller (one class, one registration) is asked before the built-in ones for the configs it chooses:
+    every step's LR is its gain times the schedule's; a config it does not choose trains as before."""
+    plain, toy = tmp_path / "plain", tmp_path / "toy"
+    assert run("train", "digits", "--out", str(plain), "--set", *TINY, "steps=3", "log.every=1",
+               "optim.name=momentum")[0] == 0
+    assert run("train", "digits", "--out", str(toy), "--set", *TINY, "steps=3", "log.every=1", "optim.name=sgd")[0] == 0
+    expected = [r["lr"] * math.sqrt(32 / 64) for r in train_records(plain)]
+    assert [r["lr"] for r in train_records(toy)] == pytest.approx(expected, rel=1e-12)
+    assert [r["gain"] for r in train_records(toy)] == [math.sqrt(0.5)] * 3
+    assert all("gain" not in r for r in train_records(plain))

@@ -30,7 +30,7 @@ class Moments(Hook):
         self.micro_grads: dict[tuple[int, int], torch.Tensor] = {}
 
     def before_train(self, run):
-        self.seen.append(("before_train", run.state.step))
+        self.seen.append(("before_train", run.progress.step))
 
     def before_step(self, run):
         self.seen.append(("before_step", run.step))
@@ -46,13 +46,13 @@ class Moments(Hook):
         self.previous = grad
 
     def after_step(self, run):
-        self.seen.append(("after_step", run.state.step))
+        self.seen.append(("after_step", run.progress.step))
 
     def after_eval(self, run, split, metrics):
-        self.seen.append(("after_eval", run.state.step, split, sorted(metrics)[:2]))
+        self.seen.append(("after_eval", run.progress.step, split, sorted(metrics)[:2]))
 
     def after_train(self, run):
-        self.seen.append(("after_train", run.state.step))
+        self.seen.append(("after_train", run.progress.step))
 
     def write(self, record):
         self.records.append(record.values)
@@ -115,7 +115,7 @@ class LateRecord(Hook):
     stage = "write"
 
     def after_train(self, run):
-        run.events.event(run.state.step, "late", {"value": 1.0})
+        run.events.event(run.progress.step, "late", {"value": 1.0})
 
 
 class FailsToClose(Hook):

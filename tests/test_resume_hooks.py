@@ -15,10 +15,13 @@ import pytest
 import torch
 
 from bigbatch.cli import main
+from bigbatch.engine.controllers.base import BatchController
+from bigbatch.engine.events import EventStorage
 from bigbatch.engine.hooks import Hook, Hooks
 from bigbatch.engine.hooks.memory import MemoryLog
+from bigbatch.engine.progress import Progress
 from bigbatch.errors import UserError
-from bigbatch.registry import HOOKS
+from bigbatch.registry import BATCH_CONTROLLERS, HOOKS
 from tests.helpers import run_main
 
 STEPS, INTERRUPT_AT, CHECKPOINT_EVERY = 20, 12, 5  # the run resumes from step 10: steps 11 and 12 are run twice
@@ -38,7 +41,7 @@ class Interrupt(Hook):
     stage = "write"
 
     def after_step(self, run):
-        if run.state.step == INTERRUPT_AT:
+        if run.progress.step == INTERRUPT_AT:
             raise KeyboardInterrupt
 
 
@@ -131,7 +134,7 @@ class StopAfter(Hook):
         self.at = at
 
     def after_step(self, run):
-        if run.state.step == self.at:
+        if run.progress.step == self.at:
             raise KeyboardInterrupt
 
 
@@ -211,25 +214,56 @@ def test_every_hook_with_a_state_declares_its_schema():
             if sub.__module__.startswith("bigbatch."):
                 classes.append(sub)
     stateful = [c for c in classes if c.load_state_dict is not Hook.load_state_dict]
-    assert {c.__name__ for c in stateful} >= {"MemoryLog", "NoiseScaleHook", "AdaScaleHook"}
+    assert {c.__name__ for c in stateful} >= {"MemoryLog", "NoiseScaleHook"}
     assert [c.__name__ for c in stateful if c.state_schema is Hook.state_schema] == []
+    # the batch controllers keep theirs in the checkpoint's hooks too (AdaScale's under "adascale")
+    controllers = [BATCH_CONTROLLERS.get(name).obj for name in BATCH_CONTROLLERS.names()]
+    stateful = [c for c in controllers if c.load_state_dict is not BatchController.load_state_dict]
+    assert {c.__name__ for c in stateful} >= {"AdaptiveBatch"}
+    assert [c.__name__ for c in stateful if c.state_schema is BatchController.state_schema] == []
 
 
 HOSTILE_VALUES = ["x", None, True, -1, 0, 7, 2**63, 10**400, -(10**400), 0.5, -0.0, 1.0, 3.0, 1e308, -1e308, math.nan,
                   math.inf, -math.inf, [], {"a": 1}, torch.tensor(1.0)]
 
 
+class ControllerState:
+    """A batch controller's state as a run loads it: through the run's progress, from the checkpoint's ``hooks``."""
+
+    def __init__(self, controller: BatchController, plan) -> None:
+        self.controller, self.progress = controller, Progress(plan, controller, EventStorage())
+
+    def state_dict(self):
+        return self.controller.state_dict()
+
+    def load(self, states: dict) -> None:
+        self.progress.load_state_dict({"step": 0}, states)
+
+
 def stateful_hooks():
-    """``(name, hook)`` of each built-in hook that keeps a state, built as a run would (AdaScale at base 16)."""
+    """``(name, hook)`` of each built-in hook that keeps a state, built as a run would, and the AdaScale controller's
+    (at base 16, growing to 64)."""
     from types import SimpleNamespace
 
-    from bigbatch.engine.hooks.adascale import AdaScaleHook
+    from bigbatch.batching import make_plan
+    from bigbatch.config import load_config
+    from bigbatch.engine.controllers.adaptive import AdaptiveBatch
+    from bigbatch.engine.distributed import Process
     from bigbatch.engine.hooks.noise_scale import NoiseScaleHook
-    from bigbatch.largebatch.adascale import AdaScale
 
-    plain = SimpleNamespace(adascale=None, plan=SimpleNamespace(world=1))
-    adaptive = SimpleNamespace(adascale=AdaScale(16, 100, grow_to=64, unit=8), plan=SimpleNamespace(world=1))
-    return [("memory_log", MemoryLog()), ("noise_scale", NoiseScaleHook(plain)), ("adascale", AdaScaleHook(adaptive))]
+    plain = SimpleNamespace(progress=SimpleNamespace(noise=None), plan=SimpleNamespace(world=1))
+    cfg = load_config("digits", ["batch={mode: adaptive, base: 16, max: 64, grow: true}", "subdivisions=2",
+                                 "steps=100"])
+    plan = make_plan(cfg, 1, 1437)
+    adaptive = ControllerState(AdaptiveBatch(cfg, plan, Process()), plan)
+    return [("memory_log", MemoryLog()), ("noise_scale", NoiseScaleHook(plain)), ("adascale", adaptive)]
+
+
+def load(name: str, hook, state: dict) -> None:
+    if isinstance(hook, ControllerState):
+        hook.load({name: state})
+    else:
+        Hooks(None, [hook], [name]).load_state_dict({name: state})
 
 
 def leaves(state: dict, prefix: tuple = ()) -> list[tuple]:
@@ -247,12 +281,12 @@ def works(name: str, hook: Hook) -> None:
         first = state["first_eval"]
         assert first is None or (type(first) is int and first >= 0)
         return
-    noise = hook.noise if name == "noise_scale" else hook.adascale.noise
+    noise = hook.noise if name == "noise_scale" else hook.controller.noise
     assert 0 <= noise.decay < 1 and all(type(n) is int and n >= 0 for n in (noise.steps, noise.ignored))
     assert all(math.isfinite(v) for v in (noise._gradient_sq, noise._trace_sigma))
     noise.b_simple  # noqa: B018 - computed without an error
     if name == "adascale":
-        ada = hook.adascale
+        ada = hook.controller.adascale
         assert type(ada.batch) is int and ada.batch >= ada.base and math.isfinite(ada.progress) and ada.progress >= 0
         assert 1 <= ada.gain <= ada.batch / ada.base
         assert 1 <= ada.begin_step(ada.batch) <= ada.batch / ada.base
@@ -276,7 +310,7 @@ def test_each_value_of_each_hooks_state_is_checked_on_load():
                 node[path[-1]] = value
                 fresh = dict(stateful_hooks())[name]
                 try:
-                    Hooks(None, [fresh], [name]).load_state_dict({name: state})
+                    load(name, fresh, state)
                 except UserError as e:
                     assert str(e).startswith(f"checkpoint: hooks.{name}.{'.'.join(path)}: expected "), str(e)
                     refused += 1

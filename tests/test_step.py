@@ -17,9 +17,11 @@ from bigbatch.config import load_config
 from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine import checkpoint
+from bigbatch.engine.controllers.base import build_controller
 from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage, Record
 from bigbatch.engine.parts import build_parts
+from bigbatch.engine.progress import Progress
 from bigbatch.engine.state import TrainingState
 from bigbatch.engine.step import NonFiniteTraining, OutOfMemory
 from bigbatch.tasks import build_task
@@ -45,7 +47,8 @@ def make_step(*settings: str, world: int = 1, last_good=lambda: ""):
     order = GlobalBatchOrder(len(task.train_set), plan.batch, cfg.seed)
     micro_batches = next(iter(batches_by_step(task.train_set, order, 0, 1, 0, 1, cfg.subdivisions, 0,
                                               task.sample_keys)))
-    return TrainingState(cfg, model, step, ema), step, micro_batches, records
+    progress = Progress(plan, build_controller(cfg, plan, Process()), EventStorage([records.append]))
+    return TrainingState(cfg, model, step, ema, progress), step, micro_batches, records
 
 
 def hooks(before_forward=lambda index: None, after_backward=lambda index: None) -> SimpleNamespace:
@@ -128,15 +131,15 @@ def test_out_of_memory_stops_when_the_micro_batch_cannot_be_halved_or_with_sever
 def test_the_training_state_round_trips_through_a_checkpoint(tmp_path):
     state, step, batches, _ = make_step()
     step(0, batches)
-    state.step, state.best.value, state.best.step = 1, 12.5, 1
-    step.load_state_dict({"skipped": 3, "subdivisions": 4})
+    state.progress.step, state.best.value, state.best.step = 1, 12.5, 1
+    step.load_state_dict({"skipped": 3, "subdivisions": 4}, state.progress.step_plan())
     state.save(tmp_path / "last.pt")
     state.finish_writes()  # the save returns once serialized; its writer thread puts the bytes on disk
 
     other, other_step, _, _ = make_step()
     other.resume(tmp_path / "last.pt")
-    assert (other.step, other.best.value, other.best.step, other_step.skipped, other_step.subdivisions) == (1, 12.5, 1,
-                                                                                                          3, 4)
+    assert (other.progress.step, other.best.value, other.best.step, other_step.skipped,
+            other_step.subdivisions) == (1, 12.5, 1, 3, 4)
     saved, loaded = state.state_dict(), other.state_dict()
     for key in ("model", "optimizer", "ema", "scaler", "data", "best", "config"):
         assert str(saved[key]) == str(loaded[key]), key

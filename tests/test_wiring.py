@@ -105,7 +105,7 @@ class Measures(Hook):
     stage = "measure"
 
     def after_step(self, run):
-        return {"toy_measure": run.state.step * 10}
+        return {"toy_measure": run.progress.step * 10}
 
 
 class LateValues(Hook):

@@ -56,10 +56,12 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     holds the bytes while the next steps run (``TrainingState.save``), so the later steps run beside one."""
     from bigbatch.batching import BatchPlan
     from bigbatch.engine.checkpoint import serialized
+    from bigbatch.engine.controllers.base import BatchController
     from bigbatch.engine.distributed import setup
     from bigbatch.engine.events import EventStorage
     from bigbatch.engine.host_memory import keep_freed
     from bigbatch.engine.parts import build_parts
+    from bigbatch.engine.progress import Progress
     from bigbatch.engine.state import TrainingState
     from bigbatch.tasks import build_task
 
@@ -82,7 +84,8 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
             torch.cuda.synchronize(proc.device)
         seconds = time.perf_counter() - start
         if step == 0 and proc.device.type == "cpu":
-            held = serialized(TrainingState(cfg, model, train_step, parts.ema).state_dict())
+            progress = Progress(plan, BatchController(plan, proc), EventStorage())  # the fixed batch it measures
+            held = serialized(TrainingState(cfg, model, train_step, parts.ema, progress).state_dict())
     del held
     if proc.device.type == "cuda":
         peak = torch.cuda.max_memory_reserved(proc.device)

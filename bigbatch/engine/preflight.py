@@ -1,7 +1,10 @@
-"""What a command checks before any work: its config loaded, validated and checked against this machine.
+"""What a command checks before any work, and the boundary past which a run's batch is settled.
 
-Every command that takes a CONFIG goes through :func:`load_checked` (or :func:`load_resolved`, which also measures
-``subdivisions: auto``), so that a mistake is one ``error:`` line before any data is read or any model built.
+Every command that takes a CONFIG goes through :func:`load_checked`, so that a mistake is one ``error:`` line before
+any data is read or any model built. A command that plans a run then crosses the boundary once,
+:func:`resolve_batch`: ``subdivisions: auto`` is measured and chosen, and the batch layout is checked
+(``batching.check_batch``, the only place). Past it the config holds a number of subdivisions: no code sees
+``auto``, and the plan (``batching.make_plan``) is made from the checked layout.
 """
 
 from __future__ import annotations
@@ -9,16 +12,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from bigbatch.batching import BatchLayout
     from bigbatch.config import RunConfig
 
 
 def load_checked(source: str, overrides: list[str], reads_data: bool = True, needs_length: bool = True
                  ) -> RunConfig:
     """Load a config and check what can be checked without any work: its length (``steps`` or ``epochs``; not for
-    ``show``, which prints a config without one), the batch layout (unless ``subdivisions`` is ``auto``), the memory
-    the run needs at the least against this machine's, and, for a command that ``reads_data`` (not ``show``,
-    ``schedule``, ``scale``: they plan without the data), that the data is named and there."""
-    from bigbatch.batching import check_batch, require_length
+    ``show``, which prints a config without one), the memory the run needs at the least against this machine's, and,
+    for a command that ``reads_data`` (not ``show``, ``schedule``, ``scale``: they plan without the data), that the
+    data is named and there. The batch layout is checked at the boundary (:func:`resolve_batch`)."""
+    from bigbatch.batching import require_length
     from bigbatch.config import load_config
     from bigbatch.engine import distributed
     from bigbatch.telemetry.capacity import check_capacity
@@ -30,25 +34,27 @@ def load_checked(source: str, overrides: list[str], reads_data: bool = True, nee
         from bigbatch.tasks import check_data_given
 
         check_data_given(cfg)
-    world = distributed.world_size_from_env()
-    if cfg.subdivisions != "auto":
-        check_batch(cfg, world)
-    check_capacity(cfg, world)
+    check_capacity(cfg, distributed.world_size_from_env())
     return cfg
 
 
-def load_resolved(source: str, overrides: list[str], reads_data: bool = True, needs_length: bool = True
-                  ) -> RunConfig:
-    """Load a config and, for ``subdivisions: auto``, measure and choose the subdivisions."""
-    return resolve_auto(load_checked(source, overrides, reads_data, needs_length))
+def resolve_batch(cfg: RunConfig, world: int) -> tuple[RunConfig, BatchLayout]:
+    """The boundary: ``subdivisions: auto`` measured and chosen (printing the measurements), and the batch layout
+    checked (``batching.batch_layout``), once. The plan is made from it once the training set is loaded
+    (``batching.make_plan``: the set's true size, which only its load knows: COCO images without boxes and unreadable
+    images are left out)."""
+    from bigbatch.batching import batch_layout
+
+    cfg = resolve_auto(cfg, world)
+    return cfg, batch_layout(cfg, world)
 
 
-def resolve_auto(cfg: RunConfig) -> RunConfig:
-    """``subdivisions: auto``: measure and choose the subdivisions (printing the measurements)."""
-    from bigbatch.engine import distributed
+def resolve_auto(cfg: RunConfig, world: int) -> RunConfig:
+    """``subdivisions: auto``: measure and choose the subdivisions (printing the measurements); other configs as
+    they are."""
     from bigbatch.engine.planner import resolve_auto_subdivisions
 
-    cfg, plan = resolve_auto_subdivisions(cfg, distributed.world_size_from_env())
+    cfg, plan = resolve_auto_subdivisions(cfg, world)
     if plan is not None:
         print(plan.table())
         print(f"subdivisions: auto -> {cfg.subdivisions} (micro-batch {plan.micro_batch})")

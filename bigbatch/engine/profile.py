@@ -100,10 +100,11 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     if cfg.memory.keep_freed:
         keep_freed()
     seed_everything(cfg.seed)
-    task = build_task(cfg)
     # the first batch only: a batch schedule's later phases are more micro-batches of the same size
     first = cfg.model_copy(update={"steps": steps + 1, "epochs": None,
                                    "schedule": cfg.schedule.model_copy(update={"batch": []})})
+    task = build_task(cfg)
+    task.set_plan(make_plan(cfg, 1, len(task.train_set)))  # the whole run's: what is drawn per step, as training
     plan = make_plan(first, 1, len(task.train_set))
     parts = build_parts(cfg, task, plan, proc, EventStorage())
     model, train_step, lr_at = parts.model, parts.step, parts.lr_at

@@ -1,11 +1,11 @@
-"""What the hooks see of a run: its config and plan, the process, the task, the training state, the events, and where
-its last checkpoint is."""
+"""What the hooks see of a run: its config, its progress (the plan in effect, the steps done), the process, the
+task, the training state, the events, and where its last checkpoint is."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
 
@@ -13,9 +13,9 @@ from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
+from bigbatch.engine.progress import Progress
 from bigbatch.engine.state import TrainingState
 from bigbatch.engine.step import StepResult, TrainStep
-from bigbatch.largebatch.adascale import AdaScale
 from bigbatch.largebatch.ema import ema_counts
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ class LastCheckpoint:
 @dataclass
 class Run:
     cfg: RunConfig
-    plan: BatchPlan
+    progress: Progress
+    """The steps done and the plan in effect (the loop moves it; hooks read it)."""
     proc: Process
     task: Task
     model: nn.Module
@@ -66,14 +67,13 @@ class Run:
     """Seconds this step waited for its micro-batches (the input pipeline's share of the step)."""
     result: StepResult | None = None
     """The last applied step's loss and gradient norm."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """The last evaluation's metrics (of the weights that count)."""
-    extras: dict[str, Any] = field(default_factory=dict)
-    """What hooks leave for the run's result (``memory``: the peaks)."""
-    adascale: AdaScale | None = None
-    """An adaptive run's AdaScale state (``batch: {mode: adaptive}``): the gain, the progress in base steps."""
     steps_over: bool = False
     """The loop is over (done, stopped or interrupted): the ``after_train`` hooks are running."""
+
+    @property
+    def plan(self) -> BatchPlan:
+        """The whole run's plan in effect (``progress.plan``: with the batch changes made so far)."""
+        return self.progress.plan
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -1,10 +1,11 @@
 """The training state: everything a run needs to go on exactly where it stopped, gathered in one object.
 
 Each part that has a state (the model, the optimizer, the loss scaler, the weight EMA, the step with its
-subdivisions reached and skipped count, every random generator, the position in the data order, the best
-evaluation, what the hooks learned) is read by :meth:`TrainingState.state_dict` and restored by
-:meth:`TrainingState.load_state_dict` (the hooks' states are handed to the hooks once the trainer has built them).
-Saving and resuming both go through them, so the checkpoint's layout is written down once, here:
+subdivisions reached and skipped count, every random generator, the run's progress: the position in the data
+order and what its batch controller learned, the best evaluation, what the hooks learned) is read by
+:meth:`TrainingState.state_dict` and restored by :meth:`TrainingState.load_state_dict` (the hooks' states are
+handed to the hooks once the trainer has built them). Saving and resuming both go through them, so the
+checkpoint's layout is written down once, here:
 
     format      ``checkpoint.FORMAT`` (checkpoints of a newer format are refused, older ones read)
     step        optimizer steps completed
@@ -16,11 +17,13 @@ Saving and resuming both go through them, so the checkpoint's layout is written 
     rng         torch (CPU and CUDA), Python and NumPy generators
     data        the position in the data order: step, seed, batch (the order is a function of them and of
                 ``schedule.batch``), the subdivisions in effect (more than configured after an out-of-memory
-                re-cut, or in a later phase of a batch schedule) and the images seen (for the record; absent in
-                older checkpoints)
+                re-cut, or in a later phase of a batch schedule), the images seen (for the record; absent in
+                older checkpoints) and an adaptive batch's changes (``grown``): step, images and grown are the
+                progress's (``engine/progress.py``)
     best        the best evaluation so far: metric, mode, value, step
     hooks       what the hooks learned, by hook name (``engine/hooks/base.py``: the noise scale's averages, the
-                memory log's baseline); absent in older checkpoints, whose runs resume with fresh hooks
+                memory log's baseline), and the batch controller's state under its ``state_key`` (AdaScale's:
+                ``adascale``); absent in older checkpoints, whose runs resume with fresh hooks
     config      the resolved run config (JSON)
 
 The file is read with ``torch.load(weights_only=True)`` (``engine/checkpoint.py``): plain containers and tensors.
@@ -35,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch.nn as nn
 
-from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.engine import checkpoint
 from bigbatch.errors import UserError
 
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import Hooks
+    from bigbatch.engine.progress import Progress
     from bigbatch.engine.step import TrainStep
     from bigbatch.largebatch.ema import WeightEMA
 
@@ -64,14 +67,16 @@ class Best:
 class TrainingState:
     """The state of a run's parts: ``state_dict()`` is a checkpoint, ``load_state_dict()`` resumes from one."""
 
-    def __init__(self, cfg: RunConfig, model: nn.Module, train_step: TrainStep, ema: WeightEMA | None) -> None:
+    def __init__(self, cfg: RunConfig, model: nn.Module, train_step: TrainStep, ema: WeightEMA | None,
+                 progress: Progress) -> None:
         self.cfg = cfg
+        self.progress = progress
+        """The run's progress: the step, the plan with its batch changes, the batch controller's state."""
         self.model = model
         """The bare model (never the DDP wrapper): its state dict keys carry no ``module.`` prefix."""
         self.train_step = train_step
         """Owns the optimizer, the loss scaler, the subdivisions in effect and the skipped count."""
         self.ema = ema
-        self._step = 0
         self.best = Best(cfg.eval.metric, cfg.eval.better)
         self.hooks: Hooks | None = None
         """The run's hooks, once built (the trainer sets them): their states are a checkpoint's ``hooks``."""
@@ -83,35 +88,26 @@ class TrainingState:
         """The hooks' states a resumed checkpoint holds, by hook name: read before the hooks exist, handed to them
         by the trainer once they are built."""
 
-    @property
-    def step(self) -> int:
-        """Optimizer steps completed: the position in the data order and in the schedule."""
-        return self._step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        if value != self._step:
-            self._saved = None  # the bytes of the last save serve a link at the same step only: let them go
-        self._step = value
-
     def state_dict(self) -> dict[str, Any]:
-        step = self.train_step
+        step, owned = self.train_step, self.progress.state_dict()
+        hooks = self.hooks.state_dict() if self.hooks is not None else dict(self.hook_states)
+        controller = self.progress.controller_state()
+        if controller is not None:  # kept where the AdaScale hook kept it, after the hooks before it
+            hooks[controller[0]] = controller[1]
         return {
             "format": checkpoint.FORMAT,
-            "step": self.step,
+            "step": owned["step"],
             "model": self.model.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "optimizer": step.optimizer.state_dict(),
             "scaler": step.scaler.state_dict(),
             "skipped": step.skipped,
             "rng": checkpoint.rng_state(),
-            "data": {"step": self.step, "seed": self.cfg.seed, "batch": self.cfg.batch,
+            "data": {"step": owned["step"], "seed": self.cfg.seed, "batch": self.cfg.batch,
                      "subdivisions": step.subdivisions, "split": step.split,
-                     "images": step.run_plan.images_before(self.step),
-                     **({"grown": [[p.step, p.batch] for p in step.run_plan.phases]}
-                        if step.run_plan.grow_to is not None else {})},
+                     **{key: value for key, value in owned.items() if key != "step"}},
             "best": vars(self.best).copy(),
-            "hooks": self.hooks.state_dict() if self.hooks is not None else dict(self.hook_states),
+            "hooks": hooks,
             "config": self.cfg.model_dump(mode="json"),
         }
 
@@ -128,27 +124,21 @@ class TrainingState:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
         step.scaler.load_state_dict(state["scaler"])
         data = state["data"]
-        if step.run_plan.grow_to is not None:  # an adaptive batch that grew: the changes made so far
-            step.replan(grown_plan(step.run_plan, data.get("grown", []), data["step"]))
-        images = data.get("images")  # absent before batch schedules
-        if isinstance(images, int) and images != step.run_plan.images_before(data["step"]):
-            raise UserError(f"schedule.batch: the checkpoint's {data['step']} steps took {images} images, this "
-                            f"config's take {step.run_plan.images_before(data['step'])}; resuming needs the same "
-                            "batch schedule")
+        hooks = state.get("hooks", {})  # absent in checkpoints written before hooks kept state: they start fresh
+        if not isinstance(hooks, dict):
+            raise UserError(f"checkpoint: 'hooks' is a {type(hooks).__name__}, not a dict")
+        self.progress.load_state_dict(data, hooks)
         split = data.get("split")
-        step.load_state_dict({"skipped": state["skipped"], "step": data["step"],
-                              "subdivisions": data.get("subdivisions", self.cfg.subdivisions),
-                              "split": split if isinstance(split, int) and not isinstance(split, bool) else None})
+        step.load_state_dict({"skipped": state["skipped"],
+                              "subdivisions": data.get("subdivisions", self.progress.plan.subdivisions),
+                              "split": split if isinstance(split, int) and not isinstance(split, bool) else None},
+                             self.progress.step_plan())
         if self.ema is not None:
             if state.get("ema") is None:
                 raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")
             self.ema.load_state_dict(state["ema"])
         checkpoint.restore_rng_state(state["rng"])
-        self.step = state["data"]["step"]
         self.best = Best(**state["best"])
-        hooks = state.get("hooks", {})  # absent in checkpoints written before hooks kept state: they start fresh
-        if not isinstance(hooks, dict):
-            raise UserError(f"checkpoint: 'hooks' is a {type(hooks).__name__}, not a dict")
         self.hook_states = hooks
 
     def save(self, path: Path, may_link: bool = False) -> None:
@@ -159,7 +149,9 @@ class TrainingState:
         after ``best.pt``, hooks/checkpointing.py): that file, if it is still the one written and the filesystem has
         hard links, gets ``path`` as a second name instead of the same bytes written again."""
         saved = self._saved
-        if may_link and saved is not None and saved[0] == self.step and saved[1] != path:
+        if saved is not None and saved[0] != self.progress.step:
+            saved = self._saved = None  # the bytes of the last save serve a link at the same step only: let them go
+        if may_link and saved is not None and saved[1] != path:
             source, data = saved[1], saved[2]
 
             def write() -> None:  # after the source's own write (the writer keeps the order)
@@ -170,7 +162,7 @@ class TrainingState:
 
             def write() -> None:
                 self._write(path, data)
-        self._saved = (self.step, path, data)
+        self._saved = (self.progress.step, path, data)
         self.writer.submit(write)
 
     def _write(self, path: Path, data: memoryview) -> None:
@@ -199,28 +191,6 @@ def check_resumable(cfg: RunConfig, saved: dict[str, Any]) -> None:
         if saved.get(key) != dumped[key]:
             raise UserError(f"{key}: the checkpoint was trained with {key} {saved.get(key)}, not {dumped[key]}; "
                             f"resuming needs the same {key}")
-
-
-def grown_plan(plan: BatchPlan, grown: Any, steps: int) -> BatchPlan:
-    """``plan`` with the batch changes a checkpoint of an adaptive run lists (``[[step, batch], ...]``), each
-    checked: at most one per doubling from the first batch to ``grow_to``, in order of step before the
-    checkpoint's ``steps``, each batch larger than the one before, at most ``grow_to``, and a whole number of
-    micro-batches on every device."""
-    assert plan.grow_to is not None
-    unit = plan.world * plan.micro_batch
-    if not isinstance(grown, list) or len(grown) > max(1, plan.grow_to // plan.batch).bit_length():
-        raise UserError(f"checkpoint: data.grown is not a list of batch changes of this run ({str(grown)[:80]})")
-    previous_step, previous_batch = 0, plan.batch
-    for item in grown:
-        if not (isinstance(item, list) and len(item) == 2 and all(type(v) is int for v in item)):
-            raise UserError(f"checkpoint: data.grown holds {str(item)[:40]}, not [step, batch]")
-        at, batch = item
-        if not (previous_step < at <= steps and previous_batch < batch <= plan.grow_to and batch % unit == 0):
-            raise UserError(f"checkpoint: data.grown: a batch of {batch} from step {at} does not follow a batch of "
-                            f"{previous_batch} from step {previous_step} in a run of this config")
-        plan = plan.grown(at, batch)
-        previous_step, previous_batch = at, batch
-    return plan
 
 
 def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:

@@ -198,10 +198,10 @@ class TrainStep:
                  last_good: Callable[[], str] = lambda: "") -> None:
         self._model, self._optimizer, self.loss_fn, self._scaler = model, optimizer, loss_fn, scaler
         self.autocast, self.clip, self.norm = autocast, clip, norm
-        self.run_plan = plan
-        """The whole run's plan (its batch schedule, if any)."""
-        self.plan = plan.at(0)
-        """The plan of the batch in effect (``enter``): its batch and subdivisions."""
+        self.first = plan.at(0)
+        """The plan of the first step's batch: the micro-batch, and what per-step rules scale from."""
+        self.plan = self.first
+        """The plan of the batch in effect (the step's, handed to each call): its batch and subdivisions."""
         self._layer_momentum = {layer: layer.momentum for layer in batchnorm_layers(unwrap(model))}
         """Each BN layer's momentum at the first batch (what a per-step correction starts from)."""
         self.running_stats, self.ema, self.max_skipped, self.events = running_stats, ema, max_skipped, events
@@ -236,11 +236,11 @@ class TrainStep:
         out-of-memory re-cut reached."""
         return {"skipped": self._skipped, "subdivisions": self.subdivisions, "split": self._split}
 
-    def load_state_dict(self, state: dict[str, int | None]) -> None:
-        """A resumed run goes on with the skipped count and the split an out-of-memory re-cut reached, at the batch
-        of its next step ``step`` (a checkpoint without ``split``: from the subdivisions it reached)."""
+    def load_state_dict(self, state: dict[str, int | None], plan: BatchPlan) -> None:
+        """A resumed run goes on with the skipped count and the split an out-of-memory re-cut reached, at ``plan``,
+        its next step's (a checkpoint without ``split``: from the subdivisions it reached)."""
         self._skipped = state["skipped"]
-        self.enter(state.get("step") or 0)
+        self._enter(plan)
         split, reached = state.get("split"), state["subdivisions"]
         if split is None and reached > self.plan.subdivisions and reached % self.plan.subdivisions == 0:
             split = reached // self.plan.subdivisions
@@ -252,21 +252,13 @@ class TrainStep:
         """Micro-batches per device per step, as run now."""
         return self.plan.subdivisions * self.split
 
-    def replan(self, plan: BatchPlan) -> None:
-        """The whole run's plan from now on: an adaptive batch grew (``largebatch/adascale.py``), or a resumed run
-        restores the changes it had made. ``enter`` then takes the batch of the step."""
-        self.run_plan = plan
-
-    def enter(self, step: int) -> None:
-        """Optimizer step ``step`` is next: where the batch schedule changes the batch, its subdivisions, and what is
-        defined per step follows it (a batch ``N`` times the first: EMA decay ``d ** N``; BN momentum with
-        per-step statistics ``1 - (1 - m) ** N``, the Inception TPU guide's beta = alpha ** N)."""
-        plan = self.run_plan.at(step)
+    def _enter(self, plan: BatchPlan) -> None:
+        """The step's batch is ``plan``'s: where it differs from the one in effect (a batch schedule's milestone, an
+        adaptive batch that grew), its subdivisions, and BN momentum with per-step statistics follows it (a batch
+        ``N`` times the first: ``1 - (1 - m) ** N``, the Inception TPU guide's beta = alpha ** N)."""
         if plan.batch == self.plan.batch:
             return
         self.plan = plan
-        if self.ema is not None:
-            self.ema.per_step_power = plan.batch / self.run_plan.batch
         self._set_momentum()
 
     def _set_split(self, split: int) -> None:
@@ -278,17 +270,25 @@ class TrainStep:
         at the first batch's (more micro-batches are more updates); per-step statistics take the per-step rule."""
         model = unwrap(self.model)
         if self.norm.running_stats == "per_step":
-            growth = self.plan.batch / self.run_plan.batch
+            growth = self.plan.batch / self.first.batch
             set_momentum(model, self.norm, dataclasses.replace(self.plan, subdivisions=self.subdivisions),
                          growth=growth, layer_momentum=self._layer_momentum)
         else:
-            first = self.run_plan.at(0)
+            first = self.first
             set_momentum(model, self.norm, dataclasses.replace(first, subdivisions=first.subdivisions * self.split))
 
-    def __call__(self, step: int, micro_batches: list[Any], hooks: MicroBatchHooks | None = None) -> StepResult:
+    def __call__(self, step: int, micro_batches: list[Any], hooks: MicroBatchHooks | None = None,
+                 plan: BatchPlan | None = None, ema_power: float | None = None) -> StepResult:
         """Optimizer step ``step`` (0-based) on this device's micro-batches (on the host, or already on the
-        device), applied; ``hooks`` are called around each micro-batch of each attempt."""
+        device), applied; ``hooks`` are called around each micro-batch of each attempt. ``plan``: the step's (its
+        batch and subdivisions; default: the one in effect); ``ema_power``: the weight EMA's decay this step is
+        ``d ** ema_power`` (``engine/controllers/``: the batch over the first under a batch schedule, AdaScale's
+        gain; default: as the step before)."""
         hooks = hooks or NoHooks()
+        if plan is not None:
+            self._enter(plan)
+        if ema_power is not None and self.ema is not None:
+            self.ema.per_step_power = ema_power
         in_a_row = 0
         while True:
             bn_before = RunningStatsSnapshot(unwrap(self.model)) if self.has_batchnorm else None
@@ -338,7 +338,7 @@ class TrainStep:
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
             raise OutOfMemory(f"out of memory at step {step} on rank {rank} ({error}); with several processes "
                               f"bigbatch does not re-cut micro-batches in place: relaunch with subdivisions="
-                              f"{self.run_plan.subdivisions * self.split * 2} (the run resumes from its last "
+                              f"{self.first.subdivisions * self.split * 2} (the run resumes from its last "
                               "checkpoint)")
         if micro % 2:
             raise OutOfMemory(f"out of memory at step {step} with micro-batches of {micro} image(s), which cannot "

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 
 
@@ -29,6 +30,10 @@ class Task(Protocol):
     @classmethod
     def from_config(cls, cfg: RunConfig, rank: int = 0) -> Task:
         """The task with its datasets loaded (``rank``: the process; rank 0 prints and prepares shared files)."""
+
+    def set_plan(self, plan: BatchPlan) -> None:
+        """The run's batch plan, made from this task's training set once it is loaded: what the task draws per step
+        (detection's multi-scale sizes) ends with the plan's steps. Not called for an evaluation."""
 
     def build_model(self, cfg: RunConfig) -> nn.Module:
         """A fresh model for this task's data (random weights unless the config names a weights file)."""

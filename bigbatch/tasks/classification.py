@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.data.loader import eval_batches
 from bigbatch.data.order import sample_seed
@@ -52,6 +53,9 @@ class ClassificationTask:
         train, val, num_classes = DATASETS.get(cfg.data.name).obj(cfg)
         return cls(train, val, num_classes, label_smoothing=cfg.loss.label_smoothing, aux_weight=cfg.loss.aux_weight,
                    seed=cfg.seed, issues=getattr(train, "issues", None))
+
+    def set_plan(self, plan: BatchPlan) -> None:
+        pass  # nothing is drawn per step
 
     def build_model(self, cfg: RunConfig) -> nn.Module:
         from bigbatch.models import build_classifier

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from bigbatch.batching import total_steps
+from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.data.coco import category_ids_of, coco_ground_truth
 from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
@@ -97,13 +97,17 @@ class DetectionTask:
         val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues,
                                records_name("the validation set", val_records))
         multiscale = None
-        if data.multiscale.sizes is not None:
+        if data.multiscale.sizes is not None:  # the run's end rule (the last ``final`` steps) comes with its plan
             settings = data.multiscale
             draw = draw_for(settings.sizes, data.size, settings.range)
-            multiscale = MultiScale(draw, settings.every, cfg.seed, stop=total_steps(cfg, len(train_records)),
-                                    final=settings.final)
+            multiscale = MultiScale(draw, settings.every, cfg.seed, final=settings.final)
         return cls(train, val, names, coco_ground_truth(val_records, names, category_ids), cfg.seed, data.size,
                    multiscale, issues, category_ids, ids_from)
+
+    def set_plan(self, plan: BatchPlan) -> None:
+        """The multi-scale sizes end with the plan's steps: the last ``data.multiscale.final`` at the largest."""
+        if self.multiscale is not None:
+            self.multiscale.stop = plan.steps
 
     def size_at(self, step: int) -> int:
         """The training input size of optimizer step ``step``."""

@@ -1,7 +1,7 @@
 """The built-in hooks (``base.py`` says what a hook is). Importing this package registers them, in order."""
 
 from bigbatch.engine.hooks import (  # noqa: F401 - imported to register
-    adascale,
+    batch_control,
     checkpointing,
     console,
     evaluation,

@@ -9,7 +9,7 @@ training state, events, ...):
     after_backward(index)        after each micro-batch's backward: ``.grad`` holds the gradient accumulated
                                  so far, still multiplied by the loss scale; for every micro-batch but the last
                                  it is this device's own (DDP all-reduces during the last backward only)
-    after_step                   after each applied step (``run.state.step``: steps done; ``run.result``); may
+    after_step                   after each applied step (``run.progress.step``: steps done; ``run.result``); may
                                  return a dict of values for the step's training record (see below)
     after_eval(split, metrics)   after each evaluation
     after_train                  once at the end, also when the run stops with an error (for every hook whose
@@ -85,8 +85,8 @@ BUILT_IN = (
     "freeze_norm",     # prepare
     "phase_timing",    # measure, first of all: it ends the step's clock before any other hook spends time
     "memory_log",      # measure, early: samples taken while the step is evaluated or saved carry this step
-    "adascale",        # measure: AdaScale's gain (before_step), its progress and growth (after_step)
-    "noise_scale",     # measure: after adascale, whose estimates it reports in an adaptive run
+    "batch_control",   # measure: the batch controller's summary at the end (AdaScale's), before the noise scale's
+    "noise_scale",     # measure
     "input_pipeline",  # measure
     "update_sizes",    # measure
     "training_log",    # record: the step's scalars, with what the measure hooks returned
@@ -216,8 +216,7 @@ class Hooks:
         """The step's training record: the record hooks' values, then what the measure hooks returned."""
         if recorded:
             values = {**recorded, **{k: v for k, v in measured.items() if k not in recorded}}
-            adascale = self.run.adascale  # an adaptive run's length is in base steps
-            self.run.events.train(values, self.run.plan.steps if adascale is None else adascale.total)
+            self.run.events.train(values, self.run.progress.total)  # an adaptive run's length is in base steps
 
     def after_eval(self, split: str, metrics: dict[str, float]) -> None:
         self._call("after_eval", split, metrics)

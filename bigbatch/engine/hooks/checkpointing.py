@@ -15,11 +15,11 @@ class Checkpointing(Hook):
     stage = "checkpoint"
 
     def before_train(self, run: Run) -> None:
-        run.last_checkpoint.step = run.state.step or None  # a resumed run starts from its last checkpoint
+        run.last_checkpoint.step = run.progress.step or None  # a resumed run starts from its last checkpoint
         self.right_after_evaluation = isinstance(run.hooks.after_step_before(self), Evaluation)
 
     def after_step(self, run: Run) -> None:
-        done, last = run.state.step, run.last_checkpoint
+        done, last = run.progress.step, run.last_checkpoint
         if is_due(done, last.every, run.plan.steps, run.plan):
             if run.proc.is_main:
                 run.state.save(last.path, may_link=self.right_after_evaluation)

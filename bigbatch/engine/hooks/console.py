@@ -22,7 +22,7 @@ class Console(Hook):
     def before_train(self, run: Run) -> None:
         from bigbatch.largebatch.schedule import warmup_note
 
-        note = warmup_note(run.cfg, run.plan, run.state.step)
+        note = warmup_note(run.cfg, run.plan, run.progress.step)
         if note is not None:
             print(note, flush=True)
         self.run = run  # for write(): whether the steps are over
@@ -30,15 +30,12 @@ class Console(Hook):
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            adascale = run.adascale  # an adaptive run's bar counts base steps of progress
-            total, done, unit = ((run.plan.steps, run.state.step, "step") if adascale is None else
-                                 (adascale.total, int(adascale.progress), "base step"))
-            self.bar = tqdm(total=total, initial=done, unit=unit, dynamic_ncols=True)
+            progress = run.progress  # an adaptive run's bar counts base steps of progress
+            self.bar = tqdm(total=progress.total, initial=progress.done, unit=progress.unit, dynamic_ncols=True)
 
     def after_step(self, run: Run) -> None:
         if self.bar is not None:
-            done = run.state.step if run.adascale is None else int(run.adascale.progress)
-            self.bar.update(min(done, self.bar.total) - self.bar.n)
+            self.bar.update(min(run.progress.done, self.bar.total) - self.bar.n)
 
     def write(self, record: Record) -> None:
         if self.bar is not None and self.run is not None and self.run.steps_over:
@@ -50,7 +47,7 @@ class Console(Hook):
             v = record.values
             self.bar.set_postfix(loss=f"{v['loss']:.4f}", lr=f"{v['lr']:.4g}", img_s=f"{v['images_per_s']:.0f}",
                                  refresh=False)
-            self.bar.update(min(int(v.get("progress", v["step"])), self.bar.total) - self.bar.n)
+            self.bar.update(min(self.run.progress.done, self.bar.total) - self.bar.n)
         else:
             self.bar.write(record.message)
 

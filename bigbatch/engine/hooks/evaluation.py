@@ -14,14 +14,13 @@ class Evaluation(Hook):
         self.every = every_steps(run.cfg.eval.every, run.plan, "eval.every")
 
     def after_step(self, run: Run) -> None:
-        done = run.state.step
+        done = run.progress.step
         if not is_due(done, self.every, run.plan.steps, run.plan):
             return
         metrics, raw = run.evaluate()
         run.events.evaluation(done, "val", metrics)
         if raw is not None:
             run.events.evaluation(done, "val_raw", raw)
-        run.metrics = metrics
         best = run.state.best
         improved = best.improves(metrics[best.metric])
         if improved:

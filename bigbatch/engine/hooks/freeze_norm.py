@@ -9,8 +9,6 @@ and back, and this hook sets the layers again before every step.
 
 from __future__ import annotations
 
-import math
-
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.engine.step import unwrap
@@ -26,15 +24,14 @@ class FreezeNormDuringWarmup(Hook):
         cfg, plan = run.cfg, run.plan
         if plan.base is not None:  # AdaScale: the warmup is the base recipe's, in base steps of progress
             cfg, plan = cfg.model_copy(update={"batch": plan.base}), plan.base_plan()
-        self.until, self.first = warmup_steps(cfg, plan), run.state.step
+        self.until, self.first = warmup_steps(cfg, plan), run.progress.step
 
     def before_step(self, run: Run) -> None:
-        done = run.step if run.adascale is None else math.floor(run.adascale.progress)
-        train = done >= self.until
+        train = run.progress.schedule_step >= self.until  # an adaptive run's: base steps of progress
         if run.step == self.first and not train and run.proc.is_main:  # said here: every writer is open by now
             run.events.event(run.step, "norm_frozen", {"until_step": self.until},
                              "BatchNorm frozen (eval mode) until the warmup ends at "
-                             + (f"step {self.until}" if run.adascale is None else f"base step {self.until}"))
+                             f"{run.progress.unit} {self.until}")
         for layer in batchnorm_layers(unwrap(run.model)):
             layer.train(train)
 

@@ -43,7 +43,7 @@ class InputPipeline(Hook):
         message = f"input pipeline: waited {share:.1%} of step time ({self.waited:.1f} s of {self.total:.1f} s)"
         if share > INPUT_BOUND:
             message += "; " + advice(run)
-        run.events.event(run.state.step, "input_pipeline", {"waited_s": round(self.waited, 3),
+        run.events.event(run.progress.step, "input_pipeline", {"waited_s": round(self.waited, 3),
                                                             "step_s": round(self.total, 3),
                                                             "share": share}, message)
 

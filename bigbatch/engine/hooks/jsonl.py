@@ -47,7 +47,7 @@ def segment_record(run: Run, highest: int | None) -> tuple[str, dict[str, Any], 
     """What the process's start records (``event``, values, message): ``started`` at step 0 or ``resumed`` at the
     checkpoint's step, the ``world`` size (a resumed run may run on another one), the wall-clock ``time``, and
     ``stopped_at``: the highest step the file recorded before (where an interrupted run got to), if any."""
-    step, world = run.state.step, run.proc.world
+    step, world = run.progress.step, run.proc.world
     values: dict[str, Any] = {"world": world, "time": round(time.time(), 3)}
     processes = f"{world} process{'es' if world != 1 else ''}"
     if highest is not None:
@@ -63,9 +63,9 @@ class JsonLines(Hook):
 
     def before_train(self, run: Run) -> None:
         path = run.out_dir / "metrics.jsonl"
-        highest = truncate_metrics(path, run.state.step)
+        highest = truncate_metrics(path, run.progress.step)
         self.file = open(path, "a", encoding="utf-8")
-        run.events.event(run.state.step, *segment_record(run, highest))
+        run.events.event(run.progress.step, *segment_record(run, highest))
 
     def write(self, record: Record) -> None:
         self.file.write(json.dumps(record.values) + "\n")

@@ -42,24 +42,23 @@ class MemoryLog(Hook):
 
     def before_train(self, run: Run) -> None:
         self.sampler = MemorySampler(run.out_dir / "memory.csv", run.cfg.memory.interval, run.proc.device)
-        self.sampler.step = self.started = run.state.step
+        self.sampler.step = self.started = run.progress.step
         if self.sampler.set_aside is not None:
-            run.events.event(run.state.step, "memory_log_set_aside", {"path": str(self.sampler.set_aside)},
+            run.events.event(run.progress.step, "memory_log_set_aside", {"path": str(self.sampler.set_aside)},
                              f"memory.csv was not a memory log (unreadable, or another header): kept as "
                              f"{self.sampler.set_aside.name}, and a new memory.csv begun")
         self.sampler.start()
 
     def after_step(self, run: Run) -> None:
-        self.sampler.step = run.state.step
+        self.sampler.step = run.progress.step
 
     def after_eval(self, run: Run, split: str, metrics: dict[str, float]) -> None:
         if self.first_eval is None:
-            self.first_eval = run.state.step
+            self.first_eval = run.progress.step
 
     def after_train(self, run: Run) -> None:
         peaks = self.sampler.stop()
-        run.extras["memory"] = peaks
-        if peaks:
+        if peaks:  # the run's result reads it from this record
             run.events.event(self.sampler.step, "memory", peaks)
         self.report_growth(run)
 
@@ -97,7 +96,7 @@ class MemoryLog(Hook):
         if flagged:
             message += (f" - a steady rise of {' and '.join(flagged)} (a leak, or a cache that keeps growing): "
                         "watch memory.csv")
-        run.events.event(run.state.step, "memory_growth", fields, message)
+        run.events.event(run.progress.step, "memory_growth", fields, message)
 
 
 class MemoryLimit(Hook):

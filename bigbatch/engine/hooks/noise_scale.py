@@ -6,8 +6,9 @@ attempt), after every backward it sums the norms of the micro-batch's gradient a
 an applied step the two squared norms update the smoothed |G|^2 and tr(Sigma). The training record gets
 ``noise_scale`` = B_simple in images (absent until it is defined, and in runs whose steps have a single micro-batch
 per process). The run's end says where the batch stands. The two averages are the hook's state: a resumed run goes
-on averaging from the checkpoint's. In an adaptive run (AdaScale) the AdaScale hook measures the same on every
-process: this hook then reports its estimates and measures nothing itself.
+on averaging from the checkpoint's. Where the batch controller measures the same on every process (AdaScale's,
+``engine/controllers/adaptive.py``), this hook reports its estimates (``run.progress.noise``) and measures nothing
+itself.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ class NoiseScaleHook(Hook):
     stage = "measure"
 
     def __init__(self, run: Run) -> None:
-        # an adaptive run's AdaScale hook measures the same on every process: its estimates are reported
-        self.shared = run.adascale is not None
+        # a batch controller that measures the same on every process (AdaScale's): its estimates are reported
+        shared = run.progress.noise
+        self.shared = shared is not None
         self.tracker = None if self.shared else MicroBatchGradients(world=run.plan.world)  # one step's: not kept
-        self.noise = run.adascale.noise if run.adascale is not None else NoiseScale()
+        self.noise = shared if shared is not None else NoiseScale()
 
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.shared else self.noise.state_dict()  # shared: AdaScale's state holds it
@@ -53,7 +55,7 @@ class NoiseScaleHook(Hook):
             self.tracker.after_backward(index)
 
     def after_step(self, run: Run) -> dict[str, Any] | None:
-        if self.tracker is None:  # shared: updated by the AdaScale hook just before
+        if self.tracker is None:  # shared: updated by the batch controller at the end of the step
             return {"noise_scale": round(self.noise.b_simple, 1)} if self.noise.b_simple is not None else None
         norms = self.tracker.end_step()
         if norms is None:
@@ -71,11 +73,11 @@ class NoiseScaleHook(Hook):
         b_simple = self.noise.b_simple
         if b_simple is None:
             return
-        batch = run.plan.batch_at(max(0, run.state.step - 1))  # the last step's, under a batch schedule
+        batch = run.plan.batch_at(max(0, run.progress.step - 1))  # the last step's, under a batch schedule
         where = ("below it: a larger batch would still cut the steps nearly in proportion" if batch < b_simple else
                  "above it: a larger batch would cut the steps less than in proportion")
         which = f"its last batch, {batch}," if run.plan.phases else f"this run's batch of {batch}"
-        run.events.event(run.state.step, "noise_scale", {"noise_scale": round(b_simple, 1), "batch": batch},
+        run.events.event(run.progress.step, "noise_scale", {"noise_scale": round(b_simple, 1), "batch": batch},
                          f"gradient noise scale: ~{b_simple:,.0f} images (the critical batch, McCandlish et al. "
                          f"2018); {which} is {where}")
 

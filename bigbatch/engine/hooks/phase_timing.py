@@ -19,7 +19,7 @@ class PhaseTiming(Hook):
     stage = "measure"
 
     def before_train(self, run: Run) -> None:
-        self.first = run.state.step + 1
+        self.first = run.progress.step + 1
         self.totals = PhaseTotals()
         run.train_step.clock.time_next_step(True)  # the first step is read
 
@@ -27,7 +27,7 @@ class PhaseTiming(Hook):
         return is_due(done, run.cfg.log.every, run.plan.steps) or done == self.first
 
     def after_step(self, run: Run) -> dict[str, float] | None:
-        done = run.state.step
+        done = run.progress.step
         clock = run.train_step.clock
         times = clock.end(self.measured(run, done))
         clock.time_next_step(self.measured(run, done + 1))  # its sub-phases (t_bn_sync) are timed
@@ -40,7 +40,7 @@ class PhaseTiming(Hook):
     def after_train(self, run: Run) -> None:
         if self.totals.steps:
             sums = {key: round(value / self.totals.steps, 6) for key, value in self.totals.sums.items()}
-            run.events.event(run.state.step, "phases", {"steps": self.totals.steps, **sums},
+            run.events.event(run.progress.step, "phases", {"steps": self.totals.steps, **sums},
                              "where the step time went:\n" + self.totals.table())
 
 

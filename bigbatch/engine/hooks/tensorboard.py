@@ -20,7 +20,7 @@ class TensorBoard(Hook):
         from torch.utils.tensorboard import SummaryWriter
 
         # Events after the checkpoint's step were written by a run that died: hide them on resume.
-        start = run.state.step
+        start = run.progress.step
         self.writer = SummaryWriter(str(run.out_dir / "tensorboard"), purge_step=start + 1 if start else None)
 
     def write(self, record: Record) -> None:

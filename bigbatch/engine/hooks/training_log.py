@@ -21,9 +21,9 @@ class TrainingLog(Hook):
     """The ``train`` record: ``step``, ``images``, ``epoch``, ``lr``, ``loss`` (the step's mean micro-batch loss over
     the global batch) and its terms when the task's loss has some (``loss_box``, ...: each its mean micro-batch value
     over the global batch), ``images_per_s`` (since the previous record), ``skipped``, ``t_data`` (seconds the step
-    waited for its data, on rank 0), and ``grad_norm`` (when clipping by norm), ``loss_scale`` (when one is used) and
-    ``batch`` (the global batch of the step, under a batch schedule); the measure hooks' values join it
-    (``engine/hooks/base.py``).
+    waited for its data, on rank 0), what the run's progress shows of its batch (``batch``: the step's, under a batch
+    schedule; AdaScale's ``gain``, ``scale``, ``batch`` and ``progress``), and ``grad_norm`` (when clipping by norm)
+    and ``loss_scale`` (when one is used); the measure hooks' values join it (``engine/hooks/base.py``).
 
     Built on every process: at each recorded step every process takes part in the loss's all-reduce (the steps are
     decided from the step count and the run's plan, the same everywhere); the other processes then return nothing."""
@@ -35,11 +35,12 @@ class TrainingLog(Hook):
         """Whether this process puts the record (rank 0), or only takes part in its all-reduce."""
 
     def before_train(self, run: Run) -> None:
-        self.first = run.state.step + 1
-        self.last_time, self.last_step = time.perf_counter(), run.state.step
+        self.first = run.progress.step + 1
+        self.last_time, self.last_step = time.perf_counter(), run.progress.step
 
     def after_step(self, run: Run) -> dict[str, Any] | None:
-        done, plan, result = run.state.step, run.plan, run.result
+        progress, result = run.progress, run.result
+        done, plan = progress.step, progress.plan
         if not (is_due(done, run.cfg.log.every, plan.steps) or done == self.first):
             return None
         means = global_means(result.means(), result.micro_batches)  # a collective: on every process
@@ -52,8 +53,7 @@ class TrainingLog(Hook):
         scaler = run.train_step.scaler
         values = {"step": done, "images": images, "epoch": round(plan.epoch_at(done), 4), "lr": run.lr, **means,
                   "images_per_s": round(rate, 1), "skipped": run.train_step.skipped, "t_data": round(run.t_data, 6)}
-        if plan.phases:
-            values["batch"] = plan.batch_at(done - 1)  # the batch in effect in the step just done
+        values.update(progress.record())  # the batch under a schedule; AdaScale's gain, scale, batch, progress
         if result.grad_norm is not None:
             values["grad_norm"] = result.grad_norm
         if type(scaler) is not LossScaler or scaler.scale != 1.0:

@@ -25,9 +25,9 @@ class UpdateSizesHook(Hook):
         self.sizes = UpdateSizes()
         path = run.out_dir / "updates.csv"
         if path.is_file():  # a resumed run: the rows past its checkpoint are written again
-            drop_rows_after(path, run.state.step)
+            drop_rows_after(path, run.progress.step)
         self.csv = UpdatesCSV(path)
-        self.first = run.state.step + 1
+        self.first = run.progress.step + 1
         self.measuring = False
 
     def before_step(self, run: Run) -> None:
@@ -40,7 +40,7 @@ class UpdateSizesHook(Hook):
         if not self.measuring:
             return None
         updates = self.sizes.after(unwrap(run.model))
-        self.csv.write(run.state.step, updates)
+        self.csv.write(run.progress.step, updates)
         return {"top_updates": top(updates)}
 
     def close(self, run: Run) -> None:
