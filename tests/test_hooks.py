@@ -165,7 +165,7 @@ def test_an_input_bound_run_is_told_what_to_change():
     from bigbatch.engine.hooks.input_pipeline import InputPipeline
 
     records = []
-    run = SimpleNamespace(cfg=load_config("digits", ["data.workers=0"]), state=SimpleNamespace(step=10),
+    run = SimpleNamespace(cfg=load_config("digits", ["data.workers=0"]), progress=SimpleNamespace(step=10),
                           events=EventStorage([records.append]))
     hook = InputPipeline()
     hook.before_train(run)

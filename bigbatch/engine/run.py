@@ -60,7 +60,7 @@ class Run:
     """Where the last checkpoint is (the checkpointing hook keeps it up to date)."""
     hooks: Hooks | None = None
     step: int = 0
-    """The optimizer step being run (0-based); after it, ``state.step`` (steps done) is ``step + 1``."""
+    """The optimizer step being run (0-based); after it, ``progress.step`` (steps done) is ``step + 1``."""
     lr: float = 0.0
     """The learning rate of this step."""
     t_data: float = 0.0

@@ -82,6 +82,14 @@ def periods_of(every: int | float | str, plan: BatchPlan, key: str = "a length")
     return lambda t: t / steps
 
 
+def written_for(cfg: RunConfig, plan: BatchPlan) -> tuple[RunConfig, BatchPlan]:
+    """The config and plan the LR schedule counts its steps in: the run's own; an adaptive run's, the base recipe's
+    (batch ``base``, its ``steps`` base steps: ``largebatch/adascale.py``), which AdaScale advances by r a step."""
+    if plan.base is None:
+        return cfg, plan
+    return cfg.model_copy(update={"batch": plan.base}), plan.base_plan()
+
+
 def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     """lr(step) of the preset ``schedule.preset`` (as registered in ``SCHEDULES``) for the batch plan; the LR is
     that of the first batch throughout a batch schedule (``check_batch_milestones``). An adaptive run's: the base
@@ -89,8 +97,7 @@ def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
     if plan.phases and cfg.schedule.preset == "inception_tpu":
         raise UserError("schedule.batch: the inception_tpu preset counts its decay in steps of one batch; give the "
                         "schedule as schedule.warmup and schedule.decay to grow the batch")
-    if plan.base is not None:  # AdaScale: the base recipe's schedule, in its steps (largebatch/adascale.py)
-        cfg, plan = cfg.model_copy(update={"batch": plan.base}), plan.base_plan()
+    cfg, plan = written_for(cfg, plan)
     lr = SCHEDULES.get(cfg.schedule.preset).obj(cfg, plan)
     if not cfg.schedule.decay_at_batch_milestones:
         check_batch_milestones(plan, lr)

@@ -13,7 +13,7 @@ from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.engine.step import unwrap
 from bigbatch.largebatch.norm import batchnorm_layers
-from bigbatch.largebatch.schedule import warmup_steps
+from bigbatch.largebatch.schedule import warmup_steps, written_for
 from bigbatch.registry import HOOKS
 
 
@@ -21,10 +21,8 @@ class FreezeNormDuringWarmup(Hook):
     stage = "prepare"
 
     def before_train(self, run: Run) -> None:
-        cfg, plan = run.cfg, run.plan
-        if plan.base is not None:  # AdaScale: the warmup is the base recipe's, in base steps of progress
-            cfg, plan = cfg.model_copy(update={"batch": plan.base}), plan.base_plan()
-        self.until, self.first = warmup_steps(cfg, plan), run.progress.step
+        # in the steps the schedule counts (AdaScale: the base recipe's, base steps of progress)
+        self.until, self.first = warmup_steps(*written_for(run.cfg, run.plan)), run.progress.step
 
     def before_step(self, run: Run) -> None:
         train = run.progress.schedule_step >= self.until  # an adaptive run's: base steps of progress
