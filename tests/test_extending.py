@@ -1,6 +1,6 @@
 """Where to add X: an optimizer, a decay kind, a dataset format, a model family, a batch controller is one
-definition and one registration (here, in this file), used through the real config and CLI with no other change; what it registers
-about itself (its task, its own config keys, its smallest input, its per-step rates) is what the config checks and
+definition and one registration (here, in this file), used through the real config and CLI with no other change;
+what it registers about itself (its task, its own config keys, its smallest input, its per-step rates) is what the config checks and
 ``bigbatch scale`` rescales."""
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from bigbatch.config import (
     validate_config,
 )
 from bigbatch.data.loader import TensorImages
+from bigbatch.engine.controllers.base import BatchController, StepBatch
 from bigbatch.errors import UserError
 from bigbatch.largebatch.rescale import rescale
 from bigbatch.largebatch.schedule import build_schedule, scaled_lr
-from bigbatch.engine.controllers.base import BatchController, StepBatch
 from bigbatch.registry import BATCH_CONTROLLERS, DATASETS, DECAYS, MODELS, OPTIMIZERS
 from tests.helpers import run_main, train_records
 
