@@ -1,7 +1,7 @@
 """Where to add X: an optimizer, a decay kind, a dataset format, a model family, a batch controller is one
 definition and one registration (here, in this file), used through the real config and CLI with no other change;
-what it registers about itself (its task, its own config keys, its smallest input, its per-step rates) is what the config checks and
-``bigbatch scale`` rescales."""
+what it registers about itself (its task, its own config keys, its smallest input, its per-step rates) is what the
+config checks and ``bigbatch scale`` rescales."""
 
 from __future__ import annotations
 
