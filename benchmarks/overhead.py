@@ -34,10 +34,10 @@ from bigbatch.batching import make_plan
 from bigbatch.config import load_config
 from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import GlobalBatchOrder
-from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.parts import build_parts
 from bigbatch.engine.transfer import to_device
+from bigbatch.floor.distributed import Process
 from bigbatch.largebatch.optim import build_optimizer, set_lr
 from bigbatch.tasks import build_task
 

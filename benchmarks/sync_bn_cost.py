@@ -36,8 +36,8 @@ import torchvision
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from bigbatch.engine import host_all_reduce
-from bigbatch.engine.host_all_reduce import HostAllReduce
+from bigbatch.floor import host_all_reduce
+from bigbatch.floor.host_all_reduce import HostAllReduce
 from bigbatch.largebatch.sync_bn import convert_batchnorm
 
 WORLD = 2

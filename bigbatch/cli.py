@@ -163,7 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.engine.run_dir import (
         check_resumable,
@@ -175,6 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         timestamped,
     )
     from bigbatch.engine.step import Interrupted
+    from bigbatch.floor import distributed, run_files
 
     overrides = args.overrides
     if args.resume is not None:
@@ -182,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("--out: with --resume the run continues in the --resume directory; drop --out")
         out_dir = args.resume
         check_resumable(out_dir)
-        source = args.config or str(out_dir / "config.yaml")
+        source = args.config or str(out_dir / run_files.CONFIG)
         if args.config is None:  # the run's own config: with a Darknet run's cfg as it trained it
             overrides = [*kept_run_files(out_dir), *overrides]
     else:
@@ -231,8 +231,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.batching import layout_plan, make_plan
     from bigbatch.config import config_to_yaml, flatten
     from bigbatch.data.multiscale import describe as describe_multiscale
-    from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_checked, resolve_batch
+    from bigbatch.floor import distributed
     from bigbatch.largebatch.schedule import build_schedule
     from bigbatch.registry import MODELS
     from bigbatch.tasks import train_set_size_if_known
@@ -270,10 +270,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.batching import EPOCHS_UNKNOWN, make_plan
-    from bigbatch.engine import distributed
     from bigbatch.engine.preflight import load_checked, resolve_batch
+    from bigbatch.floor import distributed
+    from bigbatch.floor.outputs import check_output_file
     from bigbatch.largebatch.schedule import build_schedule, warmup_note
-    from bigbatch.outputs import check_output_file
     from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
     from bigbatch.tasks import train_set_size_if_known
 
@@ -321,9 +321,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from bigbatch.config import parse_size
-    from bigbatch.engine import distributed
     from bigbatch.engine.planner import plan_layout
     from bigbatch.engine.preflight import load_checked
+    from bigbatch.floor import distributed
 
     cfg = load_checked(args.config, args.overrides)
     budget = None
@@ -379,11 +379,11 @@ SCALE_MARK = b"by bigbatch scale"
 def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.batching import batch_layout
     from bigbatch.config import config_to_yaml
-    from bigbatch.engine import distributed
-    from bigbatch.engine.checkpoint import atomic_write
     from bigbatch.engine.preflight import load_checked, resolve_batch
+    from bigbatch.floor import distributed
+    from bigbatch.floor.files import atomic_write
+    from bigbatch.floor.outputs import check_output_file, starts_with
     from bigbatch.largebatch.rescale import changes_table, rescale
-    from bigbatch.outputs import check_output_file, starts_with
 
     if args.batch <= 0:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")

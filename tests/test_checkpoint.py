@@ -17,12 +17,18 @@ import torch
 
 from bigbatch.engine import checkpoint
 from bigbatch.errors import UserError
+from bigbatch.floor import files
 from tests.helpers import HANG_GUARD_S, TINY
+
+
+def save(obj, path) -> None:
+    """``torch.save`` of ``obj`` to ``path`` through ``atomic_write``, as a checkpoint is written."""
+    files.atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    checkpoint.atomic_save({"model": {"w": torch.ones(3)}, "step": 1}, path)
+    save({"model": {"w": torch.ones(3)}, "step": 1}, path)
 
     real_save = torch.save
 
@@ -32,7 +38,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
 
     monkeypatch.setattr(torch, "save", dies_halfway)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.atomic_save({"model": {"w": torch.zeros(3)}, "step": 2}, path)
+        save({"model": {"w": torch.zeros(3)}, "step": 2}, path)
     monkeypatch.setattr(torch, "save", real_save)
 
     state = checkpoint.load(path)
@@ -42,11 +48,11 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
 
 def test_a_second_name_at_the_same_step_is_a_link_and_each_name_is_replaced_alone(tmp_path):
     best, last = tmp_path / "best.pt", tmp_path / "last.pt"
-    checkpoint.atomic_save({"step": 1}, best)
-    checkpoint.atomic_save({"step": 0}, last)  # an older last.pt: replaced by the link
-    assert checkpoint.atomic_link(best, last, checkpoint.identity(best))
+    save({"step": 1}, best)
+    save({"step": 0}, last)  # an older last.pt: replaced by the link
+    assert files.atomic_link(best, last, files.identity(best))
     assert os.path.samefile(best, last) and checkpoint.load(last, ("step",))["step"] == 1
-    checkpoint.atomic_save({"step": 2}, last)  # the next checkpoint: best.pt keeps its step
+    save({"step": 2}, last)  # the next checkpoint: best.pt keeps its step
     assert checkpoint.load(best, ("step",))["step"] == 1 and checkpoint.load(last, ("step",))["step"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
@@ -55,15 +61,15 @@ def test_no_link_to_a_file_put_in_place_of_the_one_written(tmp_path):
     """``atomic_link`` links only the file this process wrote: one put in its place since (another size, inode or
     time) is refused, and ``last.pt`` stays as it was (the caller then writes it)."""
     best, last = tmp_path / "best.pt", tmp_path / "last.pt"
-    checkpoint.atomic_save({"step": 1}, best)
-    written = checkpoint.identity(best)
+    save({"step": 1}, best)
+    written = files.identity(best)
     (tmp_path / "theirs").write_bytes(b"a file that is not the one written")
     os.replace(tmp_path / "theirs", best)
     last.write_bytes(b"the previous last.pt")
-    assert not checkpoint.atomic_link(best, last, written)
+    assert not files.atomic_link(best, last, written)
     assert last.read_bytes() == b"the previous last.pt"
     best.unlink()
-    assert not checkpoint.atomic_link(best, last, written)  # gone
+    assert not files.atomic_link(best, last, written)  # gone
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
 
 
@@ -101,14 +107,14 @@ def test_the_background_writer_keeps_the_order_and_hands_over_the_first_error():
 def test_a_checkpoint_write_that_fails_in_the_background_fails_the_run(tmp_path, monkeypatch):
     from bigbatch.cli import main
 
-    real_write = checkpoint.atomic_write
+    real_write = files.atomic_write
 
     def disk_full(path, write, mode="wb"):
         if str(path).endswith(".pt"):
             raise OSError(f"{path}: disk full")
         real_write(path, write, mode)
 
-    monkeypatch.setattr(checkpoint, "atomic_write", disk_full)
+    monkeypatch.setattr(files, "atomic_write", disk_full)
     with pytest.raises(OSError, match="last.pt: disk full|best.pt: disk full"):
         main(["train", "digits", "--out", str(tmp_path / "run"), "--set", *TINY, "steps=2"])
 
@@ -116,12 +122,13 @@ def test_a_checkpoint_write_that_fails_in_the_background_fails_the_run(tmp_path,
 WRITER = textwrap.dedent(
     """
     import sys, torch
-    from bigbatch.engine.checkpoint import atomic_save
+    from bigbatch.floor.files import atomic_write
     path = sys.argv[1]
     step = 0
     while True:
         step += 1
-        atomic_save({"model": {"w": torch.full((2_000_000,), float(step))}, "step": step}, path)
+        state = {"model": {"w": torch.full((2_000_000,), float(step))}, "step": step}
+        atomic_write(path, lambda f: torch.save(state, f))
         print(step, flush=True)
     """
 )
@@ -147,7 +154,7 @@ def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
     torch.manual_seed(1)
     random.seed(2)
     np.random.seed(3)
-    checkpoint.atomic_save({"model": {}, "rng": checkpoint.rng_state()}, tmp_path / "c.pt")
+    save({"model": {}, "rng": checkpoint.rng_state()}, tmp_path / "c.pt")
     expected = (torch.rand(3), random.random(), np.random.rand())
     torch.manual_seed(9)
     random.seed(9)
@@ -172,7 +179,7 @@ def test_loading_refuses_pickled_code(tmp_path):
 
 def test_truncated_file_is_a_clear_error(tmp_path):
     path = tmp_path / "cut.pt"
-    checkpoint.atomic_save({"model": {"w": torch.ones(1000)}}, path)
+    save({"model": {"w": torch.ones(1000)}}, path)
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(UserError, match=f"checkpoint: {path}"):
         checkpoint.load(path)

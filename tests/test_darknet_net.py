@@ -27,6 +27,7 @@ from bigbatch.darknet import (
     write_weights,
 )
 from bigbatch.darknet.activations import ACTIVATIONS, activation
+from bigbatch.darknet.layers.conv import ConvBlock
 from bigbatch.darknet.shapes import Shape
 from bigbatch.errors import UserError
 from tests.helpers import DARKNET_DATA, SMALL, net_header
@@ -38,6 +39,11 @@ FLT_MAX = float(np.finfo(np.float32).max)
 def yolov3() -> DarknetNetwork:
     torch.manual_seed(0)
     return load_network(DARKNET_DATA / "yolov3.cfg", 416, 416)
+
+
+def conv_blocks(network: DarknetNetwork) -> list[ConvBlock]:
+    """The network's ``[convolutional]`` layers in order."""
+    return [layer for layer in network.layers if isinstance(layer, ConvBlock)]
 
 
 def write_cfg(tmp_path: Path, text: str, name: str = "net.cfg") -> Path:
@@ -113,7 +119,7 @@ def test_yolov3_tiny_weights_size_round_trip_and_other_classes(tmp_path):
     tiny = load_network(DARKNET_DATA / "yolov3-tiny.cfg")
     assert len(tiny.layers) == 24 and parameter_count(tiny) == 8_852_366
     running = sum(b.numel() for n, b in tiny.named_buffers() if "running" in n)  # buffers, not parameters
-    assert running == 2 * sum(b.bn.num_features for b in tiny.conv_blocks() if b.bn is not None)
+    assert running == 2 * sum(b.bn.num_features for b in conv_blocks(tiny) if b.bn is not None)
     randomize_bn(tiny)
     path = tmp_path / "tiny.weights"
     write_weights(tiny, path)
@@ -143,7 +149,7 @@ def test_reference_cfgs_ignored_keys():
 def test_weights_file_layout_by_hand(tmp_path):
     """The bytes of a two-layer network, laid out by hand in Darknet's order from known values."""
     network = build(tmp_path, SMALL)
-    first, second = network.conv_blocks()
+    first, second = conv_blocks(network)
     values = iter(range(1, 10_000))
     with torch.no_grad():
         for t in (first.conv.weight, first.bn.weight, first.bn.bias, first.bn.running_mean, first.bn.running_var,
@@ -168,7 +174,7 @@ def test_weights_with_a_32_bit_seen_are_read(tmp_path):
     path = tmp_path / "old.weights"
     path.write_bytes(struct.pack("<iiii", 0, 1, 0, 12345) + body.tobytes())  # major * 10 + minor < 2: int32 seen
     assert read_weights(network, path) == 12345
-    first, second = network.conv_blocks()
+    first, second = conv_blocks(network)
     assert first.bn.bias.tolist() == [0, 1, 2] and second.conv.weight.view(-1).tolist() == [68, 69, 70, 71, 72, 73]
 
 
@@ -270,7 +276,7 @@ def tuple_shape(y: torch.Tensor) -> Shape:
 
 def test_darknet_initialisation(tmp_path):
     network = build(tmp_path, SMALL)
-    first, second = network.conv_blocks()
+    first, second = conv_blocks(network)
     bound = math.sqrt(2 / (3 * 3 * 2))  # make_convolutional_layer: sqrt(2 / (size * size * c / groups))
     assert first.conv.weight.abs().max() <= bound and first.conv.weight.abs().max() > bound / 2
     assert torch.all(first.bn.weight == 1) and torch.all(first.bn.bias == 0)
@@ -552,7 +558,7 @@ def test_small_network_against_plain_torch(tmp_path):
     network = build(tmp_path, SMALL_NET)
     randomize_bn(network)
     with torch.no_grad():
-        for block in network.conv_blocks():
+        for block in conv_blocks(network):
             if block.conv.bias is not None:
                 block.conv.bias.normal_()
     network.eval()

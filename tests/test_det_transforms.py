@@ -14,7 +14,6 @@ from bigbatch.data.det_transforms import (
     DarknetJitter,
     RandomFixedCrop,
     RandomRelativeCrop,
-    boxes_from_coco,
     boxes_to_original,
     clamp_and_sanitize,
     distort_hsv,
@@ -235,14 +234,6 @@ def test_colour_jitter_changes_pixels_not_boxes_and_keeps_the_letterbox_grey():
 
 
 # ----------------------------------------------------------------------- COCO, eval round trip
-
-
-def test_coco_xywh_to_xyxy():
-    boxes = boxes_from_coco([[10, 20, 30, 40], [0.5, 0, 1, 2.25]], canvas_size=(100, 120))
-    assert boxes.format == tv_tensors.BoundingBoxFormat.XYXY and boxes.canvas_size == (100, 120)
-    assert boxes.dtype == torch.float32
-    torch.testing.assert_close(plain(boxes), torch.tensor([[10.0, 20.0, 40.0, 60.0], [0.5, 0.0, 1.5, 2.25]]))
-    assert boxes_from_coco([], canvas_size=(10, 10)).shape == (0, 4)
 
 
 @pytest.mark.parametrize("resize, size, max_size", [("shorter_side", 800, 1333), ("shorter_side", 600, 1000),

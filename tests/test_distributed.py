@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bigbatch.engine.distributed import global_means
+from bigbatch.floor.distributed import global_means
 from tests.helpers import (
     COMMON,
     HANG_GUARD_S,

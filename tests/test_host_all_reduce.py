@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bigbatch.engine import host_all_reduce
-from bigbatch.engine.host_all_reduce import HostAllReduce
+from bigbatch.floor import host_all_reduce
+from bigbatch.floor.host_all_reduce import HostAllReduce
 from tests.helpers import HANG_GUARD_S, ROOT, run_spawned
 
 WORLD = 3
@@ -80,7 +80,7 @@ def _segment_of_a_killed_run() -> str:
     """A segment made by the real code in a process then killed before it removed the name (as torchrun's SIGTERM
     does to a worker): what a killed run leaves in /dev/shm."""
     code = ("import os, signal\n"
-            "from bigbatch.engine import host_all_reduce as h\n"
+            "from bigbatch.floor import host_all_reduce as h\n"
             "print(h._create_segment(h.HostAllReduce.segment_bytes(2)).path, flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n")
     killed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

@@ -135,3 +135,38 @@ def test_cycles_are_found():
 
 def test_no_import_cycle():
     assert cycles(GRAPH) == []
+
+
+LAYERS = (
+    ("bigbatch.floor", "bigbatch.errors", "bigbatch"),  # bigbatch/__init__.py: the version, nothing imported
+    ("bigbatch.config", "bigbatch.registry", "bigbatch.state_schema", "bigbatch.batching"),
+    ("bigbatch.data", "bigbatch.models", "bigbatch.largebatch", "bigbatch.tasks", "bigbatch.telemetry"),
+    ("bigbatch.engine",),
+    ("bigbatch.darknet", "bigbatch.report"),
+    ("bigbatch.cli", "bigbatch.__main__"),
+)
+"""The floors of the package, bottom to top (docs/architecture.md, "The floors"): a module imports from its own
+floor and the floors below it, never from one above."""
+
+
+def floor_of(name: str) -> int:
+    """The floor of module ``name``: that of the longest prefix the table names."""
+    best, floor = -1, None
+    for level, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+                best, floor = len(prefix), level
+    assert floor is not None, f"{name} is on no floor: add it to LAYERS and to docs/architecture.md"
+    return floor
+
+
+def test_every_module_is_on_a_floor_and_imports_nothing_above_it():
+    upward = sorted(f"{name} (floor {floor_of(name)}) imports {other} (floor {floor_of(other)})"
+                    for name, imported in GRAPH.items() for other in imported if floor_of(other) > floor_of(name))
+    assert upward == [], "\n".join(upward)
+
+
+def test_an_import_from_a_floor_above_is_found():
+    """The oracle of the test above: the floor-order rule catches an import pointing up."""
+    assert floor_of("bigbatch.data.batch_slabs") < floor_of("bigbatch.engine.transfer")
+    assert floor_of("bigbatch.floor.files") < floor_of("bigbatch.errors") + 1

@@ -248,8 +248,8 @@ def stateful_hooks():
     from bigbatch.batching import make_plan
     from bigbatch.config import load_config
     from bigbatch.engine.controllers.adaptive import AdaptiveBatch
-    from bigbatch.engine.distributed import Process
     from bigbatch.engine.hooks.noise_scale import NoiseScaleHook
+    from bigbatch.floor.distributed import Process
 
     plain = SimpleNamespace(progress=SimpleNamespace(noise=None), plan=SimpleNamespace(world=1))
     cfg = load_config("digits", ["batch={mode: adaptive, base: 16, max: 64, grow: true}", "subdivisions=2",

@@ -18,12 +18,12 @@ from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import GlobalBatchOrder
 from bigbatch.engine import checkpoint
 from bigbatch.engine.controllers.base import build_controller
-from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage, Record
 from bigbatch.engine.parts import build_parts
 from bigbatch.engine.progress import Progress
 from bigbatch.engine.state import TrainingState
 from bigbatch.engine.step import NonFiniteTraining, OutOfMemory
+from bigbatch.floor.distributed import Process
 from bigbatch.tasks import build_task
 from bigbatch.telemetry.memory import MemoryLimitExceeded
 

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bigbatch.engine import host_all_reduce
-from bigbatch.engine.host_all_reduce import HostAllReduce
+from bigbatch.floor import host_all_reduce
+from bigbatch.floor.host_all_reduce import HostAllReduce
 from bigbatch.largebatch.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
 from tests.helpers import HANG_GUARD_S, run_spawned
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bigbatch.engine.transfer import DeviceFeed, tensors_in, to_device
+from bigbatch.engine.transfer import DeviceFeed, to_device
+from bigbatch.floor.tensors import tensors_in
 
 pytestmark = pytest.mark.fast
 

@@ -86,9 +86,9 @@ def test_nothing_outside_the_step_sets_an_attribute_of_a_train_step():
                     if isinstance(part, ast.Attribute) and "train_step" in ast.unparse(part.value):
                         raise AssertionError(f"{path}:{node.lineno} sets {ast.unparse(part)}")
     from bigbatch.batching import make_plan
-    from bigbatch.engine.distributed import Process
     from bigbatch.engine.events import EventStorage
     from bigbatch.engine.parts import build_parts
+    from bigbatch.floor.distributed import Process
     from bigbatch.tasks import build_task
 
     cfg = load_config("digits", SETTINGS)

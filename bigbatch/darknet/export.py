@@ -102,8 +102,8 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
     """Write the outputs asked for; -> the lines to print. Every output is checked before anything is written."""
     from bigbatch.darknet import write_weights
     from bigbatch.darknet.cfg_edit import KEPT_CFG_MARK, cfg_text_of
-    from bigbatch.engine.checkpoint import atomic_write
-    from bigbatch.outputs import check_output_file, starts_with
+    from bigbatch.floor.files import atomic_write
+    from bigbatch.floor.outputs import check_output_file, starts_with
 
     if darknet_weights is None and checkpoint_out is None:
         raise UserError("export: nothing to write; give --darknet-weights OUT.weights and/or --checkpoint OUT.pt")

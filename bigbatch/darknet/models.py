@@ -98,7 +98,7 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
     this network's weights; -> images seen (the ``.weights`` header's ``seen``; 0 for a state dict). A missing or
     non-matching file is one ``UserError`` naming ``key``."""
     from bigbatch.darknet.weights import named_weight_tensors, read_weights_upto
-    from bigbatch.engine.checkpoint import load_tensors, mismatch_detail
+    from bigbatch.floor.files import load_tensors, mismatch_detail
 
     path = Path(path)
     if not path.is_file():

@@ -114,10 +114,6 @@ class DarknetNetwork(nn.Module):
                 every.append(x)
         return x
 
-    def conv_blocks(self) -> list[ConvBlock]:
-        """The ``[convolutional]`` layers in order."""
-        return [layer for layer in self.layers if isinstance(layer, ConvBlock)]
-
 
 def load_network(path: str | Path, width: int | None = None, height: int | None = None,
                  classes: int | None = None, dialect: str = "alexeyab") -> DarknetNetwork:

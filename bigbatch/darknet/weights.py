@@ -32,8 +32,8 @@ import torch
 
 from bigbatch.darknet.network import DarknetNetwork
 from bigbatch.darknet.spec import DarknetCfg
-from bigbatch.engine.checkpoint import atomic_write
 from bigbatch.errors import UserError
+from bigbatch.floor.files import atomic_write
 
 VERSION = (0, 2, 5)
 """(major, minor, revision) written, as Darknet writes them."""

@@ -33,7 +33,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import get_worker_info
 
-from bigbatch.engine.transfer import tensors_in
+from bigbatch.floor.tensors import tensors_in
 
 HEADER_BYTES = 64
 """The slab header's size (a cache line: the batch after it stays 64-byte aligned)."""

@@ -25,7 +25,6 @@ together with their boxes (``area`` is not recomputed after a crop or a resize).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -305,15 +304,6 @@ def resize_transform(resize: ResizeMode, size: int, max_size: int | None = None)
     if resize == "letterbox":
         return Letterbox(size)
     raise ValueError(f"resize must be 'shorter_side' or 'letterbox', got {resize!r}")
-
-
-def boxes_from_coco(xywh: Sequence[Sequence[float]] | torch.Tensor, canvas_size: tuple[int, int]
-                    ) -> tv_tensors.BoundingBoxes:
-    """COCO ``[x, y, w, h]`` boxes as float32 XYXY ``BoundingBoxes`` (``x2 = x + w``, ``y2 = y + h``, by
-    ``v2.functional.convert_bounding_box_format``); ``canvas_size`` is the image's ``(H, W)``."""
-    boxes = torch.as_tensor(xywh, dtype=torch.float32).reshape(-1, 4)
-    boxes = tv_tensors.BoundingBoxes(boxes, format="XYWH", canvas_size=canvas_size)
-    return F.convert_bounding_box_format(boxes, new_format=tv_tensors.BoundingBoxFormat.XYXY)
 
 
 class TrainTransform:

@@ -43,7 +43,7 @@ from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.data.files import read_regular
 from bigbatch.data.formats import images_in_annotations
 from bigbatch.errors import UserError
-from bigbatch.processes import process_exists
+from bigbatch.floor.processes import process_exists
 from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:

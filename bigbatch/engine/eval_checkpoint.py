@@ -13,17 +13,19 @@ import json
 from pathlib import Path
 
 from bigbatch.errors import UserError
+from bigbatch.floor import run_files
 
 
 def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path | None = None) -> None:
     """Evaluate the checkpoint at ``path`` (a run directory: its ``checkpoints/last.pt``), printing the weights
     used, the metrics and where the record went; ``save_detections``: also write the detections there."""
     from bigbatch.config import apply_overrides, validate_config
-    from bigbatch.engine import checkpoint, distributed
+    from bigbatch.engine import checkpoint
     from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
     from bigbatch.engine.state import load_weights
+    from bigbatch.floor import distributed, files
+    from bigbatch.floor.outputs import check_output_file, probe_writable
     from bigbatch.largebatch.ema import counted_weights
-    from bigbatch.outputs import check_output_file, probe_writable
     from bigbatch.registry import TASKS
     from bigbatch.tasks import build_task
     from bigbatch.telemetry.capacity import check_capacity
@@ -57,7 +59,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
               **metrics}
     print(task.report(metrics))
-    checkpoint.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
+    files.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
     print(f"written to {out}")
 
 
@@ -76,7 +78,7 @@ def eval_record_path(path: Path) -> Path:
     """Where ``eval`` writes its record: ``eval-<name>.json`` in the run of ``checkpoints/<name>.pt``, else
     ``<checkpoint>.eval.json`` beside it. A file already there is replaced only if it is an earlier record of
     ``eval`` (a JSON object naming a checkpoint); anything else is the user's and stops ``eval`` before any work."""
-    in_run = path.parent.name == "checkpoints"
+    in_run = path.parent.name == run_files.CHECKPOINTS
     out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
     if out.exists() or out.is_symlink():
         try:

@@ -16,12 +16,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
-from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.step import TrainStep
 from bigbatch.engine.transfer import DeviceFeed
 from bigbatch.errors import UserError
+from bigbatch.floor.distributed import Process
 from bigbatch.largebatch.clip import clip_gradients
 from bigbatch.largebatch.ema import WeightEMA
 from bigbatch.largebatch.norm import configure_batchnorm

@@ -57,12 +57,12 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     from bigbatch.batching import BatchPlan
     from bigbatch.engine.checkpoint import serialized
     from bigbatch.engine.controllers.base import BatchController
-    from bigbatch.engine.distributed import setup
     from bigbatch.engine.events import EventStorage
     from bigbatch.engine.host_memory import keep_freed
     from bigbatch.engine.parts import build_parts
     from bigbatch.engine.progress import Progress
     from bigbatch.engine.state import TrainingState
+    from bigbatch.floor.distributed import setup
     from bigbatch.tasks import build_task
 
     proc = setup()

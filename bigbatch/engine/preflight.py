@@ -24,7 +24,7 @@ def load_checked(source: str, overrides: list[str], reads_data: bool = True, nee
     data is named and there. The batch layout is checked at the boundary (:func:`resolve_batch`)."""
     from bigbatch.batching import require_length
     from bigbatch.config import load_config
-    from bigbatch.engine import distributed
+    from bigbatch.floor import distributed
     from bigbatch.telemetry.capacity import check_capacity
 
     cfg = load_config(source, overrides)

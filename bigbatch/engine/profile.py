@@ -67,7 +67,7 @@ def make_trace_dir(out: Path) -> None:
     """The folder for ``profile``'s trace: new or empty (anything else is the user's), made, and writable; else one
     ``UserError`` naming ``--out``."""
     from bigbatch.errors import UserError
-    from bigbatch.outputs import probe_writable
+    from bigbatch.floor.outputs import probe_writable
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out: {out} exists and is not an empty folder; bigbatch writes its trace into a new or "
@@ -88,11 +88,11 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     from bigbatch.batching import make_plan
     from bigbatch.data.loader import batches_by_step
     from bigbatch.data.order import order_of
-    from bigbatch.engine.distributed import setup
     from bigbatch.engine.events import EventStorage
     from bigbatch.engine.host_memory import keep_freed
     from bigbatch.engine.parts import build_parts
     from bigbatch.engine.trainer import seed_everything
+    from bigbatch.floor.distributed import setup
     from bigbatch.largebatch.optim import set_lr
     from bigbatch.tasks import build_task
 

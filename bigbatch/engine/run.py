@@ -11,11 +11,12 @@ import torch.nn as nn
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
-from bigbatch.engine.distributed import Process
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.progress import Progress
 from bigbatch.engine.state import TrainingState
 from bigbatch.engine.step import StepResult, TrainStep
+from bigbatch.floor import run_files
+from bigbatch.floor.distributed import Process
 from bigbatch.largebatch.ema import ema_counts
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class Run:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.out_dir / "checkpoints"
+        return self.out_dir / run_files.CHECKPOINTS
 
     def evaluate(self, raw_too: bool = True) -> tuple[dict[str, float], dict[str, float] | None]:
         """(metrics of the weights that count, metrics of the raw weights when those are the EMA's, else None).

@@ -36,16 +36,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bigbatch.errors import UserError
+from bigbatch.floor import run_files
 
 if TYPE_CHECKING:
     from bigbatch.config import RunConfig
 
 LOCK_NAME = ".bigbatch.lock"
-RUN_FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "tensorboard", "checkpoints", "model.cfg")
-"""What a run writes at the top of its folder (besides ``eval-*.json`` from ``bigbatch eval``); ``model.cfg``: a
-Darknet run's network, kept (:func:`keep_model_files`)."""
+RUN_FILES = run_files.RUN_FILES
+"""What a run writes at the top of its folder (``floor/run_files.py``; besides ``eval-*.json`` from ``bigbatch
+eval``); ``model.cfg``: a Darknet run's network, kept (:func:`keep_model_files`)."""
 _TEMPORARY = re.compile(r"^\.(?:last|best)\.pt\.tmp-(\d+)$")
-"""``checkpoint.atomic_write``'s temporary files in ``checkpoints/``: ``.<name>.tmp-<pid>``."""
+"""``floor/files.py``'s ``atomic_write`` temporary files in ``checkpoints/``: ``.<name>.tmp-<pid>``."""
 
 
 @contextlib.contextmanager
@@ -62,7 +63,7 @@ def hold_run_dir(path: Path, key: str = "--out") -> Iterator[Path]:
         _check_not_foreign(path, key)
         before = {entry.name for entry in path.iterdir()}
         fd, lock_made = _lock(path, key)
-        remove_stale_temporaries(path / "checkpoints")
+        remove_stale_temporaries(path / run_files.CHECKPOINTS)
         yield path
     finally:
         try:
@@ -118,7 +119,7 @@ def _check_not_foreign(path: Path, key: str) -> None:
 
 def _is_bigbatch_run(path: Path) -> bool:
     """Whether ``path`` holds a run of bigbatch's: a ``config.yaml`` (a regular file) that reads as a valid config."""
-    config = path / "config.yaml"
+    config = path / run_files.CONFIG
     if not config.is_file() or config.is_symlink():
         return False
     from bigbatch.config import load_config
@@ -222,7 +223,7 @@ def keep_model_files(run_dir: Path, cfg: RunConfig, model: Any) -> None:
     the classes it trains), each under its config key's name, unless the run was started from that very copy (a
     resumed run). A file of that name is replaced only if bigbatch wrote it (its first line is the new one's)."""
     from bigbatch.config import flatten
-    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.floor.files import atomic_write
 
     keeps = cfg.model.part().info.get("keeps") or {}
     given = flatten(cfg.model_dump(mode="json"))
@@ -260,14 +261,14 @@ def kept_run_files(run_dir: Path) -> list[str]:
     from bigbatch.config import read_yaml
 
     try:
-        return kept_overrides(run_dir, read_yaml(run_dir / "config.yaml"))
+        return kept_overrides(run_dir, read_yaml(run_dir / run_files.CONFIG))
     except UserError:
         return []  # loading the config says what is wrong with it
 
 
 def run_dir_of(checkpoint: Path) -> Path | None:
     """The run directory of a checkpoint in its ``checkpoints/`` folder, else None."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    return checkpoint.parent.parent if checkpoint.parent.name == run_files.CHECKPOINTS else None
 
 
 def interrupted_message(stop: Any, run_dir: Path) -> str:
@@ -309,13 +310,13 @@ def timestamped(name: str) -> Path:
 
 def last_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a run continues from and ``eval`` and ``export`` read by default: ``checkpoints/last.pt``."""
-    return run_dir / "checkpoints" / "last.pt"
+    return run_files.last_checkpoint(run_dir)
 
 
 def check_resumable(run_dir: Path) -> None:
     """``--resume DIR``: a folder, not held by a run still going (looked at on rank 0 only), with a last checkpoint;
     else one ``UserError`` saying which."""
-    from bigbatch.engine import distributed
+    from bigbatch.floor import distributed
 
     if not run_dir.is_dir():
         raise UserError(f"--resume: {run_dir} is not a folder (expected the run directory of bigbatch train)")
@@ -335,7 +336,7 @@ def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
     from bigbatch.config import flatten, load_config
 
     try:
-        saved = flatten(load_config(str(out_dir / "config.yaml")).model_dump(mode="json"))
+        saved = flatten(load_config(str(out_dir / run_files.CONFIG)).model_dump(mode="json"))
     except UserError:
         saved = {}
     wanted = flatten(cfg.model_dump(mode="json"))

@@ -41,6 +41,7 @@ import torch.nn as nn
 from bigbatch.config import RunConfig
 from bigbatch.engine import checkpoint
 from bigbatch.errors import UserError
+from bigbatch.floor import files
 
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import Hooks
@@ -155,7 +156,7 @@ class TrainingState:
             source, data = saved[1], saved[2]
 
             def write() -> None:  # after the source's own write (the writer keeps the order)
-                if not checkpoint.atomic_link(source, path, self._identities.get(source)):
+                if not files.atomic_link(source, path, self._identities.get(source)):
                     self._write(path, data)
         else:
             data = checkpoint.serialized(self.state_dict())
@@ -166,8 +167,8 @@ class TrainingState:
         self.writer.submit(write)
 
     def _write(self, path: Path, data: memoryview) -> None:
-        checkpoint.atomic_write(path, lambda f: f.write(data))
-        self._identities[path] = checkpoint.identity(path)
+        files.atomic_write(path, lambda f: f.write(data))
+        self._identities[path] = files.identity(path)
 
     def finish_writes(self, failing: bool = False) -> None:
         """Wait until every checkpoint saved so far is on disk. A failed write is raised, unless the run is
@@ -198,4 +199,4 @@ def load_weights(model: nn.Module, state: dict[str, Any], key: str) -> None:
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise UserError(f"{key}: the checkpoint does not fit this model ({checkpoint.mismatch_detail(e)})") from None
+        raise UserError(f"{key}: the checkpoint does not fit this model ({files.mismatch_detail(e)})") from None

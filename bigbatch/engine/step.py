@@ -94,7 +94,7 @@ class StepResult:
 
     def means(self) -> dict[str, torch.Tensor]:
         """``loss``, then the terms: what the training record averages over every process's micro-batches
-        (``engine/distributed.py``'s ``global_means``)."""
+        (``floor/distributed.py``'s ``global_means``)."""
         return {"loss": self.loss, **self.terms}
 
 

@@ -34,7 +34,7 @@ from bigbatch.batching import BatchLayout, make_plan
 from bigbatch.config import RunConfig, config_to_yaml
 from bigbatch.data.loader import batches_by_step
 from bigbatch.data.order import order_of
-from bigbatch.engine import checkpoint, distributed, host_memory
+from bigbatch.engine import host_memory
 from bigbatch.engine.controllers.base import BatchController, build_controller
 from bigbatch.engine.events import EventStorage, Record
 from bigbatch.engine.hooks import Hook, build_hooks
@@ -47,6 +47,7 @@ from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.run_dir import keep_model_files
 from bigbatch.engine.state import Best, TrainingState
 from bigbatch.engine.step import Interrupted, TrainStep
+from bigbatch.floor import distributed, files, run_files
 from bigbatch.largebatch.optim import set_lr
 from bigbatch.tasks import build_task
 
@@ -82,20 +83,20 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
 
     # --- the model, the large-batch recipe, the progress and the state a checkpoint holds ---
     events = EventStorage()
-    last_checkpoint = LastCheckpoint(out_dir / "checkpoints" / "last.pt",
+    last_checkpoint = LastCheckpoint(run_files.last_checkpoint(out_dir),
                                      every_steps(cfg.checkpoint.every, plan, "checkpoint.every"))
     parts = build_parts(cfg, task, plan, proc, events, last_good=last_checkpoint.last_good)
     train_step = parts.step  # trains parts.model, wrapped in DDP under torchrun
     progress = Progress(plan, build_controller(cfg, plan, proc), events)
     state = TrainingState(cfg, parts.model, train_step, parts.ema, progress)
     if resume:
-        state.resume(out_dir / "checkpoints" / "last.pt")
+        state.resume(run_files.last_checkpoint(out_dir))
         last_checkpoint.step = progress.step
     if proc.is_main:
         if resume:
             print(f"resumed from step {progress.step} of {plan.steps} ({last_checkpoint.path})", flush=True)
         out_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.atomic_write(out_dir / "config.yaml", lambda f: f.write(config_to_yaml(cfg)), mode="w")
+        files.atomic_write(out_dir / run_files.CONFIG, lambda f: f.write(config_to_yaml(cfg)), mode="w")
         keep_model_files(out_dir, cfg, parts.model)  # a Darknet run's cfg: the run evaluates after it is moved
         print(plan.describe(), flush=True)
 

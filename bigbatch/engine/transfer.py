@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from bigbatch.floor.tensors import tensors_in
+
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move a (nested) batch to ``device`` (``non_blocking``); on the CPU nothing is copied."""
@@ -30,18 +32,6 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
-
-
-def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor of a (nested) batch."""
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, (list, tuple)):
-        for b in batch:
-            yield from tensors_in(b)
-    elif isinstance(batch, dict):
-        for b in batch.values():
-            yield from tensors_in(b)
 
 
 class DeviceMicroBatches(Sequence):

@@ -56,7 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bigbatch.engine import host_all_reduce
+from bigbatch.floor import host_all_reduce
 
 __all__ = ["CrossDeviceBatchNormFunction", "CrossDeviceBatchNorm", "convert_batchnorm"]
 
@@ -71,7 +71,7 @@ def _all_reduce_sum(packed: torch.Tensor, group) -> None:
 
     A BN all-reduce is a few hundred floats that every process waits for, so its latency is what counts.
     On CPU, where every process of the group is on this machine, it goes through shared memory
-    (:mod:`bigbatch.engine.host_all_reduce`, tens of microseconds). Otherwise on CPU it is Gloo's all-reduce,
+    (:mod:`bigbatch.floor.host_all_reduce`, tens of microseconds). Otherwise on CPU it is Gloo's all-reduce,
     awaited by polling and yielding the core rather than sleeping in ``wait()``: a core woken from idle takes
     a large part of a sub-millisecond collective to come back. On CUDA it is queued on the stream as usual.
     """

@@ -207,7 +207,7 @@ def load_detector_weights(model: Detector, path: str | Path, name: str, num_clas
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             raise UserError(f"model.weights: cannot read {path} as weights ({type(e).__name__}: {first})") from None
     else:
-        from bigbatch.engine.checkpoint import load_tensors
+        from bigbatch.floor.files import load_tensors
 
         state = load_tensors(path, "model.weights")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a bigbatch checkpoint
@@ -216,7 +216,7 @@ def load_detector_weights(model: Detector, path: str | Path, name: str, num_clas
         raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors)")
     if not any(key.startswith("detector.") for key in state):  # a bare torchvision model's state dict
         state = {f"detector.{key}": value for key, value in state.items()}
-    from bigbatch.engine.checkpoint import mismatch_detail
+    from bigbatch.floor.files import mismatch_detail
 
     try:
         model.load_state_dict(state)

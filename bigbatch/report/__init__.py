@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bigbatch.errors import UserError
-from bigbatch.outputs import probe_writable
+from bigbatch.floor.outputs import probe_writable
 
 __all__ = ["write_report", "is_report"]
 
@@ -49,9 +49,9 @@ def _check_out(out: Path) -> None:
 
 
 def _write_atomically(out: Path, text: str) -> None:
-    """``checkpoint.atomic_write``: a reader sees the old report or the new one, never part of one; a folder that
+    """``floor/files.py``'s ``atomic_write``: a reader sees the old report or the new one, never part of one; a folder that
     cannot be written is one line."""
-    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.floor.files import atomic_write
 
     try:
         atomic_write(out, lambda f: f.write(text), mode="w")

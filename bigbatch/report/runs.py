@@ -30,12 +30,13 @@ from typing import Any, TextIO
 import yaml
 
 from bigbatch.errors import UserError
+from bigbatch.floor import run_files
 
 PHASES = ("data", "forward", "backward", "sync", "update", "other")
 """The disjoint phases of a step, in the order the step runs them (``engine/phases.py``); ``t_step`` is their sum."""
 _PHASE_KEYS = tuple(f"t_{phase}" for phase in PHASES)
 
-FILES = ("config.yaml", "metrics.jsonl", "memory.csv", "updates.csv")
+FILES = (run_files.CONFIG, run_files.METRICS, run_files.MEMORY, run_files.UPDATES)
 """The files of a run directory the report reads."""
 
 MAX_POINTS = 2000

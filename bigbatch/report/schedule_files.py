@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bigbatch.outputs import starts_with
+from bigbatch.floor.outputs import starts_with
 
 CSV_HEADER = b"step,lr\n"
 """The first line of a CSV ``schedule --csv`` wrote."""
@@ -34,7 +34,7 @@ def is_schedule_png(path: Path) -> bool:
 def write_csv(path: Path, lrs: Sequence[float], batches: Sequence[int] | None = None) -> None:
     """Every step's learning rate, ``step,lr`` from step 0, each value as Python writes it (``repr``: exact); with
     ``batches`` (a batch schedule), ``step,lr,batch``."""
-    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.floor.files import atomic_write
 
     if batches is None:
         header, rows = CSV_HEADER, "".join(f"{step},{lr!r}\n" for step, lr in enumerate(lrs))
@@ -52,7 +52,7 @@ def plot_png(path: Path, lrs: Sequence[float], title: str, batches: Sequence[int
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.floor.files import atomic_write
 
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(range(len(lrs)), lrs)

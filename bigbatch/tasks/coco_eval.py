@@ -208,7 +208,7 @@ def darknet_line(metrics: Mapping[str, float]) -> str:
 
 
 def save_detections(path: str | Path, detections: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``detections`` (COCO results format) as JSON, atomically (``engine.checkpoint.atomic_write``)."""
-    from bigbatch.engine.checkpoint import atomic_write
+    """Write ``detections`` (COCO results format) as JSON, atomically (``floor/files.py``'s ``atomic_write``)."""
+    from bigbatch.floor.files import atomic_write
 
     atomic_write(path, lambda f: json.dump(list(detections), f), mode="w")

@@ -51,11 +51,6 @@ class UpdateSizes:
         self._before_norms: torch.Tensor | None = None
         self._ready = False
 
-    @property
-    def snapshot_numel(self) -> int:
-        """Elements held: one copy of the weights."""
-        return sum(s.numel() for s in self._snapshots)
-
     def before(self, model: nn.Module) -> None:
         """Snapshot the weights (float32) and their norms ||W_before||, on their device, without a host sync."""
         named = [(name, p.detach()) for name, p in model.named_parameters()]
@@ -106,7 +101,7 @@ def drop_rows_after(path: Path, last_step: int) -> int:
     """Drop the rows of an update-size log past ``last_step`` (a run that died after its last checkpoint wrote
     them; the resumed run writes them again), and a row a kill cut short; the header stays. A file that is not an
     update-size log is left alone (:class:`UpdatesCSV` refuses it). -> the rows dropped."""
-    from bigbatch.outputs import keep_lines
+    from bigbatch.floor.outputs import keep_lines
 
     header = ",".join(UpdatesCSV.HEADER)
     with open(path, encoding="utf-8", errors="replace", newline="") as f:

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from bigbatch.config import RunConfig
-    from bigbatch.engine.distributed import Process
     from bigbatch.engine.progress import Progress
     from bigbatch.engine.step import TrainStep
+    from bigbatch.floor.distributed import Process
     from bigbatch.state_schema import Schema
     from bigbatch.telemetry.noise_scale import NoiseScale
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bigbatch.engine.hooks.base import Hook, every_steps, is_due
 from bigbatch.engine.run import Run
+from bigbatch.floor import run_files
 from bigbatch.registry import HOOKS
 
 
@@ -27,7 +28,7 @@ class Evaluation(Hook):
             best.value, best.step = metrics[best.metric], done
         run.hooks.after_eval("val", metrics)
         if improved and run.proc.is_main:  # after after_eval: best.pt holds what the hooks learned from it
-            run.state.save(run.checkpoint_dir / "best.pt")
+            run.state.save(run.checkpoint_dir / run_files.BEST)
 
 
 HOOKS.register("evaluation", Evaluation)

@@ -11,7 +11,8 @@ from typing import Any
 from bigbatch.engine.events import Record
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
-from bigbatch.outputs import keep_lines
+from bigbatch.floor import run_files
+from bigbatch.floor.outputs import keep_lines
 from bigbatch.registry import HOOKS
 
 
@@ -62,7 +63,7 @@ class JsonLines(Hook):
     stage = "write"
 
     def before_train(self, run: Run) -> None:
-        path = run.out_dir / "metrics.jsonl"
+        path = run.out_dir / run_files.METRICS
         highest = truncate_metrics(path, run.progress.step)
         self.file = open(path, "a", encoding="utf-8")
         run.events.event(run.progress.step, *segment_record(run, highest))

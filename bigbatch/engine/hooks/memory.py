@@ -8,6 +8,7 @@ from bigbatch.config import parse_size
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.host_memory import release_freed
 from bigbatch.engine.run import Run
+from bigbatch.floor import run_files
 from bigbatch.registry import HOOKS
 from bigbatch.state_schema import Schema, Whole
 from bigbatch.telemetry.memory import (
@@ -41,7 +42,7 @@ class MemoryLog(Hook):
         self.first_eval = state["first_eval"]
 
     def before_train(self, run: Run) -> None:
-        self.sampler = MemorySampler(run.out_dir / "memory.csv", run.cfg.memory.interval, run.proc.device)
+        self.sampler = MemorySampler(run.out_dir / run_files.MEMORY, run.cfg.memory.interval, run.proc.device)
         self.sampler.step = self.started = run.progress.step
         if self.sampler.set_aside is not None:
             run.events.event(run.progress.step, "memory_log_set_aside", {"path": str(self.sampler.set_aside)},

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bigbatch.engine.distributed import global_means
 from bigbatch.engine.hooks.base import Hook, is_due
 from bigbatch.engine.run import Run
+from bigbatch.floor.distributed import global_means
 from bigbatch.largebatch.precision import LossScaler
 from bigbatch.registry import HOOKS
 

@@ -14,6 +14,7 @@ from typing import Any
 from bigbatch.engine.hooks.base import Hook, is_due
 from bigbatch.engine.run import Run
 from bigbatch.engine.step import unwrap
+from bigbatch.floor import run_files
 from bigbatch.registry import HOOKS
 from bigbatch.telemetry.update_sizes import UpdatesCSV, UpdateSizes, drop_rows_after, top
 
@@ -23,7 +24,7 @@ class UpdateSizesHook(Hook):
 
     def before_train(self, run: Run) -> None:
         self.sizes = UpdateSizes()
-        path = run.out_dir / "updates.csv"
+        path = run.out_dir / run_files.UPDATES
         if path.is_file():  # a resumed run: the rows past its checkpoint are written again
             drop_rows_after(path, run.progress.step)
         self.csv = UpdatesCSV(path)

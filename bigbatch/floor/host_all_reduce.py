@@ -52,7 +52,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from bigbatch.processes import process_exists
+from bigbatch.floor.processes import process_exists
 
 try:
     import fcntl

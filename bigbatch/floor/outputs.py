@@ -66,7 +66,7 @@ def keep_lines(path: Path, keep: Callable[[str], bool]) -> int:
     """Rewrite the log ``path`` (bigbatch's own: ``metrics.jsonl``, ``updates.csv``) keeping the lines ``keep``
     says, streaming (memory does not grow with the file) and atomically (a crash leaves the old file whole); the
     file is left as it is when every line is kept. -> the lines dropped."""
-    from bigbatch.engine.checkpoint import atomic_write
+    from bigbatch.floor.files import atomic_write
 
     with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         dropped = sum(1 for line in f if not keep(line))
