@@ -213,3 +213,21 @@ def test_last_pt_links_best_pt_only_when_nothing_runs_between_them(tmp_path, bet
     assert linked is not between
     first = next(iter(last["model"]))
     assert torch.equal(best["model"][first] + (1.0 if between else 0.0), last["model"][first])
+
+
+@pytest.mark.fast
+def test_every_hook_of_bigbatch_says_what_it_does():
+    """Each hook class of the package has a class docstring (its first statement): a newcomer reads what it does
+    before its moments."""
+    import ast
+
+    from tests.helpers import ROOT
+
+    package = ROOT / "bigbatch"
+    silent = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Hook") for b in node.bases)
+                    and ast.get_docstring(node) is None):
+                silent.append(f"{path.relative_to(package)}: {node.name}")
+    assert silent == []

@@ -9,6 +9,8 @@ from bigbatch.registry import HOOKS
 
 
 class BatchControlSummary(Hook):
+    """The batch controller's summary at the run's end (AdaScale's steps against the base steps they made)."""
+
     stage = "measure"
 
     def after_train(self, run: Run) -> None:

@@ -12,6 +12,8 @@ from bigbatch.registry import HOOKS
 
 
 class Checkpointing(Hook):
+    """``last.pt`` every ``checkpoint.every`` and at the end (a hard link to ``best.pt`` when written just after it)."""
+
     stage = "checkpoint"
 
     def before_train(self, run: Run) -> None:

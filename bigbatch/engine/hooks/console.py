@@ -13,6 +13,8 @@ from bigbatch.registry import HOOKS
 
 
 class Console(Hook):
+    """What a person sees: a progress bar on a terminal, a printed line per record otherwise."""
+
     stage = "record"
 
     def __init__(self) -> None:

@@ -9,6 +9,8 @@ from bigbatch.registry import HOOKS
 
 
 class Evaluation(Hook):
+    """Evaluation every ``eval.every`` and at the end; ``best.pt`` when ``eval.metric`` improves."""
+
     stage = "evaluate"
 
     def __init__(self, run: Run) -> None:

@@ -9,6 +9,8 @@ from bigbatch.telemetry.memory import MemoryLimitExceeded
 
 
 class Faults(Hook):
+    """Fault injection for tests (``debug.*``): an out-of-memory error or non-finite gradients at a chosen step."""
+
     stage = "guard"
 
     def __init__(self, run: Run) -> None:

@@ -18,6 +18,8 @@ from bigbatch.registry import HOOKS
 
 
 class FreezeNormDuringWarmup(Hook):
+    """BatchNorm layers in eval mode until the schedule's warmup ends (``norm.freeze_during_warmup``)."""
+
     stage = "prepare"
 
     def before_train(self, run: Run) -> None:

@@ -22,6 +22,8 @@ INPUT_BOUND = 0.10
 
 
 class InputPipeline(Hook):
+    """The share of the step time spent waiting for data, and what to change when a run is bound by it."""
+
     stage = "measure"
 
     def before_train(self, run: Run) -> None:

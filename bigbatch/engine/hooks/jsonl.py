@@ -60,6 +60,8 @@ def segment_record(run: Run, highest: int | None) -> tuple[str, dict[str, Any], 
 
 
 class JsonLines(Hook):
+    """``metrics.jsonl``: every record as one JSON line, a resumed run's cut back to its checkpoint first."""
+
     stage = "write"
 
     def before_train(self, run: Run) -> None:

@@ -20,13 +20,13 @@ from bigbatch.telemetry.memory import (
 
 
 class MemoryLog(Hook):
-    stage = "measure"
-
     """Samples memory every ``memory.interval`` s into ``memory.csv``; at the end an ``event: memory`` record of
     the peaks, which are also the run's result, and an ``event: memory_growth`` record of the RSS trend after the
     first evaluation (MiB per 1,000 steps; ``steady`` when a line explains most of it), and on a unified-memory
     device of the GPU's share of RAM. The step of the first evaluation is the hook's state: a resumed run's trend
     starts there too, over the samples of ``memory.csv`` both processes wrote."""
+
+    stage = "measure"
 
     def __init__(self) -> None:
         self.first_eval: int | None = None

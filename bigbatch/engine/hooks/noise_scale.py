@@ -23,6 +23,8 @@ from bigbatch.telemetry.noise_scale import MicroBatchGradients, NoiseScale, batc
 
 
 class NoiseScaleHook(Hook):
+    """The gradient noise scale ``B_simple`` from the micro-batch gradients (``log.noise_scale``)."""
+
     stage = "measure"
 
     def __init__(self, run: Run) -> None:

@@ -16,6 +16,8 @@ from bigbatch.registry import HOOKS
 
 
 class PhaseTiming(Hook):
+    """Where the step time goes (data, forward, backward, sync, update, other): per record, and a table at the end."""
+
     stage = "measure"
 
     def before_train(self, run: Run) -> None:

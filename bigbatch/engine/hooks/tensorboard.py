@@ -14,6 +14,8 @@ NOT_PLOTTED = {"train": ("step", "images", "epoch"), "eval": ("step", "split")}
 
 
 class TensorBoard(Hook):
+    """TensorBoard's event files: the training and evaluation scalars (``log.tensorboard``)."""
+
     stage = "write"
 
     def before_train(self, run: Run) -> None:

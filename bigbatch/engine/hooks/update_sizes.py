@@ -20,6 +20,8 @@ from bigbatch.telemetry.update_sizes import UpdatesCSV, UpdateSizes, drop_rows_a
 
 
 class UpdateSizesHook(Hook):
+    """The largest relative weight updates per step into ``updates.csv`` (``log.updates``)."""
+
     stage = "measure"
 
     def before_train(self, run: Run) -> None:
