@@ -49,8 +49,8 @@ def _check_out(out: Path) -> None:
 
 
 def _write_atomically(out: Path, text: str) -> None:
-    """``floor/files.py``'s ``atomic_write``: a reader sees the old report or the new one, never part of one; a folder that
-    cannot be written is one line."""
+    """``floor/files.py``'s ``atomic_write``: a reader sees the old report or the new one, never part of one; a
+    folder that cannot be written is one line."""
     from bigbatch.floor.files import atomic_write
 
     try:
