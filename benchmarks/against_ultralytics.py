@@ -190,7 +190,7 @@ def run_peer(mode: str, env: dict[str, str], log: Path, **args) -> subprocess.Co
 
 def classes_of(annotations: dict) -> tuple[list[str], list[int]]:
     """(class names in label order, the category id of each label), by bigbatch's rule: all categories by id."""
-    from bigbatch.data.coco import class_mapping
+    from bigbatch.data.formats.coco import class_mapping
 
     names, label_of = class_mapping({int(c["id"]): c["name"] for c in annotations["categories"]}, None)
     category_ids = sorted(label_of, key=label_of.get)
@@ -200,7 +200,7 @@ def classes_of(annotations: dict) -> tuple[list[str], list[int]]:
 def yolo_layout(shapes: Path, out: Path) -> Path:
     """The set at ``shapes`` in Ultralytics' layout at ``out``: the same JPEGs under ``images/{train,val}``, their
     boxes as ``class xc yc w h`` (normalised) lines in ``labels/{train,val}/*.txt``, and ``shapes.yaml``."""
-    from bigbatch.data.shapes import yolo_line
+    from bigbatch.data.formats.shapes import yolo_line
 
     names = None
     for split in ("train", "val"):

@@ -9,7 +9,7 @@ compared too (they must agree).
 Ground truth, in order of preference:
   --annotations PATH   a COCO file, e.g. a shapes set's ``annotations/val.json``;
   otherwise            a shapes set of ``--images`` images generated into a temporary folder with
-                       ``bigbatch.data.shapes.write_shapes`` (all in one split);
+                       ``bigbatch.data.formats.shapes.write_shapes`` (all in one split);
   --synthetic          (or when the shapes generator is missing) comparable generated boxes without
                        images: 5 categories with odd ids, 1-8 boxes of 8..100 px per 128 px image.
 Detections are derived from the ground truth, deterministically from ``--seed``: each object found with
@@ -63,7 +63,7 @@ def synthetic_ground_truth(images: int, seed: int, size: int = 128) -> dict:
 
 def shapes_ground_truth(images: int, seed: int) -> dict:
     """The shapes set's COCO annotations for ``images`` generated images (written to a temporary folder)."""
-    from bigbatch.data.shapes import write_shapes
+    from bigbatch.data.formats.shapes import write_shapes
 
     with tempfile.TemporaryDirectory() as tmp:
         write_shapes(Path(tmp), images, seed=seed, val_fraction=0.0)

@@ -1,6 +1,6 @@
 """``data.decode: fast`` against ``exact`` on the Inception training preprocessing, side by side.
 
-The same samples (the same crop boxes, flips and colours: one seed per sample) go through ``data/folder.py``'s
+The same samples (the same crop boxes, flips and colours: one seed per sample) go through ``data/formats/folder.py``'s
 ``decode_crop`` twice: ``exact`` decodes the crop at full resolution (the region decode where it is built: the
 whole decode's pixels) and resizes with TF1's bilinear arithmetic; ``fast`` decodes at the DCT scale the crop
 allows and resizes the uint8 pixels with torch. Reported per image
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-import bigbatch.data.folder as folder
-from bigbatch.data.crops import InceptionTrainCrop
+import bigbatch.data.formats.folder as folder
+from bigbatch.data.transforms.crops import InceptionTrainCrop
 
 
 def write_images(root: Path, scale: int, count: int) -> list[str]:

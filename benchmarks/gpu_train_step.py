@@ -92,7 +92,7 @@ def bare_rates(data: Path, args: argparse.Namespace) -> list[float]:
 
 
 def pipeline_alone(data: Path, args: argparse.Namespace) -> float:
-    from bigbatch.data.bench import measure
+    from bigbatch.data.pipeline.bench import measure
     from bigbatch.tasks import build_task
 
     cfg = config(data, args, 1)

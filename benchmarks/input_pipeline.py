@@ -6,7 +6,7 @@ batch, to a float tensor at 299 x 299:
 
   bigbatch exact   ``data.name: folder`` with the Inception training preprocessing at 299 (TF's distorted
                    bounding-box crop, TF1 bilinear resize, flip, fast colour distortion), ``data.decode: exact``,
-                   read as training reads it (``data/bench.py``), in batches of 32 as the other sides
+                   read as training reads it (``data/pipeline/bench.py``), in batches of 32 as the other sides
                    (``subdivisions: 1``);
   bigbatch fast    the same with ``data.decode: fast`` (reduced DCT decode where the crop allows it, the resize
                    on uint8 pixels by torch);
@@ -70,7 +70,7 @@ def write_folder(root: Path, images: int, classes: int = 10, seed: int = 0) -> P
 
 def bigbatch_rate(data: Path, name: str, workers: int, images: int, decode: str = "exact") -> float:
     from bigbatch.config import load_config
-    from bigbatch.data.bench import measure
+    from bigbatch.data.pipeline.bench import measure
     from bigbatch.tasks import build_task
 
     cfg = load_config("digits", [f"data.name={name}", f"data.path={data}", "data.size=299", "batch=32",
@@ -103,7 +103,7 @@ def floor_rate(data: Path, workers: int, images: int, decode: bool) -> float:
     Either is an upper bound on any pipeline that does that much through torch's DataLoader: the batch is
     allocated, written and, with workers, handed to the training process in shared memory."""
     from bigbatch.config import load_config
-    from bigbatch.data.bench import measure
+    from bigbatch.data.pipeline.bench import measure
     from bigbatch.tasks import build_task
 
     cfg = load_config("digits", ["data.name=folder", f"data.path={data}", "data.size=299", "batch=32",
@@ -240,7 +240,7 @@ def main() -> None:
         write_folder(data / "folder", args.images)
         sides = ["tv equal work", "bigbatch exact", "bigbatch fast", "tv usual"]
         if args.shards:
-            from bigbatch.data.pack import pack
+            from bigbatch.data.formats.pack import pack
 
             pack(data / "folder", data / "shards", 64 * 2**20)
             sides.append("bigbatch shards")

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from bigbatch.batching import make_plan
 from bigbatch.config import load_config
-from bigbatch.data.loader import batches_by_step
-from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import GlobalBatchOrder
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.parts import build_parts
 from bigbatch.engine.transfer import to_device

@@ -42,7 +42,7 @@ from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from bigbatch.data.shapes import write_shapes
+from bigbatch.data.formats.shapes import write_shapes
 from bigbatch.models.detectors import build_detector, small_detector
 
 

@@ -55,7 +55,7 @@ def main() -> None:
     from input_pipeline import write_folder
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-    from bigbatch.data.inception import InceptionTrain
+    from bigbatch.data.transforms.inception import InceptionTrain
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -230,7 +230,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.batching import layout_plan, make_plan
     from bigbatch.config import config_to_yaml, flatten
-    from bigbatch.data.multiscale import describe as describe_multiscale
+    from bigbatch.data.transforms.multiscale import describe as describe_multiscale
     from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.floor import distributed
     from bigbatch.largebatch.schedule import build_schedule
@@ -408,7 +408,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "bench":
         return cmd_data_bench(args)
-    from bigbatch.data.shapes import generate_shapes
+    from bigbatch.data.formats.shapes import generate_shapes
 
     counts = generate_shapes(args.out, args.images, args.seed, key="--out", yolo=args.format == "yolo")
     print(f"shapes set written to {args.out}: {counts['train_images']} train images ({counts['train_boxes']} boxes), "
@@ -428,7 +428,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_pack(args: argparse.Namespace) -> int:
     from bigbatch.config import parse_size
-    from bigbatch.data.pack import pack
+    from bigbatch.data.formats.pack import pack
 
     try:
         shard_size = parse_size(args.shard_size)
@@ -449,7 +449,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def cmd_data_bench(args: argparse.Namespace) -> int:
     import os
 
-    from bigbatch.data.bench import bench, table
+    from bigbatch.data.pipeline.bench import bench, table
     from bigbatch.engine.preflight import load_checked
     from bigbatch.tasks import build_task, train_set_size
 

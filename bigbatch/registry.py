@@ -286,9 +286,9 @@ DECAYS = Registry("decay", "schedule.decay.kind", ("bigbatch.largebatch.schedule
 absolute step ``step`` (``start``: the step where the warmup ends; ``floor``: the factor's lower bound, applied by
 the caller too). info: ``rates`` (optional): ``{field: rule}`` for a field of the section that is a per-step rate
 (``config.SLOPE``, ``config.POWER``, ``config.COMPLEMENT``), which ``bigbatch scale`` adapts to the new batch."""
-DATASETS = Registry("dataset", "data.name", ("bigbatch.data.digits", "bigbatch.data.folder", "bigbatch.data.shards",
-                                             "bigbatch.data.shapes", "bigbatch.data.coco",
-                                             "bigbatch.darknet.yolo_data"), DatasetInfo)
+DATASETS = Registry("dataset", "data.name", ("bigbatch.data.formats.digits", "bigbatch.data.formats.folder",
+                                             "bigbatch.data.formats.shards", "bigbatch.data.formats.shapes",
+                                             "bigbatch.data.formats.coco", "bigbatch.darknet.yolo_data"), DatasetInfo)
 """``data.name``: info ``task`` names the task whose data it is; ``count(cfg) -> int`` is the training set's size
 found without loading it (``show``, ``schedule``, ``scale``, the batch plan); ``held_in_memory(cfg) -> (bytes,
 what)`` (optional) is the memory the loaded set holds whatever the layout, checked against the machine's before

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from bigbatch.config import ModelConfig
-from bigbatch.data.digits import load_digits_split
-from bigbatch.data.loader import batches_by_step
-from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.data.formats.digits import load_digits_split
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import GlobalBatchOrder
 from bigbatch.engine.step import attempt_step
 from bigbatch.models import build_classifier
 from bigbatch.tasks.classification import ClassificationTask

@@ -11,7 +11,7 @@ import torch
 
 from bigbatch.batching import BatchPhase, make_plan
 from bigbatch.config import load_config
-from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.data.pipeline.order import GlobalBatchOrder
 from bigbatch.errors import UserError
 from bigbatch.largebatch.ema import WeightEMA
 from bigbatch.largebatch.norm import grown_momentum

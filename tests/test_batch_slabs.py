@@ -1,7 +1,7 @@
-"""Batch slabs (``data/batch_slabs.py``): DataLoader workers write their batches into shared memory they keep, and
-a slab is written again only once the training process holds nothing of its last batch. Held batches (whole,
-sliced, as numpy views) never change, slabs are in fact reused, a worker with none free allocates afresh, and a
-tensor that is not a slab's batch is left alone."""
+"""Batch slabs (``data/pipeline/batch_slabs.py``): DataLoader workers write their batches into shared memory they keep,
+and a slab is written again only once the training process holds nothing of its last batch. Held batches (whole, sliced,
+as numpy views) never change, slabs are in fact reused, a worker with none free allocates afresh, and a tensor that is
+not a slab's batch is left alone."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from bigbatch.data import batch_slabs
-from bigbatch.data.batch_slabs import HEADER_BYTES, MAGIC, BatchSlabs, shared_batch_tensor
-from bigbatch.data.crops import InceptionTrainCrop
-from bigbatch.data.folder import FolderImages
-from bigbatch.data.loader import batches_by_step
-from bigbatch.data.order import GlobalBatchOrder
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.formats.folder import FolderImages
+from bigbatch.data.pipeline import batch_slabs
+from bigbatch.data.pipeline.batch_slabs import HEADER_BYTES, MAGIC, BatchSlabs, shared_batch_tensor
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import GlobalBatchOrder
+from bigbatch.data.pipeline.problems import DataIssues
+from bigbatch.data.transforms.crops import InceptionTrainCrop
 from tests.helpers import write_photo_folder
 
 IMAGES, MICRO, SUBDIVISIONS, STEPS = 64, 4, 3, 40

@@ -1,6 +1,6 @@
-"""AlexeyAB Darknet's mosaic (``data.mosaic``, ``data.mosaic_bound``; ``data/mosaic.py``): boxes follow their pixels
-under every cut, shift and flip, read back from painted images; the draws come from the sample's seed; ``mosaic: 0``
-leaves every sample as it was; a ``.cfg``'s ``mosaic=1`` is ``data.mosaic: 0.5``; bad values name the key.
+"""AlexeyAB Darknet's mosaic (``data.mosaic``, ``data.mosaic_bound``; ``data/transforms/mosaic.py``): boxes follow their
+pixels under every cut, shift and flip, read back from painted images; the draws come from the sample's seed; ``mosaic:
+0`` leaves every sample as it was; a ``.cfg``'s ``mosaic=1`` is ``data.mosaic: 0.5``; bad values name the key.
 
 The oracle is the image itself: each source box is a solid rectangle of its own colour (one channel 255, the others
 0, 80 or 160) on black, three pixels at least from any other box. A pixel of a box's colour can only come from that
@@ -20,10 +20,10 @@ from torchvision import tv_tensors
 
 from bigbatch.config import load_config
 from bigbatch.darknet.cfg import ignored_keys, read_darknet_cfg
-from bigbatch.data.det_transforms import clamp_and_sanitize, train_transform
-from bigbatch.data.detection import DetectionDataset, DetectionRecord
-from bigbatch.data.mosaic import Mosaic, compose, draw_cut, draw_plan
-from bigbatch.data.order import sample_rng
+from bigbatch.data.formats.detection import DetectionDataset, DetectionRecord
+from bigbatch.data.pipeline.order import sample_rng
+from bigbatch.data.transforms.det_transforms import clamp_and_sanitize, train_transform
+from bigbatch.data.transforms.mosaic import Mosaic, compose, draw_cut, draw_plan
 from bigbatch.errors import UserError
 from tests.helpers import net_header
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bigbatch.data.loader import TensorImages, batches_by_step, eval_batches
-from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.data.pipeline.loader import TensorImages, batches_by_step, eval_batches
+from bigbatch.data.pipeline.order import GlobalBatchOrder
 
 pytestmark = pytest.mark.fast
 

@@ -11,9 +11,9 @@ from PIL import Image
 from torchvision.io import decode_image
 
 from bigbatch.config import load_config
-from bigbatch.data.crops import InceptionEvalCrop, InceptionTrainCrop
-from bigbatch.data.folder import decode_crop, preprocessing
-from bigbatch.data.inception import InceptionEval, InceptionTrain, fast_resize_bilinear
+from bigbatch.data.formats.folder import decode_crop, preprocessing
+from bigbatch.data.transforms.crops import InceptionEvalCrop, InceptionTrainCrop
+from bigbatch.data.transforms.inception import InceptionEval, InceptionTrain, fast_resize_bilinear
 from bigbatch.errors import UserError
 
 LIMITS = {False: (0.05, 0.75), True: (0.1, 1.5)}
@@ -48,7 +48,7 @@ def test_exact_is_the_inception_transform_on_the_whole_decoded_image(photos):
 
 
 def test_fast_takes_the_same_draws_and_stays_within_the_stated_difference(photos, monkeypatch):
-    import bigbatch.data.folder as folder
+    import bigbatch.data.formats.folder as folder
 
     original, reductions = folder.jpeg_reduction, []
     monkeypatch.setattr(folder, "jpeg_reduction", lambda *a: reductions.append(original(*a)) or reductions[-1])
@@ -99,7 +99,7 @@ def test_the_key_defaults_to_exact_and_reaches_the_preprocessing(tmp_path):
 
 
 def test_fast_decodes_a_large_jpeg_reduced_and_exact_never_does(photos, monkeypatch):
-    import bigbatch.data.folder as folder
+    import bigbatch.data.formats.folder as folder
 
     large = photos[2]  # 1281 x 1920: a crop of a tenth of it still holds two 299 px outputs per side, often
     reductions = []
@@ -122,8 +122,8 @@ def test_fast_decodes_a_large_jpeg_reduced_and_exact_never_does(photos, monkeypa
 def test_a_batch_written_in_place_equals_the_stacked_samples(photos, fast):
     from torch.utils.data import DataLoader
 
-    from bigbatch.data.folder import EncodedImages, FolderImages
-    from bigbatch.data.problems import DataIssues
+    from bigbatch.data.formats.folder import EncodedImages, FolderImages
+    from bigbatch.data.pipeline.problems import DataIssues
 
     dataset = FolderImages([(path, n) for n, path in enumerate(photos)], InceptionTrainCrop(64, fast=fast),
                            DataIssues())

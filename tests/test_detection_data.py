@@ -21,9 +21,9 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from bigbatch.darknet.yolo_data import load_yolo, read_darknet_data, read_names, yolo_label_path
-from bigbatch.data.coco import coco_ground_truth, load_coco
-from bigbatch.data.detection import DetectionDataset, DetectionRecord
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.formats.coco import coco_ground_truth, load_coco
+from bigbatch.data.formats.detection import DetectionDataset, DetectionRecord
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 from tests.helpers import DARKNET_DATA
 

@@ -26,7 +26,7 @@ from bigbatch.config import (
     load_config,
     validate_config,
 )
-from bigbatch.data.loader import TensorImages
+from bigbatch.data.pipeline.loader import TensorImages
 from bigbatch.engine.controllers.base import BatchController, StepBatch
 from bigbatch.errors import UserError
 from bigbatch.largebatch.rescale import rescale

@@ -13,10 +13,18 @@ import torch
 from PIL import Image
 
 from bigbatch.config import load_config
-from bigbatch.data import folder, jpeg
-from bigbatch.data.crops import InceptionTrainCrop
-from bigbatch.data.folder import FolderImages, decode_crop, find_classes, huge_page_tensor, jpeg_reduction, list_samples
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.formats import folder
+from bigbatch.data.formats.folder import (
+    FolderImages,
+    decode_crop,
+    find_classes,
+    huge_page_tensor,
+    jpeg_reduction,
+    list_samples,
+)
+from bigbatch.data.pipeline import jpeg
+from bigbatch.data.pipeline.problems import DataIssues
+from bigbatch.data.transforms.crops import InceptionTrainCrop
 from bigbatch.registry import HOOKS
 from tests.helpers import StopAfter, assert_same_weights, run_main, torchrun, weights, write_photo_folder
 
@@ -121,7 +129,7 @@ def test_a_strict_run_stops_at_the_first_bad_file_naming_it(tmp_path, damaged):
 def test_decoding_a_garbled_jpeg_prints_nothing_of_libjpegs_own(damaged, capfd):
     from torchvision.io import decode_image
 
-    from bigbatch.data.images import decode_rgb
+    from bigbatch.data.pipeline.images import decode_rgb
 
     garbled = str(damaged[1][2])
     with pytest.raises(RuntimeError):
@@ -211,7 +219,7 @@ def test_the_loss_smooths_the_labels_of_the_main_and_the_auxiliary_logits():
 
 
 def test_data_bench_prints_images_per_second_per_number_of_workers(photos):
-    from bigbatch.data.bench import worker_counts
+    from bigbatch.data.pipeline.bench import worker_counts
 
     assert worker_counts(16) == [0, 1, 2, 4, 8, 16] and worker_counts(6) == [0, 1, 2, 4, 6]
     assert worker_counts(2) == [0, 1, 2] and worker_counts(1) == [0, 1]

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-from bigbatch.data.files import IMAGE_FILE_LIMIT, read_regular
-from bigbatch.data.folder import find_classes, list_samples
-from bigbatch.data.pack import PARTIAL_MARK
-from bigbatch.data.shard_index import read_index
+from bigbatch.data.formats.folder import find_classes, list_samples
+from bigbatch.data.formats.pack import PARTIAL_MARK
+from bigbatch.data.formats.shard_index import read_index
+from bigbatch.data.pipeline.files import IMAGE_FILE_LIMIT, read_regular
 from bigbatch.errors import UserError
 from tests.helpers import HANG_GUARD_S, run_main, write_photo_folder
 
@@ -102,7 +102,7 @@ def test_an_image_file_past_the_bound_is_refused_unread(tmp_path):
 def test_an_image_replaced_by_a_fifo_after_listing_is_a_bad_image_not_a_hang(photos, tmp_path):
     """Between listing and reading (a long run), a file may change: the read itself refuses a non-regular file."""
     from bigbatch.config import load_config
-    from bigbatch.data.folder import load
+    from bigbatch.data.formats.folder import load
 
     cfg = load_config("digits", ["data.name=folder", f"data.path={photos}", "data.size=32"])
     train, _, _ = load(cfg)
@@ -117,7 +117,7 @@ def test_an_image_replaced_by_a_fifo_after_listing_is_a_bad_image_not_a_hang(pho
 KILLED_PACK = """
 import os, signal, sys
 from pathlib import Path
-from bigbatch.data import pack as packing
+from bigbatch.data.formats import pack as packing
 
 real_add = packing._ShardWriter.add
 def add_then_die(self, *args):

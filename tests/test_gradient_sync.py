@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from bigbatch.data.loader import TensorImages
+from bigbatch.data.pipeline.loader import TensorImages
 from bigbatch.engine.step import attempt_step
 from bigbatch.tasks.classification import ClassificationTask
 from tests.helpers import HANG_GUARD_S, run_spawned

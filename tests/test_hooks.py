@@ -91,8 +91,8 @@ def test_after_backward_reads_each_micro_batch_local_gradient(tmp_path, moments)
     """The change of ``.grad`` after micro-batch i's backward is grad(loss_i) * scale / S, computed here again from
     the same weights and images (the step's first micro-batches of the data order)."""
     from bigbatch.config import load_config
-    from bigbatch.data.loader import batches_by_step
-    from bigbatch.data.order import GlobalBatchOrder
+    from bigbatch.data.pipeline.loader import batches_by_step
+    from bigbatch.data.pipeline.order import GlobalBatchOrder
     from bigbatch.engine.trainer import seed_everything
     from bigbatch.tasks import build_task
 

@@ -68,7 +68,7 @@ def test_the_source_is_read():
     assert "bigbatch.config" in GRAPH["bigbatch.largebatch.optim"]
     assert "bigbatch.models.small_cnn" in GRAPH["bigbatch.models"]
     assert "bigbatch.models" in GRAPH["bigbatch.telemetry.capacity"]  # inside parameter_count
-    assert "bigbatch.config" not in GRAPH["bigbatch.data.digits"]  # under TYPE_CHECKING only
+    assert "bigbatch.config" not in GRAPH["bigbatch.data.formats.digits"]  # under TYPE_CHECKING only
 
 
 CONFIG = {name for name in MODULES if name == "bigbatch.config" or name.startswith("bigbatch.config.")}
@@ -168,5 +168,5 @@ def test_every_module_is_on_a_floor_and_imports_nothing_above_it():
 
 def test_an_import_from_a_floor_above_is_found():
     """The oracle of the test above: the floor-order rule catches an import pointing up."""
-    assert floor_of("bigbatch.data.batch_slabs") < floor_of("bigbatch.engine.transfer")
+    assert floor_of("bigbatch.data.pipeline.batch_slabs") < floor_of("bigbatch.engine.transfer")
     assert floor_of("bigbatch.floor.files") < floor_of("bigbatch.errors") + 1

@@ -1,4 +1,4 @@
-"""The Inception preprocessing (bigbatch.data.inception) against TensorFlow's definitions.
+"""The Inception preprocessing (bigbatch.data.transforms.inception) against TensorFlow's definitions.
 
 Oracles: values computed by hand from the formulas, Python's ``colorsys`` for the HSV ops, and a few outputs of
 TensorFlow 2.21 itself (``tf.compat.v1`` CPU kernels, recorded once; TensorFlow is not a test dependency).
@@ -15,7 +15,7 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as TF
 
-from bigbatch.data.inception import (
+from bigbatch.data.transforms.inception import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     RESIZE_METHODS,

@@ -17,9 +17,9 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from bigbatch.data import jpeg
-from bigbatch.data.crops import InceptionTrainCrop, StandardTrainCrop
-from bigbatch.data.folder import decode_crop
+from bigbatch.data.formats.folder import decode_crop
+from bigbatch.data.pipeline import jpeg
+from bigbatch.data.transforms.crops import InceptionTrainCrop, StandardTrainCrop
 
 needs_extension = pytest.mark.skipif(not jpeg.available(), reason="the region decode extension is not built here")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bigbatch.config import load_config, parse_size
-from bigbatch.data.loader import split_batch
+from bigbatch.data.pipeline.loader import split_batch
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import train
 from tests.helpers import run_main
@@ -72,9 +72,9 @@ def test_split_batch_keeps_the_images_in_order():
 
 
 def test_no_second_copy_of_the_data_on_the_cpu():
-    from bigbatch.data.digits import load_digits_split
-    from bigbatch.data.loader import batches_by_step
-    from bigbatch.data.order import GlobalBatchOrder
+    from bigbatch.data.formats.digits import load_digits_split
+    from bigbatch.data.pipeline.loader import batches_by_step
+    from bigbatch.data.pipeline.order import GlobalBatchOrder
     from bigbatch.engine.transfer import to_device
 
     train_set, _ = load_digits_split(8)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bigbatch.config import load_config
-from bigbatch.data.loader import step_prefetch
+from bigbatch.data.pipeline.loader import step_prefetch
 from bigbatch.models import build_classifier
 from bigbatch.registry import HOOKS
 from tests.helpers import StopAfter, assert_same_weights, run_main, weights

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bigbatch.data.multiscale import DarknetDraw, ListDraw, MultiScale, c_round, darknet_size, darknet_sizes
+from bigbatch.data.transforms.multiscale import DarknetDraw, ListDraw, MultiScale, c_round, darknet_size, darknet_sizes
 
 
 def test_darknet_sizes_are_the_seeds_numbers():

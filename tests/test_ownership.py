@@ -47,7 +47,7 @@ def test_the_batch_layout_is_checked_in_one_place():
     assert [module for module, tree in SOURCES.items() if called(tree, "check_batch")] == ["batching.py"]
 
 
-BEFORE_THE_BOUNDARY = {"config/run.py", "engine/planner.py", "telemetry/capacity.py", "data/bench.py"}
+BEFORE_THE_BOUNDARY = {"config/run.py", "engine/planner.py", "telemetry/capacity.py", "data/pipeline/bench.py"}
 """Where ``subdivisions`` may still be ``auto``: the config, its measurement, the capacity check before any work,
 and ``data bench``, which trains nothing."""
 

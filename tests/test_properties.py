@@ -65,7 +65,7 @@ def examples(n: int) -> settings:
 @pytest.fixture(autouse=True)
 def _cheap_show(tmp_path_factory, monkeypatch):
     """An empty working directory; digits loaded at 8 px (``show`` only counts them); no ``subdivisions: auto``."""
-    import bigbatch.data.digits as digits
+    import bigbatch.data.formats.digits as digits
     import bigbatch.engine.planner as planner
 
     real_load, real_resolve = digits.load_digits_split, planner.resolve_auto_subdivisions

@@ -28,8 +28,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from bigbatch.config import load_config
-from bigbatch.data.loader import eval_batches
-from bigbatch.data.shapes import CATEGORY_IDS, CLASSES, generate_shapes
+from bigbatch.data.formats.shapes import CATEGORY_IDS, CLASSES, generate_shapes
+from bigbatch.data.pipeline.loader import eval_batches
 from bigbatch.tasks.coco_eval import SUMMARY_KEYS
 from bigbatch.tasks.detection import DetectionTask
 from tests.helpers import run_main

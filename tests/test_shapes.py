@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from bigbatch.data import shapes
-from bigbatch.data.shapes import CATEGORY_IDS, CLASSES, render_sample, write_shapes
+from bigbatch.data.formats import shapes
+from bigbatch.data.formats.shapes import CATEGORY_IDS, CLASSES, render_sample, write_shapes
 from bigbatch.errors import UserError
 
 
@@ -181,7 +181,7 @@ def test_a_generated_set_holding_a_file_of_the_users_is_not_replaced(tmp_path: P
 
 
 def test_an_incomplete_generated_set_and_stale_partials_are_replaced(tmp_path: Path) -> None:
-    from bigbatch.data.shapes import MARKER, generate_shapes
+    from bigbatch.data.formats.shapes import MARKER, generate_shapes
 
     root = tmp_path / "shapes"
     write_shapes(root, 6, seed=1)
@@ -252,7 +252,7 @@ def test_yolo_layout_holds_the_same_boxes_as_the_coco_files(tmp_path):
 
     from bigbatch.cli import main
     from bigbatch.config import load_config
-    from bigbatch.data.problems import DataIssues
+    from bigbatch.data.pipeline.problems import DataIssues
     from bigbatch.registry import DATASETS
 
     out = tmp_path / "set"

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bigbatch.data.pack import INDEX, pack
-from bigbatch.data.problems import DataIssues
-from bigbatch.data.shard_index import read_index
-from bigbatch.data.shards import ShardImages
+from bigbatch.data.formats.pack import INDEX, pack
+from bigbatch.data.formats.shard_index import read_index
+from bigbatch.data.formats.shards import ShardImages
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 from tests.helpers import run_main, write_photo_folder
 

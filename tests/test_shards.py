@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from bigbatch.data.folder import find_classes, list_samples
-from bigbatch.data.pack import pack
-from bigbatch.data.shards import ShardOrder, interleave, shuffle_buffer
+from bigbatch.data.formats.folder import find_classes, list_samples
+from bigbatch.data.formats.pack import pack
+from bigbatch.data.formats.shards import ShardOrder, interleave, shuffle_buffer
 from bigbatch.errors import UserError
 from bigbatch.registry import HOOKS
 from tests.helpers import StopAfter, run_main, torchrun, weights, write_photo_folder

@@ -14,8 +14,8 @@ import torch
 from bigbatch.batching import make_plan
 from bigbatch.cli import main
 from bigbatch.config import load_config
-from bigbatch.data.loader import batches_by_step
-from bigbatch.data.order import GlobalBatchOrder
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import GlobalBatchOrder
 from bigbatch.engine import checkpoint
 from bigbatch.engine.controllers.base import build_controller
 from bigbatch.engine.events import EventStorage, Record

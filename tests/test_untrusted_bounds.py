@@ -23,7 +23,7 @@ from bigbatch.config import load_config
 from bigbatch.darknet import cfg as darknet_cfg
 from bigbatch.darknet.spec import KINDS
 from bigbatch.darknet.text import read_cfg_sections
-from bigbatch.data.pack import pack
+from bigbatch.data.formats.pack import pack
 from tests.helpers import ROOT, run_cli
 
 

@@ -32,7 +32,7 @@ from bigbatch.darknet.yolo_data import (
     MAX_LISTED_IMAGES,
     NAMES_FILE_LIMIT,
 )
-from bigbatch.data.files import LINE_LIMIT, BadLine, read_lines
+from bigbatch.data.pipeline.files import LINE_LIMIT, BadLine, read_lines
 from tests.helpers import HANG_GUARD_S, ROOT, run_main
 
 SECRET = "password swordfish-SECRET x"
@@ -261,7 +261,7 @@ def test_a_label_file_of_a_million_boxes_gives_its_first_ones_and_a_warning(tmp_
     assert (f"warning: {label}:{MAX_LABEL_BOXES + 1}: more than 4,096 lines: the boxes from this line on are skipped "
             "(a label file gives at most 4,096)") in result.stderr
     from bigbatch.darknet.yolo_data import load_yolo
-    from bigbatch.data.problems import DataIssues
+    from bigbatch.data.pipeline.problems import DataIssues
 
     records, _ = load_yolo(data, DataIssues(), keep_empty=True)
     assert [len(r.boxes) for r in records] == [1, MAX_LABEL_BOXES]

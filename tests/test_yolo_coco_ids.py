@@ -1,6 +1,6 @@
-"""A YOLO set takes the ids of a COCO file of the same images (``data.annotations``, ``data/coco_ids.py``): images by
-file name, categories by name, objects by box; every mismatch is one error naming the key and the file; the file is
-read as an untrusted one; ``auto`` takes only the val.json that ``data shapes`` wrote inside a set it generated.
+"""A YOLO set takes the ids of a COCO file of the same images (``data.annotations``, ``data/formats/coco_ids.py``):
+images by file name, categories by name, objects by box; every mismatch is one error naming the key and the file; the
+file is read as an untrusted one; ``auto`` takes only the val.json that ``data shapes`` wrote inside a set it generated.
 
 The oracle is the generated set itself: its val.json (written from the same drawn shapes as its YOLO labels) is the
 file whose ids, boxes and areas the validation records must hold; edited copies of it make each mismatch.
@@ -18,9 +18,9 @@ import pytest
 
 from bigbatch.config import load_config
 from bigbatch.darknet.yolo_data import load
-from bigbatch.data import coco
-from bigbatch.data.problems import DataIssues
-from bigbatch.data.shapes import CATEGORY_IDS, CLASSES, MARKER, generate_shapes
+from bigbatch.data.formats import coco
+from bigbatch.data.formats.shapes import CATEGORY_IDS, CLASSES, MARKER, generate_shapes
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 from tests.helpers import run_main
 

@@ -20,7 +20,7 @@ class MultiScaleConfig(Section):
     sizes: SizeList | Literal["auto"] | None = None
     """Training sizes (``data.size`` for each step): a list, drawn uniformly; ``auto``: Darknet's rule around
     ``data.size`` with ``range`` (``round(r * size / 32 + 1) * 32``, r in [1/range, range]: 416 takes 320..608;
-    ``data/multiscale.py``); unset: multi-scale training is off."""
+    ``data/transforms/multiscale.py``); unset: multi-scale training is off."""
     every: int = Field(10, gt=0)
     """Steps between two size changes."""
     range: float = Field(1.4, ge=1, le=10)
@@ -33,7 +33,7 @@ class DataConfig(PartSection):
     """The dataset: the keys every format shares. A format declares its own keys when it registers (``fields=``):
     ``coco`` its splits (``train``, ``val``), ``yolo`` ``annotations`` (a COCO file of its validation images, for
     their ids), ``shapes`` ``shapes_images``, every detection format the augmentation keys
-    (``data/detection_keys.py``), ``folder`` and ``shards`` ``preprocessing``."""
+    (``data/transforms/detection_keys.py``), ``folder`` and ``shards`` ``preprocessing``."""
 
     parts = DATASETS
     layout = ("name", "size", "max_size", "resize", "path", "train", "val", "annotations", "classes", "strict",

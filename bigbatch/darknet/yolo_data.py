@@ -19,22 +19,22 @@ The label file of an image follows Darknet's rule (``replace_image_to_label``; u
 label file is an image without boxes, as in Darknet. ``image_id`` is the image's index in the list, stable
 whatever is skipped.
 
-Every file a ``.data`` file names may be hostile, as a dataset's images are (``data/files.py``): each is read only as
-a regular file, opened without blocking (a FIFO or a link to ``/dev/zero`` is refused, never read), line by line
+Every file a ``.data`` file names may be hostile, as a dataset's images are (``data/pipeline/files.py``): each is read
+only as a regular file, opened without blocking (a FIFO or a link to ``/dev/zero`` is refused, never read), line by line
 within bounds set before any memory is spent on it: the ``.data`` file within :data:`DATA_FILE_LIMIT` bytes, a names
 file within :data:`NAMES_FILE_LIMIT` bytes and :data:`MAX_CLASS_NAMES` lines, an image list or folder within
 :data:`MAX_LISTED_IMAGES` images, a label file's first :data:`MAX_LABEL_BOXES` lines (those after them are skipped and
 reported), each line within ``files.LINE_LIMIT`` bytes. A mistake is one ``error:`` line naming the file and line (a
 label file's: a reported skip), never the line's content. The paths keep Darknet's rule above, but class names are
-printed (tables, metric keys): a names file outside the ``.data`` file's folder (links and ``..`` followed) is read
-only when a ``classes =`` line gives its count, as every ``.data`` file of Darknet's own does.
+printed (tables, metric keys): a names file outside the ``.data`` file's folder (links and ``..`` followed) is read only
+when a ``classes =`` line gives its count, as every ``.data`` file of Darknet's own does.
 
 The ``yolo`` detection format of ``registry.DATASETS``: ``data.path`` is a ``.data`` file or a dataset folder
 (:func:`yolo_splits`), and ``data.classes`` keeps some classes by name. A YOLO set has no ids of its own: an image's
 id is its position in its list, a category's its class index + 1 (``coco.CATEGORY_ID_OFFSET``; the names carry
 ``category_ids=None``). ``data.annotations`` names a COCO file of the same validation images; the validation
 records then take its image ids (by file name), category ids (by name) and each object's box and area
-(``data/coco_ids.py``), so that a COCO results file (``eval --save-detections``) scores against that file as
+(``data/formats/coco_ids.py``), so that a COCO results file (``eval --save-detections``) scores against that file as
 bigbatch scores it. Its default, ``auto``, is the ``annotations/val.json`` that ``bigbatch data shapes`` wrote when
 ``data.path`` is (or is in) a set it generated (``shapes.own_annotation_file``), and no file otherwise; ``null``:
 no file.
@@ -49,15 +49,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bigbatch.darknet.text import read_options
-from bigbatch.data.coco import ClassNames, class_mapping
-from bigbatch.data.coco_ids import take_coco_ids
-from bigbatch.data.detection import EDGE_TOLERANCE, DetectionRecord, check_box
-from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
-from bigbatch.data.files import BadLine, read_lines
-from bigbatch.data.formats import train_images_given
-from bigbatch.data.images import inspect_images
-from bigbatch.data.problems import DataIssues
-from bigbatch.data.shapes import own_annotation_file
+from bigbatch.data.formats.coco import ClassNames, class_mapping
+from bigbatch.data.formats.coco_ids import take_coco_ids
+from bigbatch.data.formats.counts import train_images_given
+from bigbatch.data.formats.detection import EDGE_TOLERANCE, DetectionRecord, check_box
+from bigbatch.data.formats.shapes import own_annotation_file
+from bigbatch.data.pipeline.files import BadLine, read_lines
+from bigbatch.data.pipeline.images import inspect_images
+from bigbatch.data.pipeline.problems import DataIssues
+from bigbatch.data.transforms.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 

@@ -86,8 +86,8 @@ def profile(cfg: RunConfig, steps: int, out_dir: Path) -> tuple[Path, str]:
     from torch.profiler import profile as torch_profile
 
     from bigbatch.batching import make_plan
-    from bigbatch.data.loader import batches_by_step
-    from bigbatch.data.order import order_of
+    from bigbatch.data.pipeline.loader import batches_by_step
+    from bigbatch.data.pipeline.order import order_of
     from bigbatch.engine.events import EventStorage
     from bigbatch.engine.host_memory import keep_freed
     from bigbatch.engine.parts import build_parts

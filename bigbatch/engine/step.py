@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import NormConfig
-from bigbatch.data.loader import split_micro_batches
+from bigbatch.data.pipeline.loader import split_micro_batches
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.largebatch.ema import WeightEMA

@@ -5,7 +5,7 @@
     parts: model, optimizer, scaler, EMA, schedule          engine/parts.py
     progress: the plan in effect, the steps done            engine/progress.py (its batch controller decides)
     state: everything a checkpoint holds                     engine/state.py
-    for step in steps:                                       data/loader.py: this device's micro-batches
+    for step in steps:                                       data/pipeline/loader.py: this device's micro-batches
         the step's batch and LR gain                         engine/controllers/ (fixed, scheduled, adaptive)
         set the LR to gain x lr(schedule step)               largebatch/schedule.py
         one optimizer step over the micro-batches            engine/step.py (accumulation, retries, EMA)
@@ -32,8 +32,8 @@ import torch
 
 from bigbatch.batching import BatchLayout, make_plan
 from bigbatch.config import RunConfig, config_to_yaml
-from bigbatch.data.loader import batches_by_step
-from bigbatch.data.order import order_of
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import order_of
 from bigbatch.engine import host_memory
 from bigbatch.engine.controllers.base import BatchController, build_controller
 from bigbatch.engine.events import EventStorage, Record
@@ -183,11 +183,11 @@ class MeasuredBy:
 
 
 def step_batches(run: Run, start: int) -> Iterator[tuple[int, float, Any]]:
-    """(step, seconds waited, this device's micro-batches) of each step from ``start`` (data/loader.py). The data
-    order is keyed by image offset (step k: images [images_before(k), + batch_at(k))), so where an adaptive batch
-    grows (the progress's plan gains a phase after a step) the loader is built again from the next step, and no image
-    of the order is repeated or skipped. The run ends where its controller says so (an adaptive run: once its
-    progress reaches the base schedule's length; ``run.plan.steps`` is then the steps taken)."""
+    """(step, seconds waited, this device's micro-batches) of each step from ``start`` (data/pipeline/loader.py). The
+    data order is keyed by image offset (step k: images [images_before(k), + batch_at(k))), so where an adaptive batch
+    grows (the progress's plan gains a phase after a step) the loader is built again from the next step, and no image of
+    the order is repeated or skipped. The run ends where its controller says so (an adaptive run: once its progress
+    reaches the base schedule's length; ``run.plan.steps`` is then the steps taken)."""
     cfg, proc, task, progress = run.cfg, run.proc, run.task, run.progress
     while not progress.finished:  # a resumed run may have finished
         plan = progress.plan

@@ -1,12 +1,12 @@
 """The input pipeline's third stage: a step's micro-batches to the device, the next one copied while the current one
 computes.
 
-On CUDA the loader hands over batches in page-locked (pinned) memory (``data/loader.py``), so a ``non_blocking``
-copy returns at once. :class:`DeviceMicroBatches` issues micro-batch ``i + 1``'s copy on a side stream when
-micro-batch ``i`` is handed to the step, and the compute stream waits for a copy's event only when it needs that
-micro-batch (the pattern of NVIDIA's Apex ``data_prefetcher`` and timm's ``PrefetchLoader``, one micro-batch
-ahead instead of one batch): the copy of every micro-batch but the first overlaps the compute of the one before, and
-at most two of a step's micro-batches are on the device at once. Host memory is read once, by the copy itself.
+On CUDA the loader hands over batches in page-locked (pinned) memory (``data/pipeline/loader.py``), so a
+``non_blocking`` copy returns at once. :class:`DeviceMicroBatches` issues micro-batch ``i + 1``'s copy on a side stream
+when micro-batch ``i`` is handed to the step, and the compute stream waits for a copy's event only when it needs that
+micro-batch (the pattern of NVIDIA's Apex ``data_prefetcher`` and timm's ``PrefetchLoader``, one micro-batch ahead
+instead of one batch): the copy of every micro-batch but the first overlaps the compute of the one before, and at most
+two of a step's micro-batches are on the device at once. Host memory is read once, by the copy itself.
 
 On the CPU nothing is copied: the micro-batches are used where they are.
 """

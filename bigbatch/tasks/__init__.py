@@ -26,7 +26,7 @@ def train_set_size(cfg: RunConfig) -> int:
 def train_set_size_if_known(cfg: RunConfig) -> int | None:
     """:func:`train_set_size`, or None when the data is not at hand: ``show``, ``schedule`` and ``scale`` plan
     without it (the epochs are then unknown, and a length counted in epochs is one error naming its key)."""
-    from bigbatch.data.formats import DataNotAtHand
+    from bigbatch.data.formats.counts import DataNotAtHand
 
     try:
         return train_set_size(cfg)

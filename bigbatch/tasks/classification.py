@@ -1,6 +1,6 @@
 """Image classification: cross-entropy loss (label smoothing, an auxiliary head), top-1 / top-5 accuracy.
 
-A batch is ``(images, labels)``, or ``(images, labels, problems)`` from image files (``data/folder.py``: the
+A batch is ``(images, labels)``, or ``(images, labels, problems)`` from image files (``data/formats/folder.py``: the
 unreadable files a DataLoader worker replaced, counted here).
 
 The loss, as the Inception v3 TPU code has it (``loss.*``):
@@ -25,9 +25,9 @@ from torch.utils.data import Dataset
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
-from bigbatch.data.loader import eval_batches
-from bigbatch.data.order import sample_seed
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.pipeline.loader import eval_batches
+from bigbatch.data.pipeline.order import sample_seed
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.registry import DATASETS, TASKS
 
 

@@ -2,7 +2,7 @@
 
 A batch is ``(list of images, list of targets)``: images differ in size, and the detector pads them into one
 tensor itself. Each training sample is read with the key ``(index, size, sample_seed)``: ``size`` is the
-step's multi-scale size, the same on every rank and after a resume (``data/multiscale.py``), and the
+step's multi-scale size, the same on every rank and after a resume (``data/transforms/multiscale.py``), and the
 augmentation of a sample depends on ``sample_seed`` alone, drawn from (seed, step, index), so that it is the
 same whatever the layout, the workers or a resume.
 
@@ -15,7 +15,7 @@ being ``category_ids[l]`` (the validation annotation file's id of that class, ``
 included), so that a saved COCO results file scores against the original annotation file, with pycocotools,
 faster-coco-eval or the COCO server, as bigbatch scores it. A set without ids (YOLO) numbers them label + 1 and its
 images by their place in the list, unless a COCO file of the same images gives both (``data.annotations``,
-``data/coco_ids.py``).
+``data/formats/coco_ids.py``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import torch.nn as nn
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
-from bigbatch.data.coco import category_ids_of, coco_ground_truth
-from bigbatch.data.det_transforms import boxes_to_original, eval_transform, train_transform
-from bigbatch.data.detection import DetectionDataset, records_name
-from bigbatch.data.loader import eval_batches
-from bigbatch.data.multiscale import MultiScale, draw_for
-from bigbatch.data.order import sample_seed
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.formats.coco import category_ids_of, coco_ground_truth
+from bigbatch.data.formats.detection import DetectionDataset, records_name
+from bigbatch.data.pipeline.loader import eval_batches
+from bigbatch.data.pipeline.order import sample_seed
+from bigbatch.data.pipeline.problems import DataIssues
+from bigbatch.data.transforms.det_transforms import boxes_to_original, eval_transform, train_transform
+from bigbatch.data.transforms.multiscale import MultiScale, draw_for
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS, TASKS
 from bigbatch.tasks.coco_eval import (

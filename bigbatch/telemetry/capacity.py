@@ -64,7 +64,7 @@ def largest_input(cfg: RunConfig) -> tuple[int, int]:
         return data.size, data.size
     sizes = data.multiscale.sizes
     if sizes == "auto":
-        from bigbatch.data.multiscale import darknet_sizes
+        from bigbatch.data.transforms.multiscale import darknet_sizes
 
         try:
             sizes = darknet_sizes(data.size, data.multiscale.range)

@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from bigbatch.darknet.reading import SectionReader
 from bigbatch.darknet.spec import DarknetCfg, LayerKind, LayerSpec, Shape, TableRow, register_kind
-from bigbatch.data.files import BadLine, read_lines
+from bigbatch.data.pipeline.files import BadLine, read_lines
 
 MAX_TREE_BYTES = 16 * 2**20
 """The largest WordTree file read (Darknet's 9k.tree is 0.2 MB)."""

@@ -27,7 +27,7 @@ import torchvision.transforms.v2.functional as TF
 from pydantic import Field, model_validator
 
 from bigbatch.config.section import Section
-from bigbatch.data.crops import into
+from bigbatch.data.transforms.crops import into
 
 
 class DarknetAugment(Section):
@@ -51,7 +51,7 @@ class DarknetAugment(Section):
 
 
 def rand_scale(s: float) -> float:
-    from bigbatch.data.det_transforms import rand_scale as darknet_rand_scale
+    from bigbatch.data.transforms.det_transforms import rand_scale as darknet_rand_scale
 
     return darknet_rand_scale(s)
 
@@ -60,7 +60,7 @@ class DarknetTrainCrop:
     """The training crop (the module's formula); ``box`` draws the window, ``finish`` the rest."""
 
     def __init__(self, size: int, augment: DarknetAugment, fast: bool = False) -> None:
-        from bigbatch.data.det_transforms import DarknetColor
+        from bigbatch.data.transforms.det_transforms import DarknetColor
 
         self.size, self.augment, self.fast = size, augment, fast
         self.color = DarknetColor(augment.hue, augment.saturation, augment.exposure)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from bigbatch.data.loader import TensorImages
+from bigbatch.data.pipeline.loader import TensorImages
 from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:

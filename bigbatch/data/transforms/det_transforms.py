@@ -13,7 +13,7 @@ clamp, sanitize) do all the box arithmetic; this module only chooses the output 
   side ``int(side * scale + 0.5)``, centred on a ``size x size`` canvas (``left = (size - new_w) // 2``,
   the odd pixel goes right / bottom, as Darknet's integer division), padded with grey 114 (as YOLOv5/8).
 - random crop (detectron2 ``RandomCrop("relative_range")``, see :class:`RandomRelativeCrop`).
-- AlexeyAB Darknet's mosaic of four images (``data/mosaic.py``), which the training transform carries for the
+- AlexeyAB Darknet's mosaic of four images (``data/transforms/mosaic.py``), which the training transform carries for the
   dataset (it needs three more records).
 
 Pipelines (:func:`train_transform`, :func:`eval_transform`) return a callable
@@ -33,7 +33,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from bigbatch.data.mosaic import Mosaic
+from bigbatch.data.transforms.mosaic import Mosaic
 
 ResizeMode = Literal["shorter_side", "letterbox"]
 Target = dict[str, Any]
@@ -245,7 +245,7 @@ def distort_hsv(image: torch.Tensor, hue: float, saturation: float, exposure: fl
     Back to RGB by the closed form of ``hsv_to_rgb``: channel ``n`` (R 5, G 3, B 1) is
     ``v (1 - s' clip(min(k, 4 - k), 0, 1))`` with ``k = (n + h') mod 6``; then times ``exposure`` and clipped to
     [0, 1] (``constrain_image``). Equal, to float rounding, to TF's ``adjust_saturation`` then ``adjust_hue``
-    (``data/inception.py``) then the scale, which it replaces because it is several times faster.
+    (``data/transforms/inception.py``) then the scale, which it replaces because it is several times faster.
     """
     if hue == 0.0 and saturation == 1.0:
         return (image * exposure).clamp_(0.0, 1.0)
@@ -383,10 +383,10 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     :class:`DarknetJitter` after the colour jitter, and the window stretched to ``size x size`` in place of the
     resize; with ``hue``, ``saturation`` or ``exposure``, :class:`DarknetColor` on the float image, last.
 
-    With ``mosaic`` (a probability), the transform carries a :class:`~bigbatch.data.mosaic.Mosaic` (its ``mosaic``
-    attribute), with which the training dataset makes a sample of four images, ``size x size``: AlexeyAB's mosaic
-    (``mosaic_bound``: boxes clipped to their quadrant), each image through the crop and colour jitter, then its own
-    jitter window, flip and Darknet colours; the mosaic through the fixed-size crop and the clamp + sanitize.
+    With ``mosaic`` (a probability), the transform carries a :class:`~bigbatch.data.transforms.mosaic.Mosaic` (its
+    ``mosaic`` attribute), with which the training dataset makes a sample of four images, ``size x size``: AlexeyAB's
+    mosaic (``mosaic_bound``: boxes clipped to their quadrant), each image through the crop and colour jitter, then its
+    own jitter window, flip and Darknet colours; the mosaic through the fixed-size crop and the clamp + sanitize.
     """
     return TrainTransform(resize, size, max_size, max_size_ratio, flip, crop, crop_prob, color_jitter,
                           min_box_size, crop_size, jitter, hue, saturation, exposure, mosaic, mosaic_bound)

@@ -8,13 +8,13 @@ Classes and files are listed as torchvision's ``ImageFolder`` lists them: class 
 (``.jpg``, ``.jpeg``, ``.png``, any case). Nothing is read when the set is listed.
 
 Each sample is decoded crop first (``CropFirst``): the crop box is chosen from the size in the file's header,
-then the image decoded, cropped, resized and augmented. A JPEG has only the crop's region decoded (``data/jpeg.py``:
-the whole decode's pixels, bit for bit). With ``data.decode: fast`` it is decoded at the smallest DCT scale (1/1,
-1/2, 1/4, 1/8; libjpeg's scaled decoding) that still gives the crop at least the output's size, and the Inception
-resize runs on the uint8 pixels; ``exact`` (the default) keeps the full-resolution pixels and the preprocessing's
-own arithmetic. ``docs/data.md`` states how far the two differ.
+then the image decoded, cropped, resized and augmented. A JPEG has only the crop's region decoded
+(``data/pipeline/jpeg.py``: the whole decode's pixels, bit for bit). With ``data.decode: fast`` it is decoded at the
+smallest DCT scale (1/1, 1/2, 1/4, 1/8; libjpeg's scaled decoding) that still gives the crop at least the output's size,
+and the Inception resize runs on the uint8 pixels; ``exact`` (the default) keeps the full-resolution pixels and the
+preprocessing's own arithmetic. ``docs/data.md`` states how far the two differ.
 
-A sample's augmentation is drawn from its own seed (``data/order.py``'s ``sample_seed``: run seed, step,
+A sample's augmentation is drawn from its own seed (``data/pipeline/order.py``'s ``sample_seed``: run seed, step,
 index), so an image gets the same crop whatever the devices, subdivisions, workers or a resume.
 
 A file that cannot be decoded (corrupt, truncated, not an image) is reported once, with its path and the reason,
@@ -43,13 +43,13 @@ from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_image
 
-from bigbatch.data import jpeg
-from bigbatch.data.batch_slabs import shared_batch_tensor
-from bigbatch.data.files import read_regular
-from bigbatch.data.formats import train_images_given
-from bigbatch.data.images import error_reason, inspect_images
-from bigbatch.data.order import sample_rng
-from bigbatch.data.problems import DataIssues, none_readable
+from bigbatch.data.formats.counts import train_images_given
+from bigbatch.data.pipeline import jpeg
+from bigbatch.data.pipeline.batch_slabs import shared_batch_tensor
+from bigbatch.data.pipeline.files import read_regular
+from bigbatch.data.pipeline.images import error_reason, inspect_images
+from bigbatch.data.pipeline.order import sample_rng
+from bigbatch.data.pipeline.problems import DataIssues, none_readable
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -225,7 +225,7 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tenso
     """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), and
     finish it (``preprocess.finish``). With ``out`` the sample is written there.
 
-    A JPEG the region decode takes (``data/jpeg.py``: most of them, where the extension was built) has only its
+    A JPEG the region decode takes (``data/pipeline/jpeg.py``: most of them, where the extension was built) has only its
     crop's region decoded, the same pixels as the whole decode; on the fast path (``preprocess.fast``) at the
     smallest DCT scale the crop allows (``jpeg_reduction``). Any other image has its header read with PIL, then is
     decoded whole: on the fast path a JPEG by PIL at that DCT scale (``draft``), otherwise by torchvision
@@ -421,13 +421,13 @@ class Preprocessing:
 
 
 def preprocessing(data: DataConfig) -> Preprocessing:
-    from bigbatch.data import crops
+    from bigbatch.data.transforms import crops
 
     fast = data.decode == "fast"
     if data.preprocessing == "inception":
         return Preprocessing(crops.InceptionTrainCrop(data.size, fast), crops.InceptionEvalCrop(data.size, fast))
     if data.preprocessing == "darknet":
-        from bigbatch.data.classifier_augment import DarknetEvalCrop, DarknetTrainCrop
+        from bigbatch.data.transforms.darknet_augment import DarknetEvalCrop, DarknetTrainCrop
 
         return Preprocessing(DarknetTrainCrop(data.size, data.darknet, fast), DarknetEvalCrop(data.size, fast))
     return Preprocessing(crops.StandardTrainCrop(data.size, data.standard, fast),
@@ -477,10 +477,10 @@ def _path_given(data: DataConfig) -> None:
 
 
 PREPROCESSING = Literal["inception", "standard", "darknet"]
-"""``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/inception.py``),
-``standard``, torchvision's and timm's ImageNet recipe with the keys of ``data.standard`` (``data/crops.py``), or
-``darknet``, Darknet's classifier augmentation
-with the keys of ``data.darknet`` (``data/classifier_augment.py``)."""
+"""``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/transforms/inception.py``),
+``standard``, torchvision's and timm's ImageNet recipe with the keys of ``data.standard``
+(``data/transforms/crops.py``), or ``darknet``, Darknet's classifier augmentation with the keys of ``data.darknet``
+(``data/transforms/darknet_augment.py``)."""
 
 
 DECODE = Literal["exact", "fast"]
@@ -493,8 +493,8 @@ states how far the outputs differ)."""
 def classification_fields() -> dict:
     """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing``, ``darknet``, ``standard`` and
     ``decode``."""
-    from bigbatch.data.classifier_augment import DarknetAugment
-    from bigbatch.data.crops import StandardAugment
+    from bigbatch.data.transforms.crops import StandardAugment
+    from bigbatch.data.transforms.darknet_augment import DarknetAugment
 
     return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment()),
             "standard": (StandardAugment, StandardAugment()), "decode": (DECODE, "exact")}

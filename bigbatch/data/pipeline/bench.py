@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bigbatch.config import RunConfig
-from bigbatch.data.loader import batches_by_step
-from bigbatch.data.order import order_of
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import order_of
 
 
 @dataclass

@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from bigbatch.data.batch_slabs import BatchSlabs, worker_init
-from bigbatch.data.order import DataOrder
+from bigbatch.data.pipeline.batch_slabs import BatchSlabs, worker_init
+from bigbatch.data.pipeline.order import DataOrder
 from bigbatch.errors import UserError
 
 SampleKeys = Callable[[int, list[int]], list[Any]]

@@ -4,14 +4,14 @@
     SRC/val/CLASS/*                            DIR/val-000000.tar, ...
                                                DIR/index.json
 
-Classes and files are listed as ``data.name: folder`` lists them (``data/folder.py``: torchvision's ``ImageFolder``
-order), so label 3 means the same class in both. Each sample is two tar members with the same key, as the
-``webdataset`` library groups them: ``KEY.jpg`` (or ``KEY.png``: the file's own bytes, not re-encoded) and ``KEY.cls``,
-the label in ASCII decimal. ``KEY`` is the sample's position in its split, zero-padded (``000123``), so in the
-training split it is also the dataset index ``data.name: shards`` reads it by. The training samples are shuffled once
-(a permutation drawn from ``seed``) before they are written, the validation samples keep their order. A shard is
-closed when the next sample would take it past ``shard_size`` bytes (a sample larger than that gets a shard of its
-own). The tars are plain POSIX (ustar) archives: ``tar tf``, Python's ``tarfile`` and ``webdataset`` read them.
+Classes and files are listed as ``data.name: folder`` lists them (``data/formats/folder.py``: torchvision's
+``ImageFolder`` order), so label 3 means the same class in both. Each sample is two tar members with the same key, as
+the ``webdataset`` library groups them: ``KEY.jpg`` (or ``KEY.png``: the file's own bytes, not re-encoded) and
+``KEY.cls``, the label in ASCII decimal. ``KEY`` is the sample's position in its split, zero-padded (``000123``), so in
+the training split it is also the dataset index ``data.name: shards`` reads it by. The training samples are shuffled
+once (a permutation drawn from ``seed``) before they are written, the validation samples keep their order. A shard is
+closed when the next sample would take it past ``shard_size`` bytes (a sample larger than that gets a shard of its own).
+The tars are plain POSIX (ustar) archives: ``tar tf``, Python's ``tarfile`` and ``webdataset`` read them.
 
 ``DIR/index.json``, written last (a folder without it is an unfinished pack)::
 
@@ -55,9 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bigbatch.data.files import read_regular
-from bigbatch.data.folder import SPLITS, find_classes, list_samples
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.formats.folder import SPLITS, find_classes, list_samples
+from bigbatch.data.pipeline.files import read_regular
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 
 FORMAT = "bigbatch shards"

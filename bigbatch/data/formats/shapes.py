@@ -39,17 +39,17 @@ import numpy as np
 from PIL import Image, ImageDraw
 from pydantic import Field
 
-from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
-from bigbatch.data.files import read_regular
-from bigbatch.data.formats import images_in_annotations
+from bigbatch.data.formats.counts import images_in_annotations
+from bigbatch.data.pipeline.files import read_regular
+from bigbatch.data.transforms.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.errors import UserError
 from bigbatch.floor.processes import process_exists
 from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:
     from bigbatch.config import DataConfig, RunConfig
-    from bigbatch.data.detection import DetectionRecord
-    from bigbatch.data.problems import DataIssues
+    from bigbatch.data.formats.detection import DetectionRecord
+    from bigbatch.data.pipeline.problems import DataIssues
 
 CLASSES = ("circle", "square", "triangle", "star", "cross")
 CATEGORY_IDS = (1, 3, 5, 7, 9)
@@ -431,7 +431,7 @@ def ensure_shapes(root: Path, images: int, seed: int, rank: int = 0) -> Path:
 
 def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
          ) -> tuple[list[DetectionRecord], list[DetectionRecord], list[str]]:
-    from bigbatch.data.coco import load_coco_splits
+    from bigbatch.data.formats.coco import load_coco_splits
 
     root = ensure_shapes(Path(cfg.data.path or DEFAULT_PATH), cfg.data.shapes_images, cfg.seed, rank)
     splits = [(root / split, root / "annotations" / f"{split}.json") for split in ("train", "val")]

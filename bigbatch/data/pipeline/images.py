@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
-from bigbatch.data import jpeg
-from bigbatch.data.files import open_regular, read_regular
+from bigbatch.data.pipeline import jpeg
+from bigbatch.data.pipeline.files import open_regular, read_regular
 
 DECODABLE = ("GIF", "JPEG", "PNG", "WEBP")  # the formats torchvision.io.decode_image reads (PIL's names)
 
@@ -34,9 +34,9 @@ def error_reason(error: Exception) -> str:
 
 def decode_bytes(data: bytearray) -> torch.Tensor:
     """An image file's bytes decoded as uint8 [3, H, W] RGB: a JPEG by the region decode over the whole image where
-    it was built (``data/jpeg.py``: torchvision's pixels bit for bit, and silent, where libjpeg's own warnings, such
-    as "Corrupt JPEG data: premature end of data segment", would print on stderr above bigbatch's one line), else by
-    torchvision. A file that does not decode is a ``RuntimeError`` with the reason."""
+    it was built (``data/pipeline/jpeg.py``: torchvision's pixels bit for bit, and silent, where libjpeg's own warnings,
+    such as "Corrupt JPEG data: premature end of data segment", would print on stderr above bigbatch's one line), else
+    by torchvision. A file that does not decode is a ``RuntimeError`` with the reason."""
     try:
         size = jpeg.region_size(data)
         if size is not None:

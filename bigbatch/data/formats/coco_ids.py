@@ -29,9 +29,9 @@ from pathlib import Path, PurePath, PurePosixPath
 
 import numpy as np
 
-from bigbatch.data.coco import AnnotatedImage, annotated_images, categories_of, read_annotation_file
-from bigbatch.data.detection import DetectionRecord
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.formats.coco import AnnotatedImage, annotated_images, categories_of, read_annotation_file
+from bigbatch.data.formats.detection import DetectionRecord
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 
 SAME_BOX_PX = 1.0

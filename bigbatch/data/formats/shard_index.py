@@ -1,6 +1,6 @@
 """``index.json`` of a shards folder (``data.name: shards``), read as untrusted input.
 
-The index says where every sample's bytes lie (``data/pack.py`` describes the file). A reader trusts it to open
+The index says where every sample's bytes lie (``data/formats/pack.py`` describes the file). A reader trusts it to open
 files and to allocate buffers, so all of it is checked before anything else is opened, each mistake one
 ``UserError`` naming the file and the key (``data.path: DIR/index.json: splits.train.shards[3].labels[7]: ...``):
 
@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bigbatch.data.files import IMAGE_FILE_LIMIT
-from bigbatch.data.pack import FORMAT, INDEX, VERSION
+from bigbatch.data.formats.pack import FORMAT, INDEX, VERSION
+from bigbatch.data.pipeline.files import IMAGE_FILE_LIMIT
 from bigbatch.errors import UserError
 
 MAX_INDEX_BYTES = 2**31

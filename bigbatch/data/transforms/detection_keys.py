@@ -1,6 +1,6 @@
 """The ``data.*`` keys of detection training augmentation, which every detection format declares when it registers
 (``DATASETS.register(..., fields=AUGMENTATION_FIELDS)``): the detection task reads them for any detection format
-(``tasks/detection.py``, ``data/det_transforms.py``), a classification format has no use for them.
+(``tasks/detection.py``, ``data/transforms/det_transforms.py``), a classification format has no use for them.
 
 Each is ``key: (type, default)``, the type with its bounds, as ``config.PartSection`` takes a part's fields."""
 
@@ -31,7 +31,8 @@ AUGMENTATION_FIELDS: dict[str, tuple[Any, Any]] = {
     # brightness, contrast and saturation jitter of +-this (MegDet: 0.4)
     "mosaic": (Annotated[float, Field(ge=0, le=1)], 0.0),
     # probability that a training sample is AlexeyAB Darknet's mosaic of 4 images around a random cut point, each
-    # jitter-cropped, flipped and coloured, stretched to size x size (data/mosaic.py); a .cfg's mosaic=1: 0.5; 0: off
+    # jitter-cropped, flipped and coloured, stretched to size x size (data/transforms/mosaic.py); a .cfg's mosaic=1:
+    # 0.5; 0: off
     "mosaic_bound": (bool, False),
     # Darknet's mosaic_bound: a mosaic's boxes clipped to their own quadrant (default: to the whole image only)
 }

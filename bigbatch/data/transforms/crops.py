@@ -1,13 +1,13 @@
-"""The preprocessings of ``data.preprocessing`` in crop-first form (``data/folder.py``'s ``CropFirst``): the crop
-box is chosen from the image's size, the file decoded only as finely as the output needs, then finished.
+"""The preprocessings of ``data.preprocessing`` in crop-first form (``data/formats/folder.py``'s ``CropFirst``): the
+crop box is chosen from the image's size, the file decoded only as finely as the output needs, then finished.
 
-``inception``: the Inception v3 TPU code's preprocessing (``data/inception.py``): a distorted bounding-box crop,
-resized to size x size, flipped, colour-distorted, scaled to [-1, 1]; for evaluation TF's central crop of
-87.5 %. ``standard``: torchvision's and timm's ImageNet recipe with the keys of ``data.standard`` (timm's ``train.py``
-flags): ``RandomResizedCrop(size, scale, ratio)`` (defaults 0.08-1, 3/4-4/3; bilinear, bicubic, or one of the two
-at random per image as timm's ``random``), a horizontal flip with probability ``hflip``, an optional
-``ColorJitter(color_jitter, color_jitter, color_jitter)``, normalised with ImageNet's mean and std; for
-evaluation the shorter side resized to size / ``crop_pct`` (0.875: 256 for 224) and the centre size x size crop.
+``inception``: the Inception v3 TPU code's preprocessing (``data/transforms/inception.py``): a distorted bounding-box
+crop, resized to size x size, flipped, colour-distorted, scaled to [-1, 1]; for evaluation TF's central crop of 87.5 %.
+``standard``: torchvision's and timm's ImageNet recipe with the keys of ``data.standard`` (timm's ``train.py`` flags):
+``RandomResizedCrop(size, scale, ratio)`` (defaults 0.08-1, 3/4-4/3; bilinear, bicubic, or one of the two at random per
+image as timm's ``random``), a horizontal flip with probability ``hflip``, an optional ``ColorJitter(color_jitter,
+color_jitter, color_jitter)``, normalised with ImageNet's mean and std; for evaluation the shorter side resized to size
+/ ``crop_pct`` (0.875: 256 for 224) and the centre size x size crop.
 
 Randomness comes from torch's global RNG, which the dataset seeds per sample.
 """
@@ -23,7 +23,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from bigbatch.config.section import Section
-from bigbatch.data.inception import IMAGENET_MEAN, IMAGENET_STD, InceptionEval, InceptionTrain
+from bigbatch.data.transforms.inception import IMAGENET_MEAN, IMAGENET_STD, InceptionEval, InceptionTrain
 
 Range = Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]
 """``[low, high]``, both positive."""
@@ -60,7 +60,8 @@ INTERPOLATIONS = (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC)
 
 
 def into(image: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """``image``, or copied into ``out`` (its slot in a batch: ``data/folder.py``'s ``EncodedImages.__getitems__``)."""
+    """``image``, or copied into ``out`` (its slot in a batch: ``data/formats/folder.py``'s
+    ``EncodedImages.__getitems__``)."""
     return image if out is None else out.copy_(image)
 
 

@@ -34,10 +34,10 @@ that ``[net] mosaic=1`` selects (``parse_net_options``: ``net->mixup = 3``), wit
 
 bigbatch: ``data.mosaic`` is the probability that a training sample is a mosaic, drawn per sample (``mosaic=1`` in a
 ``.cfg`` is 0.5); quadrant 0 holds the sample's own image, the three others are drawn uniformly from the training set
-(with replacement), every draw from the sample's seed (``data/order.py``). Boxes move through torchvision's kernels
-(crop, resize, flip, pad) in exact coordinates, where Darknet truncates the edges of a clipped box to whole pixels;
-the stretch is torchvision's antialiased bilinear resize (Darknet: ``cv::INTER_LINEAR``); boxes narrower or lower than
-``min_box_size`` (1 px) are dropped (Darknet: not wider than 1 px). The MegDet keys apply too: ``crop`` and
+(with replacement), every draw from the sample's seed (``data/pipeline/order.py``). Boxes move through torchvision's
+kernels (crop, resize, flip, pad) in exact coordinates, where Darknet truncates the edges of a clipped box to whole
+pixels; the stretch is torchvision's antialiased bilinear resize (Darknet: ``cv::INTER_LINEAR``); boxes narrower or
+lower than ``min_box_size`` (1 px) are dropped (Darknet: not wider than 1 px). The MegDet keys apply too: ``crop`` and
 ``color_jitter`` to each image before its window, ``crop_size`` to the mosaic. Evaluation never uses mosaic.
 """
 

@@ -27,9 +27,9 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from bigbatch.data.images import decode_rgb, error_reason
-from bigbatch.data.order import sample_rng
-from bigbatch.data.problems import DataIssues, none_readable
+from bigbatch.data.pipeline.images import decode_rgb, error_reason
+from bigbatch.data.pipeline.order import sample_rng
+from bigbatch.data.pipeline.problems import DataIssues, none_readable
 
 EDGE_TOLERANCE = 1.0  # px a box may overshoot the image by (annotation rounding): clipped without a report
 MOSTLY_INSIDE = 0.5  # a box overshooting more is clipped (and reported) if this share of its area is inside
@@ -125,8 +125,8 @@ class DetectionDataset(Dataset):
     A key is an index, or ``(index, size, sample_seed)``: ``size`` is passed to the transform (multi-scale
     training), and with a ``sample_seed`` the transform runs with torch's CPU RNG seeded with it in a
     forked RNG, so a sample's augmentation depends only on its seed (whatever the worker, layout or resume)
-    and the global RNG is left untouched. A transform with a ``mosaic`` (``data.mosaic``, ``data/mosaic.py``) makes
-    the samples it picks of this record and three others, drawn under that same seed.
+    and the global RNG is left untouched. A transform with a ``mosaic`` (``data.mosaic``, ``data/transforms/mosaic.py``)
+    makes the samples it picks of this record and three others, drawn under that same seed.
 
     An image that cannot be decoded is reported once (per process) and replaced by the next readable one
     (wrapping around); the substitute's target carries ``substitute_for``, the requested record's image_id,
@@ -162,7 +162,7 @@ class DetectionDataset(Dataset):
 
     def _transformed(self, image: tv_tensors.Image, target: dict[str, Any], size: Any) -> tuple[Any, dict[str, Any]]:
         """The transform's output, or, when the transform carries a mosaic that picks this sample, the mosaic of this
-        image and three drawn from the records (``data/mosaic.py``), every draw from the current RNG."""
+        image and three drawn from the records (``data/transforms/mosaic.py``), every draw from the current RNG."""
         mosaic = getattr(self.transform, "mosaic", None)
         if mosaic is not None and mosaic.chosen():
             partners = [self._sample(i) for i in mosaic.partners(len(self.records))]

@@ -13,7 +13,7 @@
   file against the original annotation file as bigbatch does. A set without ids (YOLO) numbers categories
   ``label + 1`` (``CATEGORY_ID_OFFSET``; COCO ids start at 1).
 
-Bad data (see ``bigbatch.data.problems``): images are checked by their headers (existence, format, the
+Bad data (see ``bigbatch.data.pipeline.problems``): images are checked by their headers (existence, format, the
 size against the file's width and height), or fully decoded in strict mode; annotations are checked one
 by one and reported as ``<annotation file>:annotation #k (id N): ...``.
 """
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bigbatch.config import Section
-from bigbatch.data.detection import DetectionRecord, check_box
-from bigbatch.data.detection_keys import AUGMENTATION_FIELDS
-from bigbatch.data.files import read_regular
-from bigbatch.data.formats import images_in_annotations, train_images_given
-from bigbatch.data.images import inspect_images
-from bigbatch.data.problems import DataIssues
+from bigbatch.data.formats.counts import images_in_annotations, train_images_given
+from bigbatch.data.formats.detection import DetectionRecord, check_box
+from bigbatch.data.pipeline.files import read_regular
+from bigbatch.data.pipeline.images import inspect_images
+from bigbatch.data.pipeline.problems import DataIssues
+from bigbatch.data.transforms.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -53,8 +53,8 @@ class ClassNames(list[str]):
     """Class names in label order, with ``category_ids``: the annotation file's category id of each label
     (``category_ids[label]``), or None for a set without ids (YOLO: ``label + CATEGORY_ID_OFFSET`` stands in), and
     ``ids_from``: for a set whose own files carry no ids, the COCO file whose image and category ids it took
-    (``data/coco_ids.py``). A plain list of names otherwise (equality, indexing and JSON compare and write the names
-    only)."""
+    (``data/formats/coco_ids.py``). A plain list of names otherwise (equality, indexing and JSON compare and write the
+    names only)."""
 
     def __init__(self, names: list[str], category_ids: list[int] | None = None, ids_from: str | None = None):
         super().__init__(names)

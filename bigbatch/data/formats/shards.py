@@ -5,10 +5,10 @@
 
 ``DIR`` holds ``train-000000.tar, ...``, ``val-000000.tar, ...`` (the WebDataset layout: ``KEY.jpg`` or ``KEY.png``
 and ``KEY.cls`` per sample) and ``index.json`` (the classes, and where each sample's bytes lie in its shard;
-``data/pack.py`` describes it). Images are decoded as ``folder`` decodes them (crop first, ``data.preprocessing``,
-each sample's augmentation drawn from its own seed) and a bad image is reported and replaced the same way (by the
-next sample of the set); ``data.strict: true`` decodes every image once before training and stops at the first bad
-one.
+``data/formats/pack.py`` describes it). Images are decoded as ``folder`` decodes them (crop first,
+``data.preprocessing``, each sample's augmentation drawn from its own seed) and a bad image is reported and replaced the
+same way (by the next sample of the set); ``data.strict: true`` decodes every image once before training and stops at
+the first bad one.
 
 How the training data is read, as the Inception TPU code's input pipeline does (``parallel_interleave`` over the
 files, then a shuffle buffer), for each process (rank ``r`` of ``W``) and each epoch ``e``:
@@ -63,14 +63,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bigbatch.data.files import open_regular
-from bigbatch.data.folder import DECODE_ERRORS, CropFirst, EncodedImages, classification_fields, preprocessing
-from bigbatch.data.formats import train_images_given
-from bigbatch.data.images import decode_bytes, error_reason
-from bigbatch.data.order import Batches, batches_of
-from bigbatch.data.pack import INDEX
-from bigbatch.data.problems import DataIssues
-from bigbatch.data.shard_index import SplitIndex, read_index
+from bigbatch.data.formats.counts import train_images_given
+from bigbatch.data.formats.folder import DECODE_ERRORS, CropFirst, EncodedImages, classification_fields, preprocessing
+from bigbatch.data.formats.pack import INDEX
+from bigbatch.data.formats.shard_index import SplitIndex, read_index
+from bigbatch.data.pipeline.files import open_regular
+from bigbatch.data.pipeline.images import decode_bytes, error_reason
+from bigbatch.data.pipeline.order import Batches, batches_of
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -286,7 +286,7 @@ def shard_set_name(index: SplitIndex) -> str:
 
 
 class TrainShards(ShardImages):
-    """The training split: it brings its own data order (``data/order.py``'s ``order_of``)."""
+    """The training split: it brings its own data order (``data/pipeline/order.py``'s ``order_of``)."""
 
     def order(self, batch: int | Batches, seed: int, world: int) -> ShardOrder:
         return ShardOrder(self.index.shard_sizes, batch, seed, world)
@@ -297,7 +297,7 @@ class TrainShards(ShardImages):
 
 def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, int]:
     """(train, val, number of classes); with ``data.strict`` every image is decoded once first. The index is
-    checked whole before any shard is opened (``data/shard_index.py``)."""
+    checked whole before any shard is opened (``data/formats/shard_index.py``)."""
     _path_given(cfg.data)
     index = read_index(Path(cfg.data.path))
     issues = DataIssues(strict=cfg.data.strict)
