@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-import bigbatch.data.formats.folder as folder
+import bigbatch.data.formats.encoded_images as encoded
 from bigbatch.data.transforms.crops import InceptionTrainCrop
 
 
@@ -47,7 +47,7 @@ def write_images(root: Path, scale: int, count: int) -> list[str]:
 
 def run(paths: list[str], preprocess: InceptionTrainCrop) -> tuple[list[torch.Tensor], int]:
     """Every image through the preprocessing, each with its own seed; (outputs, how many were reduced)."""
-    original = folder.jpeg_reduction
+    original = encoded.jpeg_reduction
     reduced = 0
 
     def counting(h: int, w: int, needed: tuple[int, int]) -> int:
@@ -56,15 +56,15 @@ def run(paths: list[str], preprocess: InceptionTrainCrop) -> tuple[list[torch.Te
         reduced += r > 1
         return r
 
-    folder.jpeg_reduction = counting
+    encoded.jpeg_reduction = counting
     try:
         outputs = []
         for i, path in enumerate(paths):
             torch.manual_seed(i)
-            outputs.append(folder.decode_crop(path, preprocess))
+            outputs.append(encoded.decode_crop(path, preprocess))
         return outputs, reduced
     finally:
-        folder.jpeg_reduction = original
+        encoded.jpeg_reduction = original
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision.io import decode_image
 
 from bigbatch.config import load_config
-from bigbatch.data.formats.folder import decode_crop, preprocessing
+from bigbatch.data.formats.encoded_images import decode_crop, preprocessing
 from bigbatch.data.transforms.crops import InceptionEvalCrop, InceptionTrainCrop
 from bigbatch.data.transforms.inception import InceptionEval, InceptionTrain, fast_resize_bilinear
 from bigbatch.errors import UserError
@@ -48,10 +48,10 @@ def test_exact_is_the_inception_transform_on_the_whole_decoded_image(photos):
 
 
 def test_fast_takes_the_same_draws_and_stays_within_the_stated_difference(photos, monkeypatch):
-    import bigbatch.data.formats.folder as folder
+    import bigbatch.data.formats.encoded_images as encoded
 
-    original, reductions = folder.jpeg_reduction, []
-    monkeypatch.setattr(folder, "jpeg_reduction", lambda *a: reductions.append(original(*a)) or reductions[-1])
+    original, reductions = encoded.jpeg_reduction, []
+    monkeypatch.setattr(encoded, "jpeg_reduction", lambda *a: reductions.append(original(*a)) or reductions[-1])
     diffs: dict[bool, list[torch.Tensor]] = {False: [], True: []}
     for path in photos:
         for seed in range(6):
@@ -99,12 +99,12 @@ def test_the_key_defaults_to_exact_and_reaches_the_preprocessing(tmp_path):
 
 
 def test_fast_decodes_a_large_jpeg_reduced_and_exact_never_does(photos, monkeypatch):
-    import bigbatch.data.formats.folder as folder
+    import bigbatch.data.formats.encoded_images as encoded
 
     large = photos[2]  # 1281 x 1920: a crop of a tenth of it still holds two 299 px outputs per side, often
     reductions = []
-    original = folder.jpeg_reduction
-    monkeypatch.setattr(folder, "jpeg_reduction", lambda *a: reductions.append(original(*a)) or reductions[-1])
+    original = encoded.jpeg_reduction
+    monkeypatch.setattr(encoded, "jpeg_reduction", lambda *a: reductions.append(original(*a)) or reductions[-1])
     for seed in range(8):
         torch.manual_seed(seed)
         decode_crop(large, InceptionTrainCrop(299, fast=True))
@@ -122,7 +122,8 @@ def test_fast_decodes_a_large_jpeg_reduced_and_exact_never_does(photos, monkeypa
 def test_a_batch_written_in_place_equals_the_stacked_samples(photos, fast):
     from torch.utils.data import DataLoader
 
-    from bigbatch.data.formats.folder import EncodedImages, FolderImages
+    from bigbatch.data.formats.encoded_images import EncodedImages
+    from bigbatch.data.formats.folder import FolderImages
     from bigbatch.data.pipeline.problems import DataIssues
 
     dataset = FolderImages([(path, n) for n, path in enumerate(photos)], InceptionTrainCrop(64, fast=fast),

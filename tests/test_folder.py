@@ -13,15 +13,9 @@ import torch
 from PIL import Image
 
 from bigbatch.config import load_config
-from bigbatch.data.formats import folder
-from bigbatch.data.formats.folder import (
-    FolderImages,
-    decode_crop,
-    find_classes,
-    huge_page_tensor,
-    jpeg_reduction,
-    list_samples,
-)
+from bigbatch.data.formats import encoded_images
+from bigbatch.data.formats.encoded_images import decode_crop, huge_page_tensor, jpeg_reduction
+from bigbatch.data.formats.folder import FolderImages, find_classes, list_samples
 from bigbatch.data.pipeline import jpeg
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.data.transforms.crops import InceptionTrainCrop
@@ -240,7 +234,7 @@ def test_a_batch_of_32_mib_or_more_is_in_huge_pages_and_holds_the_same_samples(p
     images = FolderImages(samples, InceptionTrainCrop(299, fast=True), DataIssues())
     keys = [(i % len(samples), 1000 + i) for i in range(40)]
     mapped = []
-    monkeypatch.setattr(folder, "huge_page_tensor", lambda *a: mapped.append(a) or huge_page_tensor(*a))
+    monkeypatch.setattr(encoded_images, "huge_page_tensor", lambda *a: mapped.append(a) or huge_page_tensor(*a))
     batch, labels, problems = images.__getitems__(keys)
     assert mapped == [((40, 3, 299, 299), torch.float32)] and problems == []
     one_by_one = [images[key] for key in keys]

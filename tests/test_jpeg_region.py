@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from bigbatch.data.formats.folder import decode_crop
+from bigbatch.data.formats.encoded_images import decode_crop
 from bigbatch.data.pipeline import jpeg
 from bigbatch.data.transforms.crops import InceptionTrainCrop, StandardTrainCrop
 

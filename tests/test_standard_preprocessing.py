@@ -12,7 +12,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from bigbatch.config import load_config
-from bigbatch.data.formats.folder import decode_crop
+from bigbatch.data.formats.encoded_images import decode_crop
 from bigbatch.data.pipeline.order import sample_rng
 from bigbatch.data.transforms.crops import StandardAugment, StandardEvalCrop, StandardTrainCrop
 from bigbatch.data.transforms.inception import IMAGENET_MEAN, IMAGENET_STD

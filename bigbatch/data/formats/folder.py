@@ -7,15 +7,8 @@ Classes and files are listed as torchvision's ``ImageFolder`` lists them: class 
 (label = position), then each class's files in sorted ``os.walk`` order; a file counts by its suffix
 (``.jpg``, ``.jpeg``, ``.png``, any case). Nothing is read when the set is listed.
 
-Each sample is decoded crop first (``CropFirst``): the crop box is chosen from the size in the file's header,
-then the image decoded, cropped, resized and augmented. A JPEG has only the crop's region decoded
-(``data/pipeline/jpeg.py``: the whole decode's pixels, bit for bit). With ``data.decode: fast`` it is decoded at the
-smallest DCT scale (1/1, 1/2, 1/4, 1/8; libjpeg's scaled decoding) that still gives the crop at least the output's size,
-and the Inception resize runs on the uint8 pixels; ``exact`` (the default) keeps the full-resolution pixels and the
-preprocessing's own arithmetic. ``docs/data.md`` states how far the two differ.
-
-A sample's augmentation is drawn from its own seed (``data/pipeline/order.py``'s ``sample_seed``: run seed, step,
-index), so an image gets the same crop whatever the devices, subdivisions, workers or a resume.
+Each sample is decoded crop first and augmented from its own seed, as a shard's is (``data/formats/encoded_images.py``
+holds what the two formats share).
 
 A file that cannot be decoded (corrupt, truncated, not an image) is reported once, with its path and the reason,
 and the next readable image of the set stands in for it (a batch keeps its size, the data order its shape); a set
@@ -25,31 +18,17 @@ none of whose images can be decoded is one error naming the set, with no warning
 
 from __future__ import annotations
 
-import io
-import itertools
-import math
-import mmap
 import os
 import stat
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
-
-import numpy as np
-import torch
-from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
-from torchvision.io import ImageReadMode, decode_image
+from typing import TYPE_CHECKING
 
 from bigbatch.data.formats.counts import train_images_given
-from bigbatch.data.pipeline import jpeg
-from bigbatch.data.pipeline.batch_slabs import shared_batch_tensor
+from bigbatch.data.formats.encoded_images import CropFirst, EncodedImages, classification_fields, preprocessing
 from bigbatch.data.pipeline.files import read_regular
-from bigbatch.data.pipeline.images import error_reason, inspect_images
-from bigbatch.data.pipeline.order import sample_rng
-from bigbatch.data.pipeline.problems import DataIssues, none_readable
+from bigbatch.data.pipeline.images import inspect_images
+from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -58,8 +37,6 @@ if TYPE_CHECKING:
 
 SUFFIXES = (".jpg", ".jpeg", ".png")
 SPLITS = ("train", "val")
-JPEG_SCALES = (8, 4, 2, 1)
-"""The reductions libjpeg decodes at directly (1/8, 1/4, 1/2, 1/1 of each side), largest first."""
 
 
 # ----------------------------------------------------------------------------- listing
@@ -182,212 +159,6 @@ def list_split(data: DataConfig, split: str, classes: Sequence[str], issues: Dat
     return samples
 
 
-# ----------------------------------------------------------------------------- crop first, then decode
-
-
-class CropFirst(Protocol):
-    """A preprocessing that chooses its crop from the image's size alone, then finishes on the cropped pixels."""
-
-    fast: bool
-    """``data.decode: fast``: a JPEG may be decoded at a reduced DCT scale, and the finish may resize
-    approximately (``docs/data.md``, "Exact and fast decoding"); ``False``: the full decode, the exact arithmetic."""
-
-    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """``(top, left, h, w)`` of the crop in the full image (may draw from torch's RNG)."""
-
-    def needed(self, box_height: int, box_width: int) -> tuple[int, int]:
-        """The smallest ``(h, w)`` the crop may be decoded at without losing what the output keeps."""
-
-    def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The uint8 CHW crop -> the float CHW sample (resize, flip, colour, normalise), written into ``out`` when
-        given (the sample's slot in its batch)."""
-
-
-def jpeg_reduction(box_height: int, box_width: int, needed: tuple[int, int]) -> int:
-    """The largest of libjpeg's reductions (8, 4, 2, 1) that leaves the crop at least ``needed`` pixels; 1 when the
-    crop is smaller than that already (it is then enlarged)."""
-    return next((r for r in JPEG_SCALES if box_height / r >= needed[0] and box_width / r >= needed[1]), 1)
-
-
-def reduced_box(box: tuple[int, int, int, int], height: int, width: int, reduced_height: int, reduced_width: int
-                ) -> tuple[int, int, int, int]:
-    """The crop ``box`` (``top, left, h, w`` in the ``height x width`` image) in the image libjpeg decodes at a
-    reduced DCT scale (``reduced_height x reduced_width``: each side divided by the reduction, rounded up), each edge
-    rounded to the nearest reduced pixel (at most half of one off)."""
-    top, left, h, w = box
-    ry, rx = height / reduced_height, width / reduced_width  # the reduction, or nearly (the sides are rounded up)
-    reduced_top, reduced_left = min(round(top / ry), reduced_height - 1), min(round(left / rx), reduced_width - 1)
-    return (reduced_top, reduced_left, max(1, min(round((top + h) / ry), reduced_height) - reduced_top),
-            max(1, min(round((left + w) / rx), reduced_width) - reduced_left))
-
-
-def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), and
-    finish it (``preprocess.finish``). With ``out`` the sample is written there.
-
-    A JPEG the region decode takes (``data/pipeline/jpeg.py``: most of them, where the extension was built) has only its
-    crop's region decoded, the same pixels as the whole decode; on the fast path (``preprocess.fast``) at the
-    smallest DCT scale the crop allows (``jpeg_reduction``). Any other image has its header read with PIL, then is
-    decoded whole: on the fast path a JPEG by PIL at that DCT scale (``draft``), otherwise by torchvision
-    (libjpeg-turbo, libpng: about twice as fast as PIL with its conversion, and straight into a CHW tensor), and
-    cropped by slicing."""
-    data = read_regular(source) if isinstance(source, str) else source
-    size = jpeg.region_size(data)
-    if size is not None:
-        height, width = size
-        box = preprocess.box(height, width)
-        reduction = jpeg_reduction(box[2], box[3], preprocess.needed(box[2], box[3])) if preprocess.fast else 1
-        if reduction > 1:
-            box = reduced_box(box, height, width, -(-height // reduction), -(-width // reduction))
-        return preprocess.finish(jpeg.decode_region(data, *box, reduction), out)
-    with Image.open(io.BytesIO(data)) as image:
-        width, height = image.size
-        top, left, h, w = box = preprocess.box(height, width)
-        reduce = preprocess.fast and image.format == "JPEG"
-        reduction = jpeg_reduction(h, w, preprocess.needed(h, w)) if reduce else 1
-        if reduction > 1:
-            # PIL's draft takes the largest scale 1/s with s <= min(width // w', height // h'): ask for width // r.
-            image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
-            rgb = image.convert("RGB")
-    if reduction == 1:
-        pixels = decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
-        return preprocess.finish(pixels[:, top:top + h, left:left + w], out)
-    top, left, h, w = reduced_box(box, height, width, rgb.size[1], rgb.size[0])
-    pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
-    return preprocess.finish(pixels.contiguous(), out)
-
-
-# ----------------------------------------------------------------------------- the dataset
-
-
-HUGE_PAGE_BATCH_BYTES = 32 << 20
-"""From this size a batch in the training process is memory of its own in 2 MiB pages (``huge_page_tensor``).
-glibc's ``malloc`` gives any block of at least 32 MiB (its largest dynamic mmap threshold on 64-bit) fresh pages
-from the kernel each time, and writing a batch into 4 KiB fresh pages costs a fault each: 0.37 ms an image for 32
-images at 299 px (8,400 faults a batch), against 0.08 ms in huge pages and 0.03 ms in reused memory
-(``docs/benchmarks.md``). A smaller batch is reused heap memory after the first few."""
-
-
-def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor over an anonymous memory map the kernel is asked to back with transparent huge pages
-    (``MADV_HUGEPAGE``: where THP is ``madvise`` or ``always``, as on most Linux systems; elsewhere it is ordinary
-    memory). The map is freed with the tensor's last view."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    pages.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(pages, dtype=dtype).view(shape)
-
-
-def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised ``(size, *like.shape)`` tensor of ``like``'s dtype; in a DataLoader worker in shared memory
-    (what torch's ``default_collate`` does there; in the loader's batch slabs where it has them), so the batch
-    crosses to the training process without a copy; in the training process, from ``HUGE_PAGE_BATCH_BYTES``, in
-    huge pages."""
-    shape = (size, *like.shape)
-    if get_worker_info() is None:
-        large = math.prod(shape) * like.dtype.itemsize >= HUGE_PAGE_BATCH_BYTES
-        if large and hasattr(mmap, "MADV_HUGEPAGE"):
-            return huge_page_tensor(shape, like.dtype)
-        return torch.empty(shape, dtype=like.dtype)
-    return shared_batch_tensor(shape, like.dtype)
-
-
-Batch = tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]
-"""``(images, labels, problems)``: a collated batch of ``EncodedImages``."""
-
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
-"""What PIL and torchvision raise for a file that is not a readable image."""
-
-
-class EncodedImages(Dataset, ABC):
-    """Encoded images with labels, decoded through a ``CropFirst`` preprocessing; a subclass says where sample
-    ``i``'s bytes are (``source``), its ``label`` and how to name it in a message (``where``, ``origin``).
-
-    A key is an index or ``(index, sample_seed)``; with a seed the preprocessing draws from torch's RNG seeded
-    with it, in a forked RNG (the global one is left as it was). A sample is ``(image, label, problems)``,
-    ``problems`` being the ``(where, message)`` of each unreadable image it stands in for (a DataLoader worker's
-    findings reach the training process through it, ``DataIssues.absorb``). An unreadable image is reported once
-    and replaced by the next readable one (wrapping around)."""
-
-    augments = True
-    """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
-
-    def __init__(self, preprocess: CropFirst, issues: DataIssues, name: str = "the set") -> None:
-        self.preprocess, self.issues = preprocess, issues
-        self.name = name  # the set in a message: "the training set /data/train"
-        self._unreadable: set[int] = set()
-        self._first_unreadable: tuple[str, str] | None = None  # (where, problem) of the first image found unreadable
-
-    @abstractmethod
-    def source(self, index: int) -> str | bytearray:
-        """The encoded image: a file's path, or its bytes."""
-
-    @abstractmethod
-    def label(self, index: int) -> int:
-        """The image's class."""
-
-    @abstractmethod
-    def where(self, index: int) -> str:
-        """The image's name in a message (a path)."""
-
-    def origin(self, index: int) -> str:
-        """More about where the image came from, for a message ("" when ``where`` says it all)."""
-        return ""
-
-    def __getitem__(self, key: int | tuple[int, int], out: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
-        index, seed = key if isinstance(key, tuple) else (key, None)
-        if seed is None:
-            return self._sample(int(index), out)
-        with sample_rng(seed):
-            return self._sample(int(index), out)
-
-    def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> Batch:
-        """A batch, collated as :meth:`collate` collates one (the same values): each sample is finished straight
-        into its slot of one batch tensor (in shared memory in a DataLoader worker, as torch's own collate puts
-        it), instead of into a tensor of its own that a stack then copies; the first sample gives the shape."""
-        images: torch.Tensor | None = None
-        labels, problems = [], []
-        for n, key in enumerate(keys):
-            image, label, found = self.__getitem__(key, None if images is None else images[n])
-            if images is None:
-                images = batch_tensor(len(keys), image)
-                images[0].copy_(image)
-            labels.append(label)
-            problems += found
-        if images is None:
-            raise ValueError("an empty batch")
-        return images, torch.tensor(labels), problems
-
-    def _sample(self, index: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
-        """The image at ``index``, or the next readable one (wrapping around); the unreadable ones passed over are
-        reported once it is found. None readable: one error naming the set (``problems.none_readable``)."""
-        count, found = len(self), []
-        for i in itertools.chain(range(index, count), range(index)):
-            if i in self._unreadable:
-                continue
-            try:
-                image = decode_crop(self.source(i), self.preprocess, out)
-            except DECODE_ERRORS as error:
-                problem = f"unreadable image ({error_reason(error)}{self.origin(i)})"
-            else:
-                self.issues.replaced(found)
-                return image, self.label(i), found
-            self._unreadable.add(i)
-            self._first_unreadable = self._first_unreadable or (self.where(i), problem)
-            found.append((self.where(i), f"{problem}; the next readable sample is used instead"))
-        raise none_readable(self.name, count, *(self._first_unreadable or ("-", "no image")))
-
-    @staticmethod
-    def collate(batch: Batch | Sequence[tuple[torch.Tensor, int, list[tuple[str, str]]]]) -> Batch:
-        """``(images, labels, problems)``: a task reads images and labels, and counts the problems. A batch from
-        :meth:`__getitems__` is that already; a list of samples is stacked."""
-        if isinstance(batch, tuple):
-            return batch
-        return (torch.stack([image for image, _, _ in batch]), torch.tensor([label for _, label, _ in batch]),
-                [problem for _, _, problems in batch for problem in problems])
-
-
 class FolderImages(EncodedImages):
     """``(path, label)`` samples: image files."""
 
@@ -410,28 +181,6 @@ class FolderImages(EncodedImages):
 
 
 # ----------------------------------------------------------------------------- the format
-
-
-@dataclass
-class Preprocessing:
-    """The training and evaluation ``CropFirst`` of ``data.preprocessing`` at ``data.size``."""
-
-    train: CropFirst
-    eval: CropFirst
-
-
-def preprocessing(data: DataConfig) -> Preprocessing:
-    from bigbatch.data.transforms import crops
-
-    fast = data.decode == "fast"
-    if data.preprocessing == "inception":
-        return Preprocessing(crops.InceptionTrainCrop(data.size, fast), crops.InceptionEvalCrop(data.size, fast))
-    if data.preprocessing == "darknet":
-        from bigbatch.data.transforms.darknet_augment import DarknetEvalCrop, DarknetTrainCrop
-
-        return Preprocessing(DarknetTrainCrop(data.size, data.darknet, fast), DarknetEvalCrop(data.size, fast))
-    return Preprocessing(crops.StandardTrainCrop(data.size, data.standard, fast),
-                         crops.StandardEvalCrop(data.size, data.standard.crop_pct, fast))
 
 
 def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
@@ -474,30 +223,6 @@ def _path_given(data: DataConfig) -> None:
     if not Path(data.path).exists():
         raise UserError(f"data.path: {data.path} does not exist; expected the folder holding train/CLASS/* and "
                         "val/CLASS/*")
-
-
-PREPROCESSING = Literal["inception", "standard", "darknet"]
-"""``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/transforms/inception.py``),
-``standard``, torchvision's and timm's ImageNet recipe with the keys of ``data.standard``
-(``data/transforms/crops.py``), or ``darknet``, Darknet's classifier augmentation with the keys of ``data.darknet``
-(``data/transforms/darknet_augment.py``)."""
-
-
-DECODE = Literal["exact", "fast"]
-"""``data.decode`` (``folder``, ``shards``): ``exact``, every image decoded whole and the preprocessing's own
-arithmetic (for ``inception``, TF1's bilinear resize, bit for bit); ``fast``, a JPEG decoded at the smallest DCT
-scale the crop allows and, for ``inception``, the resize done on the uint8 pixels by torch (``docs/data.md``
-states how far the outputs differ)."""
-
-
-def classification_fields() -> dict:
-    """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing``, ``darknet``, ``standard`` and
-    ``decode``."""
-    from bigbatch.data.transforms.crops import StandardAugment
-    from bigbatch.data.transforms.darknet_augment import DarknetAugment
-
-    return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment()),
-            "standard": (StandardAugment, StandardAugment()), "decode": (DECODE, "exact")}
 
 
 DATASETS.register("folder", load, task="classification", count=train_images, given=_path_given,

@@ -64,7 +64,13 @@ import torch
 from PIL import Image
 
 from bigbatch.data.formats.counts import train_images_given
-from bigbatch.data.formats.folder import DECODE_ERRORS, CropFirst, EncodedImages, classification_fields, preprocessing
+from bigbatch.data.formats.encoded_images import (
+    DECODE_ERRORS,
+    CropFirst,
+    EncodedImages,
+    classification_fields,
+    preprocessing,
+)
 from bigbatch.data.formats.pack import INDEX
 from bigbatch.data.formats.shard_index import SplitIndex, read_index
 from bigbatch.data.pipeline.files import open_regular
