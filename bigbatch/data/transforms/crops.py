@@ -1,5 +1,6 @@
 """The preprocessings of ``data.preprocessing`` in crop-first form (``data/formats/encoded_images.py``'s
-``CropFirst``): the crop box is chosen from the image's size, the file decoded only as finely as the output needs, then finished.
+``CropFirst``): the crop box is chosen from the image's size, the file decoded only as finely as the output needs,
+then finished.
 
 ``inception``: the Inception v3 TPU code's preprocessing (``data/transforms/inception.py``): a distorted bounding-box
 crop, resized to size x size, flipped, colour-distorted, scaled to [-1, 1]; for evaluation TF's central crop of 87.5 %.
