@@ -42,6 +42,13 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def seeded(seed: int, fn, *args):
+    """``fn(*args)`` drawing from torch's global RNG seeded with ``seed`` (restored after)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return fn(*args)
+
+
 def synthetic_uint8(height: int = 37, width: int = 53) -> torch.Tensor:
     """uint8 CHW image, pixel (y, x, c) = (7 y + 13 x + 50 c) mod 256."""
     y = torch.arange(height)[:, None, None]
@@ -160,8 +167,9 @@ def test_tf1_resize_matches_tensorflow(size: tuple[int, int], method: str) -> No
 
 
 def sample_boxes(crop: DistortedBoundingBoxCrop, height: int, width: int, n: int, seed: int) -> np.ndarray:
-    g = gen(seed)
-    return np.array([crop.sample_box(height, width, g) for _ in range(n)])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return np.array([crop.sample_box(height, width) for _ in range(n)])
 
 
 def test_boxes_area_at_least_min_object_covered_and_aspect_in_range() -> None:
@@ -208,7 +216,7 @@ def test_ten_by_one_image_gives_one_pixel_boxes_above_the_last_row() -> None:
     assert set(boxes[:, 0]) == set(range(9))
 
 
-def test_boxes_are_deterministic_with_a_seeded_generator() -> None:
+def test_boxes_are_deterministic_from_a_seeded_rng() -> None:
     crop = DistortedBoundingBoxCrop()
     a = sample_boxes(crop, 427, 640, 20, seed=5)
     np.testing.assert_array_equal(a, sample_boxes(crop, 427, 640, 20, seed=5))
@@ -218,13 +226,13 @@ def test_boxes_are_deterministic_with_a_seeded_generator() -> None:
 def test_crop_transform_crops_tensors_pil_and_tv_tensors_alike() -> None:
     image = synthetic_uint8(60, 80)
     crop = DistortedBoundingBoxCrop()
-    top, left, h, w = crop.sample_box(60, 80, gen(7))
+    top, left, h, w = seeded(7, crop.sample_box, 60, 80)
     expected = image[:, top : top + h, left : left + w]
-    torch.testing.assert_close(crop(image, generator=gen(7)), expected)
+    torch.testing.assert_close(seeded(7, crop, image), expected)
     pil = PIL.Image.fromarray(image.permute(1, 2, 0).numpy())
-    torch.testing.assert_close(TF.pil_to_tensor(crop(pil, generator=gen(7))), expected)
+    torch.testing.assert_close(TF.pil_to_tensor(seeded(7, crop, pil)), expected)
     boxes = tv_tensors.BoundingBoxes([[left, top, left + w, top + h]], format="XYXY", canvas_size=(60, 80))
-    out_image, out_boxes = crop(tv_tensors.Image(image), boxes, generator=gen(7))
+    out_image, out_boxes = seeded(7, crop, tv_tensors.Image(image), boxes)
     assert isinstance(out_image, tv_tensors.Image)
     torch.testing.assert_close(out_image.as_subclass(torch.Tensor), expected)
     assert out_boxes.tolist() == [[0, 0, w, h]]
@@ -251,7 +259,7 @@ def test_fast_color_formula_on_a_constant_image() -> None:
     matrix = np.array([[1.0, 0.0, 1.402], [1.0, -0.344136, -0.714136], [1.0, 1.772, 0.0]])
     drawn = []
     for seed in range(200):
-        out = t(image, generator=gen(seed))
+        out = seeded(seed, t, image)
         assert torch.equal(out, out[:, :1, :1].expand_as(out))  # per image, not per pixel
         drawn.append(np.linalg.solve(matrix, out[:, 0, 0].numpy().astype(np.float64) - base))
     drawn = np.array(drawn)
@@ -340,7 +348,7 @@ def oracle_op(name: str, image: torch.Tensor, value: float) -> torch.Tensor:
 @pytest.mark.parametrize("ordering", [0, 1, 2, 3])
 def test_distort_color_orderings(ordering: int, fast_mode: bool) -> None:
     t = DistortColor(ordering, fast_mode=fast_mode)
-    params = t.draw_params(gen(20 + ordering))
+    params = seeded(20 + ordering, t.draw_params)
     expected_names = SLIM_FAST_ORDERINGS[min(ordering, 1)] if fast_mode else SLIM_ORDERINGS[ordering]
     assert [name for name, _ in params["ops"]] == expected_names
     for name, value in params["ops"]:
@@ -351,13 +359,13 @@ def test_distort_color_orderings(ordering: int, fast_mode: bool) -> None:
     for name, value in params["ops"]:  # no clipping between the ops, once at the end
         expected = oracle_op(name, expected, value)
     np.testing.assert_allclose(t.apply(image, params).numpy(), expected.clamp(0, 1).numpy(), atol=1e-5)
-    # the transform draws the same parameters from the same generator state
-    torch.testing.assert_close(t(image, generator=gen(20 + ordering)), t.apply(image, params))
+    # the transform draws the same parameters from the same RNG state
+    torch.testing.assert_close(seeded(20 + ordering, t, image), t.apply(image, params))
 
 
 def test_distort_color_random_ordering_draws_all_four() -> None:
     t = DistortColor(None)
-    assert {t.draw_params(gen(seed))["ordering"] for seed in range(40)} == {0, 1, 2, 3}
+    assert {seeded(seed, t.draw_params)["ordering"] for seed in range(40)} == {0, 1, 2, 3}
 
 
 # -------------------------------------------------------------------------------------------- central crop
@@ -411,26 +419,27 @@ def test_eval_output_and_reduced_decode_path(photo: torch.Tensor) -> None:
 @pytest.mark.parametrize("fast", [True, False])
 def test_train_output_shape_range_and_determinism(photo: torch.Tensor, fast: bool) -> None:
     t = InceptionTrain(fast=fast)
-    out = t(photo, generator=gen(40))
+    out = seeded(40, t, photo)
     assert out.shape == (3, 299, 299) and out.dtype == torch.float32
     assert out.min() >= -1 and out.max() <= 1 and out.std() > 0.1
-    torch.testing.assert_close(t(photo, generator=gen(40)), out, atol=0, rtol=0)
-    assert not torch.equal(t(photo, generator=gen(41)), out)
-    # reduced-size decode: the box from the size alone, then everything after the crop, same generator state
-    g = gen(40)
-    top, left, h, w = t.sample_box(*photo.shape[1:], g)
-    torch.testing.assert_close(t.after_crop(photo[:, top : top + h, left : left + w], g), out, atol=0, rtol=0)
+    torch.testing.assert_close(seeded(40, t, photo), out, atol=0, rtol=0)
+    assert not torch.equal(seeded(41, t, photo), out)
+    # reduced-size decode: the box from the size alone, then everything after the crop, from the same RNG state
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(40)
+        top, left, h, w = t.sample_box(*photo.shape[1:])
+        torch.testing.assert_close(t.after_crop(photo[:, top : top + h, left : left + w]), out, atol=0, rtol=0)
     # PIL input and a label passed through
     pil = PIL.Image.fromarray(photo.permute(1, 2, 0).numpy())
-    image, label = t(pil, 7, generator=gen(40))
+    image, label = seeded(40, t, pil, 7)
     assert label == 7
     torch.testing.assert_close(image, out, atol=0, rtol=0)
 
 
 def test_train_fast_uses_bilinear_and_slow_draws_all_four_methods() -> None:
-    assert {InceptionTrain().draw_params(gen(s))["method"] for s in range(10)} == {"bilinear"}
-    assert {InceptionTrain(fast=False).draw_params(gen(s))["method"] for s in range(60)} == set(RESIZE_METHODS)
-    flips = [InceptionTrain().draw_params(gen(s))["flip"] for s in range(200)]
+    assert {seeded(s, InceptionTrain().draw_params)["method"] for s in range(10)} == {"bilinear"}
+    assert {seeded(s, InceptionTrain(fast=False).draw_params)["method"] for s in range(60)} == set(RESIZE_METHODS)
+    flips = [seeded(s, InceptionTrain().draw_params)["flip"] for s in range(200)]
     assert 60 < sum(flips) < 140
 
 

@@ -26,8 +26,8 @@ decodes JPEGs at reduced size chooses the box first from the header's size (:met
 :meth:`InceptionEval.crop_box`), decodes, and calls ``after_crop``. :func:`standard_train` /
 :func:`standard_eval` are torchvision's ImageNet recipe, for ``data.preprocessing: standard``.
 
-Randomness comes from the ``torch.Generator`` passed as ``generator=`` (so a dataset can seed per sample), else
-torch's global RNG. The draws are torch's, not TensorFlow's Philox stream: the same seed gives other boxes and
+Randomness comes from torch's global RNG (a dataset seeds it per sample, in a forked RNG: ``data/pipeline/order.py``'s
+``sample_rng``). The draws are torch's, not TensorFlow's Philox stream: the same seed gives other boxes and
 factors than TF, from the same distributions.
 """
 
@@ -82,19 +82,15 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # --------------------------------------------------------------------------------------------------- randomness
 
 
-def _device(generator: torch.Generator | None) -> torch.device | None:
-    return generator.device if generator is not None else None
-
-
-def _uniform(low: float, high: float, generator: torch.Generator | None) -> float:
+def _uniform(low: float, high: float) -> float:
     """One float32 draw from U[low, high) as TF's ``random_uniform``: ``u * (high - low) + low``, u ~ U[0, 1)."""
-    u = _f32(torch.rand((), generator=generator, device=_device(generator)).item())
+    u = _f32(torch.rand(()).item())
     return float(u * (_f32(high) - _f32(low)) + _f32(low))
 
 
-def _randint(n: int, generator: torch.Generator | None) -> int:
+def _randint(n: int) -> int:
     """Uniform integer in [0, n) (TF's ``SimplePhilox::Uniform(n)``, ``random_uniform(maxval=n, dtype=int32)``)."""
-    return int(torch.randint(n, (), generator=generator, device=_device(generator)).item())
+    return int(torch.randint(n, ()).item())
 
 
 # ------------------------------------------------------------------------------- sample_distorted_bounding_box
@@ -111,7 +107,6 @@ def _generate_random_crop(
     min_area_fraction: np.float32,
     max_area_fraction: np.float32,
     aspect_ratio: np.float32,
-    generator: torch.Generator | None,
 ) -> Box | None:
     """One attempt of TF's ``GenerateRandomCrop`` (float32 arithmetic as the kernel's); None when it fails.
 
@@ -139,7 +134,7 @@ def _generate_random_crop(
     max_h = min(max_h, height)
     h = min(h, max_h)
     if h < max_h:
-        h += _randint(max_h - h + 1, generator)  # closed range [h, max_h]
+        h += _randint(max_h - h + 1)  # closed range [h, max_h]
     w = _lrint(_f32(h) * aspect_ratio)
     area = _f32(w * h)
     if area < min_area:  # rounding left the area too small: one row more
@@ -152,8 +147,8 @@ def _generate_random_crop(
         area = _f32(w * h)
     if area < min_area or area > max_area or w > width or h > height or w <= 0 or h <= 0:
         return None
-    top = _randint(height - h, generator) if h < height else 0
-    left = _randint(width - w, generator) if w < width else 0
+    top = _randint(height - h) if h < height else 0
+    left = _randint(width - w) if w < width else 0
     return top, left, h, w
 
 
@@ -164,7 +159,6 @@ def sample_distorted_bounding_box(
     aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     min_object_covered: float = 0.1,
     max_attempts: int = 100,
-    generator: torch.Generator | None = None,
 ) -> Box:
     """TF's ``sample_distorted_bounding_box`` with no boxes given (``use_image_if_no_bounding_boxes=True``).
 
@@ -186,9 +180,9 @@ def sample_distorted_bounding_box(
     covered = _f32(min_object_covered)
     image_area = _f32(width * height)
     for _ in range(max_attempts):
-        u = _f32(torch.rand((), generator=generator, device=_device(generator)).item())
+        u = _f32(torch.rand(()).item())
         r = u * (r1 - r0) + r0
-        box = _generate_random_crop(width, height, a0, a1, r, generator)
+        box = _generate_random_crop(width, height, a0, a1, r)
         if box is None:
             continue
         crop_area = _f32(box[2] * box[3])
@@ -257,21 +251,8 @@ def _unit_float(x: Tensor) -> Tensor:
     return x.to(torch.float32)
 
 
-class _GeneratorTransform(v2.Transform):
-    """A v2 transform whose call takes ``generator=`` (a ``torch.Generator``; None: torch's global RNG).
-
-    The generator is held on the instance for the duration of one call: one call at a time per instance (as in
-    DataLoader worker processes), not shared between threads.
-    """
-
-    _generator: torch.Generator | None = None
-
-    def forward(self, *inputs: Any, generator: torch.Generator | None = None) -> Any:
-        self._generator = generator
-        try:
-            return super().forward(*inputs)
-        finally:
-            self._generator = None
+class _Transform(v2.Transform):
+    """A v2 transform written against torchvision's public names (``make_params``, ``transform``)."""
 
     # torchvision < 0.21 calls these private names
     def _get_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
@@ -284,7 +265,7 @@ class _GeneratorTransform(v2.Transform):
 # --------------------------------------------------------------------------------------------------- the crop
 
 
-class DistortedBoundingBoxCrop(_GeneratorTransform):
+class DistortedBoundingBoxCrop(_Transform):
     """Crop a random box drawn as TF's ``sample_distorted_bounding_box`` with the whole image as the only box.
 
     Defaults as the TPU code's ``distorted_bounding_box_crop``: ``area=(0.05, 1.0)``, ``aspect_ratio=(3/4, 4/3)``
@@ -323,15 +304,15 @@ class DistortedBoundingBoxCrop(_GeneratorTransform):
         """The area fraction range of a sampled box: ``(max(area[0], min_object_covered), area[1])``."""
         return max(self.area[0], self.min_object_covered), self.area[1]
 
-    def sample_box(self, height: int, width: int, generator: torch.Generator | None = None) -> Box:
+    def sample_box(self, height: int, width: int) -> Box:
         """``(top, left, height, width)`` of a box in a ``height x width`` image."""
         return sample_distorted_bounding_box(
-            height, width, self.area, self.aspect_ratio, self.min_object_covered, self.max_attempts, generator
+            height, width, self.area, self.aspect_ratio, self.min_object_covered, self.max_attempts
         )
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         height, width = _query_size(flat_inputs)
-        return {"box": self.sample_box(height, width, self._generator)}
+        return {"box": self.sample_box(height, width)}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         top, left, h, w = params["box"]
@@ -676,17 +657,17 @@ _ORDERINGS = {
 _FAST_ORDERINGS = {0: ("brightness", "saturation"), 1: ("saturation", "brightness")}
 
 
-def _draw_color_op(name: str, generator: torch.Generator | None) -> float:
+def _draw_color_op(name: str) -> float:
     if name == "brightness":  # random_brightness: delta ~ U[-32/255, 32/255)
-        return _uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA, generator)
+        return _uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA)
     if name == "saturation":  # random_saturation: factor ~ U[0.5, 1.5)
-        return _uniform(*SATURATION_RANGE, generator)
+        return _uniform(*SATURATION_RANGE)
     if name == "hue":  # random_hue: delta ~ U[-0.2, 0.2)
-        return _uniform(-HUE_DELTA, HUE_DELTA, generator)
-    return _uniform(*CONTRAST_RANGE, generator)  # random_contrast: factor ~ U[0.5, 1.5)
+        return _uniform(-HUE_DELTA, HUE_DELTA)
+    return _uniform(*CONTRAST_RANGE)  # random_contrast: factor ~ U[0.5, 1.5)
 
 
-class DistortColor(_GeneratorTransform):
+class DistortColor(_Transform):
     """slim's ``distort_color(image, color_ordering, fast_mode)`` on a float RGB image in [0, 1].
 
     Orderings (``fast_mode=False``): 0 brightness, saturation, hue, contrast; 1 saturation, brightness, contrast,
@@ -714,10 +695,10 @@ class DistortColor(_GeneratorTransform):
             return _FAST_ORDERINGS[0 if ordering == 0 else 1]
         return _ORDERINGS[ordering]
 
-    def draw_params(self, generator: torch.Generator | None = None) -> dict[str, Any]:
+    def draw_params(self) -> dict[str, Any]:
         """``{"ordering": k, "ops": [(name, value), ...]}``: the ordering, then each op's parameter in order."""
-        ordering = self.ordering if self.ordering is not None else _randint(4, generator)
-        return {"ordering": ordering, "ops": [(name, _draw_color_op(name, generator)) for name in self.ops(ordering)]}
+        ordering = self.ordering if self.ordering is not None else _randint(4)
+        return {"ordering": ordering, "ops": [(name, _draw_color_op(name)) for name in self.ops(ordering)]}
 
     def apply(self, image: Tensor, params: dict[str, Any]) -> Tensor:
         """Apply drawn ``params`` (from :meth:`draw_params`) to a float image, then clip to [0, 1]."""
@@ -726,13 +707,13 @@ class DistortColor(_GeneratorTransform):
         return image.clamp(0.0, 1.0)
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
-        return self.draw_params(self._generator)
+        return self.draw_params()
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         return _rewrap(self.apply(_image_tensor(inpt, "DistortColor"), params), inpt)
 
 
-class DistortColorFast(_GeneratorTransform):
+class DistortColorFast(_Transform):
     """The TPU code's ``distort_color_fast``: brightness and YCbCr chroma offsets on a float RGB image in [0, 1].
 
     Per image ``br ~ U[-brightness, brightness)``, ``cb ~ U[-cb, cb)``, ``cr ~ U[-cr, cr)`` (defaults 32/255,
@@ -746,12 +727,12 @@ class DistortColorFast(_GeneratorTransform):
         super().__init__()
         self.brightness, self.cb, self.cr = float(brightness), float(cb), float(cr)
 
-    def draw_params(self, generator: torch.Generator | None = None) -> dict[str, float]:
+    def draw_params(self) -> dict[str, float]:
         """``{"br", "cb", "cr"}`` drawn in the TPU code's order."""
         return {
-            "br": _uniform(-self.brightness, self.brightness, generator),
-            "cb": _uniform(-self.cb, self.cb, generator),
-            "cr": _uniform(-self.cr, self.cr, generator),
+            "br": _uniform(-self.brightness, self.brightness),
+            "cb": _uniform(-self.cb, self.cb),
+            "cr": _uniform(-self.cr, self.cr),
         }
 
     def offsets(self, params: dict[str, float]) -> tuple[float, float, float]:
@@ -769,7 +750,7 @@ class DistortColorFast(_GeneratorTransform):
         return (image + offset[:, None, None]).clamp(0.0, 1.0)
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
-        return self.draw_params(self._generator)
+        return self.draw_params()
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         return _rewrap(self.apply(_image_tensor(inpt, "DistortColorFast"), params), inpt)
@@ -778,7 +759,7 @@ class DistortColorFast(_GeneratorTransform):
 # -------------------------------------------------------------------------------------------------- pipelines
 
 
-class InceptionTrain(_GeneratorTransform):
+class InceptionTrain(_Transform):
     """Inception training preprocessing as the TPU recipe runs it; float32 CHW in [-1, 1] out.
 
     ``fast=True`` (``preprocess_for_train(fast_mode=True)`` with ``use_fast_color_distort=True``): a
@@ -790,8 +771,8 @@ class InceptionTrain(_GeneratorTransform):
 
     Input: a uint8 CHW tensor, a float CHW tensor in [0, 1], or a PIL image (converted to RGB). Draw order:
     the box, the resize method (``fast=False``), the flip, the colour parameters. A dataset that decodes at
-    reduced size calls ``box = t.sample_box(H, W, g)``, crops while decoding, then ``t.after_crop(crop, g)``;
-    with the same generator state this matches ``t(image, generator=g)`` on the fully decoded image.
+    reduced size calls ``box = t.sample_box(H, W)``, crops while decoding, then ``t.after_crop(crop)``; from
+    the same RNG state this matches ``t(image)`` on the fully decoded image.
     """
 
     _transformed_types = (tv_tensors.Image, PIL.Image.Image, _is_pure_tensor)
@@ -803,15 +784,15 @@ class InceptionTrain(_GeneratorTransform):
         self.crop = DistortedBoundingBoxCrop()
         self.color: DistortColorFast | DistortColor = DistortColorFast() if fast else DistortColor(None)
 
-    def sample_box(self, height: int, width: int, generator: torch.Generator | None = None) -> Box:
+    def sample_box(self, height: int, width: int) -> Box:
         """The crop ``(top, left, height, width)`` for a ``height x width`` image (from its size alone)."""
-        return self.crop.sample_box(height, width, generator)
+        return self.crop.sample_box(height, width)
 
-    def draw_params(self, generator: torch.Generator | None = None) -> dict[str, Any]:
+    def draw_params(self) -> dict[str, Any]:
         """Everything drawn after the box: resize method, flip, colour parameters."""
-        method = "bilinear" if self.fast else RESIZE_METHODS[_randint(4, generator)]
-        flip = torch.rand((), generator=generator, device=_device(generator)).item() < 0.5
-        return {"method": method, "flip": flip, "color": self.color.draw_params(generator)}
+        method = "bilinear" if self.fast else RESIZE_METHODS[_randint(4)]
+        flip = torch.rand(()).item() < 0.5
+        return {"method": method, "flip": flip, "color": self.color.draw_params()}
 
     def _finish(self, image: Tensor, params: dict[str, Any]) -> Tensor:
         """Resize (gathering from the crop's own values), flip, colour, scale to [-1, 1]."""
@@ -824,17 +805,16 @@ class InceptionTrain(_GeneratorTransform):
         x = self.color.apply(x, params["color"])
         return x.sub_(0.5).mul_(2.0)  # (x - 0.5) * 2, on the tensor the colour step just made
 
-    def after_crop(self, image: Any, generator: torch.Generator | None = None) -> Tensor:
+    def after_crop(self, image: Any) -> Tensor:
         """Everything after the crop, on an already cropped image (uint8 / float CHW tensor or PIL)."""
-        return self._finish(_rgb_tensor(image), self.draw_params(generator))
+        return self._finish(_rgb_tensor(image), self.draw_params())
 
-    def after_crop_fast(self, image: Any, generator: torch.Generator | None = None, out: Tensor | None = None
-                        ) -> Tensor:
+    def after_crop_fast(self, image: Any, out: Tensor | None = None) -> Tensor:
         """:meth:`after_crop` with the bilinear resize done by :func:`fast_resize_bilinear` on the uint8 pixels
         (``data.decode: fast``); the same random draws in the same order, so the same box, flip and colours.
         Only the bilinear method with the fast colour distortion has a fast form; any other runs as
         :meth:`after_crop`. With ``out`` the result is written there (a batch's slot)."""
-        x, params = _rgb_tensor(image), self.draw_params(generator)
+        x, params = _rgb_tensor(image), self.draw_params()
         if params["method"] != "bilinear" or x.dtype != torch.uint8 or not isinstance(self.color, DistortColorFast):
             result = self._finish(x, params)
             return result if out is None else out.copy_(result)
@@ -846,8 +826,8 @@ class InceptionTrain(_GeneratorTransform):
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         height, width = _query_size(flat_inputs)
-        box = self.sample_box(height, width, self._generator)
-        return {"box": box, **self.draw_params(self._generator)}
+        box = self.sample_box(height, width)
+        return {"box": box, **self.draw_params()}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         top, left, h, w = params["box"]
@@ -911,7 +891,7 @@ def standard_train(size: int = 224) -> v2.Compose:
 
     ``RandomResizedCrop(size)`` (area U[0.08, 1], aspect log-uniform [3/4, 4/3], bilinear, antialias), horizontal
     flip p = 0.5, to float [0, 1], ``Normalize(IMAGENET_MEAN, IMAGENET_STD)``. Input PIL or uint8 CHW tensor;
-    output a plain float32 tensor. Randomness: torch's global RNG (v2's transforms take no generator).
+    output a plain float32 tensor. Randomness: torch's global RNG.
     """
     return v2.Compose(
         [
