@@ -13,7 +13,8 @@ from torchvision.io import decode_image
 from bigbatch.config import load_config
 from bigbatch.data.formats.encoded_images import decode_crop, preprocessing
 from bigbatch.data.transforms.crops import InceptionEvalCrop, InceptionTrainCrop
-from bigbatch.data.transforms.inception import InceptionEval, InceptionTrain, fast_resize_bilinear
+from bigbatch.data.transforms.inception import InceptionEval, InceptionTrain
+from bigbatch.data.transforms.tf1_ops import fast_resize_bilinear
 from bigbatch.errors import UserError
 
 LIMITS = {False: (0.05, 0.75), True: (0.1, 1.5)}

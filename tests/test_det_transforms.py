@@ -436,7 +436,7 @@ def test_distort_hsv_is_the_kernels_saturation_then_hue_then_exposure(seed: int)
     """The one-pass HSV distortion equals TF's exact kernels applied in Darknet's order (saturation, hue, value),
     to float rounding, on random pixels, on pixels with tied channels (where the hue's sector is decided by
     the order of comparison), on grey, black and saturated pixels."""
-    from bigbatch.data.transforms.inception import adjust_hue, adjust_saturation
+    from bigbatch.data.transforms.tf1_ops import adjust_hue, adjust_saturation
 
     generator = torch.Generator().manual_seed(seed)
     image = torch.rand(3, 23, 29, generator=generator)

@@ -16,21 +16,20 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as TF
 
 from bigbatch.data.transforms.inception import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    RESIZE_METHODS,
     DistortColor,
     DistortColorFast,
     DistortedBoundingBoxCrop,
     InceptionEval,
     InceptionTrain,
+)
+from bigbatch.data.transforms.standard import IMAGENET_MEAN, IMAGENET_STD, standard_eval, standard_train
+from bigbatch.data.transforms.tf1_ops import (
+    RESIZE_METHODS,
     adjust_brightness,
     adjust_contrast,
     adjust_hue,
     adjust_saturation,
     central_crop_box,
-    standard_eval,
-    standard_train,
     tf1_resize,
     tf1_resize_bilinear,
 )

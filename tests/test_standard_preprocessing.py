@@ -15,7 +15,7 @@ from bigbatch.config import load_config
 from bigbatch.data.formats.encoded_images import decode_crop
 from bigbatch.data.pipeline.order import sample_rng
 from bigbatch.data.transforms.crops import StandardAugment, StandardEvalCrop, StandardTrainCrop
-from bigbatch.data.transforms.inception import IMAGENET_MEAN, IMAGENET_STD
+from bigbatch.data.transforms.standard import IMAGENET_MEAN, IMAGENET_STD
 from bigbatch.errors import UserError
 
 pytestmark = pytest.mark.fast

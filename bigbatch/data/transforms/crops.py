@@ -24,7 +24,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from bigbatch.config.section import Section
-from bigbatch.data.transforms.inception import IMAGENET_MEAN, IMAGENET_STD, InceptionEval, InceptionTrain
+from bigbatch.data.transforms.inception import InceptionEval, InceptionTrain
+from bigbatch.data.transforms.standard import IMAGENET_MEAN, IMAGENET_STD
 
 Range = Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]
 """``[low, high]``, both positive."""

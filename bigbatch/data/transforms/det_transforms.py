@@ -245,7 +245,7 @@ def distort_hsv(image: torch.Tensor, hue: float, saturation: float, exposure: fl
     Back to RGB by the closed form of ``hsv_to_rgb``: channel ``n`` (R 5, G 3, B 1) is
     ``v (1 - s' clip(min(k, 4 - k), 0, 1))`` with ``k = (n + h') mod 6``; then times ``exposure`` and clipped to
     [0, 1] (``constrain_image``). Equal, to float rounding, to TF's ``adjust_saturation`` then ``adjust_hue``
-    (``data/transforms/inception.py``) then the scale, which it replaces because it is several times faster.
+    (``data/transforms/tf1_ops.py``) then the scale, which it replaces because it is several times faster.
     """
     if hue == 0.0 and saturation == 1.0:
         return (image * exposure).clamp_(0.0, 1.0)
