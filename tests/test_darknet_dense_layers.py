@@ -15,8 +15,9 @@ from bigbatch.darknet.cfg import read_darknet_cfg
 from bigbatch.darknet.network import DarknetNetwork, layer_table
 from bigbatch.darknet.weights import read_weights, weights_size, write_weights
 from bigbatch.errors import UserError
+from tests.helpers import DARKNET_DATA
 
-STOCK = Path(__file__).parent / "data" / "darknet" / "stock"
+STOCK = DARKNET_DATA / "stock"
 
 
 def network(tmp_path: Path, body: str, w: int = 7, h: int = 6, c: int = 3) -> DarknetNetwork:

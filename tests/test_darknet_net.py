@@ -1,5 +1,5 @@
 """Darknet networks from a .cfg (bigbatch.darknet) against independent oracles: the layer and parameter
-counts and .weights sizes Darknet itself reports for yolov3 and yolov3-tiny (tests/data/darknet/README.md), the
+counts and .weights sizes Darknet itself reports for yolov3 and yolov3-tiny (tests/fixtures/darknet/README.md), the
 C formulas of Darknet's layers and activations transcribed element by element, and a small network written out by
 hand in plain torch."""
 

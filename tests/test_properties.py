@@ -311,7 +311,7 @@ classes=80
 num=6
 random=1
 """
-"""A Darknet cfg in yolov3-tiny's shape with a training header (tests/data/darknet/yolov3-tiny.cfg has a testing
+"""A Darknet cfg in yolov3-tiny's shape with a training header (tests/fixtures/darknet/yolov3-tiny.cfg has a testing
 one)."""
 
 
