@@ -1,8 +1,8 @@
 """What the tests share: the project's paths, ways to run the CLI (in a fresh process or in this one), spawned
 process groups, the small settings and files that several test modules train with, and their checks.
 
-Test modules import from here, never from one another (tests/test_suite_layout.py checks it); ``conftest.py`` holds
-the fixtures only."""
+Test modules import from here, never from one another (tests/project/test_suite_layout.py checks it);
+``conftest.py`` holds the fixtures only."""
 
 from __future__ import annotations
 
@@ -269,7 +269,7 @@ activation=linear
 # ----------------------------------------------------------------------------- Darknet's [yolo] deltas: the cases
 """The cases on which bigbatch's Darknet-dialect YOLO loss is compared with Darknet's own ``l.delta``: shared by
 ``benchmarks/darknet_oracle/yolo_deltas.py`` (which runs Darknet on them and writes
-``tests/fixtures/darknet/yolo_delta/<case>.npz``) and ``tests/test_yolo_dialects.py`` (which reads those files).
+``tests/fixtures/darknet/yolo_delta/<case>.npz``) and ``tests/darknet/test_yolo_dialects.py`` (which reads those files).
 
 A case is a stock cfg of one fork, at an input size and batch, with ``[yolo]`` keys optionally overridden (to reach
 keys no small stock cfg combines), the truths of each image, and the inputs of each ``[yolo]`` layer by the INPUT

@@ -188,7 +188,7 @@ def built_prefix(path: Path, tmp_path: Path) -> Path:
 RECURRENT = ("[rnn]", "[gru]", "[lstm]", "[crnn]")
 
 
-@pytest.mark.slow  # the whole cfgs are compared with Darknet's outputs in tests/test_darknet_stock.py
+@pytest.mark.slow  # the whole cfgs are compared with Darknet's outputs in tests/darknet/test_darknet_stock.py
 @pytest.mark.parametrize("path", STOCK_CFGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_stock_cfgs_get_past_these_layers(path: Path, tmp_path: Path) -> None:
     """Each stock cfg with these layers, cut before the first layer kind not built yet (others add them), is built

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.fast
 
 
 def gradient_loss(*args, **keys):
-    """The ``gradient`` dialect's loss, the one this file checks (tests/test_yolo_dialects.py: the others)."""
+    """The ``gradient`` dialect's loss, the one this file checks (tests/darknet/test_yolo_dialects.py: the others)."""
     return yolo_loss(*args, dialect="gradient", **keys)
 
 ANCHORS = ((8, 10), (14, 20), (24, 18), (30, 40), (44, 32), (60, 58))
