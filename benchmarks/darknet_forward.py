@@ -12,7 +12,7 @@ Rounds alternate which side goes first; each round times ``--steps`` iterations 
 square of the outputs as the loss, gradients zeroed between iterations) after one warm-up iteration each. The
 median of the per-round ratios Darknet / hand-written is reported.
 
-    python benchmarks/darknet_forward.py [--cfg tests/data/darknet/yolov3.cfg] [--batch 1] [--size 416]
+    python benchmarks/darknet_forward.py [--cfg tests/fixtures/darknet/yolov3.cfg] [--batch 1] [--size 416]
                                          [--rounds 7] [--steps 2] [--device cpu] [--threads N]
 """
 
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from bigbatch.darknet import load_network, parameter_count
 
-DEFAULT_CFG = Path(__file__).resolve().parents[1] / "tests" / "data" / "darknet" / "yolov3.cfg"
+DEFAULT_CFG = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "darknet" / "yolov3.cfg"
 
 
 # ----------------------------------------------------------------------------- YOLOv3 by hand

@@ -3,7 +3,7 @@
 A command checks its arguments, loads its config (``engine/preflight.py``) and calls the module that does the work
 (the run directory's rules: ``engine/run_dir.py``; evaluating a checkpoint: ``engine/eval_checkpoint.py``; a model's
 text for ``show``: its ``MODELS`` entry's ``describe``); what it prints is the only logic it keeps.
-``tests/test_layout.py`` holds it to that: every function here is the parser, ``main``, a ``cmd_*`` command, an
+``tests/project/test_layout.py`` holds it to that: every function here is the parser, ``main``, a ``cmd_*`` command, an
 ``_add_*`` argument helper or an argparse ``type=``.
 
 User mistakes print one ``error: ...`` line on stderr and exit with code 2.

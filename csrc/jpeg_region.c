@@ -5,7 +5,7 @@
  * rows above it (jpeg_skip_scanlines), as TensorFlow's decode_and_crop_jpeg does. The pixels are those of the whole
  * decode, bit for bit, for the layouts header() accepts: libjpeg-turbo decodes each kept row the same way, and one
  * column of context is kept on each side of the crop, since the fancy (triangle-filter) chroma upsampling reads its
- * neighbours and would otherwise replicate the region's edge. tests/test_jpeg_region.py checks this against
+ * neighbours and would otherwise replicate the region's edge. tests/data/test_jpeg_region.py checks this against
  * torchvision's decode_jpeg on 4:4:4, 4:2:2, 4:2:0, greyscale, progressive and restart-marker files, crops at every
  * edge.
  *

@@ -1,8 +1,8 @@
 """What the tests share: the project's paths, ways to run the CLI (in a fresh process or in this one), spawned
 process groups, the small settings and files that several test modules train with, and their checks.
 
-Test modules import from here, never from one another (tests/test_suite_layout.py checks it); ``conftest.py`` holds
-the fixtures only."""
+Test modules import from here, never from one another (tests/project/test_suite_layout.py checks it);
+``conftest.py`` holds the fixtures only."""
 
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from bigbatch.darknet.cfg import Yolo
 from bigbatch.engine.hooks import Hook
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "data"
-"""Small files the tests read: reference files (tests/data/darknet/README.md says where they come from) and a run
+FIXTURES = ROOT / "tests" / "fixtures"
+"""Small files the tests read: reference files (tests/fixtures/darknet/README.md says where they come from) and a run
 directory written by an earlier version (run-format1)."""
-DARKNET_DATA = DATA / "darknet"
-"""Darknet's own yolov3.cfg, yolov3-tiny.cfg, coco.names and coco.data, verbatim (tests/data/darknet/README.md)."""
+DARKNET_DATA = FIXTURES / "darknet"
+"""Darknet's own yolov3.cfg, yolov3-tiny.cfg, coco.names and coco.data, verbatim (tests/fixtures/darknet/README.md)."""
 
 HANG_GUARD_S = 900
 """How long a test's subprocess, group of spawned workers or Gloo collective may take before it is taken to hang.
@@ -269,7 +269,7 @@ activation=linear
 # ----------------------------------------------------------------------------- Darknet's [yolo] deltas: the cases
 """The cases on which bigbatch's Darknet-dialect YOLO loss is compared with Darknet's own ``l.delta``: shared by
 ``benchmarks/darknet_oracle/yolo_deltas.py`` (which runs Darknet on them and writes
-``tests/data/darknet/yolo_delta/<case>.npz``) and ``tests/test_yolo_dialects.py`` (which reads those files).
+``tests/fixtures/darknet/yolo_delta/<case>.npz``) and ``tests/darknet/test_yolo_dialects.py`` (which reads those files).
 
 A case is a stock cfg of one fork, at an input size and batch, with ``[yolo]`` keys optionally overridden (to reach
 keys no small stock cfg combines), the truths of each image, and the inputs of each ``[yolo]`` layer by the INPUT
@@ -283,7 +283,7 @@ at index ``i`` is ``u(k + 7919 i + salt)`` mapped per channel: box x, y, w, h an
 Then the PLANTED predictions of :func:`_plant_predictions` replace the box inputs of a few slots.
 """
 
-STOCK_CFGS = "tests/data/darknet/stock"
+STOCK_CFGS = "tests/fixtures/darknet/stock"
 
 # truths per image: (x, y, w, h, class), fractions of the input, in the order Darknet sees them
 YOLO_DELTA_TRUTHS = (

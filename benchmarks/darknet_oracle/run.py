@@ -277,7 +277,7 @@ def dump(o, ind=0):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dn", default="/tmp/dn")
-    ap.add_argument("--out", default=os.path.join(REPO, "tests/data/darknet/stock/oracle.json"))
+    ap.add_argument("--out", default=os.path.join(REPO, "tests/fixtures/darknet/stock/oracle.json"))
     ap.add_argument("--tmp", default="/tmp/dnoracle")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=120)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Measure Darknet's own [yolo] training deltas on the cases of tests/helpers.py (YOLO_DELTA_CASES) and write
-tests/data/darknet/yolo_delta/<case>.npz (bigbatch's tests read only those files).
+tests/fixtures/darknet/yolo_delta/<case>.npz (bigbatch's tests read only those files).
 
 Usage (needs the built forks and yolo_delta_<fork> from build.sh; run with bigbatch's venv):
     benchmarks/darknet_oracle/build.sh [DN_ROOT]
@@ -26,7 +26,7 @@ sys.path.insert(0, REPO)
 from bigbatch.darknet import read_darknet_cfg  # noqa: E402
 from tests.helpers import STOCK_CFGS, YOLO_DELTA_CASES, YOLO_DELTA_TRUTHS, cfg_with_keys, yolo_delta_input  # noqa: E402
 
-OUT = os.path.join(REPO, "tests", "data", "darknet", "yolo_delta")
+OUT = os.path.join(REPO, "tests", "fixtures", "darknet", "yolo_delta")
 
 
 def run_case(case) -> None:

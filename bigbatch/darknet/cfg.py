@@ -95,7 +95,7 @@ OTHER_DARKNET_SECTIONS = frozenset({
 MAX_LAYERS = 10_000
 """The most layers (sections after ``[net]``) a ``.cfg`` may have; one more is refused, naming its line, before any
 section is parsed. The largest stock cfgs (AlexeyAB's ``cspx-p7-mish.cfg`` and ``cspx-p7-mish_hp.cfg``, in
-``tests/data/darknet/stock/``) have 375 layers: this leaves room for networks 26 times deeper. Reading and building
+``tests/fixtures/darknet/stock/``) have 375 layers: this leaves room for networks 26 times deeper. Reading and building
 a network is linear in its layers (each layer's shape and module made once, ``shapes.py``, ``network.py``), yet a
 cfg of 10^5 layers would still keep each command that builds it (``show``, ``export``, ``train``: its parameters
 counted on the meta device first, then built) busy for a minute or more; 10,000 keeps it to seconds."""

@@ -5,7 +5,7 @@ conversion of the rows above and below it (``jpeg_skip_scanlines``), as TensorFl
 ``csrc/jpeg_region.c`` (the extension ``bigbatch.data._jpeg_region``, built against the system's libjpeg-turbo when
 the package is installed) does this, keeping one column of context on each side of the crop for the chroma
 upsampling: the pixels equal torchvision's ``decode_jpeg`` of the whole file, cropped, bit for bit
-(``tests/test_jpeg_region.py``). So the exact path uses it as well as the fast one.
+(``tests/data/test_jpeg_region.py``). So the exact path uses it as well as the fast one.
 
 Where it does not apply, the image is decoded whole as before: the extension was not built (no C compiler or
 ``jpeglib.h`` where bigbatch was installed), the file is not a JPEG, or its layout is one the region decode does not

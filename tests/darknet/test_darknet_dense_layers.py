@@ -15,8 +15,9 @@ from bigbatch.darknet.cfg import read_darknet_cfg
 from bigbatch.darknet.network import DarknetNetwork, layer_table
 from bigbatch.darknet.weights import read_weights, weights_size, write_weights
 from bigbatch.errors import UserError
+from tests.helpers import DARKNET_DATA
 
-STOCK = Path(__file__).parent / "data" / "darknet" / "stock"
+STOCK = DARKNET_DATA / "stock"
 
 
 def network(tmp_path: Path, body: str, w: int = 7, h: int = 6, c: int = 3) -> DarknetNetwork:
@@ -187,7 +188,7 @@ def built_prefix(path: Path, tmp_path: Path) -> Path:
 RECURRENT = ("[rnn]", "[gru]", "[lstm]", "[crnn]")
 
 
-@pytest.mark.slow  # the whole cfgs are compared with Darknet's outputs in tests/test_darknet_stock.py
+@pytest.mark.slow  # the whole cfgs are compared with Darknet's outputs in tests/darknet/test_darknet_stock.py
 @pytest.mark.parametrize("path", STOCK_CFGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_stock_cfgs_get_past_these_layers(path: Path, tmp_path: Path) -> None:
     """Each stock cfg with these layers, cut before the first layer kind not built yet (others add them), is built

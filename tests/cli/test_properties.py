@@ -38,7 +38,7 @@ from bigbatch.config import RunConfig, parse_override
 from bigbatch.darknet.recipe import net_recipe
 from bigbatch.darknet.text import read_cfg
 from bigbatch.errors import UserError
-from tests.helpers import DARKNET_DATA
+from tests.helpers import DARKNET_DATA, ROOT
 
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")  # a failure's strategy, printed
 
@@ -311,7 +311,7 @@ classes=80
 num=6
 random=1
 """
-"""A Darknet cfg in yolov3-tiny's shape with a training header (tests/data/darknet/yolov3-tiny.cfg has a testing
+"""A Darknet cfg in yolov3-tiny's shape with a training header (tests/fixtures/darknet/yolov3-tiny.cfg has a testing
 one)."""
 
 
@@ -463,7 +463,7 @@ def _lines_mutated(text: str) -> st.SearchStrategy[str]:
     return mutate()
 
 
-DIGITS_YAML = (Path(__file__).resolve().parent.parent / "bigbatch" / "configs" / "digits.yaml").read_text()
+DIGITS_YAML = (ROOT / "bigbatch" / "configs" / "digits.yaml").read_text()
 
 yaml_documents = st.one_of(
     JUNK.map(lambda v: yaml.safe_dump(v, allow_unicode=True)),  # any value at the top level

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -26,8 +25,9 @@ from bigbatch.engine.step import NonFiniteTraining, OutOfMemory
 from bigbatch.floor.distributed import Process
 from bigbatch.tasks import build_task
 from bigbatch.telemetry.memory import MemoryLimitExceeded
+from tests.helpers import FIXTURES
 
-FORMAT1_RUN = Path(__file__).parent / "data" / "run-format1"
+FORMAT1_RUN = FIXTURES / "run-format1"
 """A run directory written by bigbatch before the engine had a ``TrainingState`` (commit 479d26f): digits,
 4 steps of batch 32, EMA on."""
 

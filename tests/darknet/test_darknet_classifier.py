@@ -1,6 +1,6 @@
 """Darknet's classifier layers ([avgpool], [softmax], [cost]) against numpy transcriptions of avgpool_layer.c,
 blas.c ``softmax``/``softmax_cpu``, tree.c ``read_tree`` and get_network_output (partial ``.weights`` files:
-``tests/test_darknet_classify.py``)."""
+``tests/darknet/test_darknet_classify.py``)."""
 
 from __future__ import annotations
 

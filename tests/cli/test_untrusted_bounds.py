@@ -24,7 +24,7 @@ from bigbatch.darknet import cfg as darknet_cfg
 from bigbatch.darknet.spec import KINDS
 from bigbatch.darknet.text import read_cfg_sections
 from bigbatch.data.formats.pack import pack
-from tests.helpers import ROOT, run_cli
+from tests.helpers import DARKNET_DATA, run_cli
 
 
 def one_error(capsys: pytest.CaptureFixture, *expected: str) -> str:
@@ -116,7 +116,7 @@ def test_a_cfg_costs_work_linear_in_its_layers(tmp_path, monkeypatch, capsys):
 
 
 def test_the_maximum_layer_count_leaves_the_stock_cfgs_room():
-    stock = sorted((ROOT / "tests/data/darknet/stock").rglob("*.cfg"))
+    stock = sorted((DARKNET_DATA / "stock").rglob("*.cfg"))
     deepest = max(len(read_cfg_sections(path, prefix="")) - 1 for path in stock)
     assert deepest == 375  # cspx-p7-mish, as MAX_LAYERS' docstring says
     assert darknet_cfg.MAX_LAYERS >= 25 * deepest

@@ -14,8 +14,9 @@ from bigbatch.engine.hooks import Hook
 from bigbatch.engine.hooks.base import BUILT_IN, STAGES
 from bigbatch.engine.trainer import train
 from bigbatch.registry import DATASETS, HOOKS, MODELS, TASKS
+from tests.helpers import ROOT
 
-PACKAGE = Path(__file__).resolve().parents[1] / "bigbatch"
+PACKAGE = ROOT / "bigbatch"
 SETTINGS = ["steps=3", "batch=32", "subdivisions=2", "data.size=8", "model.width=4", "eval.every=3",
             "checkpoint.every=3", "log.every=1", "log.tensorboard=false"]
 

@@ -1,6 +1,6 @@
 """Every stock ``.cfg`` of both Darknet forks against Darknet itself.
 
-``tests/data/darknet/stock/oracle.json`` was measured with Darknet built from source (AlexeyAB's fork and
+``tests/fixtures/darknet/stock/oracle.json`` was measured with Darknet built from source (AlexeyAB's fork and
 pjreddie's, CPU), each cfg against its own fork, by ``benchmarks/darknet_oracle/`` (a C program linking
 ``libdarknet.so``; its README has the rules and the commands). For each cfg Darknet builds it holds the ``.weights``
 size Darknet's ``save_weights`` writes, and each layer's output after ``network_predict`` with every saved value
@@ -140,7 +140,7 @@ def entries(built: bool) -> list:
             for e in ORACLE if e["built"] == built]
 
 
-pytestmark = pytest.mark.skipif(not ORACLE, reason="tests/data/darknet/stock/oracle.json is absent")
+pytestmark = pytest.mark.skipif(not ORACLE, reason="tests/fixtures/darknet/stock/oracle.json is absent")
 
 
 def test_the_oracle_covers_every_stock_cfg():

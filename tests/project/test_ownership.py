@@ -5,13 +5,14 @@ by the loop alone (no hook writes it), and the weight EMA's per-step power has o
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+
 pytestmark = pytest.mark.fast
 
-PACKAGE = Path(__file__).resolve().parent.parent / "bigbatch"
+PACKAGE = ROOT / "bigbatch"
 SOURCES = {path.relative_to(PACKAGE).as_posix(): ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+
 pytestmark = pytest.mark.fast
 
-PACKAGE = Path(__file__).resolve().parent.parent / "bigbatch"
+PACKAGE = ROOT / "bigbatch"
 
 
 def module_name(path: Path) -> str:

@@ -217,27 +217,28 @@ SKIPPED = {
         "bigbatch profile [CONFIG] [--set KEY=VALUE ...] [--steps N] [--out DIR]",
         "bigbatch report RUN [RUN ...] [--out FILE.html]")},
     "torchrun --nproc-per-node 8 -m bigbatch train megdet-r50-fpn --out runs/megdet --set subdivisions=2":
-        "8 processes on COCO (tests/test_distributed.py runs torchrun on 2 CPU processes)",
+        "8 processes on COCO (tests/engine/test_distributed.py runs torchrun on 2 CPU processes)",
     "torchrun --nproc-per-node 8 -m bigbatch train megdet-r50-fpn --set subdivisions=2":
-        "8 processes on COCO (tests/test_distributed.py runs torchrun on 2 CPU processes)",
+        "8 processes on COCO (tests/engine/test_distributed.py runs torchrun on 2 CPU processes)",
     "bigbatch train megdet-r50-fpn --set subdivisions=16 # one device": "Faster R-CNN on COCO, which is not here",
     "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29400 -m bigbatch "
     "train megdet-r50-fpn --set subdivisions=1": "two machines of 8 GPUs each",
     "bigbatch export yolov3.cfg --weights yolov3.weights --checkpoint yolov3.pt # .weights -> checkpoint":
-        "Darknet's released yolov3.weights (248 MB) is not fetched in a test; tests/test_darknet_cli.py converts a "
-        "file of the same size both ways",
+        "Darknet's released yolov3.weights (248 MB) is not fetched in a test; tests/darknet/test_darknet_cli.py "
+        "converts a file of the same size both ways",
     "bigbatch export darknet19.cfg --weights darknet19.weights --darknet-weights darknet19.conv.23 --upto 23":
-        "Darknet's released darknet19.weights is not fetched in a test; tests/test_darknet_classify.py writes and "
-        "loads a .conv.23",
+        "Darknet's released darknet19.weights is not fetched in a test; tests/darknet/test_darknet_classify.py "
+        "writes and loads a .conv.23",
     "bigbatch train darknet19.cfg --set data.path=photos data.size=64 batch=16 subdivisions=1 steps=1000 "
-    "model.weights=darknet19.conv.23": "needs darknet19.conv.23 (above); tests/test_darknet_classify.py trains it",
+    "model.weights=darknet19.conv.23":
+        "needs darknet19.conv.23 (above); tests/darknet/test_darknet_classify.py trains it",
     "bigbatch train inception-v3-tpu --set data.path=/data/imagenet # Cloud TPU's Inception v3 recipe on ImageNet":
-        "ImageNet, which is not here (tests/test_folder.py trains the recipe on a small folder)",
+        "ImageNet, which is not here (tests/data/test_folder.py trains the recipe on a small folder)",
     "bigbatch train digits --set data.name=folder data.path=DIR data.size=224 model.name=timm/resnet50":
-        "DIR is a placeholder for the reader's folder (tests/test_folder.py trains timm models on one)",
+        "DIR is a placeholder for the reader's folder (tests/data/test_folder.py trains timm models on one)",
     "bigbatch pack /data/imagenet --out /data/imagenet-shards --shard-size 256MB": "ImageNet, which is not here",
     "bigbatch train inception-v3-tpu --set data.name=shards data.path=/data/imagenet-shards":
-        "ImageNet, which is not here (tests/test_shards.py trains on packed shards)",
+        "ImageNet, which is not here (tests/data/test_shards.py trains on packed shards)",
 }
 """Commands of the docs that are not run here, with why."""
 

@@ -4,9 +4,9 @@ named in it (so that a module added, moved or removed shows up here until the ma
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 PACKAGE = ROOT / "bigbatch"
 DOC = ROOT / "docs" / "architecture.md"
 NAMED = re.compile(r"(?<![\w./-])(?:bigbatch/)?((?:[a-z_]+/)*[a-z_0-9]+\.py)\b")

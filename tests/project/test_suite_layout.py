@@ -22,22 +22,34 @@ TESTS = ROOT / "tests"
 PACKAGE = ROOT / "bigbatch"
 
 
-def imported_modules(path: Path) -> set[str]:
+def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     """Every module ``path`` imports (inside functions too), with ``from a import b`` counted as ``a.b`` as well, so
-    that ``from tests import test_x`` is seen; relative imports are resolved against the ``tests`` package."""
+    that ``from tests.engine import test_x`` is seen; relative imports are resolved against the package that holds
+    ``path`` (``from .. import helpers`` in ``tests/engine/`` is ``tests.helpers``)."""
+    package = path.relative_to(root).parent.parts
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = ("tests." * bool(node.level) + (node.module or "")).rstrip(".")
+            parts = [*package[:len(package) - node.level + 1], node.module] if node.level else [node.module]
+            base = ".".join(p for p in parts if p)
             found.add(base)
             found |= {f"{base}.{alias.name}" for alias in node.names}
     return found
 
 
+def test_imported_modules_resolves_relative_imports_against_the_modules_own_package(tmp_path):
+    room = tmp_path / "tests" / "engine"
+    room.mkdir(parents=True)
+    (room / "test_x.py").write_text("from . import test_y\nfrom ..helpers import ROOT\nfrom .. import conftest\n")
+    assert imported_modules(room / "test_x.py", root=tmp_path) == {
+        "tests.engine", "tests.engine.test_y", "tests.helpers", "tests.helpers.ROOT", "tests", "tests.conftest"}
+
+
 def test_no_test_module_imports_another():
-    """A test module imports shared code from ``tests.helpers`` only: never another test module, nor conftest."""
+    """A test module imports shared code from ``tests.helpers`` only: never another test module, nor conftest (in
+    every folder of ``tests/``)."""
     wrong = {}
     for path in sorted(TESTS.rglob("*.py")):
         others = {m for m in imported_modules(path) if m.startswith("tests.") and m != "tests.helpers"
@@ -48,17 +60,41 @@ def test_no_test_module_imports_another():
 
 
 def test_conftest_holds_fixtures_only():
-    """Its top-level functions are all fixtures, and it defines no constants or classes to import."""
-    tree = ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8"))
+    """Its top-level functions are all fixtures, and it defines no constants or classes to import (tests/conftest.py,
+    and a conftest.py of a folder if one is ever added)."""
+    conftests = sorted(TESTS.rglob("conftest.py"))
+    assert TESTS / "conftest.py" in conftests
     not_fixtures = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            decorators = [ast.unparse(d) for d in node.decorator_list]
-            if not any(d.startswith(("pytest.fixture", "fixture")) for d in decorators):
-                not_fixtures.append(node.name)
-        elif isinstance(node, ast.ClassDef | ast.Assign | ast.AnnAssign):
-            not_fixtures.append(ast.unparse(node).splitlines()[0])
+    for path in conftests:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            where = f"{path.relative_to(ROOT)}: "
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                decorators = [ast.unparse(d) for d in node.decorator_list]
+                if not any(d.startswith(("pytest.fixture", "fixture")) for d in decorators):
+                    not_fixtures.append(where + node.name)
+            elif isinstance(node, ast.ClassDef | ast.Assign | ast.AnnAssign):
+                not_fixtures.append(where + ast.unparse(node).splitlines()[0])
     assert not not_fixtures, f"move to tests/helpers.py: {not_fixtures}"
+
+
+WHOLE = {"cli": "runs of the whole command, end to end", "project": "the project's own rules: layout, docs, wheel"}
+"""The folders of tests/ that test no one package of bigbatch/; every other folder of test modules is named after the
+package it tests (tests/engine/ for bigbatch/engine/)."""
+
+
+def test_the_suite_mirrors_the_package():
+    """Each test module is in a folder of tests/ named after a package of bigbatch/ (or one of ``WHOLE``), never at
+    the top nor deeper; each such folder is a package (an ``__init__.py``, so that two folders may hold modules of the
+    same name); tests/fixtures/ holds files to read, no Python."""
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    modules = sorted(p.relative_to(TESTS) for p in TESTS.rglob("test_*.py"))
+    assert modules, "no test module found"
+    misplaced = [str(m) for m in modules if len(m.parts) != 2 or m.parts[0] not in packages | WHOLE.keys()]
+    assert not misplaced, f"move into tests/<package of bigbatch/>/ (or one of {sorted(WHOLE)}): {misplaced}"
+    rooms = {TESTS} | {TESTS / m.parts[0] for m in modules}
+    not_packages = sorted(str(r.relative_to(ROOT)) for r in rooms if not (r / "__init__.py").is_file())
+    assert not not_packages, f"add an __init__.py to {not_packages}"
+    assert not list((TESTS / "fixtures").rglob("*.py")), "tests/fixtures/ holds data files, not code"
 
 
 def test_every_package_module_imports():

@@ -1,4 +1,4 @@
-"""A run directory written before the config became a package (``tests/data/run-digits-before-config-package``:
+"""A run directory written before the config became a package (``tests/fixtures/run-digits-before-config-package``:
 digits, 4 steps of batch 32, a checkpoint every 2, EMA on) still reads and resumes: its ``config.yaml`` validates and
 is written back byte for byte, and training goes on from its last checkpoint."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +13,9 @@ import torch
 from bigbatch.cli import main
 from bigbatch.config import config_to_yaml, load_config, read_yaml, validate_config
 from bigbatch.errors import UserError
+from tests.helpers import FIXTURES
 
-BEFORE_PACKAGE_RUN = Path(__file__).parent / "data" / "run-digits-before-config-package"
+BEFORE_PACKAGE_RUN = FIXTURES / "run-digits-before-config-package"
 
 
 ADDED_SINCE = {"  val: null\n": "  annotations: auto\n",
@@ -52,7 +52,7 @@ def test_its_config_is_written_back_byte_for_byte():
 
 def test_it_resumes_from_its_last_checkpoint(tmp_path):
     run = tmp_path / "run"
-    shutil.copytree(BEFORE_PACKAGE_RUN, run)  # never write into tests/data
+    shutil.copytree(BEFORE_PACKAGE_RUN, run)  # never write into tests/fixtures
     before = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert before["step"] == 4
     assert main(["train", "--resume", str(run), "--set", "steps=6"]) == 0

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.fast
 
 
 def gradient_loss(*args, **keys):
-    """The ``gradient`` dialect's loss, the one this file checks (tests/test_yolo_dialects.py: the others)."""
+    """The ``gradient`` dialect's loss, the one this file checks (tests/darknet/test_yolo_dialects.py: the others)."""
     return yolo_loss(*args, dialect="gradient", **keys)
 
 ANCHORS = ((8, 10), (14, 20), (24, 18), (30, 40), (44, 32), (60, 58))
@@ -424,7 +424,7 @@ def test_boxes_are_clipped_and_capped():
 
 
 def tiny_cfg(classes: int = CLASSES) -> str:
-    """yolov3-tiny's layout (the layers of tests/data/darknet/yolov3-tiny.cfg) at a quarter of its widths, with
+    """yolov3-tiny's layout (the layers of tests/fixtures/darknet/yolov3-tiny.cfg) at a quarter of its widths, with
     anchors for a ~100 px input."""
     filters = 3 * (5 + classes)
 
@@ -561,7 +561,7 @@ def test_layer_loss_normalises_by_the_given_count():
 
 
 def test_reference_yolov3_tiny_cfg_trains():
-    """Darknet's own yolov3-tiny.cfg (tests/data/darknet) at 96 px with 3 classes: a finite loss and gradient."""
+    """Darknet's own yolov3-tiny.cfg (tests/fixtures/darknet) at 96 px with 3 classes: a finite loss and gradient."""
     from tests.helpers import DARKNET_DATA
 
     path = DARKNET_DATA / "yolov3-tiny.cfg"

@@ -1,7 +1,7 @@
 """``model.darknet_dialect``: under ``alexeyab`` and ``pjreddie`` the gradient of a micro-batch's YOLO loss with
 respect to each ``[yolo]`` input is minus that fork's own ``l.delta`` divided by the number of images, as measured
 with Darknet itself (benchmarks/darknet_oracle/yolo_delta.c on YOLO_DELTA_CASES of tests/helpers.py, stored in
-tests/data/darknet/yolo_delta/); each rule the cases rely on really changes the deltas; the dialect reaches the
+tests/fixtures/darknet/yolo_delta/); each rule the cases rely on really changes the deltas; the dialect reaches the
 network and the loss through the config."""
 
 from __future__ import annotations
@@ -19,12 +19,19 @@ from bigbatch.darknet.shapes import layer_shapes
 from bigbatch.darknet.yolo_delta import layer_delta, layer_loss
 from bigbatch.darknet.yolo_loss import yolo_loss
 from bigbatch.errors import UserError
-from tests.helpers import STOCK_CFGS, YOLO_DELTA_CASES, YOLO_DELTA_TRUTHS, cfg_with_keys, yolo_delta_input
+from tests.helpers import (
+    DARKNET_DATA,
+    ROOT,
+    STOCK_CFGS,
+    YOLO_DELTA_CASES,
+    YOLO_DELTA_TRUTHS,
+    cfg_with_keys,
+    yolo_delta_input,
+)
 
 pytestmark = pytest.mark.fast
 
-REPO = Path(__file__).resolve().parent.parent
-MEASURED = REPO / "tests" / "data" / "darknet" / "yolo_delta"
+MEASURED = DARKNET_DATA / "yolo_delta"
 RELATIVE = 1e-5
 
 
@@ -43,7 +50,7 @@ def truth_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def case_layers(case, tmp_path: Path):
     path = tmp_path / case.cfg
-    stock = (REPO / STOCK_CFGS / case.fork / case.cfg).read_text()
+    stock = (ROOT / STOCK_CFGS / case.fork / case.cfg).read_text()
     path.write_text(cfg_with_keys(stock, case.size, case.keys, case.images))
     measured = np.load(MEASURED / f"{case.name}.npz")
     cfg = read_darknet_cfg(path)
@@ -106,7 +113,7 @@ def test_two_truths_share_a_slot():
     overwrites) on some layer of each network the cases use."""
     shared = set()
     for case in YOLO_DELTA_CASES:
-        cfg = read_darknet_cfg(REPO / STOCK_CFGS / case.fork / case.cfg)
+        cfg = read_darknet_cfg(ROOT / STOCK_CFGS / case.fork / case.cfg)
         shapes = layer_shapes(cfg, cfg.net.channels, case.size, case.size)
         for spec in cfg.yolo_layers:
             grid = shapes[spec.index][1]

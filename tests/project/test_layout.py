@@ -8,7 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "bigbatch"
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "bigbatch"
 CLI = PACKAGE / "cli.py"
 
 

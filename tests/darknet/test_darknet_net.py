@@ -1,5 +1,5 @@
 """Darknet networks from a .cfg (bigbatch.darknet) against independent oracles: the layer and parameter
-counts and .weights sizes Darknet itself reports for yolov3 and yolov3-tiny (tests/data/darknet/README.md), the
+counts and .weights sizes Darknet itself reports for yolov3 and yolov3-tiny (tests/fixtures/darknet/README.md), the
 C formulas of Darknet's layers and activations transcribed element by element, and a small network written out by
 hand in plain torch."""
 
@@ -667,7 +667,7 @@ def test_ignored_keys_are_reported_once(tmp_path):
             + "\n[maxpool]\nsize=2\nstride=2\nstream=1\n"
             + YOLO.replace("num=2", "num=2\nshow_details=0\nbeta_nms=0.5"))
     cfg = read_darknet_cfg(write_cfg(tmp_path, text))
-    # mosaic is used: a detector's data.mosaic (tests/test_darknet_mosaic.py)
+    # mosaic is used: a detector's data.mosaic (tests/data/test_darknet_mosaic.py)
     assert ignored_keys(cfg) == ["convolutional:stopbackward", "maxpool:stream", "yolo:show_details"]
     yolo = cfg.yolo_layers[0]
     assert yolo.beta_nms == 0.5 and yolo.masked_anchors == ((1, 2), (3, 4)) and yolo.filters == 14

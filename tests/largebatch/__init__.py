@@ -1,0 +1,1 @@
+"""Tests of bigbatch/largebatch/: LR and batch schedules, optimizers, clipping, norms, EMA, precision, AdaScale."""

@@ -1,0 +1,1 @@
+"""Tests of bigbatch/models/: the detectors and the classifiers' memory format."""

@@ -1,0 +1,1 @@
+"""Tests of the project as a whole: its layout and import rules, the architecture map, the wheel, extending it."""
