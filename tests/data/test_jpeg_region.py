@@ -1,6 +1,6 @@
 """The region-of-interest JPEG decode (``bigbatch/data/pipeline/jpeg.py``, ``csrc/jpeg_region.c``): a crop's region
-decoded alone gives the whole decode's pixels (torchvision's ``decode_jpeg``, cropped) bit for bit, on every JPEG layout it
-takes and crops at every edge; at a reduced DCT scale, PIL's ``draft`` decode's pixels; a file cut short fails
+decoded alone gives the whole decode's pixels (torchvision's ``decode_jpeg``, cropped) bit for bit, on every JPEG
+layout it takes and crops at every edge; at a reduced DCT scale, PIL's ``draft`` decode's pixels; a file cut short fails
 whatever the crop, as the whole decode does; layouts it does not take, and other images, are decoded whole."""
 
 from __future__ import annotations
