@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 
 from bigbatch import __version__
+from bigbatch.floor import run_files
 from bigbatch.report import charts
 from bigbatch.report.runs import MAX_EVENTS, PHASES, RunData, Segment, as_text, drawable
 
@@ -134,7 +135,7 @@ def restart_line(restart: Segment) -> str:
         what += f" on {fmt(restart.world)} process{'es' if restart.world != 1 else ''}"
     if restart.time is not None:
         what += f", {when(restart.time)}"
-    return what + ("" if restart.source == "metrics.jsonl" else f"; from {restart.source}")
+    return what + ("" if restart.source == run_files.METRICS else f"; from {restart.source}")
 
 
 def micro_batch(run: RunData) -> str:

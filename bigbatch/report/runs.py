@@ -292,7 +292,7 @@ class Segment:
     stopped_at: int | None = None
     """The highest step recorded before it started (where the run before it got to), where known: the steps from
     ``step`` to it were run twice."""
-    source: str = "metrics.jsonl"
+    source: str = run_files.METRICS
     """What says so: ``metrics.jsonl`` (the run's record of its start), ``memory.csv`` (the clock starting again),
     or ``training records`` (their step going back)."""
 
@@ -504,18 +504,18 @@ def read_run(path: Path) -> RunData:
     """Read the run directory ``path`` (see the module docstring)."""
     if not path.exists():
         raise UserError(f"report: {path} does not exist; give a bigbatch run directory (the --out of bigbatch train)")
-    if not path.is_dir() or not ((path / "config.yaml").is_file() or (path / "metrics.jsonl").is_file()):
+    if not path.is_dir() or not ((path / run_files.CONFIG).is_file() or (path / run_files.METRICS).is_file()):
         raise UserError(f"report: {path} is not a bigbatch run directory (it holds neither config.yaml nor "
                         f"metrics.jsonl)")
     run = RunData(path=path)
     run.absent = [name for name in FILES if not (path / name).is_file()]
     _read_config(run)
     heatmap = _Heatmap()
-    _read_metrics(run, heatmap if "updates.csv" in run.absent else None)
+    _read_metrics(run, heatmap if run_files.UPDATES in run.absent else None)
     _read_memory(run)
-    if "updates.csv" not in run.absent:
+    if run_files.UPDATES not in run.absent:
         _read_updates(run, heatmap)
-    run.updates = heatmap.result("updates.csv" if "updates.csv" not in run.absent else
+    run.updates = heatmap.result(run_files.UPDATES if run_files.UPDATES not in run.absent else
                                  "the largest ten updates per step in metrics.jsonl (updates.csv is absent)")
     if heatmap.refused:
         run.notes.append(f"the update heatmap shows the first {MAX_LAYERS} parameter tensors only")
@@ -539,10 +539,10 @@ def _open(run: RunData, name: str, newline: str | None = "") -> TextIO | None:
 def _read_config(run: RunData) -> None:
     from bigbatch.config import YAMLTooLarge, load_yaml
 
-    if "config.yaml" in run.absent:
+    if run_files.CONFIG in run.absent:
         return
     try:
-        with open(run.path / "config.yaml", "rb") as f:
+        with open(run.path / run_files.CONFIG, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
         run.notes.append(f"config.yaml could not be read ({error.strerror or error})")
@@ -566,7 +566,7 @@ def _read_config(run: RunData) -> None:
         for key in ("batch", "world", "steps"):  # what the page computes with
             value = config.get(key)
             if type(value) is int and count(value, low=0) is None:
-                _undrawn(run, key, value, "config.yaml")
+                _undrawn(run, key, value, run_files.CONFIG)
     else:
         run.notes.append("config.yaml does not hold a mapping of keys: shown as it is, its values unused")
 
@@ -587,9 +587,9 @@ def _read_metrics(run: RunData, heatmap: _Heatmap | None) -> None:
     """Every line of ``metrics.jsonl``, one at a time: an event (``event``), an evaluation (``split``) or a
     training record (``lr``); ``heatmap``: where the training records' ``top_updates`` go (updates.csv is
     absent)."""
-    if "metrics.jsonl" in run.absent:
+    if run_files.METRICS in run.absent:
         return
-    f = _open(run, "metrics.jsonl", newline=None)
+    f = _open(run, run_files.METRICS, newline=None)
     if f is None:
         return
     bad: list[int] = []
@@ -800,9 +800,9 @@ def _csv_lines(f: TextIO) -> Iterator[str]:
 def _read_memory(run: RunData) -> None:
     """``memory.csv``, a row at a time (blank rows skipped, as ``csv.DictReader`` skips them; of two columns of one
     name, the last, as it keeps it), into at most :data:`MAX_POINTS` samples."""
-    if "memory.csv" in run.absent:
+    if run_files.MEMORY in run.absent:
         return
-    f = _open(run, "memory.csv")
+    f = _open(run, run_files.MEMORY)
     if f is None:
         return
     samples = _Samples()
@@ -821,7 +821,7 @@ def _read_memory(run: RunData) -> None:
             for row in reader:
                 if not row:
                     continue
-                values = [_cell(run, name, row[where[name]] if where[name] < len(row) else None, "memory.csv",
+                values = [_cell(run, name, row[where[name]] if where[name] < len(row) else None, run_files.MEMORY,
                                 reader.line_num) for name in names]
                 sample = dict(zip(names, values, strict=True))
                 if start is None and math.isfinite(sample.get("time", math.nan)):
@@ -834,7 +834,7 @@ def _read_memory(run: RunData) -> None:
                     if len(run.clock_restarts) < MAX_RESTARTS:
                         run.clock_restarts.append(Segment(
                             step=int(step) if math.isfinite(step) and abs(step) < MAX_STEP else 0,
-                            time=now if math.isfinite(now) else None, source="memory.csv",
+                            time=now if math.isfinite(now) else None, source=run_files.MEMORY,
                             stopped_at=int(last_step) if math.isfinite(last_step) and abs(last_step) < MAX_STEP
                             else None))
                         if math.isfinite(last_time) and math.isfinite(now):
@@ -877,7 +877,7 @@ def _cell(run: RunData, name: str, text: str | None, file: str, line: int) -> fl
 
 
 def _read_updates(run: RunData, heatmap: _Heatmap) -> None:
-    f = _open(run, "updates.csv")
+    f = _open(run, run_files.UPDATES)
     if f is None:
         return
     with f:
@@ -891,7 +891,7 @@ def _read_updates(run: RunData, heatmap: _Heatmap) -> None:
                     continue
                 if abs(step) >= MAX_STEP or not isinstance(name, str):
                     continue
-                heatmap.put(step, name, _cell(run, f"relative of {name}", row.get("relative"), "updates.csv",
+                heatmap.put(step, name, _cell(run, f"relative of {name}", row.get("relative"), run_files.UPDATES,
                                               reader.line_num))
         except csv.Error as error:
             run.notes.append(f"updates.csv: line {reader.line_num} could not be read ({error}); the rows before it "
