@@ -31,18 +31,18 @@ from torchvision.transforms.v2 import functional as F
 from bigbatch.data.transforms.tf1_ops import (
     RESIZE_METHODS,
     Box,
-    _f32,
-    _fast_to_signed_unit,
-    _randint,
-    _size2,
-    _uniform,
     adjust_brightness,
     adjust_contrast,
     adjust_hue,
     adjust_saturation,
     central_crop_box,
+    draw_int,
+    draw_uniform,
+    f32,
     fast_resize_bilinear,
+    fast_to_signed_unit,
     sample_distorted_bounding_box,
+    size2,
     tf1_resize,
     tf1_resize_bilinear,
 )
@@ -108,7 +108,7 @@ def _unit_float(x: Tensor) -> Tensor:
     """uint8 -> float32 in [0, 1] as TF's ``convert_image_dtype``: ``float(x) * float32(1 / 255)``; a float tensor
     is taken to be in [0, 1] already (made float32)."""
     if x.dtype == torch.uint8:
-        return x.to(torch.float32) * float(_f32(1.0 / 255.0))
+        return x.to(torch.float32) * float(f32(1.0 / 255.0))
     return x.to(torch.float32)
 
 
@@ -198,12 +198,12 @@ _FAST_ORDERINGS = {0: ("brightness", "saturation"), 1: ("saturation", "brightnes
 
 def _draw_color_op(name: str) -> float:
     if name == "brightness":  # random_brightness: delta ~ U[-32/255, 32/255)
-        return _uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA)
+        return draw_uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA)
     if name == "saturation":  # random_saturation: factor ~ U[0.5, 1.5)
-        return _uniform(*SATURATION_RANGE)
+        return draw_uniform(*SATURATION_RANGE)
     if name == "hue":  # random_hue: delta ~ U[-0.2, 0.2)
-        return _uniform(-HUE_DELTA, HUE_DELTA)
-    return _uniform(*CONTRAST_RANGE)  # random_contrast: factor ~ U[0.5, 1.5)
+        return draw_uniform(-HUE_DELTA, HUE_DELTA)
+    return draw_uniform(*CONTRAST_RANGE)  # random_contrast: factor ~ U[0.5, 1.5)
 
 
 class DistortColor(_Transform):
@@ -236,7 +236,7 @@ class DistortColor(_Transform):
 
     def draw_params(self) -> dict[str, Any]:
         """``{"ordering": k, "ops": [(name, value), ...]}``: the ordering, then each op's parameter in order."""
-        ordering = self.ordering if self.ordering is not None else _randint(4)
+        ordering = self.ordering if self.ordering is not None else draw_int(4)
         return {"ordering": ordering, "ops": [(name, _draw_color_op(name)) for name in self.ops(ordering)]}
 
     def apply(self, image: Tensor, params: dict[str, Any]) -> Tensor:
@@ -269,18 +269,18 @@ class DistortColorFast(_Transform):
     def draw_params(self) -> dict[str, float]:
         """``{"br", "cb", "cr"}`` drawn in the TPU code's order."""
         return {
-            "br": _uniform(-self.brightness, self.brightness),
-            "cb": _uniform(-self.cb, self.cb),
-            "cr": _uniform(-self.cr, self.cr),
+            "br": draw_uniform(-self.brightness, self.brightness),
+            "cb": draw_uniform(-self.cb, self.cb),
+            "cr": draw_uniform(-self.cr, self.cr),
         }
 
     def offsets(self, params: dict[str, float]) -> tuple[float, float, float]:
         """The (R, G, B) offsets of ``params``, in float32 as the TPU code computes them."""
-        br, cb, cr = _f32(params["br"]), _f32(params["cb"]), _f32(params["cr"])
+        br, cb, cr = f32(params["br"]), f32(params["cb"]), f32(params["cr"])
         offsets = (
-            _f32(1.402) * cr + br,
-            _f32(-0.344136) * cb - _f32(0.714136) * cr + br,
-            _f32(1.772) * cb + br,
+            f32(1.402) * cr + br,
+            f32(-0.344136) * cb - f32(0.714136) * cr + br,
+            f32(1.772) * cb + br,
         )
         return tuple(float(o) for o in offsets)
 
@@ -318,7 +318,7 @@ class InceptionTrain(_Transform):
 
     def __init__(self, size: int = 299, fast: bool = True) -> None:
         super().__init__()
-        self.size = _size2(size)
+        self.size = size2(size)
         self.fast = bool(fast)
         self.crop = DistortedBoundingBoxCrop()
         self.color: DistortColorFast | DistortColor = DistortColorFast() if fast else DistortColor(None)
@@ -329,7 +329,7 @@ class InceptionTrain(_Transform):
 
     def draw_params(self) -> dict[str, Any]:
         """Everything drawn after the box: resize method, flip, colour parameters."""
-        method = "bilinear" if self.fast else RESIZE_METHODS[_randint(4)]
+        method = "bilinear" if self.fast else RESIZE_METHODS[draw_int(4)]
         flip = torch.rand(()).item() < 0.5
         return {"method": method, "flip": flip, "color": self.color.draw_params()}
 
@@ -357,7 +357,7 @@ class InceptionTrain(_Transform):
         if params["method"] != "bilinear" or x.dtype != torch.uint8 or not isinstance(self.color, DistortColorFast):
             result = self._finish(x, params)
             return result if out is None else out.copy_(result)
-        return _fast_to_signed_unit(fast_resize_bilinear(x, self.size, params["flip"]),
+        return fast_to_signed_unit(fast_resize_bilinear(x, self.size, params["flip"]),
                                     self.color.offsets(params["color"]), out)
 
     def check_inputs(self, flat_inputs: list[Any]) -> None:
@@ -387,7 +387,7 @@ class InceptionEval(v2.Transform):
         super().__init__()
         if not (0.0 < central_fraction <= 1.0):
             raise ValueError(f"central_fraction must be in (0, 1], got {central_fraction}")
-        self.size = _size2(size)
+        self.size = size2(size)
         self.central_fraction = float(central_fraction)
 
     def crop_box(self, height: int, width: int) -> Box:
@@ -405,7 +405,7 @@ class InceptionEval(v2.Transform):
         if x.dtype != torch.uint8:
             result = self.after_crop(x)
             return result if out is None else out.copy_(result)
-        return _fast_to_signed_unit(fast_resize_bilinear(x, self.size), out=out)
+        return fast_to_signed_unit(fast_resize_bilinear(x, self.size), out=out)
 
     def check_inputs(self, flat_inputs: list[Any]) -> None:
         _check_classification_inputs(flat_inputs, "InceptionEval")

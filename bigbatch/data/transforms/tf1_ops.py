@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 Box = tuple[int, int, int, int]  # (top, left, height, width), as torchvision's F.crop takes it
-_f32 = np.float32
+f32 = np.float32
+"""TF's attributes and arithmetic are float32: values are rounded through it where the kernels round."""
 
 # tf.image.ResizeMethod's order in TF1: BILINEAR=0, NEAREST_NEIGHBOR=1, BICUBIC=2, AREA=3 (slim picks one by index).
 RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area")
@@ -36,13 +37,13 @@ RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area")
 # --------------------------------------------------------------------------------------------------- randomness
 
 
-def _uniform(low: float, high: float) -> float:
+def draw_uniform(low: float, high: float) -> float:
     """One float32 draw from U[low, high) as TF's ``random_uniform``: ``u * (high - low) + low``, u ~ U[0, 1)."""
-    u = _f32(torch.rand(()).item())
-    return float(u * (_f32(high) - _f32(low)) + _f32(low))
+    u = f32(torch.rand(()).item())
+    return float(u * (f32(high) - f32(low)) + f32(low))
 
 
-def _randint(n: int) -> int:
+def draw_int(n: int) -> int:
     """Uniform integer in [0, n) (TF's ``SimplePhilox::Uniform(n)``, ``random_uniform(maxval=n, dtype=int32)``)."""
     return int(torch.randint(n, ()).item())
 
@@ -76,33 +77,33 @@ def _generate_random_crop(
         return None
     if min_area_fraction > max_area_fraction:
         return None
-    min_area = min_area_fraction * _f32(width) * _f32(height)
-    max_area = max_area_fraction * _f32(width) * _f32(height)
+    min_area = min_area_fraction * f32(width) * f32(height)
+    max_area = max_area_fraction * f32(width) * f32(height)
     h = _lrint(np.sqrt(min_area / aspect_ratio))
     max_h = _lrint(np.sqrt(max_area / aspect_ratio))
-    if _lrint(_f32(max_h) * aspect_ratio) > width:
+    if _lrint(f32(max_h) * aspect_ratio) > width:
         # the kernel: smallest max_height with round(max_height * r) <= W, computed in double, truncated
-        max_h = int((width + 0.5 - float(_f32(1e-7))) / float(aspect_ratio))
-        if _lrint(_f32(max_h) * aspect_ratio) > width:
+        max_h = int((width + 0.5 - float(f32(1e-7))) / float(aspect_ratio))
+        if _lrint(f32(max_h) * aspect_ratio) > width:
             max_h -= 1
     max_h = min(max_h, height)
     h = min(h, max_h)
     if h < max_h:
-        h += _randint(max_h - h + 1)  # closed range [h, max_h]
-    w = _lrint(_f32(h) * aspect_ratio)
-    area = _f32(w * h)
+        h += draw_int(max_h - h + 1)  # closed range [h, max_h]
+    w = _lrint(f32(h) * aspect_ratio)
+    area = f32(w * h)
     if area < min_area:  # rounding left the area too small: one row more
         h += 1
-        w = _lrint(_f32(h) * aspect_ratio)
-        area = _f32(w * h)
+        w = _lrint(f32(h) * aspect_ratio)
+        area = f32(w * h)
     if area > max_area:  # too large: one row less
         h -= 1
-        w = _lrint(_f32(h) * aspect_ratio)
-        area = _f32(w * h)
+        w = _lrint(f32(h) * aspect_ratio)
+        area = f32(w * h)
     if area < min_area or area > max_area or w > width or h > height or w <= 0 or h <= 0:
         return None
-    top = _randint(height - h) if h < height else 0
-    left = _randint(width - w) if w < width else 0
+    top = draw_int(height - h) if h < height else 0
+    left = draw_int(width - w) if w < width else 0
     return top, left, h, w
 
 
@@ -129,17 +130,17 @@ def sample_distorted_bounding_box(
     """
     if height <= 0 or width <= 0:
         raise ValueError(f"sample_distorted_bounding_box: the image size must be positive, got {height}x{width}")
-    a0, a1 = _f32(area[0]), _f32(area[1])  # TF's attrs are float32
-    r0, r1 = _f32(aspect_ratio[0]), _f32(aspect_ratio[1])
-    covered = _f32(min_object_covered)
-    image_area = _f32(width * height)
+    a0, a1 = f32(area[0]), f32(area[1])  # TF's attrs are float32
+    r0, r1 = f32(aspect_ratio[0]), f32(aspect_ratio[1])
+    covered = f32(min_object_covered)
+    image_area = f32(width * height)
     for _ in range(max_attempts):
-        u = _f32(torch.rand(()).item())
+        u = f32(torch.rand(()).item())
         r = u * (r1 - r0) + r0
         box = _generate_random_crop(width, height, a0, a1, r)
         if box is None:
             continue
-        crop_area = _f32(box[2] * box[3])
+        crop_area = f32(box[2] * box[3])
         # SatisfiesOverlapConstraints: crop area >= 1 and intersection / object area >= min_object_covered
         if crop_area >= 1 and crop_area / image_area >= covered:
             return box
@@ -162,7 +163,8 @@ def central_crop_box(height: int, width: int, central_fraction: float = 0.875) -
 # ------------------------------------------------------------------------------------------------ TF1 resizes
 
 
-def _size2(size: int | Sequence[int]) -> tuple[int, int]:
+def size2(size: int | Sequence[int]) -> tuple[int, int]:
+    """``size`` as ``(height, width)``: an int is a square."""
     if isinstance(size, int):
         return size, size
     if len(size) != 2:
@@ -172,7 +174,7 @@ def _size2(size: int | Sequence[int]) -> tuple[int, int]:
 
 def _legacy_source(out_size: int, in_size: int, device: torch.device) -> Tensor:
     """TF1's ``LegacyScaler``: ``src = float32(dst) * float32(in / out)`` (``CalculateResizeScale``, float32)."""
-    scale = _f32(in_size) / _f32(out_size)
+    scale = f32(in_size) / f32(out_size)
     return torch.arange(out_size, dtype=torch.float32, device=device) * float(scale)
 
 
@@ -198,7 +200,7 @@ def tf1_resize_bilinear(image: Tensor, size: int | Sequence[int],
     0.0269 (twice that on the [-1, 1] scale after ``(x - 0.5) * 2``); torch 2.14.1, 2026-12-01. Against
     TensorFlow 2.21's ``tf.compat.v1.image.resize_bilinear`` (CPU) on the same photo: bit-identical.
     """
-    oh, ow = _size2(size)
+    oh, ow = size2(size)
     if image.ndim < 2:
         raise ValueError(f"tf1_resize_bilinear expects a (N)CHW tensor, got shape {tuple(image.shape)}")
     convert = convert or (lambda v: v.to(torch.float32))
@@ -244,7 +246,7 @@ def fast_resize_bilinear(image: Tensor, size: int | Sequence[int], flip: bool = 
     of a grey level. The half-pixel mapping is symmetric, so the flip is done on the input, in the copy the
     channels-last layout needs anyway. How far the Inception outputs differ is measured in ``docs/data.md``.
     """
-    oh, ow = _size2(size)
+    oh, ow = size2(size)
     x = image.as_subclass(Tensor).unsqueeze(0)
     x = x.flip(-1).contiguous(memory_format=torch.channels_last) if flip else \
         x.contiguous(memory_format=torch.channels_last)
@@ -252,7 +254,7 @@ def fast_resize_bilinear(image: Tensor, size: int | Sequence[int], flip: bool = 
                                            antialias=False)[0]
 
 
-def _fast_to_signed_unit(x: Tensor, offset: Sequence[float] = (0.0, 0.0, 0.0), out: Tensor | None = None) -> Tensor:
+def fast_to_signed_unit(x: Tensor, offset: Sequence[float] = (0.0, 0.0, 0.0), out: Tensor | None = None) -> Tensor:
     """uint8 CHW (any layout) -> float32 ``clip(x / 255 + offset, 0, 1) * 2 - 1``, computed as
     ``clip(x * 2/255 + (2 offset - 1), -1, 1)`` in one conversion and two in-place passes (the fast path's
     arithmetic: equal to the exact path's up to float rounding), into ``out`` when given (a batch's slot), else a
@@ -291,9 +293,9 @@ def _bicubic_axis(out_size: int, in_size: int) -> tuple[Tensor, Tensor]:
     ``src = dst * in / out``, ``i = floor(src)``, ``offset = lrint((src - i) * 1024)``; the taps ``i-1 .. i+2``
     (clamped to the image) weigh ``k2[offset], k1[offset], k1[1024 - offset], k2[1024 - offset]``.
     """
-    src = (np.arange(out_size).astype(np.float32)) * (_f32(in_size) / _f32(out_size))
+    src = (np.arange(out_size).astype(np.float32)) * (f32(in_size) / f32(out_size))
     base = np.floor(src).astype(np.int64)
-    offset = np.rint((src - base.astype(np.float32)) * _f32(1024)).astype(np.int64)
+    offset = np.rint((src - base.astype(np.float32)) * f32(1024)).astype(np.int64)
     index = np.clip(base[None, :] + np.arange(-1, 3)[:, None], 0, in_size - 1)
     weight = np.stack([_K2[offset], _K1[offset], _K1[1024 - offset], _K2[1024 - offset]])
     return torch.from_numpy(index), torch.from_numpy(weight)
@@ -317,7 +319,7 @@ def _area_matrix(out_size: int, in_size: int) -> tuple[Tensor, np.float32]:
     ``[floor(o s), ceil((o + 1) s))`` (clamped into the image) weighs its overlap: ``s`` if it covers the span,
     ``i + 1 - o s`` if it starts before it, ``(o + 1) s - i`` if it ends after it, else 1.
     """
-    s = _f32(in_size) / _f32(out_size)
+    s = f32(in_size) / f32(out_size)
     o = np.arange(out_size)
     lo = o.astype(np.float32) * s
     hi = (o + 1).astype(np.float32) * s
@@ -326,8 +328,8 @@ def _area_matrix(out_size: int, in_size: int) -> tuple[Tensor, np.float32]:
     cells = start[:, None] + np.arange(int((end - start).max()))[None, :]
     cf = cells.astype(np.float32)
     lo_, hi_ = lo[:, None], hi[:, None]
-    ends_after = cf + _f32(1) > hi_
-    weight = np.where(cf < lo_, np.where(ends_after, s, cf + _f32(1) - lo_), np.where(ends_after, hi_ - cf, _f32(1)))
+    ends_after = cf + f32(1) > hi_
+    weight = np.where(cf < lo_, np.where(ends_after, s, cf + f32(1) - lo_), np.where(ends_after, hi_ - cf, f32(1)))
     weight = np.where(cells < end[:, None], weight, 0).astype(np.float32)
     matrix = np.zeros((out_size, in_size), dtype=np.float32)
     np.add.at(matrix, (np.broadcast_to(o[:, None], cells.shape), np.clip(cells, 0, in_size - 1)), weight)
@@ -339,7 +341,7 @@ def _resize_area(x: Tensor, oh: int, ow: int) -> Tensor:
     ih, iw = x.shape[-2:]
     my, sy = _area_matrix(oh, ih)
     mx, sx = _area_matrix(ow, iw)
-    scale = float(_f32(1.0 / float(sy * sx)))
+    scale = float(f32(1.0 / float(sy * sx)))
     my, mx = my.to(x.device), mx.to(x.device)
     return torch.matmul(my, torch.matmul(x, mx.T)) * scale
 
@@ -356,7 +358,7 @@ def tf1_resize(image: Tensor, size: int | Sequence[int], method: str = "bilinear
     (exact fractional-overlap averaging; torch's ``mode='area'`` is adaptive average pooling over whole cells).
     Output float32 (nearest keeps the input's values); bicubic can overshoot [0, 1], as TF's does.
     """
-    oh, ow = _size2(size)
+    oh, ow = size2(size)
     if method == "bilinear":
         return tf1_resize_bilinear(image, (oh, ow))
     x = image.as_subclass(Tensor)
@@ -448,7 +450,7 @@ def adjust_hue(image: Tensor, delta: float) -> Tensor:
     ratio = (mid - vmin) / (vmax - vmin)
     h = sector.to(image.dtype) + torch.where(increase, ratio, 1 - ratio)
     h = torch.where(vmax == vmin, torch.zeros_like(h), h)
-    h = h + float(_f32(delta) * _f32(6))
+    h = h + float(f32(delta) * f32(6))
     h = torch.where(h < 0, h + 6, h)
     h = torch.where(h >= 6, h - 6, h)
     sector = h.long()
