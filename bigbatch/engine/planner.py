@@ -84,7 +84,7 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
             torch.cuda.synchronize(proc.device)
         seconds = time.perf_counter() - start
         if step == 0 and proc.device.type == "cpu":
-            progress = Progress(plan, BatchController(plan, proc), EventStorage())  # the fixed batch it measures
+            progress = Progress(plan, BatchController(cfg, plan, proc), EventStorage())  # the fixed batch it measures
             held = serialized(TrainingState(cfg, model, train_step, parts.ema, progress).state_dict())
     del held
     if proc.device.type == "cuda":

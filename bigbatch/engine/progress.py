@@ -38,8 +38,6 @@ class Progress:
         self.events = events
         self.step = 0
         """Optimizer steps done: the position in the data order and in the schedule."""
-        self.current: StepBatch | None = None
-        """The decision for the step in progress (or the last one)."""
 
     # --- what the hooks read ------------------------------------------------------------------------------------
     @property
@@ -90,7 +88,7 @@ class Progress:
     # --- what the loop does -------------------------------------------------------------------------------------
     def begin_step(self) -> StepBatch:
         """The controller's decision for the next step; its last step is planned as the run's."""
-        self.current = decision = self.controller.next_step(self)
+        decision = self.controller.next_step(self)
         if decision.last:
             self.plan = dataclasses.replace(self.plan, steps=self.step + 1)
         return decision

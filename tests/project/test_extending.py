@@ -307,9 +307,6 @@ class SquareRootLR(BatchController):
     """A fourth batch controller: the plan's batch, with the LR scaled by sqrt(batch / 64) (Krizhevsky's square-root
     rule, "One weird trick", 2014), which the training record shows as its gain."""
 
-    def __init__(self, cfg, plan, proc) -> None:
-        super().__init__(plan, proc)
-
     def next_step(self, progress) -> StepBatch:
         batch = progress.plan.batch_at(progress.step)
         return StepBatch(batch, gain=math.sqrt(batch / 64))

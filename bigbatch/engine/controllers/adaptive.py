@@ -13,7 +13,7 @@ checkpoint's ``hooks`` under ``adascale``: a resumed run goes on from them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,14 +22,24 @@ from bigbatch.largebatch.adascale import AdaScale
 from bigbatch.registry import BATCH_CONTROLLERS
 from bigbatch.telemetry.noise_scale import MicroBatchGradients, batch_sizes
 
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+    from bigbatch.batching import BatchPlan
+    from bigbatch.config import RunConfig
+    from bigbatch.engine.progress import Progress
+    from bigbatch.engine.step import TrainStep
+    from bigbatch.floor.distributed import Process
+    from bigbatch.state_schema import Schema
+
 
 class AdaptiveBatch(BatchController):
     unit = "base step"
     state_key = "adascale"
     measures = True
 
-    def __init__(self, cfg, plan, proc) -> None:  # noqa: ANN001 - the factory's signature (registry.py)
-        super().__init__(plan, proc)
+    def __init__(self, cfg: RunConfig, plan: BatchPlan, proc: Process) -> None:
+        super().__init__(cfg, plan, proc)
         assert plan.base is not None
         self.adascale = AdaScale(plan.base, plan.steps, grow_to=plan.grow_to, unit=proc.world * plan.micro_batch)
         self.noise = self.adascale.noise
@@ -37,15 +47,15 @@ class AdaptiveBatch(BatchController):
         self.tracker = MicroBatchGradients(world=plan.world)
         self.reduce = torch.distributed.all_reduce if plan.world > 1 else None
 
-    def next_step(self, progress) -> StepBatch:  # noqa: ANN001
+    def next_step(self, progress: Progress) -> StepBatch:
         adascale = self.adascale
         r = adascale.begin_step(progress.plan.batch_at(progress.step))
         return StepBatch(adascale.batch, gain=r, ema_power=r, last=adascale.last_step)
 
-    def schedule_step(self, progress) -> int:  # noqa: ANN001
+    def schedule_step(self, progress: Progress) -> int:
         return min(math.floor(self.adascale.progress), self.total - 1)
 
-    def end_step(self, progress, step) -> int | None:  # noqa: ANN001
+    def end_step(self, progress: Progress, step: TrainStep) -> int | None:
         norms = self.tracker.end_step(self.reduce)
         small, big = batch_sizes(step.plan.micro_batch // step.split, step.subdivisions, self.world)
         adascale = self.adascale
@@ -53,18 +63,18 @@ class AdaptiveBatch(BatchController):
         grown = adascale.grown_batch()  # grow: true, the same on every process (all-reduced measurements)
         return None if adascale.finished else grown
 
-    def finished(self, progress) -> bool:  # noqa: ANN001
+    def finished(self, progress: Progress) -> bool:
         return self.adascale.finished
 
-    def done(self, progress) -> int:  # noqa: ANN001
+    def done(self, progress: Progress) -> int:
         return int(self.adascale.progress)
 
-    def record(self, progress) -> dict[str, Any]:  # noqa: ANN001
+    def record(self, progress: Progress) -> dict[str, Any]:
         adascale = self.adascale
         return {"gain": round(adascale.gain, 6), "scale": round(adascale.scale, 6), "batch": adascale.batch,
                 "progress": round(adascale.progress, 6)}
 
-    def summary(self, progress) -> list[tuple[str, dict[str, Any], str]]:  # noqa: ANN001
+    def summary(self, progress: Progress) -> list[tuple[str, dict[str, Any], str]]:
         adascale, steps = self.adascale, progress.step
         if self.world > 1 and adascale.finished:  # every process took the same steps (else they diverged)
             mine = torch.tensor([float(steps), adascale.progress], dtype=torch.float64,
@@ -87,13 +97,13 @@ class AdaptiveBatch(BatchController):
                 f"step {step}: the gradient noise scale, ~{b_simple:,.0f} images, is at least twice the batch: the "
                 f"batch doubles to {batch} (AdaScale scale {batch / adascale.base:g})")
 
-    def attach(self, model) -> None:  # noqa: ANN001
+    def attach(self, model: nn.Module) -> None:
         self.tracker.attach(model.parameters())
 
     def detach(self) -> None:
         self.tracker.detach()
 
-    def before_forward(self, index: int, step) -> None:  # noqa: ANN001
+    def before_forward(self, index: int, step: TrainStep) -> None:
         if index == 0:  # every attempt starts afresh: a re-run or re-cut step measures its own gradients
             self.tracker.begin_step(step.scaler.scale, step.attempt_micro_batches)
 
@@ -103,7 +113,7 @@ class AdaptiveBatch(BatchController):
     def state_dict(self) -> dict[str, Any]:
         return self.adascale.state_dict()
 
-    def state_schema(self):  # noqa: ANN201
+    def state_schema(self) -> Schema:
         return self.adascale.state_schema()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ class BatchController:
     measures = False
     """Whether it is called around each micro-batch (``before_forward``, ``after_backward``)."""
 
-    def __init__(self, plan: BatchPlan, proc: Process) -> None:
+    def __init__(self, cfg: RunConfig, plan: BatchPlan, proc: Process) -> None:
         self.total = plan.steps
         """The run's length, in :attr:`unit`."""
 

@@ -9,8 +9,5 @@ from bigbatch.registry import BATCH_CONTROLLERS
 class FixedBatch(BatchController):
     """The base class's behaviour, as it is: the batch of the plan, gain 1, the run's steps."""
 
-    def __init__(self, cfg, plan, proc) -> None:  # noqa: ANN001 - the factory's signature (registry.py)
-        super().__init__(plan, proc)
-
 
 BATCH_CONTROLLERS.register("fixed", FixedBatch, chooses=lambda cfg: True)

@@ -6,22 +6,28 @@ the batch: the weight EMA's decay is ``d ** (batch / first batch)``, as BatchNor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bigbatch.engine.controllers.base import BatchController, StepBatch
 from bigbatch.registry import BATCH_CONTROLLERS
 
+if TYPE_CHECKING:
+    from bigbatch.batching import BatchPlan
+    from bigbatch.config import RunConfig
+    from bigbatch.engine.progress import Progress
+    from bigbatch.floor.distributed import Process
+
 
 class ScheduledBatch(BatchController):
-    def __init__(self, cfg, plan, proc) -> None:  # noqa: ANN001 - the factory's signature (registry.py)
-        super().__init__(plan, proc)
+    def __init__(self, cfg: RunConfig, plan: BatchPlan, proc: Process) -> None:
+        super().__init__(cfg, plan, proc)
         self.first = plan.batch
 
-    def next_step(self, progress) -> StepBatch:  # noqa: ANN001
+    def next_step(self, progress: Progress) -> StepBatch:
         batch = progress.plan.batch_at(progress.step)
         return StepBatch(batch, ema_power=batch / self.first)
 
-    def record(self, progress) -> dict[str, Any]:  # noqa: ANN001
+    def record(self, progress: Progress) -> dict[str, Any]:
         return {"batch": progress.plan.batch_at(progress.step - 1)}  # the batch of the step just done
 
 
