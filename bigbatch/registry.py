@@ -97,6 +97,10 @@ class DatasetInfo(Info):
     given: Callable[[Any], None] | None = None
     """given(data section) raises a ``UserError`` naming the key when the data a run reads is not named or not
     there (train, eval, plan; ``show`` and friends do not call it)."""
+    image_input: Callable[[Any], Any] | None = None
+    """image_input(cfg) -> what turns one image into the model's input as the format's evaluation does
+    (``from_pixels(uint8 CHW)``, optionally ``from_file(path)``): ``bigbatch predict`` on a classifier's run. A
+    detection format needs none (the task's evaluation transform is the same for every format)."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ checkpoint's layout is written down once, here:
                 memory log's baseline), and the batch controller's state under its ``state_key`` (AdaScale's:
                 ``adascale``); absent in older checkpoints, whose runs resume with fresh hooks
     config      the resolved run config (JSON)
+    classes     the names of the model's classes, in label order (``bigbatch predict`` and ``bigbatch.load`` name
+                what they find without the data); absent in older checkpoints
 
 The file is read with ``torch.load(weights_only=True)`` (``engine/checkpoint.py``): plain containers and tensors.
 """
@@ -69,8 +71,10 @@ class TrainingState:
     """The state of a run's parts: ``state_dict()`` is a checkpoint, ``load_state_dict()`` resumes from one."""
 
     def __init__(self, cfg: RunConfig, model: nn.Module, train_step: TrainStep, ema: WeightEMA | None,
-                 progress: Progress) -> None:
+                 progress: Progress, classes: list[str] | None = None) -> None:
         self.cfg = cfg
+        self.classes = classes
+        """The class names, in label order (the task's)."""
         self.progress = progress
         """The run's progress: the step, the plan with its batch changes, the batch controller's state."""
         self.model = model
@@ -110,6 +114,7 @@ class TrainingState:
             "best": vars(self.best).copy(),
             "hooks": hooks,
             "config": self.cfg.model_dump(mode="json"),
+            "classes": list(self.classes) if self.classes is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

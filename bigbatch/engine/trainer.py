@@ -88,7 +88,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     parts = build_parts(cfg, task, plan, proc, events, last_good=last_checkpoint.last_good)
     train_step = parts.step  # trains parts.model, wrapped in DDP under torchrun
     progress = Progress(plan, build_controller(cfg, plan, proc), events)
-    state = TrainingState(cfg, parts.model, train_step, parts.ema, progress)
+    state = TrainingState(cfg, parts.model, train_step, parts.ema, progress, classes=task.class_names)
     if resume:
         state.resume(run_files.last_checkpoint(out_dir))
         last_checkpoint.step = progress.step

@@ -24,6 +24,8 @@ from bigbatch.config import RunConfig
 class Task(Protocol):
     train_set: Dataset
     val_set: Dataset
+    class_names: list[str]
+    """The classes' names in label order (a checkpoint keeps them: ``bigbatch predict`` names what it finds)."""
     prediction_format: str | None
     """What ``save_predictions`` writes (``"COCO results"``), or None when the task exports none."""
 
@@ -37,6 +39,15 @@ class Task(Protocol):
 
     def build_model(self, cfg: RunConfig) -> nn.Module:
         """A fresh model for this task's data (random weights unless the config names a weights file)."""
+
+    @staticmethod
+    def model_for(cfg: RunConfig, class_names: list[str]) -> nn.Module:
+        """The same model as ``build_model`` for these classes, without loading the data (``bigbatch predict``)."""
+
+    @staticmethod
+    def image_input(cfg: RunConfig) -> Any:
+        """What turns one decoded image into the model's input as the validation set's images are
+        (``bigbatch predict``)."""
 
     def sample_keys(self, step: int, indices: list[int]) -> list[Any]:
         """The dataset keys of one micro-batch of optimizer step ``step`` (``indices``: positions in the training

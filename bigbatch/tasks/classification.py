@@ -44,23 +44,47 @@ class ClassificationTask:
     """The run's seed, from which each sample's augmentation seed is drawn."""
     issues: DataIssues | None = None
     """Problems with the data (unreadable files), when the set is read from files."""
+    class_names: list[str] | None = None
+    """The classes' names (the dataset format's: folder names, the shard index's, the digits); None: their
+    indices."""
     prediction_format = None
     """Classification exports no predictions (``bigbatch eval`` reports the metrics)."""
+
+    def __post_init__(self) -> None:
+        if self.class_names is None:
+            self.class_names = [str(label) for label in range(self.num_classes)]
 
     @classmethod
     def from_config(cls, cfg: RunConfig, rank: int = 0) -> ClassificationTask:
         """The task on the sets of the dataset format ``data.name`` (as registered in ``DATASETS``)."""
-        train, val, num_classes = DATASETS.get(cfg.data.name).obj(cfg)
-        return cls(train, val, num_classes, label_smoothing=cfg.loss.label_smoothing, aux_weight=cfg.loss.aux_weight,
-                   seed=cfg.seed, issues=getattr(train, "issues", None))
+        train, val, names = DATASETS.get(cfg.data.name).obj(cfg)
+        return cls(train, val, len(names), label_smoothing=cfg.loss.label_smoothing, aux_weight=cfg.loss.aux_weight,
+                   seed=cfg.seed, issues=getattr(train, "issues", None), class_names=list(names))
 
     def set_plan(self, plan: BatchPlan) -> None:
         pass  # nothing is drawn per step
 
     def build_model(self, cfg: RunConfig) -> nn.Module:
+        return self.model_for(cfg, self.class_names)
+
+    @staticmethod
+    def model_for(cfg: RunConfig, class_names: list[str]) -> nn.Module:
+        """The classifier ``model.name`` for these classes, without the data (``bigbatch predict``)."""
         from bigbatch.models import build_classifier
 
-        return build_classifier(cfg.model, self.num_classes, self.in_channels, cfg.data.size)
+        return build_classifier(cfg.model, len(class_names), 3, cfg.data.size)
+
+    @staticmethod
+    def image_input(cfg: RunConfig) -> Any:
+        """What turns one image into the model's input as the validation set's images are (the dataset format's
+        ``image_input``: ``from_pixels``, and ``from_file`` where a file is read another way)."""
+        from bigbatch.errors import UserError
+
+        make = DATASETS.get(cfg.data.name).info.get("image_input")
+        if make is None:
+            raise UserError(f"data.name: the {cfg.data.name} format does not say how an image becomes its models' "
+                            "input; bigbatch predict cannot run its classifiers on images")
+        return make(cfg)
 
     def sample_keys(self, step: int, indices: list[int]) -> list[Any]:
         """A micro-batch's keys: the indices, each with its augmentation seed when the set augments (its crop

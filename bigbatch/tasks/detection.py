@@ -36,7 +36,7 @@ from bigbatch.data.formats.detection import DetectionDataset, records_name
 from bigbatch.data.pipeline.loader import eval_batches
 from bigbatch.data.pipeline.order import sample_seed
 from bigbatch.data.pipeline.problems import DataIssues
-from bigbatch.data.transforms.det_transforms import boxes_to_original, eval_transform, train_transform
+from bigbatch.data.transforms.det_transforms import EvalTransform, boxes_to_original, eval_transform, train_transform
 from bigbatch.data.transforms.multiscale import MultiScale, draw_for
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS, TASKS
@@ -84,7 +84,6 @@ class DetectionTask:
         names = list(names)
         if issues.problems and rank == 0:
             print(issues.summary(), flush=True)
-        max_size = data.longest_side if data.resize == "shorter_side" else None
         ratio = data.longest_side / data.size if data.resize == "shorter_side" else None
         train = DetectionDataset(train_records, train_transform(data.resize, data.size, max_size_ratio=ratio,
                                                                 flip=data.flip, crop=data.crop,
@@ -94,7 +93,7 @@ class DetectionTask:
                                                                 exposure=data.exposure, mosaic=data.mosaic,
                                                                 mosaic_bound=data.mosaic_bound), issues,
                                  records_name("the training set", train_records))
-        val = DetectionDataset(val_records, eval_transform(data.resize, data.size, max_size), issues,
+        val = DetectionDataset(val_records, cls.image_input(cfg), issues,
                                records_name("the validation set", val_records))
         multiscale = None
         if data.multiscale.sizes is not None:  # the run's end rule (the last ``final`` steps) comes with its plan
@@ -121,11 +120,28 @@ class DetectionTask:
     # --- model and loss ---------------------------------------------------------------------
     def build_model(self, cfg: RunConfig) -> nn.Module:
         """The detector ``model.name`` (as registered in ``MODELS``) for these classes and input sizes."""
+        return self.model_for(cfg, self.class_names)
+
+    @staticmethod
+    def model_for(cfg: RunConfig, class_names: list[str]) -> nn.Module:
+        """The detector ``model.name`` for these classes and the config's input sizes, without the data (``bigbatch
+        predict``)."""
         from bigbatch.models import build_model
 
-        largest = max(self.multiscale.sizes) if self.multiscale is not None else cfg.data.size
-        return build_model(cfg.model, len(self.class_names), min_size=cfg.data.size,
+        settings = cfg.data.multiscale
+        largest = cfg.data.size
+        if settings.sizes is not None:
+            largest = max(draw_for(settings.sizes, cfg.data.size, settings.range).sizes)
+        return build_model(cfg.model, len(class_names), min_size=cfg.data.size,
                            max_size=max(cfg.data.longest_side, largest))
+
+    @staticmethod
+    def image_input(cfg: RunConfig) -> EvalTransform:
+        """The evaluation transform (``data.resize`` to ``data.size``, the longer side capped at
+        ``data.longest_side`` for ``shorter_side``), which ``boxes_to_original`` undoes."""
+        data = cfg.data
+        max_size = data.longest_side if data.resize == "shorter_side" else None
+        return eval_transform(data.resize, data.size, max_size)
 
     def synthetic_batch(self, cfg: RunConfig, micro_batch: int, device: torch.device
                         ) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:

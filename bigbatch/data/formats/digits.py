@@ -52,6 +52,7 @@ def load_digits_split(size: int) -> tuple[TensorImages, TensorImages]:
     pixels = torch.as_tensor(digits.data, dtype=torch.float32)
     train, val = _upscale(pixels[train_idx], size), _upscale(pixels[val_idx], size)
     mean, std = train.mean(), train.std()
+    _STANDARDISATION[size] = (mean.item(), std.item())
     sets = []
     for grey, index in ((train, train_idx), (val, val_idx)):
         grey.sub_(mean).div_(std)
@@ -59,10 +60,38 @@ def load_digits_split(size: int) -> tuple[TensorImages, TensorImages]:
     return sets[0], sets[1]
 
 
-def load(cfg: RunConfig) -> tuple[TensorImages, TensorImages, int]:
-    """(train, val, number of classes) at ``data.size`` px."""
+_STANDARDISATION: dict[int, tuple[float, float]] = {}
+"""The training images' (mean, std) at each size a split was made at."""
+
+
+def load(cfg: RunConfig) -> tuple[TensorImages, TensorImages, list[str]]:
+    """(train, val, class names: the digits ``"0"`` to ``"9"``) at ``data.size`` px."""
     train, val = load_digits_split(cfg.data.size)
-    return train, val, NUM_CLASSES
+    return train, val, [str(digit) for digit in range(NUM_CLASSES)]
+
+
+class DigitsInput:
+    """Any image as a digit of this set (``bigbatch predict``): its grey level (the mean of the channels, in
+    [0, 1]) shrunk to 8 x 8 (antialiased, as the set's 8 x 8 images are block sums of a 32 x 32 bitmap), then as the
+    set's images: upscaled (bilinear) to ``size`` and standardised with the training images' mean and std. The
+    set's digits are light ink on a dark ground."""
+
+    def __init__(self, size: int) -> None:
+        if size not in _STANDARDISATION:
+            load_digits_split(size)
+        self.size = size
+        self.mean, self.std = _STANDARDISATION[size]
+
+    def from_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        grey = pixels.float().mean(dim=0, keepdim=True)[None] / 255.0
+        small = F.interpolate(grey, size=(8, 8), mode="bilinear", antialias=True, align_corners=False)
+        image = F.interpolate(small, size=(self.size, self.size), mode="bilinear", align_corners=False)[0]
+        return ((image - self.mean) / self.std).expand(3, -1, -1)
+
+
+def image_input(cfg: RunConfig) -> DigitsInput:
+    """``DATASETS``' ``image_input`` for ``digits``: :class:`DigitsInput` at ``data.size``."""
+    return DigitsInput(cfg.data.size)
 
 
 def train_images(cfg: RunConfig) -> int:
@@ -77,4 +106,5 @@ def held_in_memory(cfg: RunConfig) -> tuple[int, str]:
     return TOTAL_IMAGES * size**2 * 4, f"{TOTAL_IMAGES} images of {size}x{size} float32"
 
 
-DATASETS.register("digits", load, task="classification", count=train_images, held_in_memory=held_in_memory)
+DATASETS.register("digits", load, task="classification", count=train_images, held_in_memory=held_in_memory,
+                  image_input=image_input)

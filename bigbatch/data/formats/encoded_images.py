@@ -39,7 +39,7 @@ from bigbatch.data.pipeline.order import sample_rng
 from bigbatch.data.pipeline.problems import DataIssues, none_readable
 
 if TYPE_CHECKING:
-    from bigbatch.config import DataConfig
+    from bigbatch.config import DataConfig, RunConfig
 
 JPEG_SCALES = (8, 4, 2, 1)
 """The reductions libjpeg decodes at directly (1/8, 1/4, 1/2, 1/1 of each side), largest first."""
@@ -118,6 +118,28 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tenso
     top, left, h, w = reduced_box(box, height, width, rgb.size[1], rgb.size[0])
     pixels = torch.from_numpy(np.array(rgb.crop((left, top, left + w, top + h)))).permute(2, 0, 1)
     return preprocess.finish(pixels.contiguous(), out)
+
+
+class CropFirstInput:
+    """One image through a format's evaluation preprocessing (``bigbatch predict``): a file read as the evaluation
+    reads it (:func:`decode_crop`), or pixels already decoded (a video frame, an array) cropped and finished."""
+
+    def __init__(self, preprocess: CropFirst) -> None:
+        self.preprocess = preprocess
+
+    def from_file(self, path: str) -> tuple[torch.Tensor, tuple[int, int]]:
+        """(the float CHW sample, the image's ``(height, width)``); a file that cannot be read or decoded raises one
+        of :data:`DECODE_ERRORS`."""
+        data = read_regular(path)
+        size = jpeg.region_size(data)
+        if size is None:
+            with Image.open(io.BytesIO(data)) as image:
+                size = (image.size[1], image.size[0])
+        return decode_crop(data, self.preprocess), size
+
+    def from_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        top, left, h, w = self.preprocess.box(*pixels.shape[1:])
+        return self.preprocess.finish(pixels[:, top:top + h, left:left + w].contiguous())
 
 
 # ----------------------------------------------------------------------------- the dataset
@@ -285,6 +307,11 @@ DECODE = Literal["exact", "fast"]
 arithmetic (for ``inception``, TF1's bilinear resize, bit for bit); ``fast``, a JPEG decoded at the smallest DCT
 scale the crop allows and, for ``inception``, the resize done on the uint8 pixels by torch (``docs/data.md``
 states how far the outputs differ)."""
+
+
+def image_input(cfg: RunConfig) -> CropFirstInput:
+    """``DATASETS``' ``image_input`` for ``folder`` and ``shards``: their evaluation preprocessing."""
+    return CropFirstInput(preprocessing(cfg.data).eval)
 
 
 def classification_fields() -> dict:

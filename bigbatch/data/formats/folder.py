@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bigbatch.data.formats.counts import train_images_given
-from bigbatch.data.formats.encoded_images import CropFirst, EncodedImages, classification_fields, preprocessing
+from bigbatch.data.formats.encoded_images import (
+    CropFirst,
+    EncodedImages,
+    classification_fields,
+    image_input,
+    preprocessing,
+)
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.images import inspect_images
 from bigbatch.data.pipeline.problems import DataIssues
@@ -183,8 +189,8 @@ class FolderImages(EncodedImages):
 # ----------------------------------------------------------------------------- the format
 
 
-def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
-    """(train, val, number of classes); with ``data.strict`` every image is decoded once first."""
+def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, list[str]]:
+    """(train, val, class names: the class folders, sorted); with ``data.strict`` every image is decoded once first."""
     data = cfg.data
     classes = find_classes(split_dir(data, "train"))
     if not classes:
@@ -202,7 +208,7 @@ def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, int]:
                 issues.report(path, None, problem)
     chosen = preprocessing(data)
     return (FolderImages(train, chosen.train, issues, f"the training set {split_dir(data, 'train')}"),
-            FolderImages(val, chosen.eval, issues, f"the validation set {split_dir(data, 'val')}"), len(classes))
+            FolderImages(val, chosen.eval, issues, f"the validation set {split_dir(data, 'val')}"), classes)
 
 
 def train_images(cfg: RunConfig) -> int:
@@ -226,4 +232,4 @@ def _path_given(data: DataConfig) -> None:
 
 
 DATASETS.register("folder", load, task="classification", count=train_images, given=_path_given,
-                  fields=classification_fields())
+                  fields=classification_fields(), image_input=image_input)

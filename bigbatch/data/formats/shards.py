@@ -69,6 +69,7 @@ from bigbatch.data.formats.encoded_images import (
     CropFirst,
     EncodedImages,
     classification_fields,
+    image_input,
     preprocessing,
 )
 from bigbatch.data.formats.pack import INDEX
@@ -301,8 +302,8 @@ class TrainShards(ShardImages):
 # ----------------------------------------------------------------------------- the format
 
 
-def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, int]:
-    """(train, val, number of classes); with ``data.strict`` every image is decoded once first. The index is
+def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, list[str]]:
+    """(train, val, class names: the index's); with ``data.strict`` every image is decoded once first. The index is
     checked whole before any shard is opened (``data/formats/shard_index.py``)."""
     _path_given(cfg.data)
     index = read_index(Path(cfg.data.path))
@@ -316,7 +317,7 @@ def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, int]:
                 found = pool.map(dataset.inspect_shard, range(len(dataset.index.paths)))
                 for index, problem in sorted(p for problems in found for p in problems):
                     issues.report(dataset.where(index), None, problem)
-    return train, val, len(index.classes)
+    return train, val, list(index.classes)
 
 
 def train_images(cfg: RunConfig) -> int:
@@ -340,4 +341,4 @@ def _path_given(data: DataConfig) -> None:
 
 
 DATASETS.register("shards", load, task="classification", count=train_images, given=_path_given,
-                  fields=classification_fields())
+                  fields=classification_fields(), image_input=image_input)
