@@ -84,6 +84,39 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--save-detections", type=Path, metavar="FILE.json",
                           help="detectors: also write the detections in the COCO results format")
 
+    predict = sub.add_parser("predict", help="run a trained model on images, folders, lists and videos; write "
+                             "predictions.jsonl (and COCO results, YOLO labels, drawn images)")
+    predict.add_argument("sources", nargs="+", metavar="SOURCE", help="image or video files, folders, glob patterns "
+                         "('imgs/**/*.jpg', quoted), or list files (one path a line, as Darknet's train.txt)")
+    predict.add_argument("--from", dest="model", required=True, metavar="RUN|CHECKPOINT|NET.cfg",
+                         help="a run directory (its last checkpoint), a checkpoint, or a Darknet .cfg with --weights")
+    predict.add_argument("--out", type=Path, default=Path("predictions"), help="the folder to write: new, empty, or "
+                         "an earlier predict's (its files replaced) (default: %(default)s)")
+    predict.add_argument("--weights", metavar="W.weights", help="with a .cfg: its weights (Darknet .weights, .conv.N "
+                         "or a state dict)")
+    predict.add_argument("--names", metavar="FILE", help="with a .cfg: the class names (a .names file, or a .data "
+                         "file's names=); default: the class numbers")
+    predict.add_argument("--weights-from", choices=("ema", "raw"), help="a run's weights: the EMA's or the raw ones "
+                         "(default: those eval uses)")
+    predict.add_argument("--coco", type=Path, metavar="FILE.json", help="detectors: also write the detections as a "
+                         "COCO results file (a new file)")
+    predict.add_argument("--annotations", type=Path, metavar="A.json", help="with --coco: a COCO file of the same "
+                         "images, whose image ids (by file name) and category ids (by name) the results take")
+    predict.add_argument("--txt", action="store_true", help="detectors: write Darknet/YOLO label files (labels/)")
+    predict.add_argument("--save-images", action="store_true", help="write each image drawn with its predictions "
+                         "(images/)")
+    predict.add_argument("--conf", type=float, help="detectors: the lowest score kept (default: 0.25)")
+    predict.add_argument("--iou", type=float, help="detectors: the NMS IoU threshold (default: the model's own; "
+                         "Darknet's 0.45)")
+    predict.add_argument("--max-det", type=count, help="detectors: the most detections per image (default: 300)")
+    predict.add_argument("--top-k", type=count, help="classifiers: the classes listed per image (default: 5)")
+    predict.add_argument("--size", type=count, help="with a .cfg: the network's input side (default: its [net])")
+    predict.add_argument("--batch", type=count, help="images per forward pass (default: the run's eval.batch; 1 "
+                         "for a .cfg)")
+    predict.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda where there is one)")
+    predict.add_argument("--vid-stride", type=count, default=1, help="videos: every N-th frame (default: 1)")
+    _add_set_arg(predict)
+
     data = sub.add_parser("data", help="datasets: generate the shapes detection set; measure the input pipeline")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     shapes = data_sub.add_parser("shapes", help="write the generated shapes detection set (JPEG + COCO JSON)")
@@ -224,6 +257,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from bigbatch.engine.eval_checkpoint import evaluate_checkpoint
 
     evaluate_checkpoint(args.checkpoint, args.overrides, args.save_detections)
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from bigbatch.inference.command import PredictArgs, predict
+
+    fields = {key: value for key, value in vars(args).items() if key in PredictArgs.__dataclass_fields__}
+    for line in predict(PredictArgs(**fields)):
+        print(line)
     return 0
 
 
@@ -467,7 +509,8 @@ def cmd_data_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "show": cmd_show, "schedule": cmd_schedule, "scale": cmd_scale,
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "show": cmd_show, "schedule": cmd_schedule,
+            "scale": cmd_scale,
             "plan": cmd_plan, "data": cmd_data, "pack": cmd_pack,
             "export": cmd_export, "profile": cmd_profile, "report": cmd_report}
 

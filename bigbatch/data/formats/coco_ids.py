@@ -52,7 +52,7 @@ def take_coco_ids(records: list[DetectionRecord], class_names: list[str], path: 
     path = Path(path)
     data = read_annotation_file(path, key)
     categories = categories_of(data, path, key)
-    category_ids = _category_ids(categories, class_names, path, key)
+    category_ids = category_ids_by_name(categories, class_names, path, key)
     label_of = {category_id: label for label, category_id in enumerate(category_ids)}
     images = annotated_images(data, Path(), path, categories, label_of, issues)
     problems: list[str] = []
@@ -70,7 +70,7 @@ def take_coco_ids(records: list[DetectionRecord], class_names: list[str], path: 
     return taken, category_ids
 
 
-def _category_ids(categories: dict[int, str], class_names: list[str], path: Path, key: str) -> list[int]:
+def category_ids_by_name(categories: dict[int, str], class_names: list[str], path: Path, key: str) -> list[int]:
     """The file's one category id of each class name."""
     ids_of: dict[str, list[int]] = {}
     for category_id, name in categories.items():

@@ -1,0 +1,166 @@
+"""``bigbatch.load``: a trained model from a run directory, a checkpoint, or a Darknet ``.cfg`` with its weights.
+
+- **A run directory or a checkpoint** (``checkpoints/last.pt`` of the run by default, as ``bigbatch eval``): the
+  checkpoint's config (with the files the run kept, such as its Darknet cfg) builds the model (``Task.model_for``)
+  for the class names the checkpoint keeps; older checkpoints without them have their names read from the run's
+  data. The weights are those ``eval`` uses (the EMA's when the run kept one and ``ema.evaluate``), or as
+  ``weights_from`` says (``ema`` or ``raw``). The preprocessing is the run's evaluation transform, the thresholds
+  its detector's own, except ``conf``.
+- **A Darknet ``.cfg``** with ``weights`` (a ``.weights`` file, a ``.conf.N`` backbone, or a state dict of the
+  network): the network at its ``[net]`` size (or ``size``), run as Darknet's ``detector test`` runs it
+  (``inference/pipelines.py``'s ``DarknetTestDetection``). Class names come from ``names`` (a ``.names`` file, or a
+  ``.data`` file's ``names=``); without it, the class numbers.
+- **An ONNX file** comes with ``bigbatch export --format onnx``, which this version does not have yet: one line.
+
+Defaults as Darknet's ``detector test`` and Ultralytics' ``predict``: ``conf`` 0.25, at most ``max_det`` 300
+detections, ``iou`` the model's own NMS threshold (Darknet's 0.45).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bigbatch.errors import UserError
+from bigbatch.inference.pipelines import (
+    DarknetTestDetection,
+    EvalClassification,
+    EvalDetection,
+    Settings,
+    own_thresholds,
+)
+from bigbatch.inference.predictor import Predictor
+
+CONF = 0.25
+"""The lowest score kept by default (Darknet's ``detector test -thresh``, Ultralytics' ``conf``)."""
+MAX_DET = 300
+"""The most detections an image keeps by default (Ultralytics' ``max_det``)."""
+DARKNET_NMS = 0.45
+"""The NMS threshold of Darknet's ``detector test`` (``float nms = .45``)."""
+
+
+def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, weights_from: str | None = None,
+         names: str | os.PathLike | None = None, device: str | torch.device | None = None,
+         size: int | None = None, letterbox: bool | None = None, overrides: list[str] | None = None) -> Predictor:
+    """A :class:`~bigbatch.inference.predictor.Predictor` for ``source`` (see the module docstring): a run directory,
+    a bigbatch checkpoint, or a Darknet ``.cfg`` (with ``weights``, ``names``, ``size``, ``letterbox``: None for the
+    cfg's ``letter_box``). ``device``: ``cuda`` where there is one, else ``cpu``. ``overrides``: ``--set`` overrides
+    of a run's config (as ``bigbatch eval`` takes them)."""
+    path = Path(source)
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if weights_from not in (None, "ema", "raw"):
+        raise UserError(f"--weights-from: expected ema or raw, not {weights_from!r}")
+    if path.suffix.lower() == ".onnx":
+        raise UserError(f"--from: {path} is an ONNX file; predicting from ONNX comes with bigbatch export --format "
+                        "onnx, which this version does not have yet: give the run directory or checkpoint")
+    if path.suffix.lower() == ".cfg":
+        if weights_from is not None:
+            raise UserError("--weights-from: chooses a run's weights; a .cfg takes --weights W.weights")
+        return load_darknet(path, weights, names, device, size, letterbox)
+    if weights is not None or names is not None:
+        what = "--weights" if weights is not None else "--names"
+        raise UserError(f"{what}: for a Darknet .cfg; a run or checkpoint carries its weights and class names")
+    return load_run(path, weights_from, device, overrides or [])
+
+
+def load_run(path: Path, weights_from: str | None, device: torch.device, overrides: list[str]) -> Predictor:
+    """A run directory's last checkpoint, or a checkpoint file (see the module docstring)."""
+    from bigbatch.config import apply_overrides, validate_config
+    from bigbatch.engine import checkpoint
+    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
+    from bigbatch.engine.state import load_weights
+    from bigbatch.largebatch.ema import counted_weights
+    from bigbatch.registry import TASKS
+
+    if not path.exists():
+        raise UserError(f"--from: {path} does not exist (expected a run directory, a checkpoint or a Darknet .cfg)")
+    if path.is_dir():
+        path = last_checkpoint(path)
+        if not path.is_file():
+            raise UserError(f"--from: {path.parent.parent} has no {path.parent.name}/{path.name}: not a run "
+                            "directory with a checkpoint")
+    state = checkpoint.load(path, checkpoint.EVAL_KEYS)
+    run_dir = run_dir_of(path)
+    kept = kept_overrides(run_dir, state["config"]) if run_dir is not None else []
+    cfg = validate_config(apply_overrides(state["config"], [*kept, *overrides]))
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"weights": None})})  # the checkpoint's
+    task = TASKS.get(cfg.task).obj
+    classes = state.get("classes")
+    if not (isinstance(classes, list) and all(isinstance(name, str) for name in classes)):
+        classes = _classes_from_data(cfg)
+    module = task.model_for(cfg, classes)
+    if weights_from == "ema" and not isinstance(state.get("ema"), dict):
+        raise UserError(f"--weights-from: {path} holds no EMA weights (the run kept none); use raw")
+    if weights_from is None:
+        chosen, use_ema = counted_weights(state, cfg)
+    else:
+        use_ema = weights_from == "ema"
+        chosen = state["ema"]["module"] if use_ema else state["model"]
+    load_weights(module, chosen, "model")
+    module.to(device)
+    described = f"{'EMA' if use_ema else 'raw'} weights of {path} (step {state['step']})"
+    if cfg.task == "detection":
+        thresholds = own_thresholds(module)
+        settings = Settings(conf=CONF, iou=thresholds["iou"], max_det=MAX_DET, batch=cfg.eval.batch)
+        return Predictor(module, classes, EvalDetection(task.image_input(cfg)), settings, described)
+    settings = Settings(conf=CONF, iou=0.0, max_det=MAX_DET, batch=cfg.eval.batch)
+    return Predictor(module, classes, EvalClassification(task.image_input(cfg)), settings, described)
+
+
+def _classes_from_data(cfg: Any) -> list[str]:
+    """The class names of a checkpoint that does not keep them (written before they were kept): the run's data."""
+    import sys
+
+    from bigbatch.tasks import build_task
+
+    print("note: the checkpoint keeps no class names (an older one): reading them from the run's data",
+          file=sys.stderr, flush=True)
+    return list(build_task(cfg).class_names)
+
+
+def load_darknet(cfg_path: Path, weights: str | os.PathLike | None, names: str | os.PathLike | None,
+                 device: torch.device, size: int | None, letterbox: bool | None) -> Predictor:
+    """A Darknet network with its weights, run as ``detector test`` runs it (see the module docstring)."""
+    from bigbatch.darknet.detector import DarknetDetector
+    from bigbatch.darknet.models import darknet_network, load_darknet_weights
+
+    if weights is None:
+        raise UserError(f"--weights: a Darknet .cfg ({cfg_path}) needs its weights (--weights W.weights)")
+    network = darknet_network(str(cfg_path), None, None, key="--from")
+    if size is not None:
+        network = darknet_network(str(cfg_path), None, size, key="--from")
+    specs = network.cfg.yolo_layers
+    if not specs:
+        raise UserError(f"--from: {cfg_path} has no [yolo] layer: bigbatch predicts with Darknet YOLO detectors")
+    load_darknet_weights(network, weights, key="--weights")
+    classes = _darknet_names(names, specs[-1].classes)
+    module = DarknetDetector(network).to(device).eval()
+    letter = letterbox if letterbox is not None else network.cfg.net.options.get("letter_box", "0").strip() == "1"
+    last = specs[-1]  # detector test takes the last [yolo] layer's NMS
+    pipeline = DarknetTestDetection((network.input_shape.height, network.input_shape.width), letter,
+                                    last.nms_kind, last.beta_nms)
+    settings = Settings(conf=CONF, iou=DARKNET_NMS, max_det=MAX_DET, batch=1)
+    return Predictor(module, classes, pipeline, settings, f"{weights} on {cfg_path}")
+
+
+def _darknet_names(names: str | os.PathLike | None, classes: int) -> list[str]:
+    """The class names of a ``.names`` file, or of the ``names=`` a ``.data`` file gives; the class numbers
+    without one. Their count must be the network's."""
+    from bigbatch.darknet.yolo_data import read_darknet_data, read_names
+
+    if names is None:
+        return [str(label) for label in range(classes)]
+    path = Path(names)
+    if path.suffix == ".data":
+        options = read_darknet_data(path)
+        if "names" not in options:
+            raise UserError(f"--names: {path} has no names= line")
+        listed = Path(options["names"])
+        path = listed if listed.is_file() or listed.is_absolute() else path.parent / listed
+    found = read_names(path)
+    if len(found) != classes:
+        raise UserError(f"--names: {path} holds {len(found)} class names; the network has classes={classes}")
+    return found

@@ -1,0 +1,127 @@
+"""What ``bigbatch predict SOURCE...`` reads: each source expanded into image and video files, in order.
+
+A source is, as Ultralytics' and Darknet's users give it:
+
+- an image file (``.jpg``, ``.jpeg``, ``.png``, ``.bmp``, ``.gif``, ``.webp``) or a video file (``inference/video.py``);
+- a folder: its image and video files, and those of the folders below it, listed by the rules of ``data.name:
+  folder`` (``data/formats/folder.py``'s ``walk_folder``: links to folders followed, a cycle of links refused,
+  sorted by path); a name on anything but a regular file (a FIFO, a device, a broken link) is skipped with a warning;
+- a glob pattern (``*``, ``?``, ``[``; ``**`` for any depth), expanded by Python's ``glob`` and sorted;
+- a list file (any other file, such as Darknet's ``train.txt``): one path per line, blank lines and ``#`` comments
+  skipped, a relative path taken from the current folder as Darknet does, else from the list's own folder. At most
+  :data:`MAX_LISTED` lines are read, each at most ``data/pipeline/files.py``'s line limit.
+
+Nothing is read here but folder listings and list files: an image is opened when it is predicted on, and one that
+cannot be read is reported then. A source that names nothing is one ``UserError``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigbatch.data.pipeline.files import BadLine, read_lines
+from bigbatch.errors import UserError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+"""The image files a folder or a glob is listed for (those PIL and torchvision decode)."""
+MAX_LISTED = 2**21
+"""The most paths a list file may hold (as many as ``data/formats/folder.py`` lists in one split)."""
+GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to predict on: an image, or a video read frame by frame."""
+
+    path: str
+    video: bool = False
+
+
+def is_video_path(path: str) -> bool:
+    from bigbatch.inference.video import is_video
+
+    return is_video(path)
+
+
+def kind_of(path: str) -> str | None:
+    """``"image"``, ``"video"`` or None (neither), by the file's suffix."""
+    if path.lower().endswith(IMAGE_SUFFIXES):
+        return "image"
+    return "video" if is_video_path(path) else None
+
+
+def expand_sources(sources: list[str], warn: Callable[[str], None]) -> list[SourceFile]:
+    """Every image and video file the ``sources`` name, in the order given (see the module docstring); ``warn``
+    gets one line for each entry skipped. No file at all: one ``UserError``."""
+    found: list[SourceFile] = []
+    for source in sources:
+        found += list(_expand(source, warn))
+    if not found:
+        shown = " ".join(sources[:3]) + (" ..." if len(sources) > 3 else "")
+        raise UserError(f"predict: {shown} names no image or video file (images: {', '.join(IMAGE_SUFFIXES)}; "
+                        "videos: bigbatch predict --help)")
+    return found
+
+
+def _expand(source: str, warn: Callable[[str], None]) -> Iterator[SourceFile]:
+    if os.path.isdir(source):
+        yield from _folder(source, warn)
+    elif os.path.lexists(source):
+        yield from _file(source, warn, listed=False)
+    elif GLOB_CHARS & set(source):
+        matches = sorted(glob.glob(source, recursive=True))
+        if not matches:
+            raise UserError(f"predict: {source} matches no file")
+        for match in matches:
+            if os.path.isdir(match):
+                yield from _folder(match, warn)
+            elif kind_of(match) is not None:
+                yield from _file(match, warn, listed=True)
+    else:
+        raise UserError(f"predict: {source} does not exist")
+
+
+def _file(path: str, warn: Callable[[str], None], listed: bool) -> Iterator[SourceFile]:
+    """``path`` as an image or video file, or (named directly, not found in a listing) as a list file."""
+    kind = kind_of(path)
+    if not os.path.isfile(path):
+        warn(f"{path}: not a regular file: skipped")
+        return
+    if kind is not None:
+        yield SourceFile(path, video=kind == "video")
+    elif not listed:
+        yield from _list_file(path, warn)
+
+
+def _folder(top: str, warn: Callable[[str], None]) -> Iterator[SourceFile]:
+    from bigbatch.data.formats.folder import walk_folder
+
+    for _, entries in walk_folder(top, frozenset()):
+        for entry in sorted(entries, key=lambda e: e.name):
+            if kind_of(entry.path) is not None:
+                yield from _file(entry.path, warn, listed=True)
+
+
+def _list_file(path: str, warn: Callable[[str], None]) -> Iterator[SourceFile]:
+    """The image and video files a list file names (one per line)."""
+    folder = Path(path).parent
+    try:
+        for number, line in read_lines(path, MAX_LISTED, "a list of images"):
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            named = entry if os.path.lexists(entry) or os.path.isabs(entry) else str(folder / entry)
+            if kind_of(named) is None:
+                warn(f"{path}:{number}: {entry} is neither an image nor a video file: skipped")
+            elif not os.path.isfile(named):
+                warn(f"{path}:{number}: {entry} is not a regular file: skipped")
+            else:
+                yield SourceFile(named, video=kind_of(named) == "video")
+    except BadLine as error:
+        raise UserError(f"predict: {error}") from None
+    except OSError as error:
+        raise UserError(f"predict: cannot read {path} as a list of images ({error.strerror or error})") from None
