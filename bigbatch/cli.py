@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--conf", type=float, help="detectors: the lowest score kept (default: 0.25)")
     predict.add_argument("--iou", type=float, help="detectors: the NMS IoU threshold (default: the model's own; "
                          "Darknet's 0.45)")
-    predict.add_argument("--max-det", type=count, help="detectors: the most detections per image (default: 300)")
+    predict.add_argument("--max-det", type=count, help="detectors: the most detections per image (default: the "
+                         "model's own, as eval)")
     predict.add_argument("--top-k", type=count, help="classifiers: the classes listed per image (default: 5)")
     predict.add_argument("--size", type=count, help="with a .cfg: the network's input side (default: its [net])")
     predict.add_argument("--batch", type=count, help="images per forward pass (default: the run's eval.batch; 1 "

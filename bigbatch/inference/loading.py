@@ -12,8 +12,8 @@
   ``.data`` file's ``names=``); without it, the class numbers.
 - **An ONNX file** comes with ``bigbatch export --format onnx``, which this version does not have yet: one line.
 
-Defaults as Darknet's ``detector test`` and Ultralytics' ``predict``: ``conf`` 0.25, at most ``max_det`` 300
-detections, ``iou`` the model's own NMS threshold (Darknet's 0.45).
+Defaults: ``conf`` 0.25, as Darknet's ``detector test`` and Ultralytics' ``predict``; ``iou`` and ``max_det`` the
+model's own, as ``bigbatch eval`` runs it (a Darknet cfg: ``detector test``'s 0.45, and 100).
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from bigbatch.inference.predictor import Predictor
 
 CONF = 0.25
 """The lowest score kept by default (Darknet's ``detector test -thresh``, Ultralytics' ``conf``)."""
-MAX_DET = 300
-"""The most detections an image keeps by default (Ultralytics' ``max_det``)."""
 DARKNET_NMS = 0.45
 """The NMS threshold of Darknet's ``detector test`` (``float nms = .45``)."""
 
@@ -104,9 +102,9 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
     described = f"{'EMA' if use_ema else 'raw'} weights of {path} (step {state['step']})"
     if cfg.task == "detection":
         thresholds = own_thresholds(module)
-        settings = Settings(conf=CONF, iou=thresholds["iou"], max_det=MAX_DET, batch=cfg.eval.batch)
+        settings = Settings(conf=CONF, iou=thresholds["iou"], max_det=thresholds["max_det"], batch=cfg.eval.batch)
         return Predictor(module, classes, EvalDetection(task.image_input(cfg)), settings, described)
-    settings = Settings(conf=CONF, iou=0.0, max_det=MAX_DET, batch=cfg.eval.batch)
+    settings = Settings(conf=CONF, iou=0.0, max_det=1, batch=cfg.eval.batch)
     return Predictor(module, classes, EvalClassification(task.image_input(cfg)), settings, described)
 
 
@@ -129,9 +127,7 @@ def load_darknet(cfg_path: Path, weights: str | os.PathLike | None, names: str |
 
     if weights is None:
         raise UserError(f"--weights: a Darknet .cfg ({cfg_path}) needs its weights (--weights W.weights)")
-    network = darknet_network(str(cfg_path), None, None, key="--from")
-    if size is not None:
-        network = darknet_network(str(cfg_path), None, size, key="--from")
+    network = darknet_network(str(cfg_path), None, size, key="--from")
     specs = network.cfg.yolo_layers
     if not specs:
         raise UserError(f"--from: {cfg_path} has no [yolo] layer: bigbatch predicts with Darknet YOLO detectors")
@@ -142,7 +138,7 @@ def load_darknet(cfg_path: Path, weights: str | os.PathLike | None, names: str |
     last = specs[-1]  # detector test takes the last [yolo] layer's NMS
     pipeline = DarknetTestDetection((network.input_shape.height, network.input_shape.width), letter,
                                     last.nms_kind, last.beta_nms)
-    settings = Settings(conf=CONF, iou=DARKNET_NMS, max_det=MAX_DET, batch=1)
+    settings = Settings(conf=CONF, iou=DARKNET_NMS, max_det=module.detections_per_image, batch=1)
     return Predictor(module, classes, pipeline, settings, f"{weights} on {cfg_path}")
 
 

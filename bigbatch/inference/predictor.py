@@ -148,8 +148,8 @@ def as_item(image: Any) -> Item:
             image = np.repeat(image[:, :, None], 3, axis=2)
         if image.ndim != 3 or image.shape[2] not in (1, 3, 4):
             raise UserError(f"predict: an array image must be [H, W, 3] (RGB), got shape {list(image.shape)}")
-        image = torch.from_numpy(np.ascontiguousarray(image[:, :, :3] if image.shape[2] != 1
-                                                      else np.repeat(image, 3, axis=2))).permute(2, 0, 1)
+        rgb = image[:, :, :3] if image.shape[2] != 1 else np.repeat(image, 3, axis=2)
+        image = torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1)  # a copy: PIL's arrays are read-only
     if isinstance(image, torch.Tensor):
         if image.ndim != 3 or image.shape[0] not in (1, 3):
             raise UserError(f"predict: a tensor image must be [3, H, W], got shape {list(image.shape)}")

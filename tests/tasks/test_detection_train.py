@@ -73,6 +73,40 @@ def test_saved_detections_score_the_same_with_pycocotools(short_run, shapes, tmp
     assert ours["mAP50"] == pytest.approx(evaluator.stats[1], abs=1e-6)
 
 
+def test_predict_on_the_validation_images_scores_what_eval_scores(short_run, shapes, tmp_path):
+    """``bigbatch predict`` on the validation files, at eval's thresholds, batch and order, written as COCO results
+    with the annotation file's ids and scored by faster-coco-eval: eval's mAP within 1e-6."""
+    from faster_coco_eval import COCO as FasterCOCO
+    from faster_coco_eval import COCOeval_faster
+
+    from bigbatch.models.detectors import SCORE_THRESH
+
+    out, _ = short_run
+    annotations = shapes / "annotations" / "val.json"
+    listing = tmp_path / "val.txt"  # the annotation file's order, which eval's records keep
+    listing.write_text("".join(f"{shapes / 'val' / image['file_name']}\n"
+                               for image in json.loads(annotations.read_text())["images"]))
+    results = tmp_path / "predicted.json"
+    result = run_main("predict", str(listing), "--from", str(out), "--out", str(tmp_path / "pred"), "--coco",
+                      str(results), "--annotations", str(annotations), "--conf", str(SCORE_THRESH))
+    assert result.returncode == 0, result.stderr
+    assert "100 images in" in result.stdout
+    ours = json.loads((out / "eval-last.json").read_text()) if (out / "eval-last.json").is_file() else None
+    if ours is None:
+        assert run_main("eval", str(out)).returncode == 0
+        ours = json.loads((out / "eval-last.json").read_text())
+    truth = FasterCOCO(str(annotations))
+    evaluator = COCOeval_faster(truth, truth.loadRes(str(results)), "bbox")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    assert ours["mAP"] > 0.01
+    assert evaluator.stats[0] == pytest.approx(ours["mAP"], abs=1e-6)
+    assert evaluator.stats[1] == pytest.approx(ours["mAP50"], abs=1e-6)
+    lines = (tmp_path / "pred" / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 100 and json.loads(lines[0])["file"].endswith(".jpg")
+
+
 def broken_copy(shapes: Path, root: Path) -> tuple[Path, str, str, str]:
     """The set with a truncated val JPEG, a missing train image and a train box of negative width; and 50 train
     JPEGs truncated after their header, found only when a training step decodes them."""

@@ -1,0 +1,151 @@
+"""``bigbatch predict`` and ``bigbatch.load`` on a classifier's run: top-1 equal to ``eval``'s, the same answer for an
+image given as a path, a PIL image, an array or a tensor, every output, the refusals, and the Python example of
+docs/usage.md run as it is written. (A detector's predictions against ``eval``'s mAP: tests/tasks/
+test_detection_train.py; against Darknet's ``detector test``: benchmarks/darknet_predict.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import ROOT, run_main, write_photo_folder
+
+TINY = ["batch=8", "subdivisions=2", "steps=4", "data.size=32", "eval.every=4", "checkpoint.every=4",
+        "log.tensorboard=false", "model.width=4", "schedule.warmup=[]", "eval.batch=5"]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> tuple[Path, Path]:
+    """(a run of the digits CNN on a folder of JPEGs, the folder)."""
+    root = tmp_path_factory.mktemp("predict")
+    photos = write_photo_folder(root / "photos")
+    out = root / "run"
+    result = run_main("train", "digits", "--out", str(out), "--set", "data.name=folder", f"data.path={photos}",
+                      *TINY)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out, photos
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+
+def test_top1_on_the_validation_folder_is_evals(classifier, tmp_path):
+    run, photos = classifier
+    result = run_main("predict", str(photos / "val"), "--from", str(run), "--out", str(tmp_path / "pred"),
+                      "--top-k", "2")
+    assert result.returncode == 0, result.stderr
+    found = records(tmp_path / "pred")
+    assert len(found) == 12 and all(len(r["top"]) == 2 for r in found)
+    assert [r["file"] for r in found] == sorted(r["file"] for r in found)  # the folder's listing order
+    hits = sum(r["top"][0]["class_name"] == Path(r["file"]).parent.name for r in found)
+    assert run_main("eval", str(run)).returncode == 0
+    evaluated = json.loads((run / "eval-last.json").read_text())
+    assert 100.0 * hits / len(found) == pytest.approx(evaluated["top1"], abs=1e-9)
+    assert re.search(r"^12 images in [\d.]+ s \([\d.]+ images/s\); written: .*predictions.jsonl$", result.stdout,
+                     re.M), result.stdout
+
+
+def test_an_image_as_a_path_pil_image_array_or_tensor_gets_the_same_record(classifier):
+    import bigbatch
+
+    run, photos = classifier
+    path = sorted((photos / "val" / "flower").glob("*.jpg"))[0]
+    model = bigbatch.load(run, device="cpu")
+    assert model.task == "classification" and model.classes == ["china", "flower", "upside_down"]
+    assert isinstance(model.module, torch.nn.Module)
+    pil = Image.open(path)
+    array = np.array(pil.convert("RGB"))
+    tensor = torch.from_numpy(array).permute(2, 0, 1)
+    found = model.predict([str(path), pil, array, tensor], top_k=3)
+    assert found[0]["file"] == str(path) and all(r["file"] is None for r in found[1:])
+    first = [t["probability"] for t in found[0]["top"]]
+    for record in found[1:]:
+        assert [t["class_id"] for t in record["top"]] == [t["class_id"] for t in found[0]["top"]]
+        assert [t["probability"] for t in record["top"]] == pytest.approx(first, abs=1e-6)
+        assert (record["width"], record["height"]) == pil.size
+    assert model.transform(tensor)[0].shape == (3, 32, 32)
+
+
+def test_outputs_unreadable_images_and_a_second_predict_into_the_same_folder(classifier, tmp_path):
+    run, photos = classifier
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    listing = tmp_path / "list.txt"
+    china = sorted((photos / "val" / "china").glob("*"))[0]
+    listing.write_text(f"# two images and a broken one\n{broken}\n\n{china}\n")
+    out = tmp_path / "pred"
+    result = run_main("predict", str(listing), str(photos / "val" / "flower" / "000.jpg"), "--from", str(run),
+                      "--out", str(out), "--save-images")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count(str(broken)) == 1 and "skipped" in result.stderr
+    assert "2 images in" in result.stdout and "1 unreadable, skipped" in result.stdout
+    assert sorted(p.name for p in (out / "images").iterdir()) == ["000.jpg", "000_2.jpg"]
+    assert Image.open(out / "images" / "000.jpg").size == Image.open(photos / "val" / "china" / "000.jpg").size
+    again = run_main("predict", str(photos / "val" / "flower"), "--from", str(run), "--out", str(out))
+    assert again.returncode == 0, again.stderr  # an earlier predict's folder: its files replaced
+    assert not (out / "images").exists() and len(records(out)) == 3
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["nowhere/*.jpg"], "nowhere/*.jpg matches no file"),
+    (["missing.jpg"], "missing.jpg does not exist"),
+    (["{empty}"], "names no image or video file"),
+    (["{photos}/val", "--txt"], "--txt: writes detections; the model is a classifier"),
+    (["{photos}/val", "--conf", "1.5"], "--conf: expected a number in [0, 1], got 1.5"),
+    (["{photos}/val", "--weights", "x.weights"], "--weights: for a Darknet .cfg"),
+    (["{photos}/val", "--from", "model.onnx"], "ONNX"),
+    (["{photos}/val", "--coco", "{photos}/val/china/000.jpg"], "--coco: "),
+])
+def test_mistakes_are_one_line_naming_the_option(classifier, tmp_path, args, message):
+    run, photos = classifier
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not an image\n")
+    args = [a.format(photos=photos, empty=tmp_path / "empty") for a in args]
+    given = ["--from", str(run)] if "--from" not in args else []
+    result = run_main("predict", *args, *given, "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_out_folder_with_files_of_the_users_is_refused_and_left_alone(classifier, tmp_path):
+    run, photos = classifier
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "predictions.jsonl").write_text("my own notes\n")
+    result = run_main("predict", str(photos / "val"), "--from", str(run), "--out", str(out))
+    assert result.returncode == 2 and "did not write" in result.stderr
+    assert (out / "predictions.jsonl").read_text() == "my own notes\n"
+
+
+def test_import_bigbatch_loads_no_torch_and_load_comes_on_first_use():
+    code = ("import sys, bigbatch; assert 'torch' not in sys.modules, 'torch imported'; "
+            "load = bigbatch.load; assert 'torch' in sys.modules; print(load.__module__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "bigbatch.inference.loading"
+
+
+def test_the_python_example_of_the_usage_doc_runs_as_written(tmp_path, monkeypatch, capsys):
+    text = (ROOT / "docs" / "usage.md").read_text()
+    section = text[text.index("## Using a trained model"):]
+    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert 'bigbatch.load("runs/digits")' in example
+    result = run_main("train", "digits", "--out", str(tmp_path / "runs" / "digits"), "--set", "steps=2",
+                      "batch=64", "subdivisions=1", "log.tensorboard=false", "eval.every=2", "checkpoint.every=2",
+                      "schedule.warmup=[]")
+    assert result.returncode == 0, result.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "docs/usage.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("0 {'class_id': ") and "'probability': " in printed[0]
+    assert printed[1] == "SmallCNN ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'] classification"
