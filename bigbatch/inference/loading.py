@@ -133,11 +133,13 @@ def load_darknet(cfg_path: Path, weights: str | os.PathLike | None, names: str |
         raise UserError(f"--from: {cfg_path} has no [yolo] layer: bigbatch predicts with Darknet YOLO detectors")
     load_darknet_weights(network, weights, key="--weights")
     classes = _darknet_names(names, specs[-1].classes)
+    from bigbatch.darknet.test_image import cfg_letter_box, cfg_nms
+
     module = DarknetDetector(network).to(device).eval()
-    letter = letterbox if letterbox is not None else network.cfg.net.options.get("letter_box", "0").strip() == "1"
-    last = specs[-1]  # detector test takes the last [yolo] layer's NMS
-    pipeline = DarknetTestDetection((network.input_shape.height, network.input_shape.width), letter,
-                                    last.nms_kind, last.beta_nms)
+    letter = letterbox if letterbox is not None else cfg_letter_box(network.cfg)
+    nms_kind, beta_nms = cfg_nms(specs)  # detector test takes the last [yolo] layer's
+    pipeline = DarknetTestDetection((network.input_shape.height, network.input_shape.width), letter, nms_kind,
+                                    beta_nms)
     settings = Settings(conf=CONF, iou=DARKNET_NMS, max_det=module.detections_per_image, batch=1)
     return Predictor(module, classes, pipeline, settings, f"{weights} on {cfg_path}")
 

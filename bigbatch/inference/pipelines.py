@@ -144,9 +144,7 @@ class DarknetTestDetection:
 
     @staticmethod
     def size_of(geometry: Any) -> tuple[int, int]:
-        from bigbatch.darknet.test_image import image_size
-
-        return image_size(geometry)
+        return geometry.image_size  # darknet/test_image.py's Geometry
 
     @torch.no_grad()
     def run(self, module: nn.Module, inputs: list[torch.Tensor], geometries: list[Any],
