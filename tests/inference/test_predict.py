@@ -149,3 +149,28 @@ def test_the_python_example_of_the_usage_doc_runs_as_written(tmp_path, monkeypat
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("0 {'class_id': ") and "'probability': " in printed[0]
     assert printed[1] == "SmallCNN ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'] classification"
+
+
+def test_sources_skip_what_is_no_regular_file_refuse_cycles_and_bound_lists(tmp_path, monkeypatch):
+    import os
+
+    from bigbatch.errors import UserError
+    from bigbatch.inference import sources
+
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(folder / "sub" / "a.png")
+    os.mkfifo(folder / "pipe.jpg")
+    (folder / "notes.txt").write_text("not listed\n")
+    warned: list[str] = []
+    found = sources.expand_sources([str(folder)], warned.append)
+    assert [f.path for f in found] == [str(folder / "sub" / "a.png")]
+    assert warned == [f"{folder / 'pipe.jpg'}: not a regular file: skipped"]
+    (folder / "sub" / "loop").symlink_to(folder)
+    with pytest.raises(UserError, match="a cycle of links"):
+        sources.expand_sources([str(folder)], warned.append)
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{folder / 'sub' / 'a.png'}\n" for _ in range(4)))
+    monkeypatch.setattr(sources, "MAX_LISTED", 3)
+    with pytest.raises(UserError, match=r"list.txt:4: more than 3 lines"):
+        sources.expand_sources([str(listing)], warned.append)
