@@ -1,0 +1,1 @@
+"""Running a trained model: bigbatch predict and bigbatch.load."""
