@@ -109,9 +109,9 @@ def _items(sources: list[SourceFile], vid_stride: int) -> Iterator[Item]:
 
         try:
             for frame, pixels in video_frames(source.path, vid_stride):
-                yield Item(file=source.path, frame=frame, pixels=pixels)
-        except RuntimeError as error:
-            warn(f"{source.path}: {error}: the rest of the video skipped")
+                yield Item(file=source.path, frame=frame, pixels=pixels.contiguous())
+        except RuntimeError as error:  # it names the file, and the frame where decoding stopped
+            warn(f"{error}; skipped")
 
 
 def _pixels(item: Item):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bigbatch.data.pipeline.files import BadLine, read_lines
 from bigbatch.errors import UserError
+from bigbatch.inference.video import is_video
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 """The image files a folder or a glob is listed for (those PIL and torchvision decode)."""
@@ -41,17 +42,11 @@ class SourceFile:
     video: bool = False
 
 
-def is_video_path(path: str) -> bool:
-    from bigbatch.inference.video import is_video
-
-    return is_video(path)
-
-
 def kind_of(path: str) -> str | None:
     """``"image"``, ``"video"`` or None (neither), by the file's suffix."""
     if path.lower().endswith(IMAGE_SUFFIXES):
         return "image"
-    return "video" if is_video_path(path) else None
+    return "video" if is_video(path) else None
 
 
 def expand_sources(sources: list[str], warn: Callable[[str], None]) -> list[SourceFile]:

@@ -174,3 +174,24 @@ def test_sources_skip_what_is_no_regular_file_refuse_cycles_and_bound_lists(tmp_
     monkeypatch.setattr(sources, "MAX_LISTED", 3)
     with pytest.raises(UserError, match=r"list.txt:4: more than 3 lines"):
         sources.expand_sources([str(listing)], warned.append)
+
+
+def test_a_video_is_predicted_frame_by_frame_and_without_pyav_is_one_line(classifier, tmp_path, monkeypatch):
+    from tests.inference.test_video import colour, write_video
+
+    run, photos = classifier
+    clip = tmp_path / "clip.mp4"
+    write_video(clip, [colour(i) for i in range(5)])
+    out = tmp_path / "pred"
+    image = str(photos / "val" / "china" / "000.jpg")
+    result = run_main("predict", image, str(clip), "--from", str(run), "--out", str(out), "--vid-stride", "2",
+                      "--save-images")
+    assert result.returncode == 0, result.stderr
+    found = records(out)
+    assert [(Path(r["file"]).name, r["frame"]) for r in found] == [("000.jpg", None), ("clip.mp4", 0),
+                                                                   ("clip.mp4", 2), ("clip.mp4", 4)]
+    assert sorted(p.name for p in (out / "images").iterdir()) == ["000.jpg", "clip_0.jpg", "clip_2.jpg", "clip_4.jpg"]
+    monkeypatch.setitem(sys.modules, "av", None)  # PyAV not installed
+    missing = run_main("predict", str(clip), "--from", str(run), "--out", str(tmp_path / "other"))
+    assert missing.returncode == 2
+    assert missing.stderr == "error: video input needs the optional 'video' extra: pip install 'bigbatch[video]'\n"
