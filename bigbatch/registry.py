@@ -328,6 +328,9 @@ BATCH_CONTROLLERS = Registry("batch controller", "", ("bigbatch.engine.controlle
 CONFIG_FORMATS = Registry("config format", "", ("bigbatch.darknet.recipe",))
 """Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
 a mistake in the file is a ``UserError`` naming it."""
+MODEL_FILES = Registry("model file", "--from", ("bigbatch.darknet.predict",))
+"""Models ``bigbatch predict`` and ``bigbatch.load`` take besides runs and checkpoints, by suffix (``.cfg``):
+obj(path, weights, names, device, size, letterbox) -> an ``inference.predictor.Predictor``."""
 
 
 def did_you_mean(word: object, choices: list[str]) -> str:

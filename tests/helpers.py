@@ -468,3 +468,25 @@ def train_and_kill(args: list[str], run_dir: Path, at: int, stderr_path: Path) -
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=HANG_GUARD_S)
         proc.stdout.close()
+
+
+VIDEO_WIDTH, VIDEO_HEIGHT = 64, 48
+
+
+def colour(i: int) -> tuple[int, int, int]:
+    """Video frame ``i``'s colour: red rises and blue falls with ``i``, so both the order and the channel order show."""
+    return 20 + 18 * i, 128, 230 - 18 * i
+
+
+def write_video(path, colours, fps: int = 10) -> None:
+    """A video of one solid colour per frame (MPEG-4 Part 2: FFmpeg's own encoder, in every PyAV build); skips the
+    test where PyAV is not installed."""
+    av = pytest.importorskip("av")
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = VIDEO_WIDTH, VIDEO_HEIGHT, "yuv420p"
+        stream.options = {"qscale": "2"}
+        for rgb in colours:
+            array = np.full((VIDEO_HEIGHT, VIDEO_WIDTH, 3), rgb, dtype=np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+        container.mux(stream.encode())

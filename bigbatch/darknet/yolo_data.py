@@ -194,21 +194,29 @@ def _find_names(folder: Path) -> Path:
                     "line), or give the names")
 
 
+def names_of_data_file(path: Path, options: dict[str, str] | None = None, key: str = "data") -> list[str]:
+    """The class names of the ``names =`` file a Darknet ``.data`` file names (from the current folder, else beside
+    the ``.data`` file); one outside the ``.data`` file's folder is read only with a ``classes =`` line."""
+    options = read_darknet_data(path) if options is None else options
+    base = path.absolute().parent
+    if "names" not in options:
+        raise UserError(f"{key}: {path}: no 'names =' line (the class names file)")
+    names_file = _resolve(options["names"], base)
+    if not os.path.exists(names_file):
+        raise UserError(f"{key}: {path}: names = {options['names']}: no such file (tried from the current folder "
+                        f"and from {base})")
+    if "classes" not in options and not _inside(names_file, base):
+        raise UserError(f"{key}: {path}: names = {options['names']} is outside the .data file's folder ({base}); "
+                        "such a names file is read only with a 'classes =' line giving its number of classes")
+    return read_names(names_file)
+
+
 def _from_data_file(path: Path, split: str, names: list[str] | None) -> tuple[list[str], list[str]]:
     """``(image paths, class names)`` of the ``train`` or ``valid`` list of a Darknet ``.data`` file."""
     options = read_darknet_data(path)
     base = path.absolute().parent
     if names is None:
-        if "names" not in options:
-            raise UserError(f"data: {path}: no 'names =' line (the class names file)")
-        names_file = _resolve(options["names"], base)
-        if not os.path.exists(names_file):
-            raise UserError(f"data: {path}: names = {options['names']}: no such file (tried from the current folder "
-                            f"and from {base})")
-        if "classes" not in options and not _inside(names_file, base):
-            raise UserError(f"data: {path}: names = {options['names']} is outside the .data file's folder ({base}); "
-                            "such a names file is read only with a 'classes =' line giving its number of classes")
-        names = read_names(names_file)
+        names = names_of_data_file(path, options)
     if "classes" in options:
         if not options["classes"].isdigit() or int(options["classes"]) != len(names):
             raise UserError(f"data: {path}: classes = {options['classes']}, but the names file lists {len(names)} "

@@ -6,10 +6,9 @@
   data. The weights are those ``eval`` uses (the EMA's when the run kept one and ``ema.evaluate``), or as
   ``weights_from`` says (``ema`` or ``raw``). The preprocessing is the run's evaluation transform, the thresholds
   its detector's own, except ``conf``.
-- **A Darknet ``.cfg``** with ``weights`` (a ``.weights`` file, a ``.conf.N`` backbone, or a state dict of the
-  network): the network at its ``[net]`` size (or ``size``), run as Darknet's ``detector test`` runs it
-  (``inference/pipelines.py``'s ``DarknetTestDetection``). Class names come from ``names`` (a ``.names`` file, or a
-  ``.data`` file's ``names=``); without it, the class numbers.
+- **A model file** of a kind registered in ``registry.MODEL_FILES``, by suffix: a Darknet ``.cfg`` with ``weights``
+  (``darknet/predict.py``: the network at its ``[net]`` size, or ``size``, run as Darknet's ``detector test`` runs
+  it; class names from ``names``, a ``.names`` file or a ``.data`` file's ``names=``, else the class numbers).
 - **An ONNX file** comes with ``bigbatch export --format onnx``, which this version does not have yet: one line.
 
 Defaults: ``conf`` 0.25, as Darknet's ``detector test`` and Ultralytics' ``predict``; ``iou`` and ``max_det`` the
@@ -25,19 +24,12 @@ from typing import Any
 import torch
 
 from bigbatch.errors import UserError
-from bigbatch.inference.pipelines import (
-    DarknetTestDetection,
-    EvalClassification,
-    EvalDetection,
-    Settings,
-    own_thresholds,
-)
+from bigbatch.inference.pipelines import EvalClassification, EvalDetection, Settings, own_thresholds
 from bigbatch.inference.predictor import Predictor
+from bigbatch.registry import MODEL_FILES
 
 CONF = 0.25
 """The lowest score kept by default (Darknet's ``detector test -thresh``, Ultralytics' ``conf``)."""
-DARKNET_NMS = 0.45
-"""The NMS threshold of Darknet's ``detector test`` (``float nms = .45``)."""
 
 
 def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, weights_from: str | None = None,
@@ -54,10 +46,10 @@ def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, we
     if path.suffix.lower() == ".onnx":
         raise UserError(f"--from: {path} is an ONNX file; predicting from ONNX comes with bigbatch export --format "
                         "onnx, which this version does not have yet: give the run directory or checkpoint")
-    if path.suffix.lower() == ".cfg":
+    if path.suffix.lower() in MODEL_FILES.names():
         if weights_from is not None:
             raise UserError("--weights-from: chooses a run's weights; a .cfg takes --weights W.weights")
-        return load_darknet(path, weights, names, device, size, letterbox)
+        return MODEL_FILES.get(path.suffix.lower()).obj(path, weights, names, device, size, letterbox)
     if weights is not None or names is not None:
         what = "--weights" if weights is not None else "--names"
         raise UserError(f"{what}: for a Darknet .cfg; a run or checkpoint carries its weights and class names")
@@ -117,48 +109,3 @@ def _classes_from_data(cfg: Any) -> list[str]:
     print("note: the checkpoint keeps no class names (an older one): reading them from the run's data",
           file=sys.stderr, flush=True)
     return list(build_task(cfg).class_names)
-
-
-def load_darknet(cfg_path: Path, weights: str | os.PathLike | None, names: str | os.PathLike | None,
-                 device: torch.device, size: int | None, letterbox: bool | None) -> Predictor:
-    """A Darknet network with its weights, run as ``detector test`` runs it (see the module docstring)."""
-    from bigbatch.darknet.detector import DarknetDetector
-    from bigbatch.darknet.models import darknet_network, load_darknet_weights
-
-    if weights is None:
-        raise UserError(f"--weights: a Darknet .cfg ({cfg_path}) needs its weights (--weights W.weights)")
-    network = darknet_network(str(cfg_path), None, size, key="--from")
-    specs = network.cfg.yolo_layers
-    if not specs:
-        raise UserError(f"--from: {cfg_path} has no [yolo] layer: bigbatch predicts with Darknet YOLO detectors")
-    load_darknet_weights(network, weights, key="--weights")
-    classes = _darknet_names(names, specs[-1].classes)
-    from bigbatch.darknet.test_image import cfg_letter_box, cfg_nms
-
-    module = DarknetDetector(network).to(device).eval()
-    letter = letterbox if letterbox is not None else cfg_letter_box(network.cfg)
-    nms_kind, beta_nms = cfg_nms(specs)  # detector test takes the last [yolo] layer's
-    pipeline = DarknetTestDetection((network.input_shape.height, network.input_shape.width), letter, nms_kind,
-                                    beta_nms)
-    settings = Settings(conf=CONF, iou=DARKNET_NMS, max_det=module.detections_per_image, batch=1)
-    return Predictor(module, classes, pipeline, settings, f"{weights} on {cfg_path}")
-
-
-def _darknet_names(names: str | os.PathLike | None, classes: int) -> list[str]:
-    """The class names of a ``.names`` file, or of the ``names=`` a ``.data`` file gives; the class numbers
-    without one. Their count must be the network's."""
-    from bigbatch.darknet.yolo_data import read_darknet_data, read_names
-
-    if names is None:
-        return [str(label) for label in range(classes)]
-    path = Path(names)
-    if path.suffix == ".data":
-        options = read_darknet_data(path)
-        if "names" not in options:
-            raise UserError(f"--names: {path} has no names= line")
-        listed = Path(options["names"])
-        path = listed if listed.is_file() or listed.is_absolute() else path.parent / listed
-    found = read_names(path)
-    if len(found) != classes:
-        raise UserError(f"--names: {path} holds {len(found)} class names; the network has classes={classes}")
-    return found

@@ -8,8 +8,8 @@ inputs, geometries, settings)`` (a batch of inputs -> one result per image):
   the detector's own decoding and NMS, and ``boxes_to_original``: per image, what ``bigbatch eval`` computes.
 - :class:`EvalClassification`: a run's classifier, with its dataset format's evaluation preprocessing; the softmax's
   top ``k`` classes.
-- :class:`DarknetTestDetection`: a network from a Darknet ``.cfg``, run as Darknet's ``detector test`` runs it
-  (``darknet/test_image.py``: its resize or letterbox, its NMS kind, its box correction).
+- ``darknet/predict.py``'s ``DarknetTestDetection``: a network from a Darknet ``.cfg``, run as Darknet's ``detector
+  test`` runs it (``darknet/test_image.py``: its resize or letterbox, its NMS kind, its box correction).
 
 A detection result is ``{"boxes": [N, 4] XYXY in the original image's pixels (clipped to it), "scores", "labels"}``,
 best first; a classification result is ``{"probabilities": [k], "labels": [k]}``, most probable first.
@@ -121,37 +121,3 @@ class EvalClassification:
         probabilities = torch.softmax(logits.float(), dim=1).cpu()
         top = probabilities.topk(min(settings.top_k, probabilities.shape[1]), dim=1)
         return [{"probabilities": p, "labels": i} for p, i in zip(top.values, top.indices, strict=True)]
-
-
-class DarknetTestDetection:
-    """A Darknet network run as Darknet's ``detector test`` runs it (``darknet/test_image.py``): its
-    preprocessing (``resize_image``, or ``letterbox_image`` for ``letter_box=1``), the last ``[yolo]`` layer's
-    ``nms_kind`` and ``beta_nms``, and ``correct_yolo_boxes``; boxes clipped to the image."""
-
-    task = "detection"
-
-    def __init__(self, net_size: tuple[int, int], letter: bool, nms_kind: str, beta_nms: float) -> None:
-        self.net_size, self.letter = net_size, letter
-        self.nms_kind, self.beta_nms = nms_kind, beta_nms
-
-    def prepare(self, pixels: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        from bigbatch.darknet.test_image import preprocess
-
-        return preprocess(pixels, self.net_size, self.letter)
-
-    def prepare_file(self, path: str) -> tuple[torch.Tensor, Any]:
-        return self.prepare(decode_rgb(path))
-
-    @staticmethod
-    def size_of(geometry: Any) -> tuple[int, int]:
-        return geometry.image_size  # darknet/test_image.py's Geometry
-
-    @torch.no_grad()
-    def run(self, module: nn.Module, inputs: list[torch.Tensor], geometries: list[Any],
-            settings: Settings) -> list[dict[str, torch.Tensor]]:
-        from bigbatch.darknet.test_image import detections
-
-        device = next(module.parameters()).device
-        raw = module.network(torch.stack(inputs).to(device, non_blocking=True))
-        return detections(raw, module.specs, geometries, settings.conf, settings.iou, settings.max_det,
-                          self.nms_kind, self.beta_nms)

@@ -57,9 +57,10 @@ class ClassificationTask:
     @classmethod
     def from_config(cls, cfg: RunConfig, rank: int = 0) -> ClassificationTask:
         """The task on the sets of the dataset format ``data.name`` (as registered in ``DATASETS``)."""
-        train, val, names = DATASETS.get(cfg.data.name).obj(cfg)
+        train, val, classes = DATASETS.get(cfg.data.name).obj(cfg)  # the class names, or their number
+        names = [str(label) for label in range(classes)] if isinstance(classes, int) else list(map(str, classes))
         return cls(train, val, len(names), label_smoothing=cfg.loss.label_smoothing, aux_weight=cfg.loss.aux_weight,
-                   seed=cfg.seed, issues=getattr(train, "issues", None), class_names=list(names))
+                   seed=cfg.seed, issues=getattr(train, "issues", None), class_names=names)
 
     def set_plan(self, plan: BatchPlan) -> None:
         pass  # nothing is drawn per step

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import ROOT, run_main, write_photo_folder
+from tests.helpers import ROOT, colour, run_main, write_photo_folder, write_video
 
 TINY = ["batch=8", "subdivisions=2", "steps=4", "data.size=32", "eval.every=4", "checkpoint.every=4",
         "log.tensorboard=false", "model.width=4", "schedule.warmup=[]", "eval.batch=5"]
@@ -177,8 +177,6 @@ def test_sources_skip_what_is_no_regular_file_refuse_cycles_and_bound_lists(tmp_
 
 
 def test_a_video_is_predicted_frame_by_frame_and_without_pyav_is_one_line(classifier, tmp_path, monkeypatch):
-    from tests.inference.test_video import colour, write_video
-
     run, photos = classifier
     clip = tmp_path / "clip.mp4"
     write_video(clip, [colour(i) for i in range(5)])

@@ -10,36 +10,20 @@ import re
 import sys
 import threading
 
-import numpy as np
 import pytest
 import torch
 
 from bigbatch.errors import UserError
 from bigbatch.inference import video
+from tests.helpers import VIDEO_HEIGHT as HEIGHT
+from tests.helpers import VIDEO_WIDTH as WIDTH
+from tests.helpers import colour, write_video
 
 pytestmark = pytest.mark.fast
 
-WIDTH, HEIGHT, FRAMES = 64, 48, 12
+FRAMES = 12
 TOLERANCE = 12
 """How far a decoded channel's mean may be from the colour encoded (4:2:0 chroma, MPEG-4 quantisation)."""
-
-
-def colour(i: int) -> tuple[int, int, int]:
-    """Frame ``i``'s colour: red rises and blue falls with ``i``, so both the order and the channel order show."""
-    return 20 + 18 * i, 128, 230 - 18 * i
-
-
-def write_video(path, colours, fps: int = 10) -> None:
-    """A video of one solid colour per frame (MPEG-4 Part 2: FFmpeg's own encoder, in every PyAV build)."""
-    av = pytest.importorskip("av")
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
-        stream.options = {"qscale": "2"}
-        for rgb in colours:
-            array = np.full((HEIGHT, WIDTH, 3), rgb, dtype=np.uint8)
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
-        container.mux(stream.encode())
 
 
 @pytest.fixture

@@ -215,7 +215,13 @@ SKIPPED = {
         "bigbatch scale [CONFIG] --batch B [--out NEW.yaml]",
         "bigbatch plan [CONFIG] [--set KEY=VALUE ...] [--memory-limit SIZE]",
         "bigbatch profile [CONFIG] [--set KEY=VALUE ...] [--steps N] [--out DIR]",
-        "bigbatch report RUN [RUN ...] [--out FILE.html]")},
+        "bigbatch report RUN [RUN ...] [--out FILE.html]",
+        "bigbatch predict IMAGES|FOLDER|LIST|VIDEO --from RUN|CHECKPOINT|NET.cfg # run a model on your own images",
+        "bigbatch predict SOURCE... --from RUN|CHECKPOINT|NET.cfg [--out DIR] [--coco FILE.json] [--txt] "
+        "[--save-images]")},
+    "bigbatch predict my_digit.png photos/ 'more/**/*.jpg' list.txt clip.mp4 --from runs/digits --out predictions":
+        "the reader's own images; tests/inference/test_predict.py predicts on each kind of source (an image, a "
+        "folder, a list, a video) through the same command",
     "torchrun --nproc-per-node 8 -m bigbatch train megdet-r50-fpn --out runs/megdet --set subdivisions=2":
         "8 processes on COCO (tests/engine/test_distributed.py runs torchrun on 2 CPU processes)",
     "torchrun --nproc-per-node 8 -m bigbatch train megdet-r50-fpn --set subdivisions=2":
@@ -254,6 +260,7 @@ SHORTENED = {
         ["--set", "data.shapes_images=40", "steps=1", "batch=4", "subdivisions=1", "data.size=64", *SHORTER],
     "bigbatch data shapes --out myshapes --images 500 --seed 1 # write a generated set yourself": ["--images", "20"],
     "bigbatch train digits --out batch256 --set log.tensorboard=false": ["--set", "steps=2", *SHORTER],
+    "bigbatch train digits --out runs/digits": ["--set", "steps=2", *SHORTER],
     "bigbatch train digits --out batch1024 --set batch=1024 log.tensorboard=false": ["--set", "steps=2", *SHORTER],
     "bigbatch train digits --out r1 --set steps=60 eval.every=20 log.tensorboard=false subdivisions=4":
         ["--set", "steps=3", "eval.every=2", *SHORTER],
