@@ -193,3 +193,37 @@ def test_a_video_is_predicted_frame_by_frame_and_without_pyav_is_one_line(classi
     missing = run_main("predict", str(clip), "--from", str(run), "--out", str(tmp_path / "other"))
     assert missing.returncode == 2
     assert missing.stderr == "error: video input needs the optional 'video' extra: pip install 'bigbatch[video]'\n"
+
+
+def test_a_darknet_cfg_with_its_weights_and_names_and_a_checkpoint_file(classifier, tmp_path):
+    """``--from NET.cfg --weights --names``: detections in the image's pixels, as YOLO labels and COCO results; and a
+    run's checkpoint file in place of its directory."""
+    from bigbatch.config import RECIPES_DIR
+
+    cfg = RECIPES_DIR / "yolov3-tiny-shapes.cfg"
+    weights = tmp_path / "net.weights"
+    assert run_main("export", str(cfg), "--darknet-weights", str(weights), "--seed", "1").returncode == 0
+    (tmp_path / "shapes.names").write_text("circle\nsquare\ntriangle\nstar\ncross\n")
+    (tmp_path / "shapes.data").write_text("classes = 5\nnames = shapes.names\n")
+    image = tmp_path / "wide.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 90, 3), dtype=np.uint8)).save(image)
+    out = tmp_path / "pred"
+    result = run_main("predict", str(image), "--from", str(cfg), "--weights", str(weights), "--names",
+                      str(tmp_path / "shapes.data"), "--size", "64", "--conf", "0.01", "--out", str(out), "--txt",
+                      "--coco", str(tmp_path / "results.json"))
+    assert result.returncode == 0, result.stderr
+    [record] = records(out)
+    assert (record["width"], record["height"]) == (90, 40) and record["detections"], record
+    for found in record["detections"]:
+        x1, y1, x2, y2 = found["box"]
+        assert 0 <= x1 <= x2 <= 90 and 0 <= y1 <= y2 <= 40 and found["score"] >= 0.01
+        assert found["class_name"] == ["circle", "square", "triangle", "star", "cross"][found["class_id"]]
+    labels = (out / "labels" / "wide.txt").read_text().splitlines()
+    assert len(labels) == len(record["detections"]) and all(len(line.split()) == 5 for line in labels)
+    coco = json.loads((tmp_path / "results.json").read_text())
+    assert {r["image_id"] for r in coco} == {0} and {r["category_id"] for r in coco} <= {1, 2, 3, 4, 5}
+    run, photos = classifier
+    from_file = run_main("predict", str(photos / "val" / "china"), "--from", str(run / "checkpoints" / "last.pt"),
+                         "--out", str(tmp_path / "from-file"))
+    assert from_file.returncode == 0, from_file.stderr
+    assert len(records(tmp_path / "from-file")) == 3
