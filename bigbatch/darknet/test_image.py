@@ -152,17 +152,21 @@ def correct_boxes(boxes: Tensor, image_size: tuple[int, int], net_size: tuple[in
     return (boxes - offset) * scale
 
 
-def diou_matrix(boxes: Tensor, beta: float) -> Tensor:
-    """``box_diou``/``box_diounms`` (src/box.c) of every pair of XYXY ``boxes``: ``IoU - (d / c)^beta``, ``d`` the
-    squared distance of the centres, ``c`` the squared diagonal of the enclosing box (plain IoU where ``c == 0``;
-    IoU 0 without overlap)."""
-    iou = box_iou(boxes, boxes)
-    centres = (boxes[:, :2] + boxes[:, 2:]) / 2
-    d = (centres[:, None] - centres[None]).square().sum(-1)
-    low = torch.minimum(boxes[:, None, :2], boxes[None, :, :2])
-    high = torch.maximum(boxes[:, None, 2:], boxes[None, :, 2:])
+def diou(boxes: Tensor, others: Tensor, beta: float) -> Tensor:
+    """``box_diou``/``box_diounms`` (src/box.c) of every box of ``boxes`` (XYXY, ``[N, 4]``) with every one of
+    ``others`` (``[M, 4]``) -> ``[N, M]``: ``IoU - (d / c)^beta``, ``d`` the squared distance of the centres, ``c``
+    the squared diagonal of the enclosing box (plain IoU where ``c == 0``; IoU 0 without overlap)."""
+    iou = box_iou(boxes, others)
+    d = ((boxes[:, None, :2] + boxes[:, None, 2:]) / 2 - (others[None, :, :2] + others[None, :, 2:]) / 2)
+    low = torch.minimum(boxes[:, None, :2], others[None, :, :2])
+    high = torch.maximum(boxes[:, None, 2:], others[None, :, 2:])
     c = (high - low).square().sum(-1)
-    return torch.where(c == 0, iou, iou - (d / c.clamp(min=torch.finfo(c.dtype).tiny)).pow(beta))
+    return torch.where(c == 0, iou, iou - (d.square().sum(-1) / c.clamp(min=torch.finfo(c.dtype).tiny)).pow(beta))
+
+
+def diou_matrix(boxes: Tensor, beta: float) -> Tensor:
+    """:func:`diou` of every pair of ``boxes``."""
+    return diou(boxes, boxes, beta)
 
 
 def darknet_nms(boxes: Tensor, scores: Tensor, labels: Tensor, iou_thresh: float = NMS_THRESH,
@@ -181,12 +185,12 @@ def darknet_nms(boxes: Tensor, scores: Tensor, labels: Tensor, iou_thresh: float
     for label in labels.unique():
         index = (labels == label).nonzero().flatten()
         index = index[scores[index].argsort(descending=True, stable=True)]
-        over = diou_matrix(boxes[index].float(), exponent) > iou_thresh
-        alive = torch.ones(len(index), dtype=torch.bool)
-        for i in range(len(index)):
-            if alive[i]:
-                alive[i + 1:] &= ~over[i, i + 1:]
-        kept.append(index[alive])
+        ordered = boxes[index].float()
+        remaining = torch.arange(len(index))  # not suppressed yet, best first: the first of them is kept
+        while len(remaining):
+            best, rest = remaining[0], remaining[1:]
+            kept.append(index[best:best + 1])
+            remaining = rest[~(diou(ordered[best:best + 1], ordered[rest], exponent)[0] > iou_thresh)]
     keep = torch.cat(kept) if kept else labels.new_zeros(0)
     return keep[scores[keep].argsort(descending=True, stable=True)]
 
