@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "model's own, as eval)")
     predict.add_argument("--top-k", type=count, help="classifiers: the classes listed per image (default: 5)")
     predict.add_argument("--size", type=count, help="with a .cfg: the network's input side (default: its [net])")
+    predict.add_argument("--darknet-dialect", choices=("alexeyab", "pjreddie"), help="with a .cfg: whose detector "
+                         "test to follow (default: alexeyab: resize unless letter_box=1, the cfg's NMS kind, conf "
+                         "0.25; pjreddie: letterbox, IoU NMS, conf 0.5)")
     predict.add_argument("--batch", type=count, help="images per forward pass (default: the run's eval.batch; 1 "
                          "for a .cfg)")
     predict.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda where there is one)")

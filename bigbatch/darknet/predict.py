@@ -4,9 +4,11 @@ The network is built at its ``[net]`` size (or ``--size``) for the cfg's classes
 ``.weights`` file, a ``.conv.N`` backbone or a state dict: ``models.load_darknet_weights``). Each image goes through
 ``test_image.py``: Darknet's ``resize_image`` (or ``letterbox_image`` for ``[net] letter_box=1``), the forward pass,
 ``get_yolo_detections``' thresholds, the last ``[yolo]`` layer's ``nms_kind`` and ``beta_nms`` at 0.45 and
-``correct_yolo_boxes``. The class names come from ``--names`` (a ``.names`` file, or the ``names=`` of a ``.data``
-file, as ``yolo_data.names_of_data_file`` reads it for training); without it they are the class numbers. Registered
-in ``registry.MODEL_FILES`` under ``.cfg``.
+``correct_yolo_boxes``: AlexeyAB's ``test_detector`` (src/detector.c). ``--darknet-dialect pjreddie`` follows pjreddie's
+instead, read from its source (not run against its binary, whose ``detector test`` writes no boxes): the cfg read as
+that fork reads it, every image letterboxed, plain IoU NMS (``do_nms_sort``) and ``-thresh`` 0.5. The class names come
+from ``--names`` (a ``.names`` file, or the ``names=`` of a ``.data`` file, as ``yolo_data.names_of_data_file`` reads it
+for training); without it they are the class numbers. Registered in ``registry.MODEL_FILES`` under ``.cfg``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from bigbatch.inference.predictor import Predictor
 from bigbatch.registry import MODEL_FILES
 
 CONF = 0.25
-"""``detector test``'s default ``-thresh``."""
+"""AlexeyAB's ``detector test``'s default ``-thresh`` (pjreddie's: 0.5)."""
+DIALECTS = ("alexeyab", "pjreddie")
 NMS = 0.45
 """``detector test``'s NMS threshold (``float nms = .45``)."""
 
@@ -64,7 +67,7 @@ class DarknetTestDetection:
 
 
 def load_cfg(cfg_path: Path, weights: str | os.PathLike | None, names: str | os.PathLike | None,
-             device: torch.device, size: int | None, letterbox: bool | None) -> Predictor:
+             device: torch.device, size: int | None, letterbox: bool | None, dialect: str = "alexeyab") -> Predictor:
     """The :class:`~bigbatch.inference.predictor.Predictor` of a cfg and its weights (see the module docstring)."""
     from bigbatch.darknet.detector import DarknetDetector
     from bigbatch.darknet.models import darknet_network, load_darknet_weights
@@ -72,18 +75,23 @@ def load_cfg(cfg_path: Path, weights: str | os.PathLike | None, names: str | os.
 
     if weights is None:
         raise UserError(f"--weights: a Darknet .cfg ({cfg_path}) needs its weights (--weights W.weights)")
-    network = darknet_network(str(cfg_path), None, size, key="--from")
+    if dialect not in DIALECTS:
+        raise UserError(f"--darknet-dialect: expected {' or '.join(DIALECTS)}, not {dialect!r}")
+    network = darknet_network(str(cfg_path), None, size, key="--from", dialect=dialect)
     specs = network.cfg.yolo_layers
     if not specs:
         raise UserError(f"--from: {cfg_path} has no [yolo] layer: bigbatch predicts with Darknet YOLO detectors")
     load_darknet_weights(network, weights, key="--weights")
     classes = class_names(names, specs[-1].classes)
     module = DarknetDetector(network).to(device).eval()
-    letter = letterbox if letterbox is not None else cfg_letter_box(network.cfg)
-    nms_kind, beta_nms = cfg_nms(specs)  # detector test takes the last [yolo] layer's
+    if dialect == "pjreddie":  # its test_detector: letterbox_image, do_nms_sort, -thresh .5
+        letter, (nms_kind, beta_nms), conf = True if letterbox is None else letterbox, ("default", 0.6), 0.5
+    else:  # AlexeyAB's: resize_image unless letter_box=1, the last [yolo] layer's NMS kind, -thresh .25
+        letter = letterbox if letterbox is not None else cfg_letter_box(network.cfg)
+        (nms_kind, beta_nms), conf = cfg_nms(specs), CONF
     shape = network.input_shape
     pipeline = DarknetTestDetection((shape.height, shape.width), letter, nms_kind, beta_nms)
-    settings = Settings(conf=CONF, iou=NMS, max_det=module.detections_per_image, batch=1)
+    settings = Settings(conf=conf, iou=NMS, max_det=module.detections_per_image, batch=1)
     return Predictor(module, classes, pipeline, settings, f"{weights} on {cfg_path}")
 
 

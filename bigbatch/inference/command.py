@@ -42,6 +42,7 @@ class PredictArgs:
     batch: int | None = None
     device: str | None = None
     vid_stride: int = 1
+    darknet_dialect: str | None = None
     overrides: list[str] | None = None
 
 
@@ -75,7 +76,7 @@ def predict(args: PredictArgs) -> list[str]:
 
         require_video()
     model = load(args.model, weights=args.weights, weights_from=args.weights_from, names=args.names,
-                 device=args.device, size=args.size, overrides=args.overrides)
+                 device=args.device, size=args.size, overrides=args.overrides, dialect=args.darknet_dialect)
     outputs = Outputs(args.out, model.classes, model.task, txt=args.txt, save_images=args.save_images,
                       coco=args.coco, annotations=args.annotations)
     settings = model.settings_with(conf=args.conf, iou=args.iou, max_det=args.max_det, top_k=args.top_k,

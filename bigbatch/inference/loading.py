@@ -34,10 +34,12 @@ CONF = 0.25
 
 def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, weights_from: str | None = None,
          names: str | os.PathLike | None = None, device: str | torch.device | None = None,
-         size: int | None = None, letterbox: bool | None = None, overrides: list[str] | None = None) -> Predictor:
+         size: int | None = None, letterbox: bool | None = None, overrides: list[str] | None = None,
+         dialect: str | None = None) -> Predictor:
     """A :class:`~bigbatch.inference.predictor.Predictor` for ``source`` (see the module docstring): a run directory,
     a bigbatch checkpoint, or a Darknet ``.cfg`` (with ``weights``, ``names``, ``size``, ``letterbox``: None for the
-    cfg's ``letter_box``). ``device``: ``cuda`` where there is one, else ``cpu``. ``overrides``: ``--set`` overrides
+    cfg's ``letter_box``; ``dialect``: ``alexeyab``, the default, or ``pjreddie``, whose ``detector test`` it
+    follows). ``device``: ``cuda`` where there is one, else ``cpu``. ``overrides``: ``--set`` overrides
     of a run's config (as ``bigbatch eval`` takes them)."""
     path = Path(source)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -49,10 +51,15 @@ def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, we
     if path.suffix.lower() in MODEL_FILES.names():
         if weights_from is not None:
             raise UserError("--weights-from: chooses a run's weights; a .cfg takes --weights W.weights")
-        return MODEL_FILES.get(path.suffix.lower()).obj(path, weights, names, device, size, letterbox)
-    if weights is not None or names is not None:
-        what = "--weights" if weights is not None else "--names"
-        raise UserError(f"{what}: for a Darknet .cfg; a run or checkpoint carries its weights and class names")
+        if overrides:
+            raise UserError("--set: overrides a run's config; a .cfg takes --size, --weights and --names")
+        return MODEL_FILES.get(path.suffix.lower()).obj(path, weights, names, device, size, letterbox,
+                                                        dialect or "alexeyab")
+    for key, value in (("--weights", weights), ("--names", names), ("--darknet-dialect", dialect)):
+        if value is not None:
+            raise UserError(f"{key}: for a Darknet .cfg; a run or checkpoint carries its weights and class names")
+    if size is not None or letterbox is not None:
+        raise UserError("--size: for a Darknet .cfg; a run predicts at its evaluation size (--set data.size=N)")
     return load_run(path, weights_from, device, overrides or [])
 
 

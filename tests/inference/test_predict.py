@@ -227,3 +227,21 @@ def test_a_darknet_cfg_with_its_weights_and_names_and_a_checkpoint_file(classifi
                          "--out", str(tmp_path / "from-file"))
     assert from_file.returncode == 0, from_file.stderr
     assert len(records(tmp_path / "from-file")) == 3
+
+
+def test_the_pjreddie_dialect_follows_its_detector_test_and_run_options_are_refused_for_a_cfg(tmp_path):
+    import bigbatch
+    from bigbatch.config import RECIPES_DIR
+    from bigbatch.errors import UserError
+
+    cfg = RECIPES_DIR / "yolov4-tiny-shapes.cfg"  # nms_kind=greedynms, no letter_box
+    weights = tmp_path / "net.weights"
+    assert run_main("export", str(cfg), "--darknet-weights", str(weights)).returncode == 0
+    alexeyab = bigbatch.load(cfg, weights=weights, size=64, device="cpu")
+    assert (alexeyab.pipeline.letter, alexeyab.pipeline.nms_kind, alexeyab.settings.conf) == (False, "greedynms", 0.25)
+    pjreddie = bigbatch.load(cfg, weights=weights, size=64, device="cpu", dialect="pjreddie")
+    assert (pjreddie.pipeline.letter, pjreddie.pipeline.nms_kind, pjreddie.settings.conf) == (True, "default", 0.5)
+    with pytest.raises(UserError, match="--set: overrides a run's config"):
+        bigbatch.load(cfg, weights=weights, overrides=["data.size=64"])
+    with pytest.raises(UserError, match="--weights: a Darknet .cfg .* needs its weights"):
+        bigbatch.load(cfg)
