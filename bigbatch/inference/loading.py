@@ -42,7 +42,12 @@ def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, we
     follows). ``device``: ``cuda`` where there is one, else ``cpu``. ``overrides``: ``--set`` overrides
     of a run's config (as ``bigbatch eval`` takes them)."""
     path = Path(source)
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as error:
+        raise UserError(f"--device: {device!r} is not a device ({error})") from None
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise UserError(f"--device: {device} is not on this machine ({torch.cuda.device_count()} CUDA devices)")
     if weights_from not in (None, "ema", "raw"):
         raise UserError(f"--weights-from: expected ema or raw, not {weights_from!r}")
     if path.suffix.lower() == ".onnx":
