@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from bigbatch.data.formats.encoded_images import DECODE_ERRORS
 from bigbatch.errors import UserError
 from bigbatch.inference.pipelines import Settings
 
@@ -95,7 +96,7 @@ class Predictor:
         for item in items:
             try:
                 prepared = self._prepare(item)
-            except (OSError, RuntimeError, ValueError) as error:
+            except DECODE_ERRORS as error:
                 yield item, Unreadable(item, _reason(error))
                 continue
             pending.append((item, *prepared))

@@ -143,7 +143,7 @@ def test_the_training_state_round_trips_through_a_checkpoint(tmp_path):
     saved, loaded = state.state_dict(), other.state_dict()
     for key in ("model", "optimizer", "ema", "scaler", "data", "best", "config"):
         assert str(saved[key]) == str(loaded[key]), key
-    assert sorted(saved) == sorted(checkpoint.RESUME_KEYS + ("ema", "hooks"))  # hooks: what the hooks learned
+    assert sorted(saved) == sorted(checkpoint.RESUME_KEYS + ("ema", "hooks", "classes"))  # hooks: what they learned
 
 
 def test_a_run_written_before_the_training_state_existed_resumes(tmp_path):
