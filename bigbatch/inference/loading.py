@@ -28,6 +28,9 @@ from bigbatch.inference.pipelines import EvalClassification, EvalDetection, Sett
 from bigbatch.inference.predictor import Predictor
 from bigbatch.registry import MODEL_FILES
 
+MAX_CLASSES = 2**16
+"""The most class names a checkpoint may give (a Darknet names file's bound), checked before a model is built for them:
+each is an output of the model's head."""
 CONF = 0.25
 """The lowest score kept by default (Darknet's ``detector test -thresh``, Ultralytics' ``conf``)."""
 
@@ -76,6 +79,7 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
     from bigbatch.engine.state import load_weights
     from bigbatch.largebatch.ema import counted_weights
     from bigbatch.registry import TASKS
+    from bigbatch.telemetry.capacity import check_capacity
 
     if not path.exists():
         raise UserError(f"--from: {path} does not exist (expected a run directory, a checkpoint or a Darknet .cfg)")
@@ -91,8 +95,12 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"weights": None})})  # the checkpoint's
     task = TASKS.get(cfg.task).obj
     classes = state.get("classes")
-    if not (isinstance(classes, list) and all(isinstance(name, str) for name in classes)):
+    if classes is None:
         classes = _classes_from_data(cfg)
+    if not (isinstance(classes, list) and 1 <= len(classes) <= MAX_CLASSES
+            and all(isinstance(name, str) for name in classes)):
+        raise UserError(f"--from: {path}: 'classes' is not a list of 1 to {MAX_CLASSES:,} class names")
+    check_capacity(cfg)
     module = task.model_for(cfg, classes)
     if weights_from == "ema" and not isinstance(state.get("ema"), dict):
         raise UserError(f"--weights-from: {path} holds no EMA weights (the run kept none); use raw")

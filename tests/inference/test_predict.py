@@ -247,3 +247,15 @@ def test_the_pjreddie_dialect_follows_its_detector_test_and_run_options_are_refu
         bigbatch.load(cfg, weights=weights, overrides=["data.size=64"])
     with pytest.raises(UserError, match="--weights: a Darknet .cfg .* needs its weights"):
         bigbatch.load(cfg)
+
+
+def test_a_checkpoint_whose_class_names_are_not_a_short_list_of_names_is_refused(classifier, tmp_path):
+    import bigbatch
+    from bigbatch.errors import UserError
+
+    run, _ = classifier
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    for classes in (["a"] * (2**16 + 1), "abc", [1, 2, 3], []):
+        torch.save({**state, "classes": classes}, tmp_path / "bad.pt")
+        with pytest.raises(UserError, match="'classes' is not a list of 1 to 65,536 class names"):
+            bigbatch.load(tmp_path / "bad.pt", device="cpu")
