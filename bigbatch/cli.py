@@ -162,6 +162,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write only the first N layers' weights (a backbone, as `darknet partial` writes)")
     export.add_argument("--seed", type=count, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
                         "fresh network (default: %(default)s)")
+    export.add_argument("--format", choices=("onnx", "torchscript"), help="write the model for another runtime "
+                        "(any classifier, a Darknet detector), checked in it first: ONNX (onnxruntime) or TorchScript")
+    export.add_argument("--out", type=Path, metavar="FILE", help="with --format: the file to write (*.onnx, "
+                        "*.torchscript; a new file)")
+    export.add_argument("--names", type=Path, metavar="FILE", help="with --format and a .cfg: the class names (a "
+                        ".names or .data file)")
+    export.add_argument("--size", type=count, help="with --format and a .cfg: the input side (default: its [net])")
+    export.add_argument("--dynamic-batch", action="store_true", help="with --format: a free batch dimension")
+    export.add_argument("--opset", type=count, help="with --format onnx: the ONNX opset (default: 18)")
+    export.add_argument("--check", type=count, default=8, help="with --format: images the check runs (default: "
+                        "%(default)s; 0: no check)")
+    export.add_argument("--check-images", nargs="+", metavar="SOURCE", help="with --format: the images the check "
+                        "runs (default: a run's validation images; random ones for a .cfg)")
 
     show = sub.add_parser("show", help="print the resolved config and the batch plan")
     _add_config_args(show)
@@ -465,6 +478,24 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.format is not None:
+        from bigbatch.inference.export import CheckFailed, export_model
+
+        if args.out is None or args.darknet_weights is not None or args.checkpoint is not None:
+            raise UserError("--format: writes one file, --out FILE (not --darknet-weights or --checkpoint)")
+        try:
+            lines = export_model(args.source, args.format, args.out, args.weights, args.names, args.size,
+                                 args.dynamic_batch, args.opset, args.check, args.check_images)
+        except CheckFailed as failed:
+            print(f"error: {failed}", file=sys.stderr)
+            return 1
+        for line in lines:
+            print(line)
+        return 0
+    given = [key for key, value in (("--out", args.out), ("--names", args.names), ("--size", args.size),
+                                    ("--opset", args.opset), ("--check-images", args.check_images)) if value]
+    if given or args.dynamic_batch:
+        raise UserError(f"{given[0] if given else '--dynamic-batch'}: goes with --format onnx|torchscript")
     from bigbatch.darknet.export import export
 
     for line in export(args.source, args.darknet_weights, args.checkpoint, args.weights, args.seed, args.upto):

@@ -132,6 +132,14 @@ class ControllerInfo(Info):
 
 
 @dataclass(frozen=True)
+class ModelFileInfo(Info):
+    rebuild: Callable[[dict, Any, list], Any] | None = None
+    """rebuild(origin, network, classes) -> the ``Predictor`` an exported file stands for (``bigbatch export``):
+    ``origin`` is what the predictor's ``origin`` held when it was exported, ``network`` the file's runtime in place
+    of the part exported."""
+
+
+@dataclass(frozen=True)
 class NoInfo(Info):
     """A registry whose parts register no facts (hooks declare their stage on the class)."""
 
@@ -328,9 +336,9 @@ BATCH_CONTROLLERS = Registry("batch controller", "", ("bigbatch.engine.controlle
 CONFIG_FORMATS = Registry("config format", "", ("bigbatch.darknet.recipe",))
 """Config files other than YAML, by suffix (``.cfg``): obj(path) -> the config as a dict, as YAML would give it;
 a mistake in the file is a ``UserError`` naming it."""
-MODEL_FILES = Registry("model file", "--from", ("bigbatch.darknet.predict",))
+MODEL_FILES = Registry("model file", "--from", ("bigbatch.darknet.predict",), ModelFileInfo)
 """Models ``bigbatch predict`` and ``bigbatch.load`` take besides runs and checkpoints, by suffix (``.cfg``):
-obj(path, weights, names, device, size, letterbox) -> an ``inference.predictor.Predictor``."""
+obj(path, weights, names, device, size, letterbox, dialect) -> an ``inference.predictor.Predictor``."""
 
 
 def did_you_mean(word: object, choices: list[str]) -> str:

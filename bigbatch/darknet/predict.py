@@ -26,7 +26,7 @@ from bigbatch.inference.predictor import Predictor
 from bigbatch.registry import MODEL_FILES
 
 CONF = 0.25
-"""AlexeyAB's ``detector test``'s default ``-thresh`` (pjreddie's: 0.5)."""
+"""AlexeyAB's ``detector test``'s default ``-thresh`` (pjreddie's: 0.5); ``inference/pipelines.py``'s default too."""
 DIALECTS = ("alexeyab", "pjreddie")
 NMS = 0.45
 """``detector test``'s NMS threshold (``float nms = .45``)."""
@@ -92,7 +92,33 @@ def load_cfg(cfg_path: Path, weights: str | os.PathLike | None, names: str | os.
     shape = network.input_shape
     pipeline = DarknetTestDetection((shape.height, shape.width), letter, nms_kind, beta_nms)
     settings = Settings(conf=conf, iou=NMS, max_det=module.detections_per_image, batch=1)
-    return Predictor(module, classes, pipeline, settings, f"{weights} on {cfg_path}")
+    from bigbatch.darknet.cfg_edit import cfg_text_of
+
+    origin = {"kind": ".cfg", "cfg": cfg_text_of(network.cfg, f"# exported from {cfg_path.name}"),
+              "net_size": [shape.height, shape.width], "letter": letter, "nms_kind": nms_kind, "beta_nms": beta_nms,
+              "conf": conf, "dialect": dialect}
+    return Predictor(module, classes, pipeline, settings, f"{weights} on {cfg_path}", origin)
+
+
+def rebuild(origin: dict[str, Any], network: nn.Module, classes: list[str]) -> Predictor:
+    """The predictor an exported Darknet network stands for (``MODEL_FILES``' ``rebuild``): its cfg (kept in the
+    file) built on the meta device for its ``[yolo]`` specs, the file's runtime in place of its network, and
+    ``detector test``'s preprocessing and NMS as they were when it was exported."""
+    import tempfile
+
+    from bigbatch.darknet.detector import DarknetDetector
+    from bigbatch.darknet.models import darknet_network
+
+    net_h, net_w = origin["net_size"]
+    with tempfile.TemporaryDirectory() as folder, torch.device("meta"):
+        cfg_file = Path(folder) / "exported.cfg"
+        cfg_file.write_text(origin["cfg"])
+        skeleton = darknet_network(str(cfg_file), None, None, key="--from", dialect=origin["dialect"])
+    network.yolo_heads = skeleton.yolo_heads  # the specs' places in the outputs, read by DarknetDetector.specs
+    module = DarknetDetector(network).eval()
+    pipeline = DarknetTestDetection((net_h, net_w), origin["letter"], origin["nms_kind"], origin["beta_nms"])
+    settings = Settings(conf=origin["conf"], iou=NMS, max_det=module.detections_per_image, batch=1)
+    return Predictor(module, classes, pipeline, settings, "", origin)
 
 
 def class_names(names: str | os.PathLike | None, classes: int) -> list[str]:
@@ -109,4 +135,4 @@ def class_names(names: str | os.PathLike | None, classes: int) -> list[str]:
     return found
 
 
-MODEL_FILES.register(".cfg", load_cfg)
+MODEL_FILES.register(".cfg", load_cfg, rebuild=rebuild)

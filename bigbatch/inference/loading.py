@@ -24,15 +24,16 @@ from typing import Any
 import torch
 
 from bigbatch.errors import UserError
-from bigbatch.inference.pipelines import EvalClassification, EvalDetection, Settings, own_thresholds
+from bigbatch.inference.pipelines import CONF, EvalClassification, EvalDetection, Settings, own_thresholds
 from bigbatch.inference.predictor import Predictor
 from bigbatch.registry import MODEL_FILES
+
+EXPORTED_SUFFIXES = (".onnx", ".torchscript")
+"""Files ``bigbatch export --format onnx|torchscript`` writes, run in their own runtime (``inference/runtime.py``)."""
 
 MAX_CLASSES = 2**16
 """The most class names a checkpoint may give (a Darknet names file's bound), checked before a model is built for them:
 each is an output of the model's head."""
-CONF = 0.25
-"""The lowest score kept by default (Darknet's ``detector test -thresh``, Ultralytics' ``conf``)."""
 
 
 def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, weights_from: str | None = None,
@@ -53,9 +54,13 @@ def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, we
         raise UserError(f"--device: {device} is not on this machine ({torch.cuda.device_count()} CUDA devices)")
     if weights_from not in (None, "ema", "raw"):
         raise UserError(f"--weights-from: expected ema or raw, not {weights_from!r}")
-    if path.suffix.lower() == ".onnx":
-        raise UserError(f"--from: {path} is an ONNX file; predicting from ONNX comes with bigbatch export --format "
-                        "onnx, which this version does not have yet: give the run directory or checkpoint")
+    if path.suffix.lower() in EXPORTED_SUFFIXES:
+        if any(v is not None for v in (weights, names, weights_from, size, letterbox, dialect)) or overrides:
+            raise UserError(f"--from: {path} is an exported model: it carries its weights, classes and preprocessing "
+                            "(no --weights, --names, --weights-from, --size, --darknet-dialect or --set)")
+        from bigbatch.inference.runtime import load_exported
+
+        return load_exported(path, device)
     if path.suffix.lower() in MODEL_FILES.names():
         if weights_from is not None:
             raise UserError("--weights-from: chooses a run's weights; a .cfg takes --weights W.weights")
@@ -78,7 +83,7 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
     from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
     from bigbatch.engine.state import load_weights
     from bigbatch.largebatch.ema import counted_weights
-    from bigbatch.registry import TASKS
+    from bigbatch.registry import MODELS, TASKS
     from bigbatch.telemetry.capacity import check_capacity
 
     if not path.exists():
@@ -112,12 +117,15 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
     load_weights(module, chosen, "model")
     module.to(device)
     described = f"{'EMA' if use_ema else 'raw'} weights of {path} (step {state['step']})"
+    keeps = MODELS.get(cfg.model.name).info.get("keeps") or {}
+    origin = {"kind": "run", "config": cfg.model_dump(mode="json"),
+              "kept": {key: text_of(module) for key, text_of in keeps.items()}}
     if cfg.task == "detection":
         thresholds = own_thresholds(module)
         settings = Settings(conf=CONF, iou=thresholds["iou"], max_det=thresholds["max_det"], batch=cfg.eval.batch)
-        return Predictor(module, classes, EvalDetection(task.image_input(cfg)), settings, described)
+        return Predictor(module, classes, EvalDetection(task.image_input(cfg)), settings, described, origin)
     settings = Settings(conf=CONF, iou=0.0, max_det=1, batch=cfg.eval.batch)
-    return Predictor(module, classes, EvalClassification(task.image_input(cfg)), settings, described)
+    return Predictor(module, classes, EvalClassification(task.image_input(cfg)), settings, described, origin)
 
 
 def _classes_from_data(cfg: Any) -> list[str]:

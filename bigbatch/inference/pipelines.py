@@ -26,6 +26,9 @@ from torchvision import tv_tensors
 
 from bigbatch.data.pipeline.images import decode_rgb
 
+CONF = 0.25
+"""The lowest score kept by default (Darknet's ``detector test -thresh``, Ultralytics' ``conf``)."""
+
 
 @dataclass
 class Settings:

@@ -51,7 +51,7 @@ class Predictor:
     """A model, its class names and its preprocessing (a pipeline of ``inference/pipelines.py``), on a device."""
 
     def __init__(self, module: nn.Module, classes: list[str], pipeline: Any, settings: Settings,
-                 source: str) -> None:
+                 source: str, origin: dict[str, Any] | None = None) -> None:
         self.module = module.eval()
         self.classes = list(classes)
         self.pipeline = pipeline
@@ -59,6 +59,9 @@ class Predictor:
         """The defaults of ``predict`` (``--conf``, ``--iou``, ``--max-det``, ``--batch``)."""
         self.source = source
         """Where the weights came from, for a message ("EMA weights of runs/x/checkpoints/last.pt")."""
+        self.origin = origin or {}
+        """What rebuilds this predictor around an exported graph (``inference/export.py``): a run's config and the
+        files it kept, or a model file's own (a Darknet cfg's text and how ``detector test`` runs it)."""
 
     @property
     def task(self) -> str:

@@ -102,7 +102,7 @@ def test_outputs_unreadable_images_and_a_second_predict_into_the_same_folder(cla
     (["{photos}/val", "--txt"], "--txt: writes detections; the model is a classifier"),
     (["{photos}/val", "--conf", "1.5"], "--conf: expected a number in [0, 1], got 1.5"),
     (["{photos}/val", "--weights", "x.weights"], "--weights: for a Darknet .cfg"),
-    (["{photos}/val", "--from", "model.onnx"], "ONNX"),
+    (["{photos}/val", "--from", "model.onnx"], "--from: model.onnx does not exist"),
     (["{photos}/val", "--device", "cuda:7"], "--device: cuda:7 is not on this machine"),
     (["{photos}/val", "--device", "toaster"], "--device: 'toaster' is not a device"),
     (["{photos}/val", "--coco", "{photos}/val/china/000.jpg"], "--coco: "),

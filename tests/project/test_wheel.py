@@ -218,7 +218,14 @@ SKIPPED = {
         "bigbatch report RUN [RUN ...] [--out FILE.html]",
         "bigbatch predict IMAGES|FOLDER|LIST|VIDEO --from RUN|CHECKPOINT|NET.cfg # run a model on your own images",
         "bigbatch predict SOURCE... --from RUN|CHECKPOINT|NET.cfg [--out DIR] [--coco FILE.json] [--txt] "
-        "[--save-images]")},
+        "[--save-images]",
+        "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg --format onnx|torchscript --out FILE [--check N] "
+        "[--dynamic-batch]")},
+    "bigbatch export runs/digits --format onnx --out digits.onnx":
+        "the optional export extra (onnx, onnxscript, onnxruntime); tests/inference/test_export.py exports runs and "
+        "predicts from the files through the same commands",
+    "bigbatch predict my_digit.png --from digits.onnx # onnxruntime: the same records as --from runs/digits":
+        "the reader's own image and the ONNX file above; tests/inference/test_export.py predicts from exported files",
     "bigbatch predict my_digit.png photos/ 'more/**/*.jpg' list.txt clip.mp4 --from runs/digits --out predictions":
         "the reader's own images; tests/inference/test_predict.py predicts on each kind of source (an image, a "
         "folder, a list, a video) through the same command",

@@ -1,0 +1,135 @@
+"""``bigbatch export --format onnx|torchscript``: the file is checked in its runtime before it is written, carries
+what ``predict`` needs, and predicts as the PyTorch model does (a classifier's run, a Darknet detector's run, a Darknet
+cfg with its weights); the refusals (an existing or misnamed file, a missing extra, a failed check, a torchvision
+detector)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import run_main, write_photo_folder
+
+SHORT = ["steps=2", "batch=16", "subdivisions=1", "log.tensorboard=false", "eval.every=2", "checkpoint.every=2",
+         "schedule.warmup=[]"]
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "digits"
+    result = run_main("train", "digits", "--out", str(out), "--set", *SHORT, "data.size=16", "model.width=4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return write_photo_folder(tmp_path_factory.mktemp("photos") / "set", train=1, val=1)
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+
+def same_records(a: list[dict], b: list[dict], tolerance: float = 1e-5) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if "top" in x:
+            assert [t["class_id"] for t in x["top"]] == [t["class_id"] for t in y["top"]]
+            assert [t["probability"] for t in x["top"]] == pytest.approx([t["probability"] for t in y["top"]],
+                                                                         abs=tolerance)
+        else:
+            assert [d["class_id"] for d in x["detections"]] == [d["class_id"] for d in y["detections"]]
+            for d, e in zip(x["detections"], y["detections"], strict=True):
+                assert d["box"] == pytest.approx(e["box"], abs=1e-2) and d["score"] == pytest.approx(e["score"],
+                                                                                                      abs=tolerance)
+
+
+@pytest.mark.parametrize("fmt", [pytest.param("onnx", marks=pytest.mark.slow), "torchscript"])
+def test_a_classifier_exports_checked_and_predicts_as_its_run(digits_run, photos, tmp_path, fmt):
+    """(ONNX's dynamo export takes ~10 s on 2 cores: the suite exports to ONNX once, a Darknet run below.)"""
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+    out = tmp_path / f"digits.{fmt}"
+    result = run_main("export", str(digits_run), "--format", fmt, "--out", str(out), "--check", "4")
+    assert result.returncode == 0, result.stderr
+    assert f"{fmt} written to {out}" in result.stdout and "checked in" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no temporary file left
+    for source, folder in ((out, "exported"), (digits_run, "torch")):
+        assert run_main("predict", str(photos / "val"), "--from", str(source), "--out",
+                        str(tmp_path / folder)).returncode == 0
+    same_records(records(tmp_path / "exported"), records(tmp_path / "torch"))
+    again = run_main("export", str(digits_run), "--format", fmt, "--out", str(out))
+    assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_a_darknet_run_exports_to_onnx_and_predicts_as_itself(tmp_path):
+    pytest.importorskip("onnxruntime")
+    shapes = tmp_path / "shapes"
+    assert run_main("data", "shapes", "--out", str(shapes), "--images", "10", "--format", "yolo").returncode == 0
+    run = tmp_path / "yolo"
+    result = run_main("train", "yolov3-tiny-shapes", "--out", str(run), "--set", "data.name=yolo",
+                      f"data.path={shapes / 'shapes.data'}", "data.size=64", "data.multiscale.sizes=null", "batch=4",
+                      "eval.batch=4", *SHORT[:1], *SHORT[3:])
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = tmp_path / "yolo.onnx"
+    exported = run_main("export", str(run), "--format", "onnx", "--out", str(out), "--check", "2")
+    assert exported.returncode == 0, exported.stderr
+    for source, folder in ((out, "exported"), (run, "torch")):
+        assert run_main("predict", str(shapes / "val"), "--from", str(source), "--out", str(tmp_path / folder),
+                        "--conf", "0.001").returncode == 0
+    same_records(records(tmp_path / "exported"), records(tmp_path / "torch"))
+    assert sum(len(r["detections"]) for r in records(tmp_path / "torch")) > 0
+
+
+def test_a_darknet_cfg_exports_with_its_detector_test_settings(tmp_path):
+    from bigbatch.config import RECIPES_DIR
+
+    cfg = RECIPES_DIR / "yolov4-tiny-shapes.cfg"
+    weights = tmp_path / "net.weights"
+    assert run_main("export", str(cfg), "--darknet-weights", str(weights), "--seed", "2").returncode == 0
+    out = tmp_path / "net.torchscript"
+    result = run_main("export", str(cfg), "--weights", str(weights), "--size", "64", "--format", "torchscript",
+                      "--out", str(out), "--check", "2")
+    assert result.returncode == 0, result.stderr
+    assert "random images of 64x64" in result.stderr
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (90, 50), (200, 120, 40)).save(image)
+    for source, extra, folder in ((out, [], "exported"), (cfg, ["--weights", str(weights), "--size", "64"], "torch")):
+        done = run_main("predict", str(image), "--from", str(source), *extra, "--conf", "0.01", "--out",
+                        str(tmp_path / folder))
+        assert done.returncode == 0, done.stderr
+    same_records(records(tmp_path / "exported"), records(tmp_path / "torch"))
+
+
+def test_refusals_a_misnamed_file_a_missing_extra_a_failed_check(digits_run, tmp_path, monkeypatch):
+    from bigbatch.inference import export
+
+    wrong = run_main("export", str(digits_run), "--format", "onnx", "--out", str(tmp_path / "m.pt"))
+    assert wrong.returncode == 2 and "*.onnx" in wrong.stderr
+    alone = run_main("export", str(digits_run), "--out", str(tmp_path / "m.onnx"))
+    assert alone.returncode == 2 and "--out: goes with --format" in alone.stderr
+    monkeypatch.setitem(sys.modules, "onnxscript", None)
+    missing = run_main("export", str(digits_run), "--format", "onnx", "--out", str(tmp_path / "m.onnx"))
+    assert missing.stderr == ("error: export --format onnx needs the optional 'export' extra: "
+                              "pip install 'bigbatch[export]'\n")
+    monkeypatch.setattr(export, "TOLERANCE", -1.0)  # every difference, even 0, is too large
+    failed = run_main("export", str(digits_run), "--format", "torchscript", "--out", str(tmp_path / "m.torchscript"))
+    assert failed.returncode == 1 and "more than -1: not written" in failed.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_torchvision_detector_is_refused_in_one_line():
+    from bigbatch.errors import UserError
+    from bigbatch.inference.export import exported_part
+    from bigbatch.inference.pipelines import EvalDetection, Settings
+    from bigbatch.inference.predictor import Predictor
+
+    model = Predictor(torch.nn.Conv2d(3, 3, 1), ["a"], EvalDetection(None), Settings(0.25, 0.5, 100), "test")
+    with pytest.raises(UserError, match="torchvision's detectors are not exported yet"):
+        exported_part(model)
