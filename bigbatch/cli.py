@@ -272,7 +272,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from bigbatch.engine.eval_checkpoint import evaluate_checkpoint
+    from bigbatch.inference.loading import EXPORTED_SUFFIXES
 
+    if args.checkpoint.suffix.lower() in EXPORTED_SUFFIXES:
+        from bigbatch.inference.runtime import evaluate_exported
+
+        evaluate_exported(args.checkpoint, args.overrides, args.save_detections)
+        return 0
     evaluate_checkpoint(args.checkpoint, args.overrides, args.save_detections)
     return 0
 

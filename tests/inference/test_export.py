@@ -133,3 +133,17 @@ def test_a_torchvision_detector_is_refused_in_one_line():
     model = Predictor(torch.nn.Conv2d(3, 3, 1), ["a"], EvalDetection(None), Settings(0.25, 0.5, 100), "test")
     with pytest.raises(UserError, match="torchvision's detectors are not exported yet"):
         exported_part(model)
+
+
+def test_eval_of_an_exported_run_is_the_checkpoints(digits_run, tmp_path):
+    """``eval MODEL.torchscript`` on the run's validation set: the checkpoint's top-1 and loss (within 0.001)."""
+    out = tmp_path / "digits.torchscript"
+    assert run_main("export", str(digits_run), "--format", "torchscript", "--out", str(out), "--check", "2"
+                    ).returncode == 0
+    result = run_main("eval", str(out))
+    assert result.returncode == 0, result.stderr
+    assert run_main("eval", str(digits_run)).returncode == 0
+    exported = json.loads((tmp_path / "digits.eval.json").read_text())
+    checkpoint = json.loads((digits_run / "eval-last.json").read_text())
+    assert exported["images"] == checkpoint["images"] == 360
+    assert abs(exported["top1"] - checkpoint["top1"]) <= 0.001 and abs(exported["loss"] - checkpoint["loss"]) <= 1e-3
