@@ -162,8 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write only the first N layers' weights (a backbone, as `darknet partial` writes)")
     export.add_argument("--seed", type=count, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
                         "fresh network (default: %(default)s)")
-    export.add_argument("--format", choices=("onnx", "torchscript"), help="write the model for another runtime "
-                        "(any classifier, a Darknet detector), checked in it first: ONNX (onnxruntime) or TorchScript")
+    export.add_argument("--format", choices=("onnx", "torchscript", "openvino", "tensorrt"),
+                        help="write the model for another runtime (any classifier, a Darknet detector), checked in it "
+                        "first: onnx (onnxruntime), torchscript; openvino and tensorrt are not written yet")
     export.add_argument("--out", type=Path, metavar="FILE", help="with --format: the file to write (*.onnx, "
                         "*.torchscript; a new file)")
     export.add_argument("--names", type=Path, metavar="FILE", help="with --format and a .cfg: the class names (a "

@@ -61,6 +61,15 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     from bigbatch.floor.outputs import check_output_file
     from bigbatch.inference.loading import load
 
+    if fmt == "tensorrt":
+        import torch.cuda
+
+        found = torch.cuda.is_available()
+        raise UserError("--format tensorrt: needs a CUDA device and the tensorrt package" + (
+            "; TensorRT engines are not written by this version yet" if found else " (no CUDA device here)"))
+    if fmt == "openvino":
+        raise UserError("--format openvino: not written by this version yet; export --format onnx, which OpenVINO "
+                        "reads (openvino.convert_model)")
     if fmt not in FORMATS:
         raise UserError(f"--format: expected one of {', '.join(FORMATS)}, not {fmt!r}")
     if out.suffix.lower() != FORMATS[fmt]:
