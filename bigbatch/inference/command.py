@@ -77,6 +77,9 @@ def predict(args: PredictArgs) -> list[str]:
         require_video()
     model = load(args.model, weights=args.weights, weights_from=args.weights_from, names=args.names,
                  device=args.device, size=args.size, overrides=args.overrides, dialect=args.darknet_dialect)
+    if args.iou is not None and getattr(model.module, "fixed_thresholds", False):
+        raise UserError(f"--iou: {args.model}'s NMS threshold was fixed when it was exported "
+                        f"({model.settings.iou}); export again from the run to change it")
     outputs = Outputs(args.out, model.classes, model.task, txt=args.txt, save_images=args.save_images,
                       coco=args.coco, annotations=args.annotations)
     settings = model.settings_with(conf=args.conf, iou=args.iou, max_det=args.max_det, top_k=args.top_k,

@@ -7,14 +7,16 @@ run's evaluation transform, or Darknet's ``detector test`` preprocessing, applie
 - a classifier (``small_cnn``, torchvision's and timm's, a Darknet classifier): the logits ``[N, classes]``;
   Inception's auxiliary head is not in the graph (eval mode);
 - a Darknet detector (a run of ``model.name: darknet``, or a ``.cfg`` with ``--weights``): the network's raw outputs,
-  the input of each ``[yolo]`` layer; ``predict`` decodes them as it decodes the PyTorch model's.
-
-torchvision's detectors (FCOS, Faster R-CNN...) are refused in one line: their decoding depends on the data, and
-their raw heads are not exported yet.
+  the input of each ``[yolo]`` layer; ``predict`` decodes them as it decodes the PyTorch model's;
+- a torchvision detector (``small_detector``, FCOS, RetinaNet, Faster R-CNN, SSD): the whole detector on one image of
+  any size, normalisation, decoding and NMS included, at the thresholds it evaluates with (``DetectorGraph``):
+  torchvision traces its detectors' data-dependent steps for the TorchScript-based ONNX exporter, which is used for
+  them (``dynamo=False``, opset 17; ONNX only). Its answers are the PyTorch model's one image at a time: a batch of
+  several pads each image to the largest, which moves a detector's outputs slightly.
 
 - **ONNX**: ``torch.onnx.export(dynamo=True)``, torch 2.14's default exporter (``torch.export``, then onnxscript), at
   opset 18 (``--opset``: 18 to :data:`MAX_OPSET`); ``--dynamic-batch`` leaves the batch dimension free.
-- **TorchScript**: ``torch.jit.trace``.
+- **TorchScript**: ``torch.jit.trace`` (classifiers and Darknet networks).
 
 The file's metadata (ONNX ``metadata_props``, TorchScript's extra files) holds ``bigbatch.json``: the task, the class
 names, the input shape and what rebuilds the predictor around the graph (``inference/runtime.py``), so that
@@ -62,8 +64,6 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     from bigbatch.inference.loading import load
 
     if fmt == "tensorrt":
-        import torch.cuda
-
         found = torch.cuda.is_available()
         raise UserError("--format tensorrt: needs a CUDA device and the tensorrt package" + (
             "; TensorRT engines are not written by this version yet" if found else " (no CUDA device here)"))
@@ -83,21 +83,30 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     if fmt == "onnx":
         _require_onnx()
     model = load(source, weights=weights, names=names, size=size, device="cpu")
-    graph = exported_part(model)
-    inputs = check_inputs(model, source, check_images, max(check, 1))
-    example = inputs[:1] if not dynamic_batch else inputs[:2]
-    metadata = json.dumps({"format": METADATA_FORMAT, "task": model.task, "classes": model.classes,
-                           "input": list(inputs.shape[1:]), "batch": None if dynamic_batch else 1,
-                           "origin": model.origin,
-                           "exporter": f"torch.onnx.export(dynamo=True), opset {opset}" if fmt == "onnx"
-                           else "torch.jit.trace"})
+    graph, kind = exported_part(model, fmt)
+    if kind == "detector" and dynamic_batch:
+        raise UserError("--dynamic-batch: a torchvision detector's graph takes one image (of any size) at a time")
+    inputs = check_inputs(model, check_images, max(check, 1), same_size=kind != "detector")
+    example = torch.stack(inputs[:2] if dynamic_batch else inputs[:1]).float()
+    exporter = ("torch.onnx.export(dynamo=False), the TorchScript-based exporter, opset 17" if kind == "detector" else
+                f"torch.onnx.export(dynamo=True), opset {opset}") if fmt == "onnx" else "torch.jit.trace"
+    metadata = {"format": METADATA_FORMAT, "task": model.task, "classes": model.classes, "graph": kind,
+                "input": list(inputs[0].shape) if kind != "detector" else [3, None, None],
+                "batch": None if dynamic_batch else 1, "origin": model.origin, "exporter": exporter}
+    if kind == "detector":
+        from bigbatch.inference.pipelines import own_thresholds
+
+        metadata["thresholds"] = own_thresholds(model.module)
+    metadata = json.dumps(metadata)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
-        if fmt == "onnx":
+        if fmt == "onnx" and kind == "detector":
+            write_onnx_traced(graph, example, tmp, metadata)
+        elif fmt == "onnx":
             write_onnx(graph, example, tmp, metadata, opset, dynamic_batch)
         else:
             write_torchscript(graph, example, tmp, metadata)
-        worst = check_file(graph, tmp, fmt, inputs[:check] if check else inputs[:0], dynamic_batch)
+        worst = check_file(graph, tmp, fmt, inputs[:check], dynamic_batch)
         try:
             os.link(tmp, out)  # never over a file: one that appeared meanwhile stops it
         except FileExistsError:
@@ -106,8 +115,9 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
         if tmp.exists():
             tmp.unlink()  # the temporary name made above, by this process
     shown = f"{worst:.2e}" if check else "not checked (--check 0)"
+    shape = " x ".join(map(str, inputs[0].shape)) if kind != "detector" else "3 x H x W"
     return [f"{fmt} written to {out} ({out.stat().st_size:,} bytes; {model.task}, {len(model.classes)} classes, input "
-            f"{'N' if dynamic_batch else 1} x {' x '.join(map(str, inputs.shape[1:]))})",
+            f"{'N' if dynamic_batch else 1} x {shape}; {exporter})",
             f"checked in {'onnxruntime' if fmt == 'onnx' else 'TorchScript'} on {min(check, len(inputs))} images: "
             f"largest difference from PyTorch {shown} (max|a - b| / max|b|, at most {TOLERANCE:g})"]
 
@@ -121,20 +131,40 @@ def _require_onnx() -> None:
         raise UserError(MISSING.format(what="export --format onnx")) from None
 
 
-def exported_part(model: Predictor) -> nn.Module:
-    """The module the file holds: a classifier whole, a Darknet detector's network (see the module docstring)."""
+def exported_part(model: Predictor, fmt: str = "onnx") -> tuple[nn.Module, str]:
+    """(the module the file holds, its kind): a classifier whole (``logits``), a Darknet detector's network (``raw``:
+    its ``[yolo]`` inputs), a torchvision detector whole with its decoding (``detector``: ONNX only, see the module
+    docstring)."""
     if model.task == "classification":
-        return model.module.eval()
+        return model.module.eval(), "logits"
     network = getattr(model.module, "network", None)
-    if network is None:
-        raise UserError("--format: torchvision's detectors are not exported yet (their decoding depends on the data, "
-                        "and their raw heads are the next step); Darknet detectors and every classifier are")
-    return network.eval()
+    if network is not None:
+        return network.eval(), "raw"
+    if fmt != "onnx":
+        raise UserError(f"--format {fmt}: torchvision's detectors are exported to ONNX only (their decoding is traced "
+                        "by the TorchScript-based ONNX exporter)")
+    return DetectorGraph(model.module).eval(), "detector"
 
 
-def check_inputs(model: Predictor, source: Path, check_images: list[str] | None, count: int) -> torch.Tensor:
-    """``count`` inputs of the model, stacked: from ``check_images`` (any ``predict`` source), else a run's first
-    validation images as its evaluation reads them, else seeded random images of the input size."""
+class DetectorGraph(nn.Module):
+    """A torchvision detector (``models/detectors.py``'s ``Detector``) on one image ``[1, 3, H, W]`` in ``[0, 1]``,
+    with its normalisation, decoding and NMS at its own thresholds: (boxes XYXY in the input's pixels, scores,
+    labels ``0..C-1``)."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        found = self.detector([x[0]])[0]
+        return found["boxes"], found["scores"], found["labels"]
+
+
+def check_inputs(model: Predictor, check_images: list[str] | None, count: int, same_size: bool = True
+                 ) -> list[torch.Tensor]:
+    """``count`` inputs of the model: from ``check_images`` (any ``predict`` source), else a run's first validation
+    images as its evaluation reads them, else seeded random images of the input size; ``same_size``: all of one
+    size, as a graph of fixed size takes them."""
     import sys
 
     if check_images:
@@ -150,10 +180,12 @@ def check_inputs(model: Predictor, source: Path, check_images: list[str] | None,
               file=sys.stderr, flush=True)
         inputs = list(torch.rand(count, 3, height, width, generator=torch.Generator().manual_seed(0)))
     shapes = {tuple(x.shape) for x in inputs}
-    if len(shapes) != 1:
+    if same_size and len(shapes) != 1:
         raise UserError(f"export: the model's inputs differ in size ({sorted(shapes)[:3]}): an exported graph takes "
                         "one size (a letterboxed or cropped input)")
-    return torch.stack(inputs).float()
+    if not inputs:
+        raise UserError("--check-images: names no image")
+    return [x.float() for x in inputs]
 
 
 def _validation_inputs(model: Predictor, count: int) -> list[torch.Tensor] | None:
@@ -197,6 +229,38 @@ def write_onnx(graph: nn.Module, example: torch.Tensor, path: Path, metadata: st
     onnx.save(proto, str(path))
 
 
+def _in_one_order(found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A detector's (boxes, scores, labels) sorted by score (to 1e-5: ties broken alike on both sides), then label,
+    then box."""
+    import numpy as np
+
+    boxes, scores, labels = (t.detach().cpu().double() for t in found)
+    keys = [boxes[:, k].round(decimals=3).numpy() for k in (3, 2, 1, 0)]
+    order = np.lexsort([*keys, labels.numpy(), -scores.round(decimals=5).numpy()])
+    index = torch.from_numpy(order)
+    return [found[0][index], found[1][index], found[2][index]]
+
+
+def write_onnx_traced(graph: nn.Module, example: torch.Tensor, path: Path, metadata: str) -> None:
+    """A torchvision detector with its decoding, by the TorchScript-based exporter (torchvision traces its detectors'
+    data-dependent steps for it: the number of candidates, NMS), at opset 17, the image's height and width free."""
+    import contextlib
+    import io
+    import warnings
+
+    import onnx
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")  # the tracer's warnings on torchvision's own ONNX paths
+        torch.onnx.export(graph, (example,), str(path), dynamo=False, opset_version=17, input_names=["images"],
+                          output_names=["boxes", "scores", "labels"],
+                          dynamic_axes={"images": {2: "height", 3: "width"}})
+    proto = onnx.load(str(path))
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, metadata
+    onnx.save(proto, str(path))
+
+
 def write_torchscript(graph: nn.Module, example: torch.Tensor, path: Path, metadata: str) -> None:
     import warnings
 
@@ -207,23 +271,28 @@ def write_torchscript(graph: nn.Module, example: torch.Tensor, path: Path, metad
         torch.jit.save(traced, str(path), _extra_files={METADATA_KEY: metadata})
 
 
-def check_file(graph: nn.Module, path: Path, fmt: str, inputs: torch.Tensor, dynamic_batch: bool) -> float:
+def check_file(graph: nn.Module, path: Path, fmt: str, inputs: list[torch.Tensor], dynamic_batch: bool) -> float:
     """The largest ``max|a - b| / max|b|`` over the outputs between the file in its runtime and ``graph``, on
     ``inputs`` (one at a time, or all at once with a free batch); over :data:`TOLERANCE`: :class:`CheckFailed`."""
     from bigbatch.inference.runtime import onnx_session, torchscript_module
 
     run, _ = onnx_session(path) if fmt == "onnx" else torchscript_module(path)
-    batches = ([inputs] if len(inputs) else []) if dynamic_batch else [x[None] for x in inputs]
+    batches = ([torch.stack(inputs)] if inputs else []) if dynamic_batch else [x[None] for x in inputs]
     worst = 0.0
     for batch in batches:
         with torch.no_grad():
             expected = graph(batch)
         expected = expected if isinstance(expected, (list, tuple)) else [expected]
         got = run(batch)
+        if isinstance(graph, DetectorGraph):  # detections tied in score may come in either order
+            got, expected = _in_one_order(got), _in_one_order(expected)
         if len(got) != len(expected):
             raise CheckFailed(f"export: the file gives {len(got)} outputs, PyTorch {len(expected)}")
         for a, b in zip(got, expected, strict=True):
             b = getattr(b, "logits", b).float()
+            if a.shape != b.shape:  # a detector's detections: as many, or the file answers otherwise
+                raise CheckFailed(f"export: the file finds {tuple(a.shape)} where PyTorch finds {tuple(b.shape)}: "
+                                  "not written")
             scale = b.abs().max().item() or 1.0
             worst = max(worst, (a.float() - b).abs().max().item() / scale)
     if not worst <= TOLERANCE:  # NaN fails too

@@ -86,8 +86,9 @@ class EvalDetection:
         from bigbatch.data.transforms.det_transforms import boxes_to_original
 
         owner, names = detector_thresholds(module)
-        for key, name in names.items():
-            setattr(owner, name, getattr(settings, key))
+        if not getattr(module, "fixed_thresholds", False):  # an exported graph's were fixed with it
+            for key, name in names.items():
+                setattr(owner, name, getattr(settings, key))
         device = next(module.parameters()).device
         outputs = module([image.to(device, non_blocking=True) for image in inputs])
         return [{"boxes": boxes_to_original(out["boxes"].float().cpu(), geometry), "scores": out["scores"].cpu(),

@@ -50,6 +50,29 @@ class RuntimeNetwork(nn.Module):
         return outputs[0] if self.single else outputs
 
 
+class RuntimeDetector(nn.Module):
+    """A torchvision detector exported whole (``inference/export.py``'s ``DetectorGraph``) standing in for it:
+    ``forward(images)`` runs each image alone, as the graph takes them, and gives torchvision's detections. Its
+    thresholds were fixed when it was exported (``fixed_thresholds``); ``predict``'s ``--conf`` and ``--max-det``
+    still filter what it finds."""
+
+    fixed_thresholds = True
+
+    def __init__(self, run: Callable[[torch.Tensor], list[torch.Tensor]], thresholds: dict[str, float]) -> None:
+        super().__init__()
+        self.run = run
+        self.score_thresh, self.nms_thresh = thresholds["conf"], thresholds["iou"]
+        self.detections_per_img = int(thresholds["max_det"])
+        self.register_parameter("device_marker", nn.Parameter(torch.zeros(()), requires_grad=False))
+
+    def forward(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        found = []
+        for image in images:
+            boxes, scores, labels = self.run(image.detach().float().cpu()[None].contiguous())
+            found.append({"boxes": boxes, "scores": scores, "labels": labels.long()})
+        return found
+
+
 def onnx_session(path: Path) -> tuple[Callable[[torch.Tensor], list[torch.Tensor]], dict[str, str]]:
     """(a function running the ONNX file at ``path`` in onnxruntime on the CPU, its metadata)."""
     try:
@@ -120,8 +143,15 @@ def load_exported(path: Path, device: torch.device) -> Predictor:
     run, meta = onnx_session(path) if path.suffix.lower() == ".onnx" else torchscript_module(path)
     data = read_metadata(meta, path)
     batch = data.get("batch")
-    network = RuntimeNetwork(run, single=data["task"] == "classification",
-                             batch=batch if isinstance(batch, int) and batch >= 1 else None)
+    if data.get("graph") == "detector":
+        thresholds = data.get("thresholds")
+        if not (isinstance(thresholds, dict) and all(isinstance(thresholds.get(k), (int, float))
+                                                     for k in ("conf", "iou", "max_det"))):
+            raise UserError(f"--from: {path}: its {METADATA_KEY} has no thresholds for its detector")
+        network = RuntimeDetector(run, thresholds)
+    else:
+        network = RuntimeNetwork(run, single=data["task"] == "classification",
+                                 batch=batch if isinstance(batch, int) and batch >= 1 else None)
     origin, classes = data["origin"], data["classes"]
     kind = origin.get("kind")
     if kind == "run":
@@ -154,6 +184,10 @@ def rebuild_run(origin: dict[str, Any], network: RuntimeNetwork, classes: list[s
         if cfg.task == "classification":
             settings = Settings(conf=CONF, iou=0.0, max_det=1, batch=cfg.eval.batch)
             return Predictor(network, classes, EvalClassification(task.image_input(cfg)), settings, "", origin)
+        if isinstance(network, RuntimeDetector):  # the whole detector is in the file
+            settings = Settings(conf=CONF, iou=network.nms_thresh, max_det=network.detections_per_img,
+                                batch=cfg.eval.batch)
+            return Predictor(network, classes, EvalDetection(task.image_input(cfg)), settings, "", origin)
         with torch.device("meta"):
             skeleton = task.model_for(cfg.model_copy(update={"model": cfg.model.model_copy(update={"weights": None})}),
                                       classes)
