@@ -170,3 +170,21 @@ def test_eval_of_an_exported_run_is_the_checkpoints(digits_run, tmp_path):
     checkpoint = json.loads((digits_run / "eval-last.json").read_text())
     assert exported["images"] == checkpoint["images"] == 360
     assert abs(exported["top1"] - checkpoint["top1"]) <= 0.001 and abs(exported["loss"] - checkpoint["loss"]) <= 1e-3
+
+
+@pytest.mark.parametrize(("model", "size", "fmt"), [
+    ("timm/resnet10t", 32, "torchscript"),
+    pytest.param("resnet18", 32, "onnx", marks=pytest.mark.slow),
+    pytest.param("inception_v3", 75, "onnx", marks=pytest.mark.slow),  # in eval mode, without its auxiliary head
+])
+def test_timm_and_torchvision_classifiers_export_and_pass_the_check(tmp_path, model, size, fmt):
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+    run = tmp_path / "run"
+    result = run_main("train", "digits", "--out", str(run), "--set", f"model.name={model}", f"data.size={size}",
+                      "steps=1", "batch=4", "subdivisions=1", "eval.batch=8", *SHORT[3:])
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = tmp_path / f"model.{fmt}"
+    exported = run_main("export", str(run), "--format", fmt, "--out", str(out), "--check", "2")
+    assert exported.returncode == 0, exported.stderr
+    assert f"input 1 x 3 x {size} x {size}" in exported.stdout
