@@ -163,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--seed", type=count, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
                         "fresh network (default: %(default)s)")
     export.add_argument("--format", choices=("onnx", "torchscript", "openvino", "tensorrt"),
-                        help="write the model for another runtime (any classifier, a Darknet detector), checked in it "
-                        "first: onnx (onnxruntime), torchscript; openvino and tensorrt are not written yet")
+                        help="write the model for another runtime, checked in it first: onnx (onnxruntime), "
+                        "torchscript, openvino (NAME.xml and NAME.bin); tensorrt is not written yet")
     export.add_argument("--out", type=Path, metavar="FILE", help="with --format: the file to write (*.onnx, "
-                        "*.torchscript; a new file)")
+                        "*.torchscript, *.xml; a new file)")
     export.add_argument("--names", type=Path, metavar="FILE", help="with --format and a .cfg: the class names (a "
                         ".names or .data file)")
     export.add_argument("--size", type=count, help="with --format and a .cfg: the input side (default: its [net])")

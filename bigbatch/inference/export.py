@@ -17,6 +17,9 @@ run's evaluation transform, or Darknet's ``detector test`` preprocessing, applie
 - **ONNX**: ``torch.onnx.export(dynamo=True)``, torch 2.14's default exporter (``torch.export``, then onnxscript), at
   opset 18 (``--opset``: 18 to :data:`MAX_OPSET`); ``--dynamic-batch`` leaves the batch dimension free.
 - **TorchScript**: ``torch.jit.trace`` (classifiers and Darknet networks).
+- **OpenVINO**: ``openvino.convert_model`` from the module (``--out NAME.xml``, and ``NAME.bin`` beside it), fp32,
+  checked and run at f32 inference precision (``INFERENCE_PRECISION_HINT``: OpenVINO runs bf16 by default on CPUs
+  with AVX512_BF16 or AMX).
 
 The file's metadata (ONNX ``metadata_props``, TorchScript's extra files) holds ``bigbatch.json``: the task, the class
 names, the input shape and what rebuilds the predictor around the graph (``inference/runtime.py``), so that
@@ -40,10 +43,11 @@ import torch.nn as nn
 
 from bigbatch.errors import UserError
 from bigbatch.inference.predictor import Predictor
-from bigbatch.inference.runtime import METADATA_FORMAT, METADATA_KEY, MISSING
+from bigbatch.inference.runtime import METADATA_FORMAT, METADATA_KEY, MISSING, OPENVINO_METADATA
 
-FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript"}
+FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript", "openvino": ".xml"}
 """The formats and the suffix each file must have (``predict --from`` knows a file by it)."""
+RUNTIMES = {"onnx": "onnxruntime", "torchscript": "TorchScript", "openvino": "OpenVINO (CPU, f32 inference precision)"}
 OPSET = 18
 MAX_OPSET = 23
 TOLERANCE = 1e-4
@@ -67,9 +71,6 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
         found = torch.cuda.is_available()
         raise UserError("--format tensorrt: needs a CUDA device and the tensorrt package" + (
             "; TensorRT engines are not written by this version yet" if found else " (no CUDA device here)"))
-    if fmt == "openvino":
-        raise UserError("--format openvino: not written by this version yet; export --format onnx, which OpenVINO "
-                        "reads (openvino.convert_model)")
     if fmt not in FORMATS:
         raise UserError(f"--format: expected one of {', '.join(FORMATS)}, not {fmt!r}")
     if out.suffix.lower() != FORMATS[fmt]:
@@ -80,6 +81,9 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     if not 0 <= check <= MAX_CHECK:
         raise UserError(f"--check: expected 0 to {MAX_CHECK} images, got {check}")
     check_output_file(out, "--out")
+    if fmt == "openvino":
+        check_output_file(out.with_suffix(".bin"), "--out (its weights, beside it)")
+        _require("openvino", what="export --format openvino")
     if fmt == "onnx":
         _require_onnx()
     model = load(source, weights=weights, names=names, size=size, device="cpu")
@@ -89,7 +93,8 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     inputs = check_inputs(model, check_images, max(check, 1), same_size=kind != "detector")
     example = torch.stack(inputs[:2] if dynamic_batch else inputs[:1]).float()
     exporter = ("torch.onnx.export(dynamo=False), the TorchScript-based exporter, opset 17" if kind == "detector" else
-                f"torch.onnx.export(dynamo=True), opset {opset}") if fmt == "onnx" else "torch.jit.trace"
+                f"torch.onnx.export(dynamo=True), opset {opset}") if fmt == "onnx" else (
+        "openvino.convert_model, fp32" if fmt == "openvino" else "torch.jit.trace")
     metadata = {"format": METADATA_FORMAT, "task": model.task, "classes": model.classes, "graph": kind,
                 "input": list(inputs[0].shape) if kind != "detector" else [3, None, None],
                 "batch": None if dynamic_batch else 1, "origin": model.origin, "exporter": exporter}
@@ -98,28 +103,43 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
 
         metadata["thresholds"] = own_thresholds(model.module)
     metadata = json.dumps(metadata)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp = out.parent / f".{out.stem}.tmp-{os.getpid()}{out.suffix}"
+    written = [(tmp, out)] if fmt != "openvino" else [(tmp.with_suffix(".bin"), out.with_suffix(".bin")), (tmp, out)]
     try:
         if fmt == "onnx" and kind == "detector":
             write_onnx_traced(graph, example, tmp, metadata)
         elif fmt == "onnx":
             write_onnx(graph, example, tmp, metadata, opset, dynamic_batch)
+        elif fmt == "openvino":
+            write_openvino(graph, example, tmp, metadata, dynamic_batch)
         else:
             write_torchscript(graph, example, tmp, metadata)
         worst = check_file(graph, tmp, fmt, inputs[:check], dynamic_batch)
-        try:
-            os.link(tmp, out)  # never over a file: one that appeared meanwhile stops it
-        except FileExistsError:
-            raise UserError(f"--out: {out} exists; bigbatch does not overwrite it (choose a new file)") from None
+        for made, name in written:  # the .xml last: a model is there only once its weights are
+            try:
+                os.link(made, name)  # never over a file: one that appeared meanwhile stops it
+            except FileExistsError:
+                raise UserError(f"--out: {name} exists; bigbatch does not overwrite it (choose a new file)") from None
     finally:
-        if tmp.exists():
-            tmp.unlink()  # the temporary name made above, by this process
+        for made, _ in written:
+            if made.exists():
+                made.unlink()  # the temporary names made above, by this process
     shown = f"{worst:.2e}" if check else "not checked (--check 0)"
     shape = " x ".join(map(str, inputs[0].shape)) if kind != "detector" else "3 x H x W"
     return [f"{fmt} written to {out} ({out.stat().st_size:,} bytes; {model.task}, {len(model.classes)} classes, input "
             f"{'N' if dynamic_batch else 1} x {shape}; {exporter})",
-            f"checked in {'onnxruntime' if fmt == 'onnx' else 'TorchScript'} on {min(check, len(inputs))} images: "
+            f"checked in {RUNTIMES[fmt]} on {min(check, len(inputs))} images: "
             f"largest difference from PyTorch {shown} (max|a - b| / max|b|, at most {TOLERANCE:g})"]
+
+
+def _require(*modules: str, what: str) -> None:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise UserError(MISSING.format(what=what)) from None
 
 
 def _require_onnx() -> None:
@@ -261,6 +281,24 @@ def write_onnx_traced(graph: nn.Module, example: torch.Tensor, path: Path, metad
     onnx.save(proto, str(path))
 
 
+def write_openvino(graph: nn.Module, example: torch.Tensor, path: Path, metadata: str, dynamic_batch: bool) -> None:
+    """OpenVINO's IR (``path``, an ``.xml``, and its ``.bin``) by ``openvino.convert_model`` from the PyTorch module,
+    fp32 weights, the metadata in its ``rt_info`` (``bigbatch/json``)."""
+    import contextlib
+    import io
+    import warnings
+
+    import openvino
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")  # the tracer's deprecation and shape warnings
+        model = openvino.convert_model(graph, example_input=example)
+    if dynamic_batch:
+        model.reshape({model.inputs[0]: openvino.PartialShape([-1, *example.shape[1:]])})
+    model.set_rt_info(metadata, list(OPENVINO_METADATA))
+    openvino.save_model(model, str(path), compress_to_fp16=False)
+
+
 def write_torchscript(graph: nn.Module, example: torch.Tensor, path: Path, metadata: str) -> None:
     import warnings
 
@@ -274,9 +312,9 @@ def write_torchscript(graph: nn.Module, example: torch.Tensor, path: Path, metad
 def check_file(graph: nn.Module, path: Path, fmt: str, inputs: list[torch.Tensor], dynamic_batch: bool) -> float:
     """The largest ``max|a - b| / max|b|`` over the outputs between the file in its runtime and ``graph``, on
     ``inputs`` (one at a time, or all at once with a free batch); over :data:`TOLERANCE`: :class:`CheckFailed`."""
-    from bigbatch.inference.runtime import onnx_session, torchscript_module
+    from bigbatch.inference.runtime import onnx_session, openvino_model, torchscript_module
 
-    run, _ = onnx_session(path) if fmt == "onnx" else torchscript_module(path)
+    run, _ = {"onnx": onnx_session, "openvino": openvino_model, "torchscript": torchscript_module}[fmt](path)
     batches = ([torch.stack(inputs)] if inputs else []) if dynamic_batch else [x[None] for x in inputs]
     worst = 0.0
     for batch in batches:

@@ -28,8 +28,9 @@ from bigbatch.inference.pipelines import CONF, EvalClassification, EvalDetection
 from bigbatch.inference.predictor import Predictor
 from bigbatch.registry import MODEL_FILES
 
-EXPORTED_SUFFIXES = (".onnx", ".torchscript")
-"""Files ``bigbatch export --format onnx|torchscript`` writes, run in their own runtime (``inference/runtime.py``)."""
+EXPORTED_SUFFIXES = (".onnx", ".torchscript", ".xml")
+"""Files ``bigbatch export --format onnx|torchscript|openvino`` writes, run in their own runtime
+(``inference/runtime.py``)."""
 
 MAX_CLASSES = 2**16
 """The most class names a checkpoint may give (a Darknet names file's bound), checked before a model is built for them:

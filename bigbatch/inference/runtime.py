@@ -22,6 +22,8 @@ from bigbatch.errors import UserError
 from bigbatch.inference.predictor import Predictor
 
 METADATA_KEY = "bigbatch.json"
+OPENVINO_METADATA = ("bigbatch", "json")
+"""Where an OpenVINO model's ``rt_info`` holds ``bigbatch.json``."""
 METADATA_FORMAT = 1
 MISSING = "{what} needs the optional 'export' extra: pip install 'bigbatch[export]'"
 MAX_METADATA = 64 << 20
@@ -93,6 +95,31 @@ def onnx_session(path: Path) -> tuple[Callable[[torch.Tensor], list[torch.Tensor
     return run, dict(session.get_modelmeta().custom_metadata_map)
 
 
+def openvino_model(path: Path) -> tuple[Callable[[torch.Tensor], list[torch.Tensor]], dict[str, str]]:
+    """(a function running the OpenVINO IR at ``path`` (``.xml`` beside its ``.bin``) on the CPU at f32 inference
+    precision, its metadata). OpenVINO would run bf16 on a CPU with AVX512_BF16 or AMX by default."""
+    try:
+        import openvino
+    except ImportError:
+        raise UserError(MISSING.format(what="an OpenVINO model")) from None
+    core = openvino.Core()
+    try:
+        model = core.read_model(str(path))
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    except Exception as error:  # OpenVINO raises RuntimeError subclasses of its own
+        raise UserError(f"--from: {path} does not load in OpenVINO ({str(error).splitlines()[0][:200]})") from None
+    try:
+        text = model.get_rt_info(list(OPENVINO_METADATA)).astype(str)
+    except Exception:  # no such rt_info entry
+        text = ""
+
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        results = compiled(x.numpy())
+        return [torch.from_numpy(results[output].copy()) for output in compiled.outputs]
+
+    return run, {METADATA_KEY: text}
+
+
 def torchscript_module(path: Path) -> tuple[Callable[[torch.Tensor], list[torch.Tensor]], dict[str, str]]:
     """(a function running the TorchScript file at ``path``, its metadata)."""
     import warnings
@@ -140,7 +167,8 @@ def load_exported(path: Path, device: torch.device) -> Predictor:
 
     if not path.is_file():
         raise UserError(f"--from: {path} does not exist")
-    run, meta = onnx_session(path) if path.suffix.lower() == ".onnx" else torchscript_module(path)
+    suffix = path.suffix.lower()
+    run, meta = {".onnx": onnx_session, ".xml": openvino_model}.get(suffix, torchscript_module)(path)
     data = read_metadata(meta, path)
     batch = data.get("batch")
     if data.get("graph") == "detector":
@@ -160,7 +188,7 @@ def load_exported(path: Path, device: torch.device) -> Predictor:
         predictor = MODEL_FILES.get(kind).info.rebuild(origin, network, classes)
     else:
         raise UserError(f"--from: {path}: its model kind {kind!r} is not one this version of bigbatch rebuilds")
-    predictor.source = f"{path} ({'onnxruntime' if path.suffix.lower() == '.onnx' else 'TorchScript'})"
+    predictor.source = f"{path} ({ {'.onnx': 'onnxruntime', '.xml': 'OpenVINO'}.get(suffix, 'TorchScript')})"
     return predictor
 
 

@@ -53,16 +53,17 @@ def same_records(a: list[dict], b: list[dict], tolerance: float = 1e-5) -> None:
                                                                                                       abs=tolerance)
 
 
-@pytest.mark.parametrize("fmt", [pytest.param("onnx", marks=pytest.mark.slow), "torchscript"])
+@pytest.mark.parametrize("fmt", [pytest.param("onnx", marks=pytest.mark.slow), "torchscript", "openvino"])
 def test_a_classifier_exports_checked_and_predicts_as_its_run(digits_run, photos, tmp_path, fmt):
     """(ONNX's dynamo export takes ~10 s on 2 cores: the suite exports to ONNX once, a Darknet run below.)"""
-    if fmt == "onnx":
-        pytest.importorskip("onnxruntime")
-    out = tmp_path / f"digits.{fmt}"
+    if fmt != "torchscript":
+        pytest.importorskip("onnxruntime" if fmt == "onnx" else "openvino")
+    out = tmp_path / f"digits.{ {'openvino': 'xml'}.get(fmt, fmt)}"
     result = run_main("export", str(digits_run), "--format", fmt, "--out", str(out), "--check", "4")
     assert result.returncode == 0, result.stderr
     assert f"{fmt} written to {out}" in result.stdout and "checked in" in result.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no temporary file left
+    expected = [out.name] if fmt != "openvino" else ["digits.bin", "digits.xml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == expected  # no temporary file left
     for source, folder in ((out, "exported"), (digits_run, "torch")):
         assert run_main("predict", str(photos / "val"), "--from", str(source), "--out",
                         str(tmp_path / folder)).returncode == 0
