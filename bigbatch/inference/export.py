@@ -1,35 +1,35 @@
-"""``bigbatch export SOURCE --format onnx|torchscript --out FILE``: a trained model out of PyTorch, checked in its own
-runtime before it is written.
+"""``bigbatch export SOURCE --format onnx|torchscript|openvino --out FILE``: a trained model out of PyTorch, checked
+in its own runtime before it is written.
 
-What is exported is the part of the model with weights, from a decoded image's input tensor ``[N, 3, H, W]`` (the
-run's evaluation transform, or Darknet's ``detector test`` preprocessing, applied outside the graph):
+What is exported is the part of the model with weights, from a decoded image's input tensor ``[N, 3, H, W]`` (the run's
+evaluation transform, or Darknet's ``detector test`` preprocessing, applied outside the graph):
 
-- a classifier (``small_cnn``, torchvision's and timm's, a Darknet classifier): the logits ``[N, classes]``;
-  Inception's auxiliary head is not in the graph (eval mode);
+- a classifier (``small_cnn``, torchvision's and timm's, a Darknet classifier): the logits ``[N, classes]``; Inception's
+  auxiliary head is not in the graph (eval mode);
 - a Darknet detector (a run of ``model.name: darknet``, or a ``.cfg`` with ``--weights``): the network's raw outputs,
   the input of each ``[yolo]`` layer; ``predict`` decodes them as it decodes the PyTorch model's;
 - a torchvision detector (``small_detector``, FCOS, RetinaNet, Faster R-CNN, SSD): the whole detector on one image of
   any size, normalisation, decoding and NMS included, at the thresholds it evaluates with (``DetectorGraph``):
-  torchvision traces its detectors' data-dependent steps for the TorchScript-based ONNX exporter, which is used for
-  them (``dynamo=False``, opset 17; ONNX only). Its answers are the PyTorch model's one image at a time: a batch of
-  several pads each image to the largest, which moves a detector's outputs slightly.
+  torchvision traces its detectors' data-dependent steps for the TorchScript-based ONNX exporter, which is used for them
+  (``dynamo=False``, opset 17; ONNX only). Its answers are the PyTorch model's one image at a time: a batch of several
+  pads each image to the largest, which moves a detector's outputs slightly.
 
 - **ONNX**: ``torch.onnx.export(dynamo=True)``, torch 2.14's default exporter (``torch.export``, then onnxscript), at
   opset 18 (``--opset``: 18 to :data:`MAX_OPSET`); ``--dynamic-batch`` leaves the batch dimension free.
 - **TorchScript**: ``torch.jit.trace`` (classifiers and Darknet networks).
 - **OpenVINO**: ``openvino.convert_model`` from the module (``--out NAME.xml``, and ``NAME.bin`` beside it), fp32,
-  checked and run at f32 inference precision (``INFERENCE_PRECISION_HINT``: OpenVINO runs bf16 by default on CPUs
-  with AVX512_BF16 or AMX).
+  checked and run at f32 inference precision (``INFERENCE_PRECISION_HINT``: OpenVINO runs bf16 by default on CPUs with
+  AVX512_BF16 or AMX).
 
-The file's metadata (ONNX ``metadata_props``, TorchScript's extra files) holds ``bigbatch.json``: the task, the class
-names, the input shape and what rebuilds the predictor around the graph (``inference/runtime.py``), so that
-``bigbatch predict --from FILE`` and ``bigbatch.load(FILE)`` use it alone.
+The file's metadata (ONNX ``metadata_props``, TorchScript's extra files, OpenVINO's ``rt_info``) holds
+``bigbatch.json``: the task, the class names, the input shape and what rebuilds the predictor around the graph
+(``inference/runtime.py``), so that ``bigbatch predict --from FILE`` and ``bigbatch.load(FILE)`` use it alone.
 
-Every export is checked: the file is loaded in its runtime (onnxruntime on the CPU; TorchScript) and run on ``--check``
-images (a run's first validation images, or ``--check-images SOURCE``; seeded random inputs otherwise, said so); the
-largest difference from PyTorch, ``max|a - b| / max|b|`` per output, must be at most :data:`TOLERANCE`. The file is
-written to a temporary name beside ``--out`` and given its name (a hard link, which never replaces a file) only once
-it has passed; a failed check leaves no file and exits 1.
+Every export is checked: the file is loaded in its runtime (onnxruntime on the CPU; TorchScript; OpenVINO) and run on
+``--check`` images (a run's first validation images, or ``--check-images SOURCE``; seeded random inputs otherwise, said
+so); the largest difference from PyTorch, ``max|a - b| / max|b|`` per output, must be at most :data:`TOLERANCE`. The
+file is written to a temporary name beside ``--out`` and given its name (a hard link, which never replaces a file) only
+once it has passed; a failed check leaves no file and exits 1.
 """
 
 from __future__ import annotations
