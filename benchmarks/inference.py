@@ -255,6 +255,25 @@ class SwappedDetector(torch.nn.Module):
         self.network = forward
 
 
+def bigbatch_export(cfg: Path, weights: Path, out: Path) -> tuple[Path, str] | None:
+    """``bigbatch export CFG --weights W --format onnx --out FILE --dynamic-batch`` (this checkout's), -> (the file,
+    the command); None where this bigbatch's export has no ``--format`` or the command fails (said so)."""
+    command = [sys.executable, "-m", "bigbatch", "export", str(cfg), "--weights", str(weights), "--format", "onnx",
+               "--out", str(out), "--dynamic-batch", "--check-images", str(cfg.parent / "images")]
+    env = dict(os.environ, PYTHONPATH=str(CHECKOUT))
+    helped = subprocess.run([sys.executable, "-m", "bigbatch", "export", "--help"], env=env, capture_output=True,
+                            text=True)
+    if "--format" not in helped.stdout:
+        print("note: this bigbatch's export has no --format: the ONNX file comes from torch.onnx.export")
+        return None
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not out.is_file():
+        print(f"note: {' '.join(command)} failed (exit {done.returncode}: {(done.stderr or done.stdout)[-300:]}); "
+              "the ONNX file comes from torch.onnx.export")
+        return None
+    return out, "bigbatch export CFG --weights W --format onnx --out FILE --dynamic-batch"
+
+
 def forward_paths(net: torch.nn.Module, onnx: Path, threads: int, bf16: bool
                   ) -> dict[str, Callable[[torch.Tensor], object]]:
     """The forward of each bigbatch path: name -> ``call(x)`` (inference mode for torch)."""
@@ -475,11 +494,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
     shape = net.input_shape
     prepared = torch.stack([predictor.pipeline.prepare_file(str(p))[0] for p in pngs])
     inputs = {b: prepared[torch.arange(b) % len(pngs)].contiguous() for b in BATCHES}
-    yolo_onnx = export_onnx(net, inputs[1], work / "yolov4-tiny.onnx")
+    exported = bigbatch_export(cfg, weights, work / "yolov4-tiny.onnx")
+    if exported is not None:
+        yolo_onnx, how = exported
+    else:
+        yolo_onnx = export_onnx(net, inputs[1], work / "yolov4-tiny-torch.onnx")
+        how = "torch.onnx.export(dynamo=True, dynamic batch, opset 18)"
     yolo_paths = forward_paths(net, yolo_onnx, args.threads, bf16)
     warm(yolo_paths, inputs)
-    print(f"exported {yolo_onnx.name} with torch.onnx.export (dynamo, opset 18, dynamic batch); network input "
-          f"{shape.height}x{shape.width}", flush=True)
+    print(f"yolov4-tiny's ONNX file: {how}; network input {shape.height}x{shape.width}; ResNet-50's: "
+          "torch.onnx.export(dynamo=True, dynamic batch, opset 18)", flush=True)
 
     from bigbatch.inference.predictor import Predictor
 
@@ -487,10 +511,14 @@ def run(args: argparse.Namespace, work: Path) -> None:
         return Predictor(SwappedDetector(detector, forward), predictor.classes, predictor.pipeline,
                          predictor.settings, predictor.source)
 
-    whole = {"torch eager": predictor, "onnxruntime": swapped(yolo_paths["onnxruntime"])}
+    whole = {"torch eager": predictor}
+    if exported is not None:  # bigbatch's own: load(FILE) runs the exported graph in onnxruntime
+        whole["onnxruntime, bigbatch.load(FILE)"] = bigbatch.load(yolo_onnx, device="cpu")
+    else:
+        whole["onnxruntime (swap)"] = swapped(yolo_paths["onnxruntime"])
     best_openvino = next((k for k in ("openvino bf16", "openvino f32") if k in yolo_paths), None)
     if best_openvino:
-        whole[best_openvino] = swapped(yolo_paths[best_openvino])
+        whole[f"{best_openvino} (swap)"] = swapped(yolo_paths[best_openvino])
     counts = [len(r["detections"]) for r in predictor.predict([str(p) for p in pngs])]
     print(f"bigbatch's detections on the {len(pngs)} sample images at 0.25: {counts}", flush=True)
 
