@@ -578,9 +578,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
         print(f"round {r} done in {time.perf_counter() - start:.0f} s", flush=True)
 
     report(results, extra, args.rounds)
-    print("\nbigbatch's predict per phase (ms per image, batch 1, median of rounds):")
+    print(f"\nbigbatch's predict per phase (ms per image over the {len(pngs)} sample images, batch 1, median of "
+          f"{args.rounds}):")
     for name, forward in (("torch eager", net), *((k, v) for k, v in yolo_paths.items() if k != "torch eager")):
-        per = [phases(predictor, images, (lambda x, f=forward: f(x))) for _ in range(args.rounds)]
+        per = [phases(predictor, pngs, (lambda x, f=forward: f(x))) for _ in range(args.rounds)]
         med = {key: statistics.median(p[key] for p in per) for key in per[0]}
         print(f"  forward by {name:21s} " + "  ".join(f"{k} {v:6.1f}" for k, v in med.items())
               + f"  total {sum(med.values()):6.1f}")
