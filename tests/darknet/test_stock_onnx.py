@@ -43,9 +43,11 @@ def stock_path(entry: dict) -> Path:
 
 
 def randomize(network: torch.nn.Module, seed: int = SEED) -> None:
-    """Every value a ``.weights`` file holds, seeded: convolution and connected weights uniform with variance
-    2 / fan_in (activations keep their scale through the layers), biases and BN shifts and means small, BN scales
-    around 1, BN variances in [0.5, 1.5)."""
+    """Every value a ``.weights`` file holds, seeded, by the oracle's rule (``benchmarks/darknet_oracle/``):
+    convolution and connected weights uniform with variance 1 / fan_in, biases and BN shifts and means small, BN
+    scales around 1, BN variances in [0.5, 1.5). (With variance 2 / fan_in the deepest cfgs' activations reach
+    1e12, where float32 rounding alone flips the sign of a logistic's input: a difference of 1 between two correct
+    computations.)"""
     from bigbatch.darknet.weights import named_weight_tensors
 
     tensors = named_weight_tensors(network)
@@ -60,7 +62,7 @@ def randomize(network: torch.nn.Module, seed: int = SEED) -> None:
                 values = 0.5 + u
             elif name == "weights":
                 fan_in = sizes[index, "weights"] / max(sizes.get((index, "biases"), 1), 1)
-                values = (2 * u - 1) * (6.0 / fan_in) ** 0.5
+                values = (2 * u - 1) * (3.0 / fan_in) ** 0.5
             else:  # biases, rolling_mean, and any other
                 values = 0.2 * (u - 0.5)
             tensor.copy_(values)
