@@ -5,7 +5,7 @@ seeded random inputs. Each cfg runs in its own process with a timeout, so that o
 prints one line per cfg and a summary, and writes the results as JSON lines (``--out``).
 
     python benchmarks/darknet_onnx_sweep.py [--jobs 1] [--timeout 900] [--threads 1] [--only SUBSTRING ...]
-                                            [--out onnx_sweep.jsonl]
+                                            [--out RESULTS.jsonl]
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per cfg")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per cfg")
     parser.add_argument("--only", nargs="*", default=[], help="the cfgs whose fork/name contains one of these")
-    parser.add_argument("--out", type=Path, default=Path("onnx_sweep.jsonl"))
+    parser.add_argument("--out", type=Path, help="also write the results here, one JSON line a cfg")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.one:
@@ -86,16 +86,20 @@ def main() -> int:
 
     keys = [entry_id(e) for e in ORACLE if not args.only or any(s in entry_id(e) for s in args.only)]
     results = []
-    with args.out.open("w", encoding="utf-8") as out, ThreadPoolExecutor(args.jobs) as pool:
+    out = args.out.open("w", encoding="utf-8") if args.out else None
+    with ThreadPoolExecutor(args.jobs) as pool:
         for result in pool.map(lambda k: run(k, args.timeout, args.threads), keys):
             results.append(result)
-            out.write(json.dumps(result) + "\n")
-            out.flush()
+            if out:
+                out.write(json.dumps(result) + "\n")
+                out.flush()
             shown = (f"{result['worst']:.1e} in {result['seconds']} s" if result["status"] == "exported"
                      else result.get("reason", "").splitlines()[0][:150] if result.get("reason") else "")
             print(f"{result['cfg']:<48} {result['status']:<9} {shown}", flush=True)
     counts = {s: sum(r["status"] == s for r in results) for s in ("refused", "exported", "failed", "timeout",
                                                                    "crashed")}
+    if out:
+        out.close()
     print(f"{len(results)} cfgs: " + ", ".join(f"{n} {s}" for s, n in counts.items()), flush=True)
     return 0
 
