@@ -174,7 +174,7 @@ def test_eval_of_an_exported_run_is_the_checkpoints(digits_run, tmp_path):
 
 
 @pytest.mark.parametrize(("model", "size", "fmt"), [
-    ("timm/resnet10t", 32, "torchscript"),
+    pytest.param("timm/resnet10t", 32, "torchscript", marks=pytest.mark.slow),
     pytest.param("resnet18", 32, "onnx", marks=pytest.mark.slow),
     pytest.param("inception_v3", 75, "onnx", marks=pytest.mark.slow),  # in eval mode, without its auxiliary head
 ])
