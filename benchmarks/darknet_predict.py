@@ -59,8 +59,9 @@ CFGS = {"yolov4-tiny": ("yolov4-tiny.cfg", False), "yolov3-tiny": ("yolov3-tiny.
 BUILD = ["make", "-j2", "GPU=0", "CUDNN=0", "OPENCV=0", "OPENMP=0", "LIBSO=1", "AVX=0"]
 
 
-def find_darknet(root: Path, mirror: Path) -> Path | None:
-    """``root/darknet``, built from ``mirror`` first when absent; None when neither is there."""
+def find_darknet(root: Path, mirror: Path, build: list[str] = BUILD) -> Path | None:
+    """``root/darknet``, built from ``mirror`` with ``build`` first when absent; None when neither is there or the build
+    fails (said)."""
     if (root / "darknet").is_file():
         return root / "darknet"
     if not mirror.is_dir():
@@ -70,8 +71,11 @@ def find_darknet(root: Path, mirror: Path) -> Path | None:
     subprocess.run(["tar", "-x", "-C", str(root)], stdin=archive.stdout, check=True)
     archive.wait()
     start = time.perf_counter()
-    subprocess.run(BUILD, cwd=root, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(f"built Darknet in {root} in {time.perf_counter() - start:.0f} s ({' '.join(BUILD)})")
+    done = subprocess.run(build, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if done.returncode != 0 or not (root / "darknet").is_file():
+        print(f"Darknet's build failed in {root} ({' '.join(build)}, exit {done.returncode})")
+        return None
+    print(f"built Darknet in {root} in {time.perf_counter() - start:.0f} s ({' '.join(build)})")
     return root / "darknet"
 
 

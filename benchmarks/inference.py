@@ -72,7 +72,6 @@ import torch  # noqa: E402
 MIRROR = Path("/work/.mirror/AlexeyAB+darknet/repo")
 BUILD = ["make", "-j2", "GPU=0", "CUDNN=0", "OPENCV=0", "OPENMP=1", "AVX=1", "LIBSO=1"]
 BATCHES = (1, 32)
-DARKNET = "darknet"
 
 PEER = r'''
 import json, os, socket, sys, time
@@ -158,21 +157,9 @@ def machine() -> dict[str, str]:
 
 def find_darknet(root: Path, mirror: Path) -> Path | None:
     """``root/darknet``, built from ``mirror`` (AVX and OpenMP on) first when absent; None when neither is there."""
-    if (root / DARKNET).is_file():
-        return root / DARKNET
-    if not mirror.is_dir():
-        return None
-    root.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.Popen(["git", f"--git-dir={mirror}", "archive", "HEAD"], stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(root)], stdin=archive.stdout, check=True)
-    archive.wait()
-    start = time.perf_counter()
-    done = subprocess.run(BUILD, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if done.returncode != 0 or not (root / DARKNET).is_file():
-        print(f"Darknet's build failed in {root} ({' '.join(BUILD)}, exit {done.returncode})")
-        return None
-    print(f"built Darknet in {root} in {time.perf_counter() - start:.0f} s ({' '.join(BUILD)})")
-    return root / DARKNET
+    from darknet_predict import find_darknet as found_or_built  # benchmarks/ is on sys.path
+
+    return found_or_built(root, mirror, BUILD)
 
 
 def from_mirror(mirror: Path, path: str, out: Path) -> Path:
