@@ -203,6 +203,7 @@ SKIPPED = {
         "bigbatch data shapes --out DIR | data bench [CONFIG] # a detection set; input speed",
         "bigbatch pack SRC --out DIR # an image folder as shards",
         "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg [--darknet-weights OUT.weights] # Darknet .weights, checkpoints",
+        "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg --format onnx --out FILE # ONNX/TorchScript/OpenVINO, checked",
         "bigbatch train [CONFIG] [--set KEY=VALUE ...] [--out DIR] [--resume DIR]",
         "bigbatch eval CHECKPOINT_OR_RUN_DIR [--set KEY=VALUE ...] [--save-detections FILE.json]",
         "bigbatch data shapes --out DIR [--images N] [--seed S] [--format coco|yolo]",
