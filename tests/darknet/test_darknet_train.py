@@ -108,6 +108,7 @@ def test_mixed_precision_with_the_update_ratio_loss_scale_and_the_memory_log(sha
     assert "mAP50" in val and val["images"] == 50
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 10 minutes on 2 cores
 def test_yolov3_tiny_shapes_learns_a_small_set(tmp_path):
     """The recipe at test size: 16 generated images at 96 px, evaluated on themselves (what a network that learns
     must fit first), past 0.5 mAP@0.5 in 100 steps of 16 (it reached 0.91; 0.05 halfway; 33 s on the 2-core machine).

@@ -25,6 +25,7 @@ def test_fit_is_least_squares():
     assert (a, b) == pytest.approx((intercept, slope), rel=1e-9)
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 10 minutes on 2 cores
 def test_plan_with_room_for_the_whole_batch_chooses_one_subdivision():
     result = run_main("plan", "digits", "--set", "batch=8", *TINY, "--memory-limit", "100GiB")
     assert result.returncode == 0, result.stderr
@@ -40,6 +41,7 @@ def test_plan_that_cannot_fit_is_a_clear_error():
     assert result.stderr.startswith("error: memory.limit: even a micro-batch of 1 image needs")
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 10 minutes on 2 cores
 def test_auto_subdivisions_are_chosen_before_training(tmp_path):
     out = tmp_path / "run"
     result = run_main("train", "digits", "--out", str(out), "--set", "batch=4", "subdivisions=auto", "steps=1",

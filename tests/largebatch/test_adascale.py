@@ -94,6 +94,7 @@ def test_a_hostile_checkpoint_state_is_refused_value_by_value():
             AdaScale(base=16, total=100).load_state_dict({**good, **change})
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under 10 minutes on 2 cores
 def test_auto_subdivisions_cut_an_adaptive_batch_into_two_micro_batches_or_more(tmp_path):
     """AdaScale needs 2 micro-batches per process: the planner measures only micro-batches that leave 2."""
     done = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", "batch={mode: adaptive, base: 4, "

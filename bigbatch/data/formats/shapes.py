@@ -441,7 +441,11 @@ def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
 def train_images(cfg: RunConfig) -> int:
     """From the set's training annotations, or for a set not generated yet from ``data.shapes_images``."""
     path = Path(cfg.data.path or DEFAULT_PATH) / "annotations" / "train.json"
-    if not path.is_file():
+    try:
+        there = path.is_file()
+    except OSError:  # a name no system can open (too long): no set there yet
+        there = False
+    if not there:
         return split_sizes(cfg.data.shapes_images)[0]
     return images_in_annotations(path, cfg.data, "data.path")
 
