@@ -105,6 +105,9 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     metadata = json.dumps(metadata)
     tmp = out.parent / f".{out.stem}.tmp-{os.getpid()}{out.suffix}"
     written = [(tmp, out)] if fmt != "openvino" else [(tmp.with_suffix(".bin"), out.with_suffix(".bin")), (tmp, out)]
+    for made, _ in written:  # the temporary names must be new: only then is what is removed below this process's
+        if os.path.lexists(made):
+            raise UserError(f"--out: {made} is in the way of the temporary file export writes; move it away")
     try:
         if fmt == "onnx" and kind == "detector":
             write_onnx_traced(graph, example, tmp, metadata)
