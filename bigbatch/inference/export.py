@@ -9,14 +9,17 @@ evaluation transform, or Darknet's ``detector test`` preprocessing, applied outs
 - a Darknet detector (a run of ``model.name: darknet``, or a ``.cfg`` with ``--weights``): the network's raw outputs,
   the input of each ``[yolo]`` layer; ``predict`` decodes them as it decodes the PyTorch model's;
 - a torchvision detector (``small_detector``, FCOS, RetinaNet, Faster R-CNN, SSD): the whole detector on one image of
-  any size, normalisation, decoding and NMS included, at the thresholds it evaluates with (``DetectorGraph``):
-  torchvision traces its detectors' data-dependent steps for the TorchScript-based ONNX exporter, which is used for them
-  (``dynamo=False``, opset 17; ONNX only). Its answers are the PyTorch model's one image at a time: a batch of several
-  pads each image to the largest, which moves a detector's outputs slightly.
+  any size, normalisation, decoding and NMS included, at the thresholds it evaluates with (``DetectorGraph``).
+  torchvision writes its detectors for export: their data-dependent steps (the number of candidates, NMS) are traced
+  by the TorchScript-based ONNX exporter (``dynamo=False``, opset 17; OpenVINO converts that ONNX file) and compiled by
+  ``torch.jit.script``. A two-stage detector has no raw outputs to stop at (its second stage reads the first's NMS),
+  so the graph always ends at the detections. Its answers are the PyTorch model's one image at a time: a batch of
+  several pads each image to the largest, which moves a detector's outputs slightly.
 
 - **ONNX**: ``torch.onnx.export(dynamo=True)``, torch 2.14's default exporter (``torch.export``, then onnxscript), at
   opset 18 (``--opset``: 18 to :data:`MAX_OPSET`); ``--dynamic-batch`` leaves the batch dimension free.
-- **TorchScript**: ``torch.jit.trace`` (classifiers and Darknet networks).
+- **TorchScript**: ``torch.jit.trace`` (classifiers and Darknet networks), ``torch.jit.script`` (torchvision's
+  detectors).
 - **OpenVINO**: ``openvino.convert_model`` from the module (``--out NAME.xml``, and ``NAME.bin`` beside it), fp32,
   checked and run at f32 inference precision (``INFERENCE_PRECISION_HINT``: OpenVINO runs bf16 by default on CPUs with
   AVX512_BF16 or AMX).
@@ -53,6 +56,8 @@ MAX_OPSET = 23
 TOLERANCE = 1e-4
 """The largest ``max|a - b| / max|b|`` per output between the runtime and PyTorch, in fp32."""
 MAX_CHECK = 256
+TRACED_ONNX = "torch.onnx.export(dynamo=False), the TorchScript-based exporter, opset 17"
+"""How a torchvision detector, decoding included, is written to ONNX (and, through ONNX, to OpenVINO)."""
 
 
 class CheckFailed(Exception):
@@ -87,14 +92,16 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     if fmt == "onnx":
         _require_onnx()
     model = load(source, weights=weights, names=names, size=size, device="cpu")
-    graph, kind = exported_part(model, fmt)
+    graph, kind = exported_part(model)
     if kind == "detector" and dynamic_batch:
         raise UserError("--dynamic-batch: a torchvision detector's graph takes one image (of any size) at a time")
     inputs = check_inputs(model, check_images, max(check, 1), same_size=kind != "detector")
     example = torch.stack(inputs[:2] if dynamic_batch else inputs[:1]).float()
-    exporter = ("torch.onnx.export(dynamo=False), the TorchScript-based exporter, opset 17" if kind == "detector" else
-                f"torch.onnx.export(dynamo=True), opset {opset}") if fmt == "onnx" else (
-        "openvino.convert_model, fp32" if fmt == "openvino" else "torch.jit.trace")
+    exporter = {"onnx": f"torch.onnx.export(dynamo=True), opset {opset}", "openvino": "openvino.convert_model, fp32",
+                "torchscript": "torch.jit.trace"}[fmt]
+    if kind == "detector":
+        exporter = {"onnx": TRACED_ONNX, "openvino": f"openvino.convert_model from {TRACED_ONNX}, fp32",
+                    "torchscript": "torch.jit.script"}[fmt]
     metadata = {"format": METADATA_FORMAT, "task": model.task, "classes": model.classes, "graph": kind,
                 "input": list(inputs[0].shape) if kind != "detector" else [3, None, None],
                 "batch": None if dynamic_batch else 1, "origin": model.origin, "exporter": exporter}
@@ -154,18 +161,15 @@ def _require_onnx() -> None:
         raise UserError(MISSING.format(what="export --format onnx")) from None
 
 
-def exported_part(model: Predictor, fmt: str = "onnx") -> tuple[nn.Module, str]:
+def exported_part(model: Predictor) -> tuple[nn.Module, str]:
     """(the module the file holds, its kind): a classifier whole (``logits``), a Darknet detector's network (``raw``:
-    its ``[yolo]`` inputs), a torchvision detector whole with its decoding (``detector``: ONNX only, see the module
+    its ``[yolo]`` inputs), a torchvision detector whole with its decoding (``detector``, see the module
     docstring)."""
     if model.task == "classification":
         return model.module.eval(), "logits"
     network = getattr(model.module, "network", None)
     if network is not None:
         return network.eval(), "raw"
-    if fmt != "onnx":
-        raise UserError(f"--format {fmt}: torchvision's detectors are exported to ONNX only (their decoding is traced "
-                        "by the TorchScript-based ONNX exporter)")
     return DetectorGraph(model.module).eval(), "detector"
 
 
@@ -181,6 +185,24 @@ class DetectorGraph(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         found = self.detector([x[0]])[0]
         return found["boxes"], found["scores"], found["labels"]
+
+    def scripted(self) -> torch.jit.ScriptModule:
+        """The same graph compiled by ``torch.jit.script`` (torchvision's detectors are written to be scriptable;
+        tracing would fix the number of detections)."""
+        return torch.jit.script(_ScriptableDetector(torch.jit.script(self.detector.detector),
+                                                    int(self.detector.label_offset)))
+
+
+class _ScriptableDetector(nn.Module):
+    """:class:`DetectorGraph` around a scripted torchvision detector, which returns ``(losses, detections)``."""
+
+    def __init__(self, scripted: torch.jit.ScriptModule, label_offset: int) -> None:
+        super().__init__()
+        self.detector, self.label_offset = scripted, label_offset
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        found = self.detector([x[0]])[1][0]
+        return found["boxes"], found["scores"], found["labels"] - self.label_offset
 
 
 def check_inputs(model: Predictor, check_images: list[str] | None, count: int, same_size: bool = True
@@ -289,13 +311,19 @@ def write_openvino(graph: nn.Module, example: torch.Tensor, path: Path, metadata
     fp32 weights, the metadata in its ``rt_info`` (``bigbatch/json``)."""
     import contextlib
     import io
+    import tempfile
     import warnings
 
     import openvino
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's deprecation and shape warnings
-        model = openvino.convert_model(graph, example_input=example)
+        if isinstance(graph, DetectorGraph):  # OpenVINO reads torchvision's traced ONNX, NMS included
+            with tempfile.TemporaryDirectory() as folder:
+                write_onnx_traced(graph, example, Path(folder) / "detector.onnx", metadata)
+                model = openvino.convert_model(str(Path(folder) / "detector.onnx"))
+        else:
+            model = openvino.convert_model(graph, example_input=example)
     if dynamic_batch:
         model.reshape({model.inputs[0]: openvino.PartialShape([-1, *example.shape[1:]])})
     model.set_rt_info(metadata, list(OPENVINO_METADATA))
@@ -308,8 +336,11 @@ def write_torchscript(graph: nn.Module, example: torch.Tensor, path: Path, metad
     with torch.no_grad(), warnings.catch_warnings():  # torch 2.14 deprecates TorchScript (torch.export instead)
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # sizes fixed at the input's: the export's size
-        traced = torch.jit.trace(graph, (example,), check_trace=False)
-        torch.jit.save(traced, str(path), _extra_files={METADATA_KEY: metadata})
+        if isinstance(graph, DetectorGraph):
+            compiled = graph.scripted()
+        else:
+            compiled = torch.jit.trace(graph, (example,), check_trace=False)
+        torch.jit.save(compiled, str(path), _extra_files={METADATA_KEY: metadata})
 
 
 def check_file(graph: nn.Module, path: Path, fmt: str, inputs: list[torch.Tensor], dynamic_batch: bool) -> float:

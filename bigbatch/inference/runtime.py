@@ -1,4 +1,4 @@
-"""An exported model (``bigbatch export --format onnx|torchscript``) run in its own runtime, as a ``Predictor``.
+"""An exported model (``bigbatch export --format onnx|torchscript|openvino``) in its own runtime, as a ``Predictor``.
 
 The file holds the graph of the part of the model that has weights (a classifier; a Darknet network's ``[yolo]``
 inputs) and, in its metadata (ONNX ``metadata_props``, TorchScript's extra file), ``bigbatch.json``: the task, the
@@ -134,7 +134,8 @@ def torchscript_module(path: Path) -> tuple[Callable[[torch.Tensor], list[torch.
     module.eval()
 
     def run(x: torch.Tensor) -> list[torch.Tensor]:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():  # a scripted torchvision detector says it on every call
+            warnings.filterwarnings("ignore", message=r".* returns a \(Losses, Detections\) tuple in scripting")
             out = module(x)
         return list(out) if isinstance(out, (list, tuple)) else [out]
 

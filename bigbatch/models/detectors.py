@@ -120,7 +120,7 @@ class SmallBackbone(nn.Module):
         self.fpn = FeaturePyramidNetwork(widths[2:], out_channels)
         self.out_channels = out_channels
 
-    def forward(self, x: Tensor) -> OrderedDict[str, Tensor]:
+    def forward(self, x: Tensor) -> dict[str, Tensor]:
         return self.fpn(self.body(x))
 
 

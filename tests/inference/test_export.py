@@ -5,6 +5,7 @@ CUDA, a missing extra, a failed check)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -132,9 +133,9 @@ def test_refusals_a_misnamed_file_a_missing_extra_a_failed_check(digits_run, tmp
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_torchvision_detector_exports_whole_to_onnx_and_predicts_as_itself_one_image_at_a_time(tmp_path):
+def test_a_torchvision_detector_exports_whole_and_predicts_as_itself_one_image_at_a_time(tmp_path):
     """FCOS (``small_detector``) with its decoding and NMS in the graph: ``predict --batch 1`` equal, its ``eval``
-    at ``eval.batch=1`` equal; TorchScript refused in one line."""
+    at ``eval.batch=1`` equal; the same from TorchScript (scripted) and OpenVINO (converted from the ONNX file)."""
     pytest.importorskip("onnxruntime")
     shapes = tmp_path / "shapes"
     run = tmp_path / "fcos"
@@ -155,8 +156,14 @@ def test_a_torchvision_detector_exports_whole_to_onnx_and_predicts_as_itself_one
     assert abs(from_file["mAP50"] - from_checkpoint["mAP50"]) <= 0.001
     fixed = run_main("predict", str(shapes / "val"), "--from", str(out), "--iou", "0.3", "--out", str(tmp_path / "x"))
     assert fixed.returncode == 2 and "--iou: " in fixed.stderr and "fixed when it was exported" in fixed.stderr
-    script = run_main("export", str(run), "--format", "torchscript", "--out", str(tmp_path / "fcos.torchscript"))
-    assert script.returncode == 2 and "exported to ONNX only" in script.stderr
+    for fmt, name in (("torchscript", "fcos.torchscript"), ("openvino", "fcos.xml")):  # scripted; OpenVINO from ONNX
+        if fmt == "openvino" and importlib.util.find_spec("openvino") is None:
+            continue
+        exported = run_main("export", str(run), "--format", fmt, "--out", str(tmp_path / name), "--check", "2")
+        assert exported.returncode == 0, exported.stderr
+        assert run_main("predict", str(shapes / "val"), "--from", str(tmp_path / name), "--out", str(tmp_path / fmt),
+                        "--conf", "0.01", "--batch", "1").returncode == 0
+        same_records(records(tmp_path / fmt), records(tmp_path / "torch"))
 
 
 def test_eval_of_an_exported_run_is_the_checkpoints(digits_run, tmp_path):
