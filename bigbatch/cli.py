@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--size", type=count, help="with --format and a .cfg: the input side (default: its [net])")
     export.add_argument("--dynamic-batch", action="store_true", help="with --format: a free batch dimension")
     export.add_argument("--opset", type=count, help="with --format onnx: the ONNX opset (default: 18)")
+    export.add_argument("--postprocess", action="store_true", help="with --format and a Darknet detector: its box "
+                        "decoding in the graph (a torchvision detector's graph always has its decoding and NMS)")
+    export.add_argument("--half", action="store_true", help="with --format: fp16 weights (needs a CUDA device)")
     export.add_argument("--check", type=count, default=8, help="with --format: images the check runs (default: "
                         "%(default)s; 0: no check)")
     export.add_argument("--check-images", nargs="+", metavar="SOURCE", help="with --format: the images the check "
@@ -492,7 +495,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise UserError("--format: writes one file, --out FILE (not --darknet-weights or --checkpoint)")
         try:
             lines = export_model(args.source, args.format, args.out, args.weights, args.names, args.size,
-                                 args.dynamic_batch, args.opset, args.check, args.check_images)
+                                 args.dynamic_batch, args.opset, args.check, args.check_images, args.postprocess,
+                                 args.half)
         except CheckFailed as failed:
             print(f"error: {failed}", file=sys.stderr)
             return 1
@@ -501,8 +505,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     given = [key for key, value in (("--out", args.out), ("--names", args.names), ("--size", args.size),
                                     ("--opset", args.opset), ("--check-images", args.check_images)) if value]
-    if given or args.dynamic_batch:
-        raise UserError(f"{given[0] if given else '--dynamic-batch'}: goes with --format onnx|torchscript")
+    flags = [key for key, value in (("--dynamic-batch", args.dynamic_batch), ("--postprocess", args.postprocess),
+                                    ("--half", args.half)) if value]
+    if given or flags:
+        raise UserError(f"{(given + flags)[0]}: goes with --format onnx|torchscript|openvino")
     from bigbatch.darknet.export import export
 
     for line in export(args.source, args.darknet_weights, args.checkpoint, args.weights, args.seed, args.upto):

@@ -97,16 +97,39 @@ def decode_yolo_output(raw: Tensor, spec: Yolo, input_size: tuple[int, int]) -> 
     return box_convert(xywh, "cxcywh", "xyxy"), objectness, classes
 
 
+def decode_all(outputs: Sequence[Tensor], specs: Sequence[Yolo], input_size: tuple[int, int],
+               decoded: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """The outputs of all ``[yolo]`` layers decoded (:func:`decode_yolo_output`) and joined: boxes ``(N, P, 4)`` XYXY
+    in input pixels, objectness ``(N, P)``, class probabilities ``(N, P, C)``. ``decoded``: ``outputs`` are these
+    three already (a network exported with ``--postprocess``, :class:`DecodedNetwork`)."""
+    if decoded:
+        boxes, objectness, classes = (t.float() for t in outputs)
+        return boxes, objectness, classes
+    outputs = [raw.float() if raw.dtype in (torch.float16, torch.bfloat16) else raw for raw in outputs]
+    parts = [decode_yolo_output(raw, spec, input_size) for raw, spec in zip(outputs, specs, strict=True)]
+    return tuple(torch.cat([part[k] for part in parts], dim=1) for k in range(3))
+
+
+class DecodedNetwork(nn.Module):
+    """A :class:`DarknetNetwork` whose outputs are decoded (:func:`decode_all`, Darknet's ``get_yolo_detections``
+    before its thresholds): ``(boxes, objectness, class probabilities)`` of the input's candidates, what ``bigbatch
+    export --postprocess`` puts in the graph."""
+
+    def __init__(self, network: DarknetNetwork, specs: Sequence[Yolo]) -> None:
+        super().__init__()
+        self.network, self.specs = network, list(specs)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return decode_all(self.network(x), self.specs, (x.shape[-2], x.shape[-1]))
+
+
 def postprocess(outputs: Sequence[Tensor], specs: Sequence[Yolo], input_size: tuple[int, int],
                 score_thresh: float = 0.005, nms_thresh: float = 0.45,
-                detections_per_image: int = 100) -> list[dict[str, Tensor]]:
-    """The detections of each image from the raw outputs of all ``[yolo]`` layers (see the module's docstring):
-    ``boxes`` XYXY in input pixels (clipped), ``scores``, ``labels`` (0-based int64), best first."""
-    outputs = [raw.float() if raw.dtype in (torch.float16, torch.bfloat16) else raw for raw in outputs]
-    decoded = [decode_yolo_output(raw, spec, input_size) for raw, spec in zip(outputs, specs, strict=True)]
-    boxes = torch.cat([d[0] for d in decoded], dim=1)
-    objectness = torch.cat([d[1] for d in decoded], dim=1)
-    classes = torch.cat([d[2] for d in decoded], dim=1)
+                detections_per_image: int = 100, decoded: bool = False) -> list[dict[str, Tensor]]:
+    """The detections of each image from the raw outputs of all ``[yolo]`` layers (see the module's docstring; or
+    from them decoded, ``decoded``): ``boxes`` XYXY in input pixels (clipped), ``scores``, ``labels`` (0-based
+    int64), best first."""
+    boxes, objectness, classes = decode_all(outputs, specs, input_size, decoded)
     results = []
     for n in range(boxes.shape[0]):
         scores = objectness[n, :, None] * classes[n]  # (P, C): objectness * class probability
@@ -148,4 +171,8 @@ class DarknetDetector(nn.Module):
                 raise ValueError("DarknetDetector: targets are needed in training mode")
             return yolo_loss(outputs, self.specs, targets, input_size, dialect=self.dialect)
         return postprocess(outputs, self.specs, input_size, self.score_thresh, self.nms_thresh,
-                           self.detections_per_image)
+                           self.detections_per_image, decoded=getattr(self.network, "decoded", False))
+
+    def decoded_network(self) -> DecodedNetwork:
+        """The network with its outputs decoded (``export --postprocess``)."""
+        return DecodedNetwork(self.network, self.specs)

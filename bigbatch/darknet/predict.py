@@ -63,7 +63,7 @@ class DarknetTestDetection:
         device = next(module.parameters()).device
         raw = module.network(torch.stack(inputs).to(device, non_blocking=True))
         return detections(raw, module.specs, geometries, settings.conf, settings.iou, settings.max_det,
-                          self.nms_kind, self.beta_nms)
+                          self.nms_kind, self.beta_nms, decoded=getattr(module.network, "decoded", False))
 
 
 def load_cfg(cfg_path: Path, weights: str | os.PathLike | None, names: str | os.PathLike | None,

@@ -34,7 +34,7 @@ from torch import Tensor
 from torchvision.ops import batched_nms, box_iou, clip_boxes_to_image
 
 from bigbatch.darknet.cfg import Yolo
-from bigbatch.darknet.detector import DarknetDetector, decode_yolo_output
+from bigbatch.darknet.detector import DarknetDetector, decode_all
 from bigbatch.darknet.spec import DarknetCfg
 
 NMS_THRESH = 0.45
@@ -197,17 +197,15 @@ def darknet_nms(boxes: Tensor, scores: Tensor, labels: Tensor, iou_thresh: float
 
 def detections(outputs: Sequence[Tensor], specs: Sequence[Yolo], geometries: Sequence[Geometry],
                conf: float = 0.25, iou: float = NMS_THRESH, max_det: int = 100, nms_kind: str = "default",
-               beta: float = 0.6) -> list[dict[str, Tensor]]:
+               beta: float = 0.6, decoded: bool = False) -> list[dict[str, Tensor]]:
     """The detections of each image from the raw inputs of the ``[yolo]`` layers (``DarknetNetwork`` outputs, a batch
-    of images all at ``geometries[i].net_size``), as ``test_detector`` finds them (see the module's docstring):
+    of images all at ``geometries[i].net_size``; or from them decoded, ``decoded``: ``detector.decode_all``), as
+    ``test_detector`` finds them (see the module's docstring):
     candidates with objectness ``> conf``, each class with ``objectness * p > conf`` a detection, boxes corrected to
     the original image, :func:`darknet_nms` per class, boxes clipped to the image, at most ``max_det`` by score.
     -> per image ``{"boxes": XYXY float in original pixels, "scores", "labels": int64}``, best first."""
     net_size = geometries[0].net_size
-    decoded = [decode_yolo_output(raw.float(), spec, net_size) for raw, spec in zip(outputs, specs, strict=True)]
-    boxes = torch.cat([d[0] for d in decoded], dim=1)
-    objectness = torch.cat([d[1] for d in decoded], dim=1)
-    classes = torch.cat([d[2] for d in decoded], dim=1)
+    boxes, objectness, classes = decode_all(outputs, specs, net_size, decoded)
     results = []
     for n, placed in enumerate(geometries):
         scores = objectness[n, :, None] * classes[n]

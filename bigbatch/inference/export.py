@@ -7,7 +7,11 @@ evaluation transform, or Darknet's ``detector test`` preprocessing, applied outs
 - a classifier (``small_cnn``, torchvision's and timm's, a Darknet classifier): the logits ``[N, classes]``; Inception's
   auxiliary head is not in the graph (eval mode);
 - a Darknet detector (a run of ``model.name: darknet``, or a ``.cfg`` with ``--weights``): the network's raw outputs,
-  the input of each ``[yolo]`` layer; ``predict`` decodes them as it decodes the PyTorch model's;
+  the input of each ``[yolo]`` layer; ``predict`` decodes them as it decodes the PyTorch model's. With
+  ``--postprocess`` the decoding is in the graph (``DecodedNetwork``: boxes ``[N, P, 4]`` XYXY in input pixels,
+  objectness ``[N, P]``, class probabilities ``[N, P, C]``, over every candidate ``P``), and ``predict`` keeps the
+  thresholds and NMS: Darknet's NMS (greedy DIoU for ``nms_kind=greedynms``, per class) is in none of the formats
+  (ONNX's ``NonMaxSuppression`` is plain IoU), and outside the graph ``--conf`` and ``--iou`` stay free;
 - a torchvision detector (``small_detector``, FCOS, RetinaNet, Faster R-CNN, SSD): the whole detector on one image of
   any size, normalisation, decoding and NMS included, at the thresholds it evaluates with (``DetectorGraph``).
   torchvision writes its detectors for export: their data-dependent steps (the number of candidates, NMS) are traced
@@ -66,7 +70,7 @@ class CheckFailed(Exception):
 
 def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None, names: Path | None = None,
                  size: int | None = None, dynamic_batch: bool = False, opset: int | None = None, check: int = 8,
-                 check_images: list[str] | None = None) -> list[str]:
+                 check_images: list[str] | None = None, postprocess: bool = False, half: bool = False) -> list[str]:
     """Export ``source`` (a run directory, a checkpoint, a ``.cfg`` with ``weights``) to ``out`` in ``fmt``, checked
     (see the module docstring); -> the lines to print."""
     from bigbatch.floor.outputs import check_output_file
@@ -85,6 +89,10 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
         raise UserError(f"--opset: the dynamo exporter writes opsets {OPSET} to {MAX_OPSET}, not {opset}")
     if not 0 <= check <= MAX_CHECK:
         raise UserError(f"--check: expected 0 to {MAX_CHECK} images, got {check}")
+    if half:
+        raise UserError("--half: an fp16 export is made and checked on a CUDA device" + (
+            "; this version exports fp32 only" if torch.cuda.is_available() else " (none here): the CPU runtimes run "
+            "the fp32 file (OpenVINO in bf16 where the CPU has it, at its default precision)"))
     check_output_file(out, "--out")
     if fmt == "openvino":
         check_output_file(out.with_suffix(".bin"), "--out (its weights, beside it)")
@@ -92,7 +100,7 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
     if fmt == "onnx":
         _require_onnx()
     model = load(source, weights=weights, names=names, size=size, device="cpu")
-    graph, kind = exported_part(model)
+    graph, kind = exported_part(model, postprocess)
     if kind == "detector" and dynamic_batch:
         raise UserError("--dynamic-batch: a torchvision detector's graph takes one image (of any size) at a time")
     inputs = check_inputs(model, check_images, max(check, 1), same_size=kind != "detector")
@@ -161,15 +169,17 @@ def _require_onnx() -> None:
         raise UserError(MISSING.format(what="export --format onnx")) from None
 
 
-def exported_part(model: Predictor) -> tuple[nn.Module, str]:
+def exported_part(model: Predictor, postprocess: bool = False) -> tuple[nn.Module, str]:
     """(the module the file holds, its kind): a classifier whole (``logits``), a Darknet detector's network (``raw``:
-    its ``[yolo]`` inputs), a torchvision detector whole with its decoding (``detector``, see the module
-    docstring)."""
+    its ``[yolo]`` inputs; ``decoded`` with ``postprocess``), a torchvision detector whole with its decoding
+    (``detector``, see the module docstring)."""
     if model.task == "classification":
+        if postprocess:
+            raise UserError("--postprocess: for a detector; a classifier's graph ends at its logits")
         return model.module.eval(), "logits"
     network = getattr(model.module, "network", None)
     if network is not None:
-        return network.eval(), "raw"
+        return (model.module.decoded_network() if postprocess else network).eval(), "decoded" if postprocess else "raw"
     return DetectorGraph(model.module).eval(), "detector"
 
 

@@ -35,9 +35,12 @@ class RuntimeNetwork(nn.Module):
     same outputs (one tensor, or a list for a Darknet network). It holds no weights; its one buffer says where its
     inputs go (the CPU)."""
 
-    def __init__(self, run: Callable[[torch.Tensor], list[torch.Tensor]], single: bool, batch: int | None) -> None:
+    def __init__(self, run: Callable[[torch.Tensor], list[torch.Tensor]], single: bool, batch: int | None,
+                 decoded: bool = False) -> None:
         super().__init__()
         self.run, self.single = run, single
+        self.decoded = decoded
+        """A Darknet network exported with ``--postprocess``: its outputs are decoded (boxes, objectness, classes)."""
         self.batch = batch
         """The batch the graph was exported for (inputs are cut into it), or None for a free batch dimension."""
         self.register_parameter("device_marker", nn.Parameter(torch.zeros(()), requires_grad=False))
@@ -180,7 +183,8 @@ def load_exported(path: Path, device: torch.device) -> Predictor:
         network = RuntimeDetector(run, thresholds)
     else:
         network = RuntimeNetwork(run, single=data["task"] == "classification",
-                                 batch=batch if isinstance(batch, int) and batch >= 1 else None)
+                                 batch=batch if isinstance(batch, int) and batch >= 1 else None,
+                                 decoded=data.get("graph") == "decoded")
     origin, classes = data["origin"], data["classes"]
     kind = origin.get("kind")
     if kind == "run":

@@ -1,7 +1,7 @@
-"""``bigbatch export --format onnx|torchscript``: the file is checked in its runtime before it is written, carries
-what ``predict`` needs, and predicts as the PyTorch model does (a classifier's run, a Darknet detector's run, a Darknet
-cfg with its weights, FCOS whole); the refusals (an existing or misnamed file, an unknown format, TensorRT without
-CUDA, a missing extra, a failed check)."""
+"""``bigbatch export --format onnx|torchscript|openvino``: the file is checked in its runtime before it is written,
+carries what ``predict`` needs, and predicts as the PyTorch model does (a classifier's run, a Darknet detector's run
+and cfg, raw or decoded with ``--postprocess``, FCOS whole); the refusals (an existing or misnamed file, an unknown
+format, TensorRT without CUDA, ``--half`` without it, a missing extra, a failed check)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,14 @@ def test_a_darknet_run_exports_to_onnx_and_predicts_as_itself(tmp_path):
                         "--conf", "0.001").returncode == 0
     same_records(records(tmp_path / "exported"), records(tmp_path / "torch"))
     assert sum(len(r["detections"]) for r in records(tmp_path / "torch")) > 0
+    if importlib.util.find_spec("openvino") is not None:  # the decoding in the graph, NMS outside it
+        decoded = tmp_path / "decoded.xml"
+        exported = run_main("export", str(run), "--format", "openvino", "--postprocess", "--out", str(decoded),
+                            "--check", "2")
+        assert exported.returncode == 0, exported.stderr
+        assert run_main("predict", str(shapes / "val"), "--from", str(decoded), "--out", str(tmp_path / "decoded"),
+                        "--conf", "0.001").returncode == 0
+        same_records(records(tmp_path / "decoded"), records(tmp_path / "torch"))
 
 
 def test_a_darknet_cfg_exports_with_its_detector_test_settings(tmp_path):
@@ -110,6 +118,13 @@ def test_a_darknet_cfg_exports_with_its_detector_test_settings(tmp_path):
                         str(tmp_path / folder))
         assert done.returncode == 0, done.stderr
     same_records(records(tmp_path / "exported"), records(tmp_path / "torch"))
+    decoded = tmp_path / "decoded.torchscript"
+    result = run_main("export", str(cfg), "--weights", str(weights), "--size", "64", "--format", "torchscript",
+                      "--postprocess", "--out", str(decoded), "--check", "2")
+    assert result.returncode == 0, result.stderr
+    done = run_main("predict", str(image), "--from", str(decoded), "--conf", "0.01", "--out", str(tmp_path / "dec"))
+    assert done.returncode == 0, done.stderr
+    same_records(records(tmp_path / "dec"), records(tmp_path / "torch"))
 
 
 def test_refusals_a_misnamed_file_a_missing_extra_a_failed_check(digits_run, tmp_path, monkeypatch):
@@ -123,6 +138,11 @@ def test_refusals_a_misnamed_file_a_missing_extra_a_failed_check(digits_run, tmp
     assert wrong.returncode == 2 and "*.onnx" in wrong.stderr
     alone = run_main("export", str(digits_run), "--out", str(tmp_path / "m.onnx"))
     assert alone.returncode == 2 and "--out: goes with --format" in alone.stderr
+    half = run_main("export", str(digits_run), "--format", "onnx", "--half", "--out", str(tmp_path / "m.onnx"))
+    assert half.returncode == 2 and half.stderr.startswith("error: --half: ") and "CUDA" in half.stderr
+    decoded = run_main("export", str(digits_run), "--format", "torchscript", "--postprocess", "--out",
+                       str(tmp_path / "m.torchscript"))
+    assert decoded.returncode == 2 and "error: --postprocess: for a detector" in decoded.stderr
     monkeypatch.setitem(sys.modules, "onnxscript", None)
     missing = run_main("export", str(digits_run), "--format", "onnx", "--out", str(tmp_path / "m.onnx"))
     assert missing.stderr == ("error: export --format onnx needs the optional 'export' extra: "
