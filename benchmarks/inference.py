@@ -19,7 +19,9 @@ onnxruntime's ``intra_op_num_threads``, OpenVINO's ``INFERENCE_NUM_THREADS``, Da
     it where the CPU has AVX512_BF16); Darknet's from its own ``Predicted in X milli-seconds`` lines (its
     ``network_predict``, batch 1: ``detector test`` has no batch), the first image left out as a warm-up.
   * the whole ``predict`` path per image (decode, preprocess, forward, Darknet-style postprocess):
-    ``bigbatch.load(cfg, weights=W).predict(paths, batch=B)``; beside it the same ``Predictor`` with its forward
+    ``bigbatch.load(cfg, weights=W).predict(paths, batch=B)``; ``bigbatch.load(FILE)`` of the files ``bigbatch
+    export --format onnx|openvino --dynamic-batch`` writes (onnxruntime; OpenVINO at f32, bigbatch's own paths); beside
+    them the same ``Predictor`` with its forward
     swapped for the onnxruntime or OpenVINO session (a benchmark-only swap, not a bigbatch feature: what a faster
     forward would give the whole path). Darknet: ``darknet detector test DATA CFG W -dont_show`` with the paths on
     stdin, one process over the ``--images`` images, wall time less that of the same command given no image (its
@@ -242,10 +244,10 @@ class SwappedDetector(torch.nn.Module):
         self.network = forward
 
 
-def bigbatch_export(cfg: Path, weights: Path, out: Path) -> tuple[Path, str] | None:
-    """``bigbatch export CFG --weights W --format onnx --out FILE --dynamic-batch`` (this checkout's), -> (the file,
+def bigbatch_export(cfg: Path, weights: Path, out: Path, fmt: str = "onnx") -> tuple[Path, str] | None:
+    """``bigbatch export CFG --weights W --format FMT --out FILE --dynamic-batch`` (this checkout's), -> (the file,
     the command); None where this bigbatch's export has no ``--format`` or the command fails (said so)."""
-    command = [sys.executable, "-m", "bigbatch", "export", str(cfg), "--weights", str(weights), "--format", "onnx",
+    command = [sys.executable, "-m", "bigbatch", "export", str(cfg), "--weights", str(weights), "--format", fmt,
                "--out", str(out), "--dynamic-batch", "--check-images", str(cfg.parent / "images")]
     env = dict(os.environ, PYTHONPATH=str(CHECKOUT))
     helped = subprocess.run([sys.executable, "-m", "bigbatch", "export", "--help"], env=env, capture_output=True,
@@ -258,7 +260,7 @@ def bigbatch_export(cfg: Path, weights: Path, out: Path) -> tuple[Path, str] | N
         print(f"note: {' '.join(command)} failed (exit {done.returncode}: {(done.stderr or done.stdout)[-300:]}); "
               "the ONNX file comes from torch.onnx.export")
         return None
-    return out, "bigbatch export CFG --weights W --format onnx --out FILE --dynamic-batch"
+    return out, f"bigbatch export CFG --weights W --format {fmt} --out FILE --dynamic-batch"
 
 
 def forward_paths(net: torch.nn.Module, onnx: Path, threads: int, bf16: bool
@@ -503,6 +505,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
         whole["onnxruntime, bigbatch.load(FILE)"] = bigbatch.load(yolo_onnx, device="cpu")
     else:
         whole["onnxruntime (swap)"] = swapped(yolo_paths["onnxruntime"])
+    if "openvino f32" in yolo_paths and (xml := bigbatch_export(cfg, weights, work / "yolov4-tiny.xml", "openvino")):
+        whole["OpenVINO f32, bigbatch.load(FILE.xml)"] = bigbatch.load(xml[0], device="cpu")
     best_openvino = next((k for k in ("openvino bf16", "openvino f32") if k in yolo_paths), None)
     if best_openvino:
         whole[f"{best_openvino} (swap)"] = swapped(yolo_paths[best_openvino])

@@ -15,7 +15,7 @@ import torch
 
 from tests.helpers import COMMON, HANG_GUARD_S, ROOT, assert_same_weights, clean_env, free_port, weights
 
-STEPS = 120
+STEPS = 20
 SETTINGS = [*COMMON, f"steps={STEPS}", "checkpoint.every=5", "eval.every=1000", "model.norm=group"]
 PAUSE_AT = 7  # steps rank 1 does before it pauses: rank 0 has written the checkpoint of step 5, not yet step 10
 

@@ -6,7 +6,7 @@ import pytest
 
 from bigbatch.config import load_config
 from bigbatch.errors import UserError
-from tests.helpers import run_cli
+from tests.helpers import run_cli, run_main
 
 BAD = [
     (["--set", "optim.lrr=0.1"], "optim.lrr", "unknown key"),
@@ -28,11 +28,17 @@ BAD = [
 CASES = [("show", *case) for case in BAD] + [("train", *case) for case in BAD[:4]]
 
 
-@pytest.mark.parametrize(("command", "overrides", "key", "expected"), CASES)
-def test_bad_config_fails_with_one_error_line(tmp_path, command, overrides, key, expected):
+PROCESS = {0, len(BAD)}
+"""The cases run as a real process (the first of ``show`` and of ``train``: exit status, stderr as the shell sees it);
+the others run ``main`` in this process (``run_main``), the same code without a Python start and torch's import."""
+
+
+@pytest.mark.parametrize(("command", "overrides", "key", "expected", "process"),
+                         [(*case, number in PROCESS) for number, case in enumerate(CASES)])
+def test_bad_config_fails_with_one_error_line(tmp_path, command, overrides, key, expected, process):
     out = tmp_path / "run"
     extra = ["--out", str(out)] if command == "train" else []
-    result = run_cli(command, "digits", *overrides, *extra)
+    result = (run_cli if process else run_main)(command, "digits", *overrides, *extra)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -22,7 +22,7 @@ from bigbatch.floor.host_all_reduce import HostAllReduce
 from tests.helpers import HANG_GUARD_S, ROOT, run_spawned
 
 WORLD = 3
-CALLS = 300
+CALLS = 100
 
 pytestmark = pytest.mark.skipif(not (
     os.path.isdir("/dev/shm") and os.uname().machine.lower() in {"x86_64", "amd64"}),

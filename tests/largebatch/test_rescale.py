@@ -9,7 +9,7 @@ from bigbatch.batching import make_plan
 from bigbatch.config import load_config, parse_length
 from bigbatch.largebatch.rescale import rescale
 from bigbatch.largebatch.schedule import build_schedule, scaled_lr
-from tests.helpers import DARKNET_DATA, run_cli
+from tests.helpers import DARKNET_DATA, run_main
 
 RECIPE = [
     "steps=200", "optim.ref_batch=null",
@@ -70,18 +70,18 @@ def test_darknet_cfg_rescaled():
 
 def test_scale_cli_writes_a_recipe_that_loads(tmp_path):
     out = tmp_path / "digits-1024.yaml"
-    result = run_cli("scale", "digits", "--batch", "1024", "--out", str(out))
+    result = run_main("scale", "digits", "--batch", "1024", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "LR for the global batch" in result.stdout and "0.4" in result.stdout
     written = yaml.safe_load(out.read_text())
     assert written["batch"] == 1024 and written["subdivisions"] == 32
-    shown = run_cli("show", str(out))
+    shown = run_main("show", str(out))
     assert shown.returncode == 0, shown.stderr
     assert "micro-batch     32 images (= 1024 / (1 x 32))" in shown.stdout
 
 
 def test_scale_to_an_indivisible_batch_is_an_error():
-    result = run_cli("scale", "digits", "--set", "subdivisions=8", "--batch", "100")
+    result = run_main("scale", "digits", "--set", "subdivisions=8", "--batch", "100")
     assert result.returncode == 2
     assert result.stderr.startswith("error: batch: 100 is not divisible")
 

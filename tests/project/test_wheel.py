@@ -42,7 +42,7 @@ from bigbatch.config import RECIPES_DIR, builtin_recipes
 shown = {}
 names = sorted(set(builtin_recipes())) + [str(p) for p in sorted(RECIPES_DIR.glob("*.cfg"))]
 for name in names:
-    out, err = io.StringIO(), io.StringIO()
+    out, err, start = io.StringIO(), io.StringIO(), time.perf_counter()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(["show", name])
@@ -284,18 +284,19 @@ SETUP = [["train", "digits", "--out", name, "--set", "steps=2", "batch=64", "sub
 """What the report docs' commands read: the reader's runs, here short ones."""
 
 RUN_DOC_COMMANDS = """
-import contextlib, io, json, shlex, sys
+import contextlib, io, json, shlex, sys, time
 from bigbatch.cli import main
 
 done = []
 for argv in json.load(open(sys.argv[1])):
-    out, err = io.StringIO(), io.StringIO()
+    out, err, start = io.StringIO(), io.StringIO(), time.perf_counter()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(argv)
         except SystemExit as e:
             code = e.code
-    done.append({"argv": argv, "code": code, "stdout": out.getvalue()[-3000:], "stderr": err.getvalue()[-3000:]})
+    done.append({"argv": argv, "code": code, "stdout": out.getvalue()[-3000:], "stderr": err.getvalue()[-3000:],
+                 "seconds": round(time.perf_counter() - start, 2)})
 json.dump(done, sys.stdout)
 """
 
@@ -323,6 +324,9 @@ def test_every_command_of_the_docs_runs_from_the_installed_package_or_is_skipped
     (work / "commands.json").write_text(json.dumps(argvs))
     result = run([str(python), "-c", RUN_DOC_COMMANDS, str(work / "commands.json")], cwd=work)
     done = json.loads(result.stdout)
+    slowest = sorted(done, key=lambda ran: -ran["seconds"])[:8]  # shown with -s: where the test's time goes
+    print("slowest doc commands:", *(f"{ran['seconds']:6.2f} s  {' '.join(ran['argv'])[:150]}" for ran in slowest),
+          sep="\n  ")
     for setup in done[:len(SETUP)]:
         assert setup["code"] == 0, setup
     machine = re.compile(r"this machine's [\d.]+ \wiB")
