@@ -32,7 +32,7 @@ demo: $(VENV)/.installed
 	$(BIN)/bigbatch train digits
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -n 2 -q --durations=15 -m "not slow" tests; rc=$$?; \
+	$(BIN)/python -m pytest -n 2 --dist worksteal -q --durations=15 -m "not slow" tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 # One process: on 2 cores the fast subset takes longer in two workers, each importing torch, than in one (2026-12-03,

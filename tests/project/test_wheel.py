@@ -42,7 +42,7 @@ from bigbatch.config import RECIPES_DIR, builtin_recipes
 shown = {}
 names = sorted(set(builtin_recipes())) + [str(p) for p in sorted(RECIPES_DIR.glob("*.cfg"))]
 for name in names:
-    out, err, start = io.StringIO(), io.StringIO(), time.perf_counter()
+    out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(["show", name])
