@@ -62,7 +62,7 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
     lr_at = build_schedule(cfg, plan)
     reduce = all_reduce_sum if proc.world > 1 and cfg.norm.sync != "none" else None
     running_stats = configure_batchnorm(model, cfg.norm, plan, reduce=reduce)
-    optimizer = build_optimizer(cfg.optim, model, lr_at(0))  # every parameter: a frozen one has no gradient to use
+    optimizer = build_optimizer(cfg.optim, model, lr_at(0), cfg.model.name)  # all: a frozen one has no gradient
     groups = frozen_groups(model, cfg, plan)
     set_frozen(model, groups, 0)  # as at the first step (the freeze_layers hook sets each step's before it runs)
     ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None

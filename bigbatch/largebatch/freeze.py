@@ -76,6 +76,26 @@ def _under(prefixes: list[str], name: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def backbone(model: nn.Module, model_name: str, key: str) -> tuple[list[str], list[str]]:
+    """(the parameter names, the top-level modules) of the model's backbone (see the module docstring); a model
+    without one is a ``UserError`` naming ``key``."""
+    if getattr(model, "network", None) is not None:
+        raise UserError(f"{key}: backbone is not defined for a Darknet cfg (its layers have no such name); give the "
+                        "number of layers instead, model.freeze=N")
+    core = inner(model)
+    if core is not model:  # a detector: its backbone module
+        if _module(core, "backbone") is None:
+            raise UserError(f"{key}: {model_name} has no backbone module; give model.freeze=N")
+        return [name for name, _ in model.named_parameters() if _under(["detector.backbone"], name)], \
+            ["detector.backbone"]
+    heads = head_names(model)
+    if not heads:
+        raise UserError(f"{key}: {model_name} names no classifier head bigbatch knows; give model.freeze=N (the "
+                        "first N top-level children)")
+    return ([name for name, _ in model.named_parameters() if not _under(heads, name)],
+            [name for name, _ in model.named_children() if name not in heads])
+
+
 def freeze_groups(model: nn.Module, model_cfg: Any, unfreeze_step: int | None) -> list[FrozenGroup]:
     """The groups ``model.freeze`` asks for (see the module docstring), frozen until ``unfreeze_step``."""
     freeze = model_cfg.freeze
@@ -83,22 +103,7 @@ def freeze_groups(model: nn.Module, model_cfg: Any, unfreeze_step: int | None) -
         return []
     network = getattr(model, "network", None)  # a Darknet network: its layers
     if freeze == "backbone":
-        if network is not None:
-            raise UserError("model.freeze: backbone is not defined for a Darknet cfg (its layers have no such name); "
-                            "give the number of layers to freeze, model.freeze=N")
-        core = inner(model)
-        if core is not model:  # a detector: its backbone module
-            if _module(core, "backbone") is None:
-                raise UserError(f"model.freeze: {model_cfg.name} has no backbone module; give model.freeze=N")
-            prefix, kept = "detector.", ["backbone"]
-            names = [name for name, _ in model.named_parameters() if _under([prefix + k for k in kept], name)]
-            return [FrozenGroup(tuple(names), tuple(prefix + k for k in kept), unfreeze_step, "model.freeze: backbone")]
-        heads = head_names(model)
-        if not heads:
-            raise UserError(f"model.freeze: {model_cfg.name} names no classifier head bigbatch knows; give "
-                            "model.freeze=N (the first N top-level children)")
-        names = [name for name, _ in model.named_parameters() if not _under(heads, name)]
-        modules = [name for name, _ in model.named_children() if name not in heads]
+        names, modules = backbone(model, model_cfg.name, "model.freeze")
         return [FrozenGroup(tuple(names), tuple(modules), unfreeze_step, "model.freeze: backbone")]
     if network is not None:
         count, prefix, what = len(network.layers), "network.layers.", "layers"

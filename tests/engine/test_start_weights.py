@@ -181,3 +181,30 @@ def test_two_processes_train_a_freeze_that_ends_as_one_process(digits_run, tmp_p
     multi = torchrun(tmp_path / "two", *settings, "subdivisions=1")
     assert multi.returncode == 0, multi.stderr[-3000:]
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "lars", "lamb"])
+def test_backbone_lr_scale_moves_the_backbone_by_that_fraction_inside_the_trust_ratio(optimizer):
+    """The first update of each tensor with ``optim.backbone_lr_scale=0.1`` is 0.1 times the update without it in the
+    backbone (LARS's and LAMB's trust ratios are per tensor, so they compose with it), the same in the head; the
+    weight-decay groups are kept."""
+    from bigbatch.largebatch.optim import build_optimizer, set_lr
+
+    images, labels = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(0)), torch.arange(8) % 3
+
+    def first_update(scale: float) -> dict[str, torch.Tensor]:
+        model = classifier("small_cnn", 3, size=16)
+        start = {k: v.clone() for k, v in model.named_parameters()}
+        cfg = load_config("digits", [f"optim.name={optimizer}", "optim.weight_decay=0.01",
+                                     "optim.no_decay_norm_bias=true", f"optim.backbone_lr_scale={scale}"])
+        opt = build_optimizer(cfg.optim, model, 0.05, "small_cnn")
+        assert len(opt.param_groups) == (4 if scale != 1 else 2)
+        set_lr(opt, 0.05)
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        opt.step()
+        return {k: v.detach() - start[k] for k, v in model.named_parameters()}
+
+    plain, scaled = first_update(1.0), first_update(0.1)
+    for name, delta in plain.items():
+        expected = delta if name.startswith("head.") else 0.1 * delta
+        torch.testing.assert_close(scaled[name], expected, rtol=1e-3, atol=1e-7, msg=name)  # w - w0: float32 rounding
