@@ -208,3 +208,38 @@ def test_backbone_lr_scale_moves_the_backbone_by_that_fraction_inside_the_trust_
     for name, delta in plain.items():
         expected = delta if name.startswith("head.") else 0.1 * delta
         torch.testing.assert_close(scaled[name], expected, rtol=1e-3, atol=1e-7, msg=name)  # w - w0: float32 rounding
+
+
+def test_a_detector_of_another_class_count_starts_with_its_classifier_reinitialised(tmp_path):
+    from bigbatch.models.detectors import build_detector
+
+    torch.manual_seed(0)
+    five = build_detector("fasterrcnn_mobilenet_v3_large_fpn", 5, min_size=64, max_size=64)
+    torch.save({"model": five.state_dict(), "format": 1, "step": 7, "config": {}}, tmp_path / "five.pt")
+    three = build_detector("fasterrcnn_mobilenet_v3_large_fpn", 3, min_size=64, max_size=64)
+    started = load_weights_file(three, tmp_path / "five.pt", mismatched="reinit")
+    assert started.reinitialised == ["detector.roi_heads.box_predictor.cls_score.weight",
+                                     "detector.roi_heads.box_predictor.cls_score.bias",
+                                     "detector.roi_heads.box_predictor.bbox_pred.weight",
+                                     "detector.roi_heads.box_predictor.bbox_pred.bias"]
+    assert "checkpoint of step 7" in started.source and started.missing == []
+
+
+def test_a_freeze_past_the_last_layer_is_one_line(tmp_path):
+    result = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", *SHORT, "model.freeze=9")
+    assert result.returncode == 2
+    assert result.stderr == "error: model.freeze: 9 is past the model's last layer (it has 3 top-level children)\n"
+    from types import SimpleNamespace
+
+    from bigbatch.config import RECIPES_DIR
+    from bigbatch.darknet.detector import DarknetDetector
+    from bigbatch.darknet.models import darknet_network
+    from bigbatch.largebatch.freeze import freeze_groups
+
+    network = darknet_network(str(RECIPES_DIR / "yolov3-tiny-shapes.cfg"), None, 64)
+    with pytest.raises(UserError, match=r"^model.freeze: backbone is not defined for a Darknet cfg"):
+        freeze_groups(DarknetDetector(network), SimpleNamespace(freeze="backbone", name="darknet"), None)
+    with pytest.raises(UserError, match=r"^model.freeze: 99 is past the model's last layer \(it has 24 layers\)$"):
+        freeze_groups(DarknetDetector(network), SimpleNamespace(freeze=99, name="darknet"), None)
+    groups = freeze_groups(DarknetDetector(network), SimpleNamespace(freeze=3, name="darknet"), 5)
+    assert groups[0].until == 5 and {name.split(".")[2] for name in groups[0].names} == {"0", "2"}  # 1: a maxpool
