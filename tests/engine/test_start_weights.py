@@ -229,6 +229,11 @@ def test_a_freeze_past_the_last_layer_is_one_line(tmp_path):
     result = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", *SHORT, "model.freeze=9")
     assert result.returncode == 2
     assert result.stderr == "error: model.freeze: 9 is past the model's last layer (it has 3 top-level children)\n"
+    missing = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", *SHORT,
+                       f"model.weights={tmp_path / 'nowhere.pt'}")
+    assert missing.returncode == 2
+    assert missing.stderr == f"error: model.weights: {tmp_path / 'nowhere.pt'} does not exist\n"
+    assert not (tmp_path / "run").exists(), "refused before any work"
     from types import SimpleNamespace
 
     from bigbatch.config import RECIPES_DIR
