@@ -112,8 +112,12 @@ class ModelInfo(Info):
     ``model.cfg``), kept in the run directory under the key's name as the run built them (``engine/run_dir.py``), so
     that the run evaluates, resumes and exports without the file named."""
     """The smallest square input in pixels."""
-    reads_weights: bool = False
-    """``model.weights`` names a local weights file it loads."""
+    frozen_groups: Callable[[Any, Any, Any], list[Any]] | None = None
+    """frozen_groups(model, cfg, plan) -> ``largebatch.freeze.FrozenGroup`` of the family's own freezing keys (a
+    Darknet cfg's ``stopbackward``, ``train_only_bn``, ``dont_update``, ``burnin_update``), beside ``model.freeze``."""
+    start_weights: Callable[[Any, Any], Any] | None = None
+    """start_weights(model, model_cfg) -> ``engine.start_weights.Started``, or None to leave ``model.weights`` to the
+    loader every family shares (by tensor name): a family's own weights files (Darknet's ``.weights``)."""
     size_key: str = "model.name"
     """The key that sets its size, named when it is too large."""
     describe: Callable[[Any], str] | None = None
@@ -316,11 +320,11 @@ MODELS = Registry("model", "model.name",
                   ("bigbatch.models", "bigbatch.models.timm_models", "bigbatch.models.detectors",
                    "bigbatch.darknet.models"), ModelInfo)
 """``model.name``: info ``task``; ``min_input_size`` (optional: the smallest square input in pixels);
-``reads_weights`` (optional: ``model.weights`` names a local weights file it loads); ``size_key`` (optional: the key
-that sets its size, named when it is too large; default ``model.name``); ``describe`` (optional: describe(cfg) ->
-the text ``bigbatch show`` prints after the plan, such as a network's layer table; it is called, and may raise a
-``UserError``, before anything is printed). obj builds the model, random
-weights unless ``model.weights``, nothing downloaded, by task:
+``start_weights`` (optional: the family's own weights files, ``engine/start_weights.py``); ``size_key`` (optional:
+the key that sets its size, named when it is too large; default ``model.name``); ``describe`` (optional:
+describe(cfg) -> the text ``bigbatch show`` prints after the plan, such as a network's layer table; it is called,
+and may raise a ``UserError``, before anything is printed). obj builds the model with random weights
+(``model.weights`` is loaded after it, by ``engine/start_weights.py``), nothing downloaded, by task:
 
 - ``classification``: obj(model_cfg, num_classes, in_channels) -> nn.Module, images -> logits;
 - ``detection``: obj(model_cfg, num_classes, *, min_size, max_size) -> nn.Module with ``models/detectors.py``'s

@@ -7,20 +7,34 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from bigbatch.config.section import PartSection, registered
+from bigbatch.config.values import Length
 from bigbatch.registry import MODELS
 
 
 class ModelConfig(PartSection):
     parts = MODELS
-    layout = ("name", "weights", "norm", "width", "dropout", "aux_logits", "cfg")
+    layout = ("name", "weights", "weights_from", "mismatched", "freeze", "unfreeze_at", "norm", "width", "dropout",
+              "aux_logits", "cfg")
     """The order config.yaml has always written these keys in, the model families' own after the shared ones."""
 
     name: Annotated[str, registered(MODELS)] = "small_cnn"
     """Classification: ``small_cnn`` (the built-in demo CNN) or a torchvision classification model (``resnet18``,
     ...). Detection: ``small_detector`` or a torchvision detector (``fasterrcnn_resnet50_fpn``, ...)."""
     weights: str | None = None
-    """Detection: start from this local weights file (a state dict or a bigbatch checkpoint); unset: from scratch.
-    Nothing is ever downloaded."""
+    """Start from these weights (``engine/start_weights.py``): a bigbatch run directory or checkpoint (any task and
+    class count), a timm or torchvision state dict (``.pth``, ``.pt``, ``.safetensors``), or, for a Darknet network,
+    a ``.weights`` or ``.conv.N`` file; unset: from scratch. Nothing is ever downloaded."""
+    weights_from: Literal["ema", "raw"] = "ema"
+    """A run's weights to start from: its EMA weights where it kept an EMA (``ema``), or its raw ones."""
+    mismatched: Literal["error", "reinit"] = "error"
+    """A tensor of ``model.weights`` whose shape differs from the model's (a head for another class count):
+    ``error``, one line naming it, or ``reinit``: the model's layer keeps its new initialisation."""
+    freeze: Literal["none", "backbone"] | Annotated[int, Field(ge=0)] = "none"
+    """Parameters not trained (``largebatch/freeze.py``): ``backbone`` (a classifier's all but its head, a torchvision
+    detector's ``backbone``), or the first N layers of a Darknet network (the first N top-level children of other
+    models)."""
+    unfreeze_at: Length | None = None
+    """When the frozen parameters start training (steps, or ``"N epochs"``); unset: never."""
     norm: Literal["batch", "group", "none"] = "batch"
     """Normalisation layers of ``small_cnn``; torchvision models with a ``norm_layer`` argument take it too."""
     width: int = Field(32, gt=0)

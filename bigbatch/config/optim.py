@@ -16,7 +16,7 @@ class OptimConfig(PartSection):
 
     parts = OPTIMIZERS
     layout = ("name", "lr", "ref_batch", "scaling", "momentum", "nesterov", "weight_decay", "no_decay_norm_bias",
-              "eps", "betas", "rmsprop_decay", "trust_coefficient", "momentum_correction")
+              "eps", "betas", "rmsprop_decay", "trust_coefficient", "momentum_correction", "backbone_lr_scale")
     """The order config.yaml has always written these keys in, the optimizers' own (``largebatch/optim.py``:
     momentum, betas, eps, ...) among the shared ones."""
 
@@ -34,6 +34,10 @@ class OptimConfig(PartSection):
     weight_decay: float = Field(0.0, ge=0)
     no_decay_norm_bias: bool = False
     """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
+    backbone_lr_scale: float = Field(1.0, gt=0)
+    """The backbone's LR as a fraction of the rest's (the head learns faster when fine-tuning: 0.1 is common); the
+    backbone is ``model.freeze: backbone``'s (``largebatch/freeze.py``). Multiplies the LR of every step, inside
+    LARS's and LAMB's trust ratio, AdaScale's gain and the warmup alike; the weight-decay groups stay as they are."""
     momentum_correction: bool = False
     """For optimizers with the LR inside the momentum buffer (momentum, rmsprop_tf): when the LR changes from
     lr_old to lr_new, scale the buffer by lr_new / lr_old (Goyal et al. 2017, remark 2); a no-op for the others."""

@@ -92,8 +92,6 @@ class RunConfig(Section):
         model = self.model.part().info
         if model.get("task") != self.task:
             raise ValueError(f"model.name: {self.model.name!r} is not a {task['model_kind']} (task: {self.task})")
-        if self.model.weights is not None and not model.get("reads_weights"):
-            raise ValueError("model.weights: local weights are read for detectors only")
         metrics, prefixes = task["metrics"], task.get("metric_prefixes", ())
         if self.eval.metric is None:
             self.eval.metric = metrics[0]

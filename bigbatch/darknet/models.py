@@ -127,6 +127,52 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
     return 0
 
 
+def darknet_start(model: nn.Module, cfg: ModelConfig) -> Any:
+    """``MODELS``' ``start_weights`` for the Darknet families: ``model.weights`` when it is a Darknet ``.weights`` or
+    ``.conv.N`` file (else None: a state dict or a run, matched by name as for every family).
+
+    Its values are a flat stream, matched by position: one layer of another size shifts every later one. The file of
+    this network (or of its first N layers) loads whole. Another network's, or this one's for another class count:
+    with ``model.weights_cfg``, the cfg it was written for, it is read into that network and matched by name
+    (``model.mismatched`` deciding for the tensors of other shapes); without it, ``model.mismatched: reinit`` loads
+    the layers before the first that depends on the classes, as a ``.conv.N`` backbone, and says so; ``error``
+    refuses it in one line."""
+    from bigbatch.darknet.weights import class_free_layers, read_weights_upto
+    from bigbatch.engine.start_weights import Started, load_by_name
+
+    path = Path(cfg.weights)
+    if not (path.suffix == ".weights" or DARKNET_PARTIAL.search(path.name)):
+        return None
+    if not path.is_file():
+        raise UserError(f"model.weights: {path} does not exist (expected a Darknet .weights file)")
+    network = model.network
+    if cfg.weights_cfg is not None:
+        source = darknet_network(cfg.weights_cfg, None, None, key="model.weights_cfg", dialect=cfg.darknet_dialect)
+        read_weights_upto(source, path)
+        return load_by_name(network, source.state_dict(), str(path), f"Darknet weights of {cfg.weights_cfg}",
+                            cfg.mismatched)
+    note = ""
+    try:
+        _, layers = read_weights_upto(network, path)
+    except UserError as error:
+        upto = class_free_layers(network.cfg)
+        if cfg.mismatched != "reinit" or "larger than the whole network" not in str(error) or not upto:
+            hint = ("; or set model.mismatched=reinit, with model.weights_cfg=ITS.cfg to keep every layer that fits"
+                    if "larger than the whole network" in str(error) else "")
+            raise UserError(f"model.weights: {error}{hint}") from None
+        _, layers = read_weights_upto(network, path, first_layers=upto)
+        note = (f"model.weights: {path} holds another network's weights, or this one's for another class count, and "
+                f"no model.weights_cfg names its cfg: loaded its first {upto} layers (before the first that depends "
+                f"on the classes), as a .conv.{upto} backbone")
+    if layers < len(network.layers) and not note:
+        note = f"model.weights: {path} holds the first {layers} of the network's {len(network.layers)} layers"
+    names = list(network.state_dict())
+    loaded = [name for name in names if name.startswith("layers.") and int(name.split(".")[1]) < layers
+              and not name.endswith("num_batches_tracked")]
+    return Started(str(path), "Darknet weights, by position", len(names), loaded=loaded,
+                   missing=[name for name in names if name not in set(loaded)], note=note)
+
+
 def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_size: int) -> nn.Module:
     """``MODELS``' builder for ``darknet``: the network of ``model.cfg`` at ``data.size`` for the dataset's
     classes, from ``model.weights`` when given, as a detector."""
@@ -135,8 +181,6 @@ def darknet_detector(cfg: ModelConfig, num_classes: int, *, min_size: int, max_s
     network = darknet_network(cfg.cfg, num_classes, min_size, dialect=cfg.darknet_dialect)
     if torch.get_default_device().type != "meta":  # a run (train, eval), not show's or the planner's count
         check_supported(network, cfg.darknet_dialect)  # what the YOLO loss cannot do, said before any step
-    if cfg.weights is not None:
-        load_darknet_weights(network, cfg.weights)
     return DarknetDetector(network, dialect=cfg.darknet_dialect)
 
 
@@ -162,8 +206,6 @@ def darknet_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3,
     if classifier_head(network.cfg) is None:
         raise UserError(f"model.cfg: {network.cfg.path}: the network does not end in a [softmax]; "
                         "model.name darknet_classifier trains Darknet classifiers")
-    if cfg.weights is not None:
-        load_darknet_weights(network, cfg.weights)
     return DarknetClassifier(network)
 
 
@@ -199,10 +241,12 @@ def describe_darknet(cfg: RunConfig) -> str:
 
 
 DARKNET_FIELDS = {"cfg": (str | None, None), "darknet_dialect": (Literal["alexeyab", "pjreddie", "gradient"],
-                                                                   "alexeyab")}
+                                                                   "alexeyab"), "weights_cfg": (str | None, None)}
 """``model.cfg``; ``model.darknet_dialect``: whose Darknet the run trains as (docs/darknet.md, "Dialects"):
 ``alexeyab`` (the default) or ``pjreddie``, that fork's own deltas (``yolo_delta.py``) and cfg reading, or
-``gradient``, the true gradient of the loss (``yolo_loss.py``)."""
+``gradient``, the true gradient of the loss (``yolo_loss.py``); ``model.weights_cfg``: the cfg a ``model.weights``
+Darknet file was written for, where it is another network's or this one's for another class count
+(:func:`darknet_start`)."""
 # No min_input_size: the smallest input is the cfg's own (jnet-conv.cfg's is 10 px), checked layer by layer when the
 # network is built on the meta device before any work (telemetry/capacity.py).
 def kept_cfg(model: nn.Module) -> str:
@@ -215,7 +259,7 @@ def kept_cfg(model: nn.Module) -> str:
     return cfg_text_of(cfg, f"{KEPT_CFG_MARK} the network a run trained, {cfg.path} for its dataset's classes")
 
 
-MODELS.register("darknet", darknet_detector, task="detection", reads_weights=True,
+MODELS.register("darknet", darknet_detector, task="detection", start_weights=darknet_start,
                 describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS)
-MODELS.register("darknet_classifier", darknet_classifier, task="classification", reads_weights=True,
+MODELS.register("darknet_classifier", darknet_classifier, task="classification", start_weights=darknet_start,
                 describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS)

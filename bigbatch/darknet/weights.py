@@ -127,15 +127,20 @@ def read_weights(network: DarknetNetwork, path: str | Path) -> int:
     return read_weights_upto(network, path, partial=False)[0]
 
 
-def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool = True) -> tuple[int, int]:
+def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool = True,
+                      first_layers: int | None = None) -> tuple[int, int]:
     """:func:`read_weights`, also from a file of the first layers only (``partial``), as Darknet's
     ``load_weights_upto`` reads a ``.conv.N`` backbone file that ``darknet partial`` wrote: its size must be the
     header plus the values of the first ``n`` layers, and those layers are loaded, the others left as they are.
-    -> (``seen``, ``n``: the layers loaded, all of them for a whole file)."""
+    ``first_layers``: load only the first ``first_layers`` layers from a file that holds at least their values (and
+    more: another network's, whose first layers are these). -> (``seen``, ``n``: the layers loaded, all of them for a
+    whole file)."""
     path = Path(path)
     tensors = weight_tensors(network)
     count = sum(t.numel() for t in tensors)
     boundaries = layer_boundaries(network) if partial else {count: len(network.layers)}
+    if first_layers is not None:
+        count = sum(t.numel() for index, _, t in named_weight_tensors(network) if index < first_layers)
     try:
         # O_NONBLOCK: opening a FIFO does not wait for a writer; it is then refused as not a regular file
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
@@ -162,15 +167,20 @@ def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool =
                 raise UserError(f"{path}: version {major}.{minor}: an old file whose [connected] weights Darknet "
                                 "transposes on load; not supported by bigbatch")
             values_in_file, remainder = divmod(size - header, 4)
-            if remainder or values_in_file not in boundaries or (values_in_file == 0 and count):
+            if first_layers is not None:
+                if values_in_file < count:
+                    raise _wrong_size(path, network, header, size, boundaries if partial else None)
+                layers = first_layers
+            elif remainder or values_in_file not in boundaries or (values_in_file == 0 and count):
                 raise _wrong_size(path, network, header, size, boundaries if partial else None)
-            count, layers = values_in_file, boundaries[values_in_file]
+            else:
+                count, layers = values_in_file, boundaries[values_in_file]
             # Darknet stores a 32-bit seen into its size_t: *net->seen = iseen (a negative int wraps modulo 2**64)
             wide = header == HEADER_BYTES
             (seen,) = struct.unpack("<Q" if wide else "<i", _read_exactly(f, header - 12, path))
             values = np.empty(count, dtype="<f4")
             _read_exactly(f, 4 * count, path, into=memoryview(values).cast("B"))
-            if f.read(1):
+            if first_layers is None and f.read(1):
                 raise UserError(f"{path}: changed while it was read (longer than its {size:,} bytes)")
         except OSError as e:
             raise UserError(f"{path}: cannot read: {e.strerror or e}") from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -18,12 +18,14 @@ from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
+from bigbatch.engine.start_weights import Started, start_weights
 from bigbatch.engine.step import TrainStep
 from bigbatch.engine.transfer import DeviceFeed
 from bigbatch.errors import UserError
 from bigbatch.floor.distributed import Process
 from bigbatch.largebatch.clip import clip_gradients
 from bigbatch.largebatch.ema import WeightEMA
+from bigbatch.largebatch.freeze import FrozenGroup, frozen_groups, set_frozen
 from bigbatch.largebatch.norm import configure_batchnorm
 from bigbatch.largebatch.optim import build_optimizer
 from bigbatch.largebatch.precision import autocast, build_scaler, check_precision, schedule_burn_in
@@ -40,20 +42,29 @@ class Parts:
     ema: WeightEMA | None
     lr_at: Schedule
     """lr(step), the learning rate of each 0-based optimizer step."""
+    started: Started | None = None
+    """What ``model.weights`` loaded (None: none named, or a resumed run)."""
+    frozen: list[FrozenGroup] = field(default_factory=list)
+    """The parameters frozen until a step (``largebatch/freeze.py``)."""
 
 
 def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, events: EventStorage, *,
-                recut_on_oom: bool = True, last_good: Callable[[], str] = lambda: "") -> Parts:
-    """The model, its optimizer, loss scaler, EMA and schedule, and the training step that uses them, complete.
+                recut_on_oom: bool = True, last_good: Callable[[], str] = lambda: "", start: bool = True) -> Parts:
+    """The model (from ``model.weights`` where ``start``: not for a resumed run), its optimizer, loss scaler, EMA and
+    schedule, and the training step that uses them, complete.
 
     ``recut_on_oom``: an out-of-memory step is cut finer and re-run (False for ``bigbatch plan``, where out of memory
     means: does not fit). ``last_good``: where the last finite weights are, for the message of a stopped run."""
     check_precision(cfg.precision, proc.device)
-    model = sync_batchnorm(task.build_model(cfg), cfg.norm.sync, proc).to(proc.device)
+    model = task.build_model(cfg)
+    started = start_weights(model, cfg) if start else None  # model.weights; a resumed run's are its checkpoint's
+    model = sync_batchnorm(model, cfg.norm.sync, proc).to(proc.device)
     lr_at = build_schedule(cfg, plan)
     reduce = all_reduce_sum if proc.world > 1 and cfg.norm.sync != "none" else None
     running_stats = configure_batchnorm(model, cfg.norm, plan, reduce=reduce)
-    optimizer = build_optimizer(cfg.optim, model, lr_at(0))
+    optimizer = build_optimizer(cfg.optim, model, lr_at(0), cfg.model.name)  # all: a frozen one has no gradient
+    groups = frozen_groups(model, cfg, plan)
+    set_frozen(model, groups, 0)  # as at the first step (the freeze_layers hook sets each step's before it runs)
     ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None
     scaler = build_scaler(cfg.precision, schedule_burn_in(cfg.schedule))
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -64,14 +75,16 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
             module.sync_timer = bn_sync  # t_bn_sync (torch's SyncBatchNorm keeps its all-reduces inside its kernels)
     # Under torchrun the step trains the DDP wrapper; it shares the bare model's parameters, so a checkpoint loaded
     # into the bare model later (a resume) is what every process trains.
-    trained = DistributedDataParallel(model, device_ids=[proc.device] if proc.device.type == "cuda" else None
-                                      ) if proc.world > 1 else model
+    wrap = functools.partial(DistributedDataParallel, device_ids=[proc.device] if proc.device.type == "cuda" else None
+                             ) if proc.world > 1 else None
+    trained = wrap(model) if wrap is not None else model
     step = TrainStep(model=trained, optimizer=optimizer, loss_fn=task.loss, scaler=scaler,
                      autocast=functools.partial(autocast, cfg.precision, proc.device),
                      clip=functools.partial(clip_gradients, cfg.clip, parameters), plan=plan, norm=cfg.norm,
                      running_stats=running_stats, ema=ema, max_skipped=cfg.precision.max_skipped, events=events,
-                     clock=clock, feed=DeviceFeed(proc.device), recut_on_oom=recut_on_oom, last_good=last_good)
-    return Parts(model, step, ema, lr_at)
+                     clock=clock, feed=DeviceFeed(proc.device), recut_on_oom=recut_on_oom, last_good=last_good,
+                     wrap=wrap)
+    return Parts(model, step, ema, lr_at, started, groups)
 
 
 def sync_batchnorm(model: nn.Module, sync: str, proc: Process) -> nn.Module:

@@ -34,8 +34,22 @@ def load_checked(source: str, overrides: list[str], reads_data: bool = True, nee
         from bigbatch.tasks import check_data_given
 
         check_data_given(cfg)
+        _weights_given(cfg)
     check_capacity(cfg, distributed.world_size_from_env())
     return cfg
+
+
+def _weights_given(cfg: RunConfig) -> None:
+    """``model.weights`` (and ``model.weights_cfg``) name something on disk, said before any data is read; what the
+    file holds is read when the model is built (``engine/start_weights.py``)."""
+    import os
+
+    from bigbatch.errors import UserError
+
+    for key in ("weights", "weights_cfg"):
+        path = getattr(cfg.model, key, None)
+        if path is not None and not os.path.exists(path):
+            raise UserError(f"model.{key}: {path} does not exist")
 
 
 def resolve_batch(cfg: RunConfig, world: int) -> tuple[RunConfig, BatchLayout]:

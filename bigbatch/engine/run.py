@@ -51,8 +51,6 @@ class Run:
     """The steps done and the plan in effect (the loop moves it; hooks read it)."""
     proc: Process
     task: Task
-    model: nn.Module
-    """The model that trains (wrapped in DDP under torchrun); ``state.model`` is the bare one."""
     state: TrainingState
     train_step: TrainStep
     out_dir: Path
@@ -70,6 +68,12 @@ class Run:
     """The last applied step's loss and gradient norm."""
     steps_over: bool = False
     """The loop is over (done, stopped or interrupted): the ``after_train`` hooks are running."""
+
+    @property
+    def model(self) -> nn.Module:
+        """The model that trains (wrapped in DDP under torchrun: the step's, which builds the wrapper again when a
+        freeze changes the trained parameters); ``state.model`` is the bare one."""
+        return self.train_step.model
 
     @property
     def plan(self) -> BatchPlan:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,8 +196,11 @@ class TrainStep:
                  plan: BatchPlan, norm: NormConfig, running_stats: PerStepRunningStats | None,
                  ema: WeightEMA | None, max_skipped: int, events: EventStorage, clock: PhaseClock,
                  feed: Callable[[Sequence[Any]], Sequence[Any]], recut_on_oom: bool = True,
-                 last_good: Callable[[], str] = lambda: "") -> None:
+                 last_good: Callable[[], str] = lambda: "", wrap: Callable[[nn.Module], nn.Module] | None = None
+                 ) -> None:
         self._model, self._optimizer, self.loss_fn, self._scaler = model, optimizer, loss_fn, scaler
+        self._wrap = wrap
+        """Builds the model that trains from the bare one (DDP under torchrun; None: the bare model trains)."""
         self.autocast, self.clip, self.norm = autocast, clip, norm
         self.first = plan.at(0)
         """The plan of the first step's batch: the micro-batch, and what per-step rules scale from."""
@@ -230,6 +234,16 @@ class TrainStep:
     skipped = property(lambda self: self._skipped, doc="Optimizer steps not applied, over the whole run.")
     attempt_micro_batches = property(lambda self: self._attempt_micro_batches,
                                      doc="Micro-batches of the attempt being run.")
+
+    def trained_set_changed(self) -> None:
+        """The parameters that require gradients changed (a freeze began or ended: ``largebatch/freeze.py``): under
+        torchrun the DDP wrapper is built again, since DDP reduces the gradients of the parameters that required
+        them when it was built. Every process changes the same set at the same step."""
+        if self._wrap is not None:
+            bare = unwrap(self._model)
+            self._model = None  # the old wrapper's reducer (and its gradient hooks) go before the new one is built
+            gc.collect()
+            self._model = self._wrap(bare)
 
     def state_dict(self) -> dict[str, int]:
         """What a checkpoint keeps of the step: the skipped count, the subdivisions in effect and the split an

@@ -85,7 +85,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     events = EventStorage()
     last_checkpoint = LastCheckpoint(run_files.last_checkpoint(out_dir),
                                      every_steps(cfg.checkpoint.every, plan, "checkpoint.every"))
-    parts = build_parts(cfg, task, plan, proc, events, last_good=last_checkpoint.last_good)
+    parts = build_parts(cfg, task, plan, proc, events, last_good=last_checkpoint.last_good, start=not resume)
     train_step = parts.step  # trains parts.model, wrapped in DDP under torchrun
     progress = Progress(plan, build_controller(cfg, plan, proc), events)
     state = TrainingState(cfg, parts.model, train_step, parts.ema, progress, classes=task.class_names)
@@ -101,7 +101,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
         print(plan.describe(), flush=True)
 
     # --- the hooks: records, evaluation, checkpoints, memory, fault injection ---------------
-    run = Run(cfg, progress, proc, task, train_step.model, state, train_step, out_dir, events, last_checkpoint)
+    run = Run(cfg, progress, proc, task, state, train_step, out_dir, events, last_checkpoint)
     run.hooks = build_hooks(run, hooks)
     run.hooks.load_state_dict(state.hook_states)  # a resumed run's hooks go on from the checkpoint, before before_train
     state.hooks = run.hooks  # from here on, every checkpoint holds the hooks' states
@@ -116,6 +116,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     progress.attach(run.model)  # a controller that measures the gradients (AdaScale) hooks the parameters
     try:
         run.hooks.before_train()
+        if parts.started is not None and proc.is_main:  # said once every writer is open: metrics.jsonl keeps it
+            events.event(0, "weights", parts.started.event(), parts.started.line())
         for step, t_data, micro_batches in step_batches(run, progress.step):  # until the controller is done
             run.step, run.t_data = step, t_data
             task.observe(micro_batches)

@@ -259,33 +259,44 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def param_groups(cfg: OptimConfig, model: nn.Module) -> list[dict[str, Any]]:
+def param_groups(cfg: OptimConfig, model: nn.Module, model_name: str = "the model") -> list[dict[str, Any]]:
     """The trainable parameters, split as timm's ``param_groups_weight_decay`` does when ``no_decay_norm_bias``:
 
     1-d parameters (biases, normalisation weights and biases) and any ``*.bias`` first, with weight_decay 0;
-    the rest with ``cfg.weight_decay``. Otherwise (or without weight decay), one group.
+    the rest with ``cfg.weight_decay``. Otherwise (or without weight decay), one group. With ``backbone_lr_scale``
+    other than 1, each is split again into the backbone's parameters (``lr_scale``: that fraction of the step's LR,
+    :func:`set_lr`) and the rest.
     """
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not (cfg.no_decay_norm_bias and cfg.weight_decay > 0):
-        return [{"params": [p for _, p in named], "weight_decay": cfg.weight_decay}]
-    no_decay = [p for name, p in named if p.ndim <= 1 or name.endswith(".bias")]
-    decay = [p for name, p in named if not (p.ndim <= 1 or name.endswith(".bias"))]
-    groups = []
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    if decay:
-        groups.append({"params": decay, "weight_decay": cfg.weight_decay})
-    return groups
+        groups = [{"params": named, "weight_decay": cfg.weight_decay}]
+    else:
+        no_decay = [(name, p) for name, p in named if p.ndim <= 1 or name.endswith(".bias")]
+        decay = [(name, p) for name, p in named if not (p.ndim <= 1 or name.endswith(".bias"))]
+        groups = [group for group in ({"params": no_decay, "weight_decay": 0.0},
+                                      {"params": decay, "weight_decay": cfg.weight_decay}) if group["params"]]
+    if cfg.backbone_lr_scale != 1:
+        from bigbatch.largebatch.freeze import backbone
+
+        names = set(backbone(model, model_name, "optim.backbone_lr_scale")[0])
+        groups = [{**group, "params": part, **({"lr_scale": cfg.backbone_lr_scale} if in_backbone else {})}
+                  for group in groups for in_backbone in (True, False)
+                  if (part := [(n, p) for n, p in group["params"] if (n in names) == in_backbone])]
+    return [{**group, "params": [p for _, p in group["params"]]} for group in groups]
 
 
-def build_optimizer(cfg: OptimConfig, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, model: nn.Module, lr: float | None = None, model_name: str = "the model"
+                    ) -> torch.optim.Optimizer:
     """The optimizer ``cfg.name`` (as registered in ``OPTIMIZERS``) over ``model``'s trainable parameters, at
-    learning rate ``lr``.
+    learning rate ``lr`` (a group's ``lr_scale`` times it, :func:`param_groups`).
 
     ``lr`` is the LR for the global batch (already scaled by the caller); None: ``cfg.lr`` as it is.
     """
     lr = cfg.lr if lr is None else lr
-    return OPTIMIZERS.get(cfg.name).obj(param_groups(cfg, model), lr, cfg)
+    optimizer = OPTIMIZERS.get(cfg.name).obj(param_groups(cfg, model, model_name), lr, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    return optimizer
 
 
 def _tuple_from_list(value: Any) -> Any:
@@ -358,7 +369,8 @@ def _lamb(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.op
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set every group's LR; with the LR inside the momentum buffer and ``momentum_correction``, rescale it.
+    """Set every group's LR (``lr`` times its ``lr_scale``); with the LR inside the momentum buffer and
+    ``momentum_correction``, rescale it.
 
     Goyal et al. 2017, remark 2: for u <- m u + lr g, a change lr_old -> lr_new multiplies u by lr_new / lr_old,
     which makes the updates those of w -= lr * v, v <- m v + g (PyTorch SGD) under any LR sequence. A buffer
@@ -366,11 +378,11 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """
     correct = getattr(optimizer, "lr_in_momentum", False) and getattr(optimizer, "momentum_correction", False)
     for group in optimizer.param_groups:
-        lr_old = group["lr"]
-        group["lr"] = lr
-        if not correct or lr_old == lr or lr_old == 0:
+        lr_old, lr_new = group["lr"], lr * group.get("lr_scale", 1.0)  # optim.backbone_lr_scale: param_groups
+        group["lr"] = lr_new
+        if not correct or lr_old == lr_new or lr_old == 0:
             continue
-        ratio = lr / lr_old
+        ratio = lr_new / lr_old
         for p in group["params"]:
             buf = optimizer.state.get(p, {}).get("momentum_buffer")
             if buf is not None:

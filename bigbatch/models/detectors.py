@@ -1,7 +1,8 @@
 """Detectors by name: torchvision's detection models and the built-in ``small_detector``.
 
-Every detector is built from scratch (``weights=None, weights_backbone=None``: nothing is downloaded) or
-from a local weights file, and wrapped in :class:`Detector`, which gives all of them one contract:
+Every detector is built from scratch (``weights=None, weights_backbone=None``: nothing is downloaded; ``model.weights``
+is loaded after, by ``engine/start_weights.py``) and wrapped in :class:`Detector`, which gives all of them one
+contract:
 
 - labels are contiguous ``0..C-1`` in the targets given to the model and in the detections it returns.
   Faster R-CNN and SSD reserve class 0 for the background (softmax over ``C + 1`` classes), so they are
@@ -25,7 +26,6 @@ from a local weights file, and wrapped in :class:`Detector`, which gives all of 
 from __future__ import annotations
 
 from collections import OrderedDict
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch.nn as nn
@@ -157,13 +157,11 @@ def _torchvision_detector(name: str, num_classes: int) -> nn.Module:
                                         **{score: SCORE_THRESH, per_image: DETECTIONS_PER_IMAGE})
 
 
-def build_detector(name: str, num_classes: int, *, min_size: int, max_size: int, weights: str | None = None,
-                   norm: str = "batch") -> nn.Module:
+def build_detector(name: str, num_classes: int, *, min_size: int, max_size: int, norm: str = "batch") -> nn.Module:
     """The detector ``name`` for ``num_classes`` classes (labels ``0..C-1``), wrapped in :class:`Detector`.
 
     ``norm``: ``batch`` (as built), or ``group``/``none`` to replace every BatchNorm2d (small_cnn's rule:
-    GroupNorm with up to 8 groups). ``weights``: a file holding a state dict of this detector (the wrapped
-    one, keys ``detector.*``, or the bare torchvision model) or a bigbatch checkpoint (its ``model``)."""
+    GroupNorm with up to 8 groups)."""
     if num_classes < 1:
         raise UserError(f"data: a detector needs at least one class, got {num_classes}")
     if name == "small_detector":
@@ -179,47 +177,12 @@ def build_detector(name: str, num_classes: int, *, min_size: int, max_size: int,
     old = model.detector.transform
     model.detector.transform = NoResizeTransform(min_size, max_size, old.image_mean, old.image_std,
                                                   size_divisible=SIZE_DIVISIBLE)
-    if weights is not None:
-        load_detector_weights(model, weights, name, num_classes)
     return model
 
 
 def detector_from_config(cfg: ModelConfig, num_classes: int, *, min_size: int, max_size: int) -> nn.Module:
-    """``MODELS``' builder of the detectors here: :func:`build_detector` with ``model.weights`` and ``model.norm``."""
-    return build_detector(cfg.name, num_classes, min_size=min_size, max_size=max_size, weights=cfg.weights,
-                          norm=cfg.norm)
+    """``MODELS``' builder of the detectors here: :func:`build_detector` with ``model.norm``."""
+    return build_detector(cfg.name, num_classes, min_size=min_size, max_size=max_size, norm=cfg.norm)
 
 
-MODELS.register_family(known_detectors, detector_from_config, task="detection", reads_weights=True)
-
-
-def load_detector_weights(model: Detector, path: str | Path, name: str, num_classes: int) -> None:
-    """Load a local weights file into ``model``; a missing, unreadable or non-matching file is a UserError."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"model.weights: {path} does not exist (expected a state dict or checkpoint file)")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            state = load_file(path)
-        except Exception as e:
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            raise UserError(f"model.weights: cannot read {path} as weights ({type(e).__name__}: {first})") from None
-    else:
-        from bigbatch.floor.files import load_tensors
-
-        state = load_tensors(path, "model.weights")
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a bigbatch checkpoint
-        state = state["model"]
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors)")
-    if not any(key.startswith("detector.") for key in state):  # a bare torchvision model's state dict
-        state = {f"detector.{key}": value for key, value in state.items()}
-    from bigbatch.floor.files import mismatch_detail
-
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise UserError(f"model.weights: {path} does not fit {name} with {num_classes} classes "
-                        f"({mismatch_detail(e)})") from None
+MODELS.register_family(known_detectors, detector_from_config, task="detection")

@@ -317,14 +317,15 @@ class Payload:
 
 
 def test_weights_holding_code_are_one_line_of_ours_and_never_run(tmp_path, capsys, no_training):
-    from bigbatch.models.detectors import build_detector, load_detector_weights
+    from bigbatch.engine.start_weights import load_weights_file
+    from bigbatch.models.detectors import build_detector
 
     witness = tmp_path / "witness"
     evil = tmp_path / "weights.pt"
     torch.save({"backbone.weight": torch.zeros(1), "payload": Payload(witness)}, evil)
     model = build_detector("small_detector", 2, min_size=64, max_size=64)
     with pytest.raises(Exception) as caught:
-        load_detector_weights(model, evil, "small_detector", 2)
+        load_weights_file(model, evil)
     message = str(caught.value)
     assert message.startswith(f"model.weights: {evil} holds Python objects") and "\n" not in message
     assert "weights_only" not in message

@@ -187,6 +187,28 @@ def test_a_cfg_run_keeps_its_network_and_evaluates_resumes_and_exports_after_the
             assert torch.equal(value, trained[key]), key
 
 
+def test_weights_of_another_class_count_load_by_name_with_their_cfg_or_as_a_backbone(shapes, tmp_path, capsys):
+    """An 80-class yolov3-tiny .weights for a 5-class run with ``model.mismatched=reinit``: with the cfg it was
+    written for (``model.weights_cfg``), every tensor but the two heads' loads by name; without it, the layers before
+    the first head, as a .conv.15 backbone, and the run says so."""
+    from bigbatch.cli import main
+    from tests.helpers import DARKNET_DATA
+
+    coco = tmp_path / "coco80.weights"
+    assert main(["export", str(DARKNET_DATA / "yolov3-tiny.cfg"), "--darknet-weights", str(coco)]) == 0
+    capsys.readouterr()
+    small = [f"data.path={shapes}", *QUICK, "batch=8", "data.size=64", "data.multiscale.sizes=null", "steps=1",
+             "eval.every=100", f"model.weights={coco}", "model.mismatched=reinit"]
+    assert main(["train", "yolov3-tiny-shapes", "--out", str(tmp_path / "a"), "--set", *small,
+                 f"model.weights_cfg={DARKNET_DATA / 'yolov3-tiny.cfg'}"]) == 0
+    out = capsys.readouterr().out
+    assert "reinitialised: layers.15.conv.weight, layers.15.conv.bias, layers.22.conv.weight, layers.22.conv.bias;" \
+        in out, out
+    assert main(["train", "yolov3-tiny-shapes", "--out", str(tmp_path / "b"), "--set", *small]) == 0
+    out = capsys.readouterr().out
+    assert "no model.weights_cfg names its cfg: loaded its first 15 layers" in out, out
+
+
 def test_weights_of_another_class_count_name_the_layers_that_load_and_the_command_that_keeps_them(shapes, tmp_path,
                                                                                                   capsys):
     """An 80-class yolov3-tiny .weights for a 5-class run: the error says the file is larger than the whole network

@@ -28,7 +28,7 @@ def sources() -> list[tuple[Path, ast.Module]]:
 def test_the_built_in_hooks_are_listed_once_in_the_order_of_their_stages(tmp_path):
     registered = [name for name in HOOKS.names() if HOOKS.get(name).obj.__module__.startswith("bigbatch.")]
     assert sorted(registered) == sorted(BUILT_IN) and len(set(BUILT_IN)) == len(BUILT_IN)
-    cfg = load_config("digits", [*SETTINGS, "norm.freeze_during_warmup=true", "memory.limit=100GB",
+    cfg = load_config("digits", [*SETTINGS, "norm.freeze_during_warmup=true", "model.freeze=1", "memory.limit=100GB",
                                  "debug.oom_at_step=99", "log.tensorboard=true", "log.updates=true",
                                  "batch={mode: adaptive, base: 16, max: 32}"])  # and AdaScale's
     seen: list[tuple[str, str]] = []

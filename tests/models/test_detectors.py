@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from torchvision import tv_tensors
 
+from bigbatch.engine.start_weights import load_weights_file
 from bigbatch.errors import UserError
 from bigbatch.models.detectors import build_detector, known_detectors
 
@@ -154,7 +155,9 @@ def test_weights_file_round_trip(tmp_path, form: str) -> None:
         torch.save(saved[form], path)
     torch.manual_seed(1)
     fresh = build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96)
-    loaded = build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96, weights=str(path))
+    loaded = build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96)
+    started = load_weights_file(loaded, path)
+    assert len(started.loaded) == started.total and not started.missing
     expected, got, other = eval_outputs(trained), eval_outputs(loaded), eval_outputs(fresh)
     for e, g in zip(expected, got, strict=True):
         for key in ("boxes", "scores", "labels"):
@@ -163,20 +166,22 @@ def test_weights_file_round_trip(tmp_path, form: str) -> None:
 
 
 def test_bad_weights_are_user_errors(tmp_path) -> None:
+    model = build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96)
     with pytest.raises(UserError, match=r"model\.weights: .*missing\.pt does not exist"):
-        build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96, weights=str(tmp_path / "missing.pt"))
+        load_weights_file(model, tmp_path / "missing.pt")
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a weights file")
     with pytest.raises(UserError, match=r"model\.weights: .*garbage\.pt is not a readable torch file"):
-        build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96, weights=str(garbage))
+        load_weights_file(model, garbage)
     other_classes = tmp_path / "five.pt"
     torch.save(build_detector("small_detector", 5, min_size=96, max_size=96).state_dict(), other_classes)
-    with pytest.raises(UserError, match=r"model\.weights: .*five\.pt does not fit small_detector with 3 classes"):
-        build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96, weights=str(other_classes))
+    with pytest.raises(UserError, match=r"model\.mismatched: .*five\.pt \(a state dict\) has tensors of other "
+                                        r"shapes: detector\.head\.classification_head\.cls_logits\.weight \[5, "):
+        load_weights_file(model, other_classes)
     not_a_dict = tmp_path / "list.pt"
     torch.save([torch.zeros(1)], not_a_dict)
     with pytest.raises(UserError, match=r"model\.weights: .*list\.pt holds no state dict"):
-        build_detector("small_detector", NUM_CLASSES, min_size=96, max_size=96, weights=str(not_a_dict))
+        load_weights_file(model, not_a_dict)
 
 
 def test_unknown_name_is_a_user_error() -> None:

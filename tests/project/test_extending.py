@@ -231,8 +231,7 @@ def test_a_model_family_checks_its_smallest_input_and_its_task(toy_mlps):
         load_config("digits", ["model.name=toy_mlp_8", "data.size=2"])
     with pytest.raises(UserError, match=r"^model.name: 'toy_mlp_8' is not a detector \(task: detection\)$"):
         load_config("shapes-detect", ["model.name=toy_mlp_8"])
-    with pytest.raises(UserError, match=r"^model.weights: local weights are read for detectors only$"):
-        load_config("digits", ["model.name=toy_mlp_8", "model.weights=w.pt"])
+    assert load_config("digits", ["model.name=toy_mlp_8", "model.weights=w.pt"]).model.weights == "w.pt"  # any family
 
 
 # ----------------------------------------------------------------------------- bigbatch scale, from the types

@@ -251,6 +251,16 @@ SKIPPED = {
     "bigbatch train digits --set data.name=folder data.path=DIR data.size=224 model.name=timm/resnet50":
         "DIR is a placeholder for the reader's folder (tests/data/test_folder.py trains timm models on one)",
     "bigbatch pack /data/imagenet --out /data/imagenet-shards --shard-size 256MB": "ImageNet, which is not here",
+    "bigbatch train digits --set data.name=folder data.path=photos model.weights=runs/digits model.mismatched=reinit":
+        "photos is the reader's folder (tests/engine/test_start_weights.py starts a folder run from a digits run)",
+    "bigbatch train digits --set data.name=folder data.path=photos model.name=timm/resnet18 model.weights=resnet18.pth "
+    "model.mismatched=reinit":
+        "a timm state dict the reader has (tests/engine/test_start_weights.py loads timm's and torchvision's own "
+        "state dicts)",
+    "bigbatch train yolov4-tiny-3l-shapes --set model.weights=yolov4-tiny.weights model.weights_cfg=yolov4-tiny.cfg "
+    "model.mismatched=reinit":
+        "Darknet's released yolov4-tiny.weights is not fetched in a test (tests/darknet/ reads .weights of other "
+        "class counts with their cfg)",
     "bigbatch train inception-v3-tpu --set data.name=shards data.path=/data/imagenet-shards":
         "ImageNet, which is not here (tests/data/test_shards.py trains on packed shards)",
 }
@@ -268,6 +278,8 @@ SHORTENED = {
         ["--set", "data.shapes_images=40", "steps=1", "batch=4", "subdivisions=1", "data.size=64", *SHORTER],
     "bigbatch data shapes --out myshapes --images 500 --seed 1 # write a generated set yourself": ["--images", "20"],
     "bigbatch train digits --out batch256 --set log.tensorboard=false": ["--set", "steps=2", *SHORTER],
+    "bigbatch train digits --out runs/tuned --set model.weights=runs/digits model.freeze=backbone model.unfreeze_at=20 "
+    "optim.backbone_lr_scale=0.1": ["--set", "steps=2", *SHORTER],
     "bigbatch train digits --out runs/digits": ["--set", "steps=2", *SHORTER],
     "bigbatch train digits --out batch1024 --set batch=1024 log.tensorboard=false": ["--set", "steps=2", *SHORTER],
     "bigbatch train digits --out r1 --set steps=60 eval.every=20 log.tensorboard=false subdivisions=4":

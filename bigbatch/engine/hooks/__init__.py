@@ -6,6 +6,7 @@ from bigbatch.engine.hooks import (  # noqa: F401 - imported to register
     console,
     evaluation,
     faults,
+    freeze_layers,
     freeze_norm,
     input_pipeline,
     jsonl,

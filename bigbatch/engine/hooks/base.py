@@ -83,6 +83,7 @@ STAGES = ("prepare", "measure", "record", "evaluate", "checkpoint", "guard", "wr
 
 BUILT_IN = (
     "freeze_norm",     # prepare
+    "freeze_layers",   # prepare: after freeze_norm, whose warmup freeze sets every BatchNorm layer
     "phase_timing",    # measure, first of all: it ends the step's clock before any other hook spends time
     "memory_log",      # measure, early: samples taken while the step is evaluated or saved carry this step
     "batch_control",   # measure: the batch controller's summary at the end (AdaScale's), before the noise scale's

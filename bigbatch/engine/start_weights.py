@@ -1,0 +1,213 @@
+"""Where a run's weights start: ``model.weights``, matched to the model by tensor name.
+
+``model.weights`` takes, for every model family:
+
+- a bigbatch run directory (its ``checkpoints/last.pt``) or checkpoint, of any task and class count:
+  ``model.weights_from`` chooses its EMA weights (``ema``, the default: where the run kept an EMA) or its raw ones;
+- a state dict (``.pth``, ``.pt``, ``.bin``: read with ``torch.load(weights_only=True)``, which never unpickles code;
+  ``.safetensors``: read by safetensors), bare or under one of the keys its writers use (``state_dict``, ``model``,
+  ``module``: timm's, torchvision's, detectron2's and MMEngine's files);
+- a Darknet ``.weights`` or ``.conv.N`` file, for a Darknet network: a flat stream of values matched by position,
+  read by the family's own loader (``registry.ModelInfo.start_weights``).
+
+A tensor loads when the model has one of the same name and shape. Names are matched after the wrappers that training
+and saving add are taken off (``module.`` of DDP, ``_orig_mod.`` of ``torch.compile``), and after the one prefix
+that makes the most names agree (a bare torchvision detector's keys against bigbatch's ``detector.*``, a Darknet
+network's against ``network.*``). A tensor of another shape (a head for another class count) is refused by
+``model.mismatched: error`` (the default), one line naming the first ones with both shapes, or keeps the new layer's
+initialisation with ``reinit``. The model's tensors the file does not hold keep their initialisation too ("missing");
+a file that matches none of them is refused.
+
+The outcome is printed ("loaded K of M tensors; reinitialised: ...; missing: ...") and recorded as the event
+``weights`` in ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from bigbatch.errors import UserError
+
+WRAPPERS = ("module.", "_orig_mod.")
+"""Prefixes training adds to every name: DDP's ``module.``, ``torch.compile``'s ``_orig_mod.``."""
+CONTAINER_KEYS = ("state_dict", "model", "module", "state_dict_ema", "model_ema")
+"""Keys under which a saved file holds its state dict (timm's checkpoints, detectron2's ``model``, MMEngine's
+``state_dict``), looked for in this order when the file is not a state dict itself."""
+MAX_LISTED = 6
+"""Names listed in a message or the printed summary before "and N more"."""
+
+
+@dataclass
+class Started:
+    """What ``model.weights`` gave the model: the names loaded, reinitialised (another shape), missing from the file,
+    and the file's tensors the model has no place for."""
+
+    path: str
+    source: str
+    """What was read: ``"the EMA weights of RUN (step N)"``, ``"a state dict"``, ``"Darknet .weights"``..."""
+    total: int
+    loaded: list[str] = field(default_factory=list)
+    reinitialised: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    note: str = ""
+    """A line of the family's own (a Darknet file of which only the first layers loaded)."""
+
+    def line(self) -> str:
+        text = (f"model.weights: loaded {len(self.loaded)} of {self.total} tensors from {self.path} ({self.source}); "
+                f"reinitialised: {listed(self.reinitialised)}; missing: {listed(self.missing)}")
+        if self.unused:
+            text += f"; not used, of the file: {listed(self.unused)}"
+        return text + (f"\n{self.note}" if self.note else "")
+
+    def event(self) -> dict[str, Any]:
+        return {"path": self.path, "source": self.source, "loaded": len(self.loaded), "total": self.total,
+                "reinitialised": self.reinitialised, "missing": self.missing, "unused": len(self.unused)}
+
+
+def listed(names: list[str]) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:MAX_LISTED])
+    return shown + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+
+
+def start_weights(model: nn.Module, cfg: Any) -> Started | None:
+    """Load ``cfg.model.weights`` into ``model`` (see the module docstring); None where no file is named or the model
+    is on the meta device (``show``'s and the planner's count)."""
+    from bigbatch.registry import MODELS
+
+    if cfg.model.weights is None or any(p.is_meta for p in model.parameters()):
+        return None
+    own = MODELS.get(cfg.model.name).info.get("start_weights")
+    if own is not None:
+        started = own(model, cfg.model)
+        if started is not None:
+            return started
+    return load_weights_file(model, cfg.model.weights, cfg.model.weights_from, cfg.model.mismatched)
+
+
+def load_weights_file(model: nn.Module, path: str | Path, weights_from: str = "ema", mismatched: str = "error"
+                      ) -> Started:
+    """A run directory's, checkpoint's or state dict's tensors loaded into ``model`` by name (the module docstring)."""
+    state, source = read_state(Path(path), weights_from)
+    return load_by_name(model, state, str(path), source, mismatched)
+
+
+def read_state(path: Path, weights_from: str = "ema") -> tuple[dict[str, Tensor], str]:
+    """The state dict a ``model.weights`` file or run directory holds, and what it is (see the module docstring)."""
+    from bigbatch.engine import checkpoint
+    from bigbatch.engine.run_dir import last_checkpoint
+    from bigbatch.floor.files import load_tensors
+
+    if path.is_dir():
+        found = last_checkpoint(path)
+        if not found.is_file():
+            raise UserError(f"model.weights: {path} is a folder without checkpoints/last.pt: not a bigbatch run "
+                            "directory (expected a run, a checkpoint or a weights file)")
+        path = found
+    elif not path.exists():
+        raise UserError(f"model.weights: {path} does not exist (expected a run directory, a checkpoint or a weights "
+                        "file)")
+    elif not path.is_file():
+        raise UserError(f"model.weights: {path} is not a regular file")
+    if path.suffix == ".safetensors":
+        return _safetensors(path), "a safetensors state dict"
+    state = load_tensors(path, "model.weights")
+    if isinstance(state, dict) and "format" in state and isinstance(state.get("model"), dict):  # bigbatch's own
+        state = checkpoint.load(path, ("step", "model"))
+        ema = state.get("ema")
+        if weights_from == "ema" and isinstance(ema, dict) and isinstance(ema.get("module"), dict):
+            return ema["module"], f"the EMA weights of the checkpoint of step {state['step']}"
+        kind = "raw weights" if weights_from == "raw" else "raw weights (it kept no EMA)"
+        return state["model"], f"the {kind} of the checkpoint of step {state['step']}"
+    if not isinstance(state, dict):
+        raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors), but a {type(state).__name__}")
+    if not _tensors_only(state):
+        inner = next((key for key in CONTAINER_KEYS if isinstance(state.get(key), dict)
+                      and _tensors_only(state[key])), None)
+        if inner is None:
+            raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors, or one under "
+                            f"{', '.join(CONTAINER_KEYS)})")
+        return state[inner], f"the state dict under {inner!r}"
+    return state, "a state dict"
+
+
+def _tensors_only(state: dict) -> bool:
+    return bool(state) and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items())
+
+
+def _safetensors(path: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise UserError(f"model.weights: cannot read {path} as safetensors ({type(e).__name__}: {first})") from None
+
+
+def unwrapped(name: str) -> str:
+    """``name`` without the prefixes training adds (:data:`WRAPPERS`), wherever they stand."""
+    for prefix in WRAPPERS:
+        name = name.replace(prefix, "")
+    return name
+
+
+def matched_names(theirs: list[str], ours: list[str]) -> dict[str, str]:
+    """{our name: their name}: names equal after :func:`unwrapped`, and after the one prefix (added to theirs, or
+    taken off them) under which most names agree."""
+    plain = {unwrapped(name): name for name in theirs}
+    ours_set = set(ours)
+    best = {key: name for key, name in plain.items() if key in ours_set}
+    for strip, names in ((False, ours), (True, list(plain))):  # a prefix of ours that theirs lack, or of theirs
+        prefixes = {".".join(name.split(".")[:i]) + "." for name in names for i in (1, 2) if name.count(".") >= i}
+        for prefix in sorted(prefixes):
+            if strip:
+                mapping = {key[len(prefix):]: name for key, name in plain.items()
+                           if key.startswith(prefix) and key[len(prefix):] in ours_set}
+            else:
+                mapping = {prefix + key: name for key, name in plain.items() if prefix + key in ours_set}
+            if len(mapping) > len(best):
+                best = mapping
+    return best
+
+
+def load_by_name(model: nn.Module, state: dict[str, Tensor], path: str, source: str, mismatched: str) -> Started:
+    """Load the tensors of ``state`` into ``model`` by name (see the module docstring); -> what loaded."""
+    ours = model.state_dict()
+    mapping = matched_names(list(state), list(ours))
+    if not mapping:
+        theirs = listed(sorted(state)[:MAX_LISTED])
+        raise UserError(f"model.weights: {path} ({source}) matches none of the model's {len(ours)} tensors by name "
+                        f"(its first: {theirs}; the model's first: {listed(list(ours)[:MAX_LISTED])})")
+    started = Started(path, source, len(ours))
+    other_shapes = [(name, tuple(state[mapping[name]].shape), tuple(ours[name].shape))
+                    for name in ours if name in mapping and state[mapping[name]].shape != ours[name].shape]
+    if other_shapes and mismatched == "error":
+        shown = "; ".join(f"{name} {list(a)} in the file, {list(b)} here" for name, a, b in other_shapes[:3])
+        more = f" and {len(other_shapes) - 3} more" if len(other_shapes) > 3 else ""
+        raise UserError(f"model.mismatched: {path} ({source}) has tensors of other shapes: {shown}{more}; "
+                        "set model.mismatched=reinit to keep these layers' new initialisation")
+    skipped = {name for name, _, _ in other_shapes}
+    merged = dict(ours)
+    for name in ours:
+        if name in mapping and name not in skipped:
+            merged[name] = state[mapping[name]].to(dtype=ours[name].dtype)
+            started.loaded.append(name)
+    started.reinitialised = [name for name, _, _ in other_shapes]
+    started.missing = [name for name in ours if name not in mapping]
+    used = set(mapping.values())
+    started.unused = [name for name in state if name not in used]
+    if not started.loaded:
+        raise UserError(f"model.weights: {path} ({source}) loads no tensor of the model: every one it names has "
+                        "another shape")
+    with torch.no_grad():
+        model.load_state_dict(merged)
+    return started
