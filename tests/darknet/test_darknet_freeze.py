@@ -267,3 +267,17 @@ def test_a_run_resumed_across_the_end_of_a_freeze_ends_as_an_uninterrupted_one(s
     for key in ("0.conv.weight", "0.bn.running_mean", "1.conv.weight", "1.bn.bias"):
         assert torch.equal(at_two[f"network.layers.{key}"], actual[f"network.layers.{key}"]), key
 
+
+def test_gradient_clipping_covers_a_layer_once_its_freeze_ends(shapes, tmp_path):
+    """clip.max_norm clips the gradients of every trainable parameter, those of the layers a freeze kept out of the
+    first steps too: their first update (step 2, no momentum yet, no weight decay) is at most lr x max_norm."""
+    max_norm, lr = 1e-3, 0.01
+    cfg = load_config(str(detector_cfg(tmp_path / "net.cfg", {1: "stopbackward=2\n"})),
+                      [f"data.path={shapes}", *RUN, "steps=3", f"clip.max_norm={max_norm}", "optim.weight_decay=0"])
+    snapshots = Snapshots()
+    train(cfg, tmp_path / "run", hooks=[snapshots])
+    before, after = snapshots.states[2], snapshots.states[3]
+    update = torch.cat([(after[key] - before[key]).flatten() for key in before
+                        if key.startswith(("network.layers.0.", "network.layers.1.")) and "running" not in key
+                        and "num_batches" not in key])
+    assert 0 < update.norm() <= lr * max_norm * (1 + 1e-4)
