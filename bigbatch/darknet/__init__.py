@@ -22,6 +22,7 @@ Everything of Darknet's in bigbatch lives in this package:
     yolo_delta.py  the ``alexeyab`` and ``pjreddie`` dialects: each fork's own [yolo] deltas as the gradient
     detector.py    a network as a bigbatch detector (loss in training, detections in eval)
     models.py      ``model.name: darknet`` in ``MODELS`` (and what ``bigbatch show`` prints of it)
+    freeze.py      the freezing keys (stopbackward, train_only_bn, dont_update, burnin_update) as frozen groups
     recipe.py      a .cfg as a bigbatch config (``CONFIG_FORMATS``: ``bigbatch train yolov3.cfg``)
     yolo_data.py   the ``yolo`` dataset format in ``DATASETS`` (Darknet's .data files and label files)
     export.py      ``bigbatch export``: a network's weights as .weights and/or a checkpoint

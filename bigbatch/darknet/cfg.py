@@ -19,8 +19,11 @@ Where bigbatch is stricter than Darknet, it says so rather than guess:
 - a key Darknet knows whose non-default value changes what the network computes or how ``.weights`` are laid out
   and that bigbatch does not implement (``binary``, ``xnor``, ``dontload``, ``weights_type``...) is refused, as
   are the recurrent layers; a key Darknet knows that changes nothing bigbatch builds (augmentation in ``[net]``,
-  ``stopbackward``, ``stream``...) is collected in :attr:`DarknetCfg.ignored` as ``"section:key"``, for the caller
+  ``stream``, ``onlyforward``...) is collected in :attr:`DarknetCfg.ignored` as ``"section:key"``, for the caller
   to list once.
+
+The freezing keys of every layer (``stopbackward``, ``train_only_bn``, ``dont_update``, ``burnin_update``) are read
+into each spec (integers >= 0; ``train_only_bn`` 0 or 1); what they freeze is ``freeze.py``'s.
 
 Shapes (which depend on the input size) are checked in ``shapes.py``.
 """
@@ -121,6 +124,14 @@ def _net_input(path: Path, section: KeyedSection, ignored: list[str], warnings: 
                     exposure, flip, dict(section.options), mosaic, mosaic_bound)
 
 
+def _freezing(s: SectionReader) -> dict[str, int | bool]:
+    """The freezing keys of a layer section (``spec.FREEZING_KEYS``), read for every layer as AlexeyAB's
+    ``parse_network_cfg`` reads them (``option_find_int_quiet``, 0 by default), strictly: whole numbers >= 0
+    (Darknet reads a negative one and it changes nothing) and ``train_only_bn`` 0 or 1."""
+    return {"stopbackward": s.integer("stopbackward", 0, 0), "train_only_bn": s.flag("train_only_bn"),
+            "dont_update": s.integer("dont_update", 0, 0), "burnin_update": s.integer("burnin_update", 0, 0)}
+
+
 def read_darknet_cfg(path: str | Path) -> DarknetCfg:
     """The ``.cfg`` at ``path`` as :class:`DarknetCfg`, every section and value checked (shapes aside).
 
@@ -152,7 +163,8 @@ def read_darknet_cfg(path: str | Path) -> DarknetCfg:
             raise UserError(f"{path}:{section.line}: [{section.name}]: {what} (bigbatch builds: "
                             f"{', '.join(sorted(SECTIONS))})")
         s = SectionReader(path, section, index, warnings)
-        common = {"index": index, "section": section.name, "line": section.line, "lines": s.lines()}
+        common = {"index": index, "section": section.name, "line": section.line, "lines": s.lines(),
+                  **_freezing(s)}
         layer_kind = KINDS[kind]
         layers.append(layer_kind.parse(s, common))
         s.rest(layer_kind.ignored, layer_kind.refused, ignored)

@@ -259,7 +259,17 @@ def kept_cfg(model: nn.Module) -> str:
     return cfg_text_of(cfg, f"{KEPT_CFG_MARK} the network a run trained, {cfg.path} for its dataset's classes")
 
 
+def darknet_frozen_groups(model: nn.Module, cfg: RunConfig, plan: Any) -> list[Any]:
+    """``MODELS``' ``frozen_groups`` for the Darknet families: the cfg's ``stopbackward``, ``train_only_bn``,
+    ``dont_update`` and ``burnin_update``, as AlexeyAB's GPU build reads them (``darknet/freeze.py``)."""
+    from bigbatch.darknet.freeze import frozen_groups
+
+    return frozen_groups(model, cfg, plan)
+
+
 MODELS.register("darknet", darknet_detector, task="detection", start_weights=darknet_start,
-                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS)
+                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS,
+                frozen_groups=darknet_frozen_groups)
 MODELS.register("darknet_classifier", darknet_classifier, task="classification", start_weights=darknet_start,
-                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS)
+                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS,
+                frozen_groups=darknet_frozen_groups)

@@ -23,10 +23,9 @@ from bigbatch.darknet.activations import ACTIVATIONS
 from bigbatch.darknet.text import KeyedSection, parse_number
 from bigbatch.errors import UserError
 
-LAYER_KEYS_IGNORED = frozenset({
-    "clip", "onlyforward", "dont_update", "burnin_update", "stopbackward", "train_only_bn", "learning_rate",
-    "stream", "wait_stream"})
-"""Keys parse_network_cfg reads for every layer (training controls bigbatch does not use)."""
+LAYER_KEYS_IGNORED = frozenset({"clip", "onlyforward", "learning_rate", "stream", "wait_stream"})
+"""Keys parse_network_cfg reads for every layer (training controls bigbatch does not use; the freezing keys it also
+reads for every layer, ``spec.FREEZING_KEYS``, are read by ``cfg.py``)."""
 
 LAYER_KEYS_REFUSED = frozenset({"dontload", "dontloadscales"})
 """Keys of every layer that change how ``.weights`` are read when non-zero."""

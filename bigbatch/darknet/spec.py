@@ -16,12 +16,18 @@ from typing import Any, ClassVar
 
 from bigbatch.errors import UserError
 
+FREEZING_KEYS = ("stopbackward", "train_only_bn", "dont_update", "burnin_update")
+"""The keys of every layer section that freeze parameters in training (:class:`LayerSpec`'s fields of those names,
+read by ``cfg.py``; their meaning: ``darknet/freeze.py``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class LayerSpec:
     """What every layer spec has: its index in the network (from 0, ``[net]`` not counted), the section name as
     written, the line of its header and of each of its keys (for messages). ``sources``: the earlier layers it
-    reads besides the previous one (absolute indices; empty for most kinds)."""
+    reads besides the previous one (absolute indices; empty for most kinds). The freezing keys AlexeyAB's
+    ``parse_network_cfg`` reads for every layer (:data:`FREEZING_KEYS`; 0 where not given), which
+    ``darknet/freeze.py`` turns into the parameters a run does not train."""
 
     kind: ClassVar[str] = ""
     index: int
@@ -29,6 +35,10 @@ class LayerSpec:
     line: int
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
     sources: tuple[int, ...] = ()
+    stopbackward: int = field(default=0, repr=False)
+    train_only_bn: bool = field(default=False, repr=False)
+    dont_update: int = field(default=0, repr=False)
+    burnin_update: int = field(default=0, repr=False)
 
     def line_of(self, key: str | None) -> int:
         """The line of ``key`` in the cfg, else the line of the header."""

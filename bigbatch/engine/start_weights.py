@@ -50,7 +50,8 @@ class Started:
 
     path: str
     source: str
-    """What was read: ``"the EMA weights of RUN (step N)"``, ``"a state dict"``, ``"Darknet .weights"``..."""
+    """What was read: ``"EMA weights, checkpoint of step N"``, ``"a state dict"``, ``"Darknet weights, by
+    position"``..."""
     total: int
     loaded: list[str] = field(default_factory=list)
     reinitialised: list[str] = field(default_factory=list)
@@ -124,9 +125,9 @@ def read_state(path: Path, weights_from: str = "ema") -> tuple[dict[str, Tensor]
         state = checkpoint.load(path, ("step", "model"))
         ema = state.get("ema")
         if weights_from == "ema" and isinstance(ema, dict) and isinstance(ema.get("module"), dict):
-            return ema["module"], f"the EMA weights of the checkpoint of step {state['step']}"
-        kind = "raw weights" if weights_from == "raw" else "raw weights (it kept no EMA)"
-        return state["model"], f"the {kind} of the checkpoint of step {state['step']}"
+            return ema["module"], f"EMA weights, checkpoint of step {state['step']}"
+        kept_none = "; the run kept no EMA" if weights_from == "ema" else ""
+        return state["model"], f"raw weights, checkpoint of step {state['step']}{kept_none}"
     if not isinstance(state, dict):
         raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors), but a {type(state).__name__}")
     if not _tensors_only(state):

@@ -131,9 +131,11 @@ def unfreeze_step(model_cfg: Any, plan: Any) -> int | None:
     return math.ceil(length_in_steps(model_cfg.unfreeze_at, plan, "model.unfreeze_at"))
 
 
-def set_frozen(model: nn.Module, groups: list[FrozenGroup], step: int) -> bool:
-    """Freeze the parameters of the groups frozen at ``step`` and let the others train; their BatchNorm layers to eval
-    mode (the others are left as the caller set them). -> whether the set of trained parameters changed."""
+def set_frozen(model: nn.Module, groups: list[FrozenGroup], step: int, norm_mode_set: bool = False) -> bool:
+    """Freeze the parameters of the groups frozen at ``step`` and let the others train; the BatchNorm layers of the
+    frozen groups to eval mode, those of the others back to training mode (unless ``norm_mode_set``: another hook,
+    ``norm.freeze_during_warmup``'s, has set every BatchNorm layer's mode for this step), so that a step's modes
+    follow from the step alone, resumed or not. -> whether the set of trained parameters changed."""
     frozen = {name for group in groups if group.frozen_at(step) for name in group.names}
     involved = {name for group in groups for name in group.names}
     changed = False
@@ -142,11 +144,11 @@ def set_frozen(model: nn.Module, groups: list[FrozenGroup], step: int) -> bool:
         if name in involved and parameter.requires_grad != trains:
             parameter.requires_grad_(trains)
             changed = True
-    for group in groups:
-        if group.frozen_at(step):
+    for group in sorted(groups, key=lambda g: g.frozen_at(step)):  # the frozen last: eval wins where groups overlap
+        if group.frozen_at(step) or not norm_mode_set:
             for module_name in group.modules:
                 for layer in batchnorm_layers(model.get_submodule(module_name)):
-                    layer.eval()
+                    layer.train(not group.frozen_at(step))
     return changed
 
 

@@ -663,12 +663,12 @@ def test_a_cfg_without_net_or_channels(tmp_path):
 
 def test_ignored_keys_are_reported_once(tmp_path):
     text = (net_header(8, 8, 3) + "hue=.1\nmosaic=1\nlearning_rate=0.01\n"
-            + CONV.replace("size=3", "size=3\nstopbackward=1") + CONV.replace("size=3", "size=3\nstopbackward=1")
+            + CONV.replace("size=3", "size=3\nwait_stream=1") + CONV.replace("size=3", "size=3\nwait_stream=1")
             + "\n[maxpool]\nsize=2\nstride=2\nstream=1\n"
             + YOLO.replace("num=2", "num=2\nshow_details=0\nbeta_nms=0.5"))
     cfg = read_darknet_cfg(write_cfg(tmp_path, text))
     # mosaic is used: a detector's data.mosaic (tests/data/test_darknet_mosaic.py)
-    assert ignored_keys(cfg) == ["convolutional:stopbackward", "maxpool:stream", "yolo:show_details"]
+    assert ignored_keys(cfg) == ["convolutional:wait_stream", "maxpool:stream", "yolo:show_details"]
     yolo = cfg.yolo_layers[0]
     assert yolo.beta_nms == 0.5 and yolo.masked_anchors == ((1, 2), (3, 4)) and yolo.filters == 14
 

@@ -147,13 +147,15 @@ def test_a_run_starts_from_another_task_frozen_and_its_backbone_never_moves(digi
     assert len(end["optimizer"]["state"]) == 2, "optimizer state for the head's weight and bias only"
 
 
-def test_a_resume_across_unfreeze_at_is_bit_identical(digits_run, tmp_path):
-    """Frozen for steps 0-2, trained from step 3: stopped after step 2 and resumed, the run ends where one that was
-    never stopped does, bit for bit; frozen tensors moved only after the freeze ended."""
+@pytest.mark.parametrize("unfreeze_at", [3, 1])
+def test_a_resume_across_unfreeze_at_is_bit_identical(digits_run, tmp_path, unfreeze_at):
+    """Frozen until ``unfreeze_at``, stopped after step 2 and resumed (before the freeze ends, or after): the run ends
+    where one that was never stopped does, bit for bit, BatchNorm statistics included (the unfrozen layers' BatchNorm
+    trains again from the step the freeze ends, resumed or not); frozen tensors moved only after it ended."""
     from bigbatch.registry import HOOKS
 
     settings = [*SHORT, "steps=5", "checkpoint.every=1", f"model.weights={digits_run}", "model.weights_from=raw",
-                "model.freeze=1", "model.unfreeze_at=3"]
+                "model.freeze=1", f"model.unfreeze_at={unfreeze_at}"]
     straight = run_main("train", "digits", "--out", str(tmp_path / "straight"), "--set", *settings)
     assert straight.returncode == 0, straight.stderr[-2000:]
     HOOKS.register("stop_after_2", lambda run: StopAfter(2))
@@ -163,7 +165,7 @@ def test_a_resume_across_unfreeze_at_is_bit_identical(digits_run, tmp_path):
         HOOKS.unregister("stop_after_2")
     assert stopped.returncode != 0
     frozen = torch.load(tmp_path / "resumed" / "checkpoints" / "last.pt", weights_only=True)["model"]
-    assert torch.equal(frozen["features.0.0.weight"], weights(digits_run)["features.0.0.weight"])
+    assert torch.equal(frozen["features.0.0.weight"], weights(digits_run)["features.0.0.weight"]) == (unfreeze_at > 2)
     resumed = run_main("train", "--resume", str(tmp_path / "resumed"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")

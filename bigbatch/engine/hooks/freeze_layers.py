@@ -1,8 +1,9 @@
 """``model.freeze``, ``model.unfreeze_at`` and a Darknet cfg's freezing keys (``largebatch/freeze.py``): before every
 step, the parameters frozen at that step get no gradient and their BatchNorm layers are in eval mode; where the set of
-trained parameters changes (a freeze ends, or Darknet's ``burnin_update`` begins one), the step's DDP wrapper is built
-again. Set from the step alone, so a resumed run is frozen as an uninterrupted one; evaluation puts the model in eval
-mode and back, and this hook sets the frozen layers again before every step.
+trained parameters changes (a freeze ends: ``model.unfreeze_at``, Darknet's ``stopbackward=N``, ``dont_update``,
+``burnin_update``), the step's DDP wrapper is built again. Set from the step alone, so a resumed run is frozen as an
+uninterrupted one; evaluation puts the model in eval mode and back, and this hook sets the frozen layers again before
+every step.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class FreezeLayers(Hook):
                 run.events.event(0, "frozen", {"parameters": len(group.names), "until_step": group.until,
                                                "reason": group.reason},
                                  f"frozen: {len(group.names)} parameter tensors {until} ({group.reason})")
-        if set_frozen(unwrap(run.model), self.groups, run.step):
+        if set_frozen(unwrap(run.model), self.groups, run.step, norm_mode_set=run.cfg.norm.freeze_during_warmup):
             run.train_step.trained_set_changed()
 
 
