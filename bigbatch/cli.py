@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bigbatch import __version__
-from bigbatch.errors import UserError
+from bigbatch.errors import TrainingStopped, UserError
 
 MAX_PROFILED_STEPS = 100
 """``profile --steps`` at most: the profiler keeps every event of every profiled step in memory (a trace of 100 steps
@@ -564,8 +564,6 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "show"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bigbatch.engine.step import TrainingStopped
-
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -35,6 +35,7 @@ from bigbatch.config import NormConfig
 from bigbatch.data.pipeline.loader import split_micro_batches
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
+from bigbatch.errors import TrainingStopped
 from bigbatch.largebatch.ema import WeightEMA
 from bigbatch.largebatch.norm import (
     PerStepRunningStats,
@@ -51,10 +52,6 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor | Mapping[str, torch.Tensor]]
 each (``Task.loss``, ``tasks/base.py``)."""
 MicroBatchHook = Callable[[int], None]
 """Called with a micro-batch's index: before its forward, or after its backward."""
-
-
-class TrainingStopped(Exception):
-    """Training cannot go on (the CLI prints the message and exits with code 1)."""
 
 
 class Interrupted(KeyboardInterrupt):
