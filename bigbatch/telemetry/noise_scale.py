@@ -180,11 +180,17 @@ class MicroBatchGradients:
         self._device = torch.device("cpu")  # the gradients' (where a reduce's tensor must be)
 
     def attach(self, params: Iterable[torch.Tensor]) -> None:
-        """Hook every parameter of ``params`` that requires a gradient (once per tracker; ``detach`` removes)."""
+        """Hook every floating-point parameter of ``params`` (once per tracker; ``detach`` removes), those frozen now
+        too (``model.freeze``): a tensor hook fires whenever its parameter gets a gradient, so a layer measures from
+        the step its freeze ends (registering needs ``requires_grad`` on for the moment it takes)."""
         if self._handles:
             raise RuntimeError("MicroBatchGradients.attach: already attached (detach first)")
-        self._params = [p for p in params if p.requires_grad]
-        self._handles = [p.register_hook(self._record) for p in self._params]
+        self._params = [p for p in params if p.is_floating_point()]
+        for p in self._params:
+            frozen = not p.requires_grad
+            p.requires_grad_(True)
+            self._handles.append(p.register_hook(self._record))
+            p.requires_grad_(not frozen)
         if self._params:  # where the sums live, also for a micro-batch that gives no parameter a gradient
             self._device = self._params[0].device
 
