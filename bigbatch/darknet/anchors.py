@@ -18,7 +18,7 @@ discarded), so that ``--seed S`` draws the centres Darknet draws when started at
 of 0 as 1): the same iterations, anchors and average IoU (checked against Darknet's binary by
 ``benchmarks/anchors_vs_darknet.py``).
 
-One run stops in one local minimum of several, and Darknet's runs differ by up to a point or two of average IoU
+One run stops in one local minimum of several, and Darknet's runs differ by a point or more of average IoU
 (docs/benchmarks.md). ``--tries N`` (default 5) runs it with the seeds ``S`` to ``S + N - 1``, as Darknet started in
 ``N`` consecutive seconds, and keeps the run of the highest average IoU; ``--tries 1`` is one Darknet run.
 
