@@ -139,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
     data_bench.add_argument("--images", type=count, default=512,
                             help="images to read per measurement, after a first untimed step (default: %(default)s; "
                             f"at most {BENCH_SET_MULTIPLE} times the training set)")
+    anchors = data_sub.add_parser("anchors", help="fit anchors to a set's boxes (Darknet's detector calc_anchors: "
+                                  "k-means on 1 - IoU); print them and their average IoU, or write them into a .cfg")
+    anchors.add_argument("data", type=Path, metavar="DATA", help="a COCO JSON file, a Darknet .data file (its train= "
+                         "images) or a YOLO folder (as data shapes --format yolo writes it: its train/)")
+    anchors.add_argument("--num", type=count, required=True, metavar="K", help="the number of anchors")
+    anchors.add_argument("--size", metavar="WxH", help="the network's input, e.g. 416x416 (default: the --cfg's [net] "
+                         "width and height)")
+    anchors.add_argument("--cfg", type=Path, metavar="IN.cfg", help="with --out: a cfg whose [yolo] anchors, mask, "
+                         "num and the filters before each are replaced")
+    anchors.add_argument("--out", type=Path, metavar="OUT.cfg", help="with --cfg: the new cfg to write (a new file)")
+    anchors.add_argument("--seed", type=count, default=0, help="srand()'s seed for the first centres, as Darknet "
+                         "started at that Unix time draws them (default: %(default)s)")
+    anchors.add_argument("--tries", type=count, default=5, help="k-means runs, seeds S, S+1, ...: the best average "
+                         "IoU kept (default: %(default)s; 1: one Darknet run)")
 
     pack = sub.add_parser("pack", help="write an image folder (SRC/train/CLASS/*, SRC/val/CLASS/*) as tar shards "
                           "(WebDataset layout) with an index, for data.name: shards")
@@ -477,6 +491,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "bench":
         return cmd_data_bench(args)
+    if args.data_command == "anchors":
+        from bigbatch.darknet.anchors import anchors_command
+
+        print("\n".join(anchors_command(args.data, args.num, args.size, args.cfg, args.out, args.seed,
+                                         args.tries)))
+        return 0
     from bigbatch.data.formats.shapes import generate_shapes
 
     counts = generate_shapes(args.out, args.images, args.seed, key="--out", yolo=args.format == "yolo")

@@ -28,6 +28,7 @@ Everything of Darknet's in bigbatch lives in this package:
     export.py      ``bigbatch export``: a network's weights as .weights and/or a checkpoint
     test_image.py  Darknet's ``detector test``: its resize or letterbox, box correction and NMS kinds, in torch
     predict.py     ``bigbatch predict --from NET.cfg``: a network and its weights run as ``detector test`` runs it
+    anchors.py     ``bigbatch data anchors``: ``detector calc_anchors`` (k-means on 1 - IoU); a .cfg with the anchors
 """
 
 from bigbatch.darknet.cfg import DarknetCfg, ignored_keys, read_darknet_cfg, with_classes
