@@ -154,6 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
     anchors.add_argument("--tries", type=count, default=5, help="k-means runs, seeds S, S+1, ...: the best average "
                          "IoU kept (default: %(default)s; 1: one Darknet run)")
 
+    convert = data_sub.add_parser("convert", help="write a detection set in the other format: COCO JSON to YOLO "
+                                  "labels, or back")
+    convert.add_argument("src", type=Path, metavar="SRC", help="a COCO folder (annotations/train.json, val.json, "
+                         "train/, val/), a Darknet .data file (or its folder), or an Ultralytics folder (images/train, "
+                         "images/val, labels/)")
+    convert.add_argument("--to", choices=("coco", "yolo"), required=True, help="the format to write")
+    convert.add_argument("--out", type=Path, required=True, help="the folder to write: new or empty")
+    convert.add_argument("--layout", choices=("darknet", "ultralytics"), help="with --to yolo: Darknet's (a label "
+                         "file beside each image; the default) or Ultralytics' (images/, labels/, data.yaml)")
+    convert.add_argument("--copy", action="store_true", help="copy the images (default: hard links where possible, "
+                         "else copies; never moved)")
+
     pack = sub.add_parser("pack", help="write an image folder (SRC/train/CLASS/*, SRC/val/CLASS/*) as tar shards "
                           "(WebDataset layout) with an index, for data.name: shards")
     pack.add_argument("src", type=Path, metavar="SRC", help="the image folder, ImageNet's layout")
@@ -496,6 +508,12 @@ def cmd_data(args: argparse.Namespace) -> int:
 
         print("\n".join(anchors_command(args.data, args.num, args.size, args.cfg, args.out, args.seed,
                                          args.tries)))
+        return 0
+    if args.data_command == "convert":
+        from bigbatch.darknet.convert import convert
+
+        for line in convert(args.src, args.to, args.out, args.layout, args.copy):
+            print(line)
         return 0
     from bigbatch.data.formats.shapes import generate_shapes
 

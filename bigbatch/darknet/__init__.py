@@ -25,6 +25,7 @@ Everything of Darknet's in bigbatch lives in this package:
     freeze.py      the freezing keys (stopbackward, train_only_bn, dont_update, burnin_update) as frozen groups
     recipe.py      a .cfg as a bigbatch config (``CONFIG_FORMATS``: ``bigbatch train yolov3.cfg``)
     yolo_data.py   the ``yolo`` dataset format in ``DATASETS`` (Darknet's .data files and label files)
+    convert.py     ``bigbatch data convert``: COCO JSON to YOLO labels (Darknet's or Ultralytics' layout) and back
     export.py      ``bigbatch export``: a network's weights as .weights and/or a checkpoint
     test_image.py  Darknet's ``detector test``: its resize or letterbox, box correction and NMS kinds, in torch
     predict.py     ``bigbatch predict --from NET.cfg``: a network and its weights run as ``detector test`` runs it

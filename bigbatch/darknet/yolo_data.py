@@ -150,7 +150,7 @@ def _resolve(text: str, *bases: Path) -> Path:
     return path.absolute()
 
 
-def _list_images(folder: Path) -> list[str]:
+def list_images(folder: Path) -> list[str]:
     """The image files under ``folder/images`` (or ``folder``), recursively, sorted by path; at most
     :data:`MAX_LISTED_IMAGES`."""
     root = folder / "images" if (folder / "images").is_dir() else folder
@@ -225,7 +225,7 @@ def _from_data_file(path: Path, split: str, names: list[str] | None) -> tuple[li
         raise UserError(f"data: {path}: no '{split} =' line (the list of {split} images)")
     listing = _resolve(options[split], base)
     if os.path.isdir(listing):
-        return _list_images(listing), names
+        return list_images(listing), names
     if not os.path.exists(listing):
         raise UserError(f"data: {path}: {split} = {options[split]}: no such file or folder (tried from the current "
                         f"folder and from {base})")
@@ -307,24 +307,32 @@ def load_yolo(source: str | os.PathLike, issues: DataIssues, keep_empty: bool, s
     if source.is_file():
         paths, class_names = _from_data_file(source, split, given)
     elif source.is_dir():
-        paths, class_names = _list_images(source), given or read_names(_find_names(source))
+        paths, class_names = list_images(source), given or read_names(_find_names(source))
     else:
         raise UserError(f"data: {source} not found; expected a Darknet .data file or a folder with images/ and "
                         "labels/")
+    return yolo_records(paths, len(class_names), issues, keep_empty), list(class_names)
+
+
+def yolo_records(paths: list[str], num_classes: int, issues: DataIssues, keep_empty: bool,
+                 decode: bool | None = None) -> list[DetectionRecord]:
+    """The records of the images at ``paths`` with the boxes of their label files (Darknet's rule,
+    :func:`yolo_label_path`); ``image_id`` is the image's index in ``paths``. ``decode``: decode every image (default:
+    in strict mode), else read their headers only."""
+    decode = issues.strict if decode is None else decode
     records = []
-    for image_id, (path, (size, problem)) in enumerate(zip(paths, inspect_images(paths, decode=issues.strict),
-                                                           strict=True)):
+    for image_id, (path, (size, problem)) in enumerate(zip(paths, inspect_images(paths, decode=decode), strict=True)):
         if problem is not None:
             issues.report(path, None, problem)
             continue
         width, height = size
-        found = _read_labels(yolo_label_path(path), width, height, len(class_names), issues)
+        found = _read_labels(yolo_label_path(path), width, height, num_classes, issues)
         if found is None or not (found[0] or keep_empty):
             continue
         records.append(DetectionRecord(path=path, width=width, height=height, image_id=image_id,
                                        boxes=np.array(found[0], np.float32).reshape(-1, 4),
                                        labels=np.array(found[1], np.int64)))
-    return records, list(class_names)
+    return records
 
 
 # ----------------------------------------------------------------------------- the ``yolo`` dataset format

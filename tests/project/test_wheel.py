@@ -208,6 +208,7 @@ SKIPPED = {
         "bigbatch eval CHECKPOINT_OR_RUN_DIR [--set KEY=VALUE ...] [--save-detections FILE.json]",
         "bigbatch data shapes --out DIR [--images N] [--seed S] [--format coco|yolo]",
         "bigbatch data bench [CONFIG] [--set KEY=VALUE ...] [--images N]",
+        "bigbatch data convert SRC --to coco|yolo --out DIR [--layout darknet|ultralytics] [--copy]",
         "bigbatch pack SRC --out DIR [--shard-size 256MB] [--seed S]",
         "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg [--darknet-weights OUT.weights] [--checkpoint OUT.pt] "
         "[--weights IN]",
@@ -276,6 +277,8 @@ SHORTENED = {
         ["--set", "steps=1", "batch=4", "subdivisions=1", "data.size=64", *SHORTER],
     "bigbatch train shapes-detect --out runs/shapes # the demo: generates data/shapes on first use, then trains":
         ["--set", "data.shapes_images=40", "steps=1", "batch=4", "subdivisions=1", "data.size=64", *SHORTER],
+    "bigbatch eval runs/shapes --set data.name=yolo data.path=shapes-yolo/shapes.data # the mAP of `bigbatch eval "
+    "runs/shapes`": ["--set", "data.shapes_images=2000"],  # the run above set the shapes format's key, which yolo lacks
     "bigbatch data shapes --out myshapes --images 500 --seed 1 # write a generated set yourself": ["--images", "20"],
     "bigbatch train digits --out batch256 --set log.tensorboard=false": ["--set", "steps=2", *SHORTER],
     "bigbatch train digits --out runs/tuned --set model.weights=runs/digits model.freeze=backbone model.unfreeze_at=20 "
