@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--vid-stride", type=count, default=1, help="videos: every N-th frame (default: 1)")
     _add_set_arg(predict)
 
-    data = sub.add_parser("data", help="datasets: generate the shapes detection set; measure the input pipeline")
+    data = sub.add_parser("data", help="datasets: generate the shapes detection set; convert between COCO and YOLO; "
+                          "fit anchors; measure the input pipeline")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     shapes = data_sub.add_parser("shapes", help="write the generated shapes detection set (JPEG + COCO JSON)")
     shapes.add_argument("--out", type=Path, required=True,

@@ -209,6 +209,9 @@ SKIPPED = {
         "bigbatch data shapes --out DIR [--images N] [--seed S] [--format coco|yolo]",
         "bigbatch data bench [CONFIG] [--set KEY=VALUE ...] [--images N]",
         "bigbatch data convert SRC --to coco|yolo --out DIR [--layout darknet|ultralytics] [--copy]",
+        "bigbatch data anchors DATA --num K [--size WxH] [--cfg IN.cfg --out OUT.cfg] [--seed S] [--tries N]",
+        "bigbatch data convert SRC --to coco|yolo --out DIR # COCO <-> YOLO labels, ids kept",
+        "bigbatch data anchors DATA --num K [--cfg IN.cfg --out OUT.cfg] # anchors fitted as Darknet's calc_anchors",
         "bigbatch pack SRC --out DIR [--shard-size 256MB] [--seed S]",
         "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg [--darknet-weights OUT.weights] [--checkpoint OUT.pt] "
         "[--weights IN]",
@@ -221,8 +224,8 @@ SKIPPED = {
         "bigbatch predict IMAGES|FOLDER|LIST|VIDEO --from RUN|CHECKPOINT|NET.cfg # run a model on your own images",
         "bigbatch predict SOURCE... --from RUN|CHECKPOINT|NET.cfg [--out DIR] [--coco FILE.json] [--txt] "
         "[--save-images]",
-        "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg --format onnx|torchscript --out FILE [--check N] "
-        "[--dynamic-batch]")},
+        "bigbatch export RUN_DIR|CHECKPOINT|NET.cfg --format onnx|torchscript|openvino --out FILE [--check N] "
+        "[--dynamic-batch] [--postprocess]")},
     "bigbatch export runs/digits --format onnx --out digits.onnx":
         "the optional export extra (onnx, onnxscript, onnxruntime); tests/inference/test_export.py exports runs and "
         "predicts from the files through the same commands",
