@@ -43,6 +43,7 @@ def test_the_answers_that_need_no_model_come_without_torch():
 
 
 def test_the_check_can_fail():
-    """The oracle of the test above: a command that builds a model imports torch, and the check sees it."""
-    modules, result = imported_modules(EACH, json.dumps([["show", "digits"]]))
-    assert result.returncode == 0 and json.loads(result.stdout) == [0] and "torch" in modules
+    """The oracle of the test above: a command that reads a checkpoint imports torch (before it finds there is none
+    to read), and the check sees it."""
+    modules, result = imported_modules(EACH, json.dumps([["eval", "no-such-run"]]))
+    assert result.returncode == 0 and json.loads(result.stdout) == [2] and "torch" in modules
