@@ -605,6 +605,11 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "show"
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if isinstance(getattr(args, "config", None), str) and isinstance(getattr(args, "overrides", None), list) \
+                and getattr(args, "resume", None) is None:  # said before torch loads: the file, its YAML, the
+            from bigbatch.config.loading import check_top_level_keys, read_config  # overrides, a top-level key
+
+            check_top_level_keys(read_config(args.config, args.overrides))
         return COMMANDS[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -41,6 +41,7 @@ from bigbatch.config.loading import (
     load_config,
     load_yaml,
     parse_override,
+    read_config,
     read_yaml,
     resolve_config_source,
     validate_config,
@@ -83,5 +84,5 @@ __all__ = [
     "PrecisionConfig", "RunConfig", "ScheduleConfig", "Section", "Size", "SizeList", "StepCount",
     "Steps", "UsedWhen", "WarmupPhase", "YAMLTooLarge",
     "apply_overrides", "builtin_recipes", "config_to_yaml", "flatten", "load_config", "load_yaml", "parse_length",
-    "parse_override", "parse_size", "read_yaml", "resolve_config_source", "validate_config",
+    "parse_override", "parse_size", "read_config", "read_yaml", "resolve_config_source", "validate_config",
 ]

@@ -17,6 +17,7 @@ from bigbatch.errors import UserError
 from bigbatch.registry import CONFIG_FORMATS, did_you_mean
 
 RECIPES_DIR = Path(__file__).parent.parent / "configs"
+YAML_SUFFIXES = (".yaml", ".yml")
 """The built-in recipes (``bigbatch/configs/``)."""
 
 def builtin_recipes() -> list[str]:
@@ -193,14 +194,31 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         raise UserError(describe_validation_error(e, RunConfig)) from None
 
 
+def read_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """A YAML file, a file of a registered format (Darknet ``.cfg``) or a built-in recipe, with the ``--set``
+    overrides applied, not validated. A YAML file loads no registry (none is asked for its suffix), so that its
+    mistakes (the file, its syntax, an override's) come before torch is imported (``bigbatch/cli.py``)."""
+    path, recipe = resolve_config_source(source)
+    reader = None if path.suffix.lower() in YAML_SUFFIXES else CONFIG_FORMATS.find(path.suffix)
+    data = reader.obj(path) if reader is not None else read_yaml(path)
+    data.setdefault("name", recipe)
+    return apply_overrides(data, list(overrides))
+
+
+def check_top_level_keys(data: dict[str, Any]) -> None:
+    """An unknown key of the config's top level, said as validation says it (the top level's keys need no registry:
+    a key inside a section, such as ``optim.lrr``, is checked by validation, which loads the registries)."""
+    keys = list(RunConfig.keys())
+    unknown = next((key for key in data if key not in keys), None)
+    if unknown is not None:
+        raise UserError(f"{dotted((unknown,))}: unknown key{did_you_mean(unknown, keys)} (expected one of: "
+                        f"{', '.join(keys)})")
+
+
 def load_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Load a YAML file, a file of a registered format (Darknet ``.cfg``) or a built-in recipe, apply ``--set``
     overrides, validate."""
-    path, recipe = resolve_config_source(source)
-    reader = CONFIG_FORMATS.find(path.suffix)
-    data = reader.obj(path) if reader is not None else read_yaml(path)
-    data.setdefault("name", recipe)
-    return validate_config(apply_overrides(data, list(overrides)))
+    return validate_config(read_config(source, overrides))
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
