@@ -20,6 +20,9 @@ from pathlib import Path
 from bigbatch import __version__
 from bigbatch.errors import TrainingStopped, UserError
 
+DEFAULT_RECIPE = "digits"
+"""The recipe ``train`` runs without a CONFIG (and without ``--resume``)."""
+
 MAX_PROFILED_STEPS = 100
 """``profile --steps`` at most: the profiler keeps every event of every profiled step in memory (a trace of 100 steps
 of a ResNet-50 is already hundreds of MB, more than a trace viewer opens), and no more than the run's own length."""
@@ -267,7 +270,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config is None:  # the run's own config: with a Darknet run's cfg as it trained it
             overrides = [*kept_run_files(out_dir), *overrides]
     else:
-        source = args.config or "digits"
+        source = args.config or DEFAULT_RECIPE
     # Everything that can be checked is checked before any work: the config, the machine, the run directory.
     cfg = load_checked(source, overrides)
     world = distributed.world_size_from_env()
@@ -605,11 +608,12 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "show"
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if isinstance(getattr(args, "config", None), str) and isinstance(getattr(args, "overrides", None), list) \
+        config = getattr(args, "config", None) or (DEFAULT_RECIPE if args.command == "train" else None)
+        if config is not None and isinstance(getattr(args, "overrides", None), list) \
                 and getattr(args, "resume", None) is None:  # said before torch loads: the file, its YAML, the
             from bigbatch.config.loading import check_top_level_keys, read_config  # overrides, a top-level key
 
-            check_top_level_keys(read_config(args.config, args.overrides))
+            check_top_level_keys(read_config(config, args.overrides))
         return COMMANDS[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,7 +14,7 @@ ANSWERS = [["--help"], ["--version"], ["nosuch"], ["train", "--nosuch"],
            *([command, "--help"] for command in ("train", "eval", "predict", "show", "schedule", "scale", "plan",
                                                 "data", "pack", "export", "profile", "report"))]
 MISTAKES = [["show", "no-such-recipe"], ["train", "no-such.yaml"], ["show", "tests/fixtures/broken.yaml"],
-            ["train", "digits", "--set", "batch"], ["show", "digits", "--set", "step=10"],
+            ["train", "digits", "--set", "batch"], ["train", "--set", "batch"], ["show", "digits", "--set", "step=10"],
             ["plan", "digits", "--set", "zzz=1"]]
 """Config mistakes said before torch loads: an unknown recipe or file, a YAML syntax error, an override without
 ``=``, an unknown top-level key (a key inside a section is checked by validation, which loads the registries)."""
