@@ -166,6 +166,7 @@ def one_agent(tmp_path_factory):
         if key not in made:
             made[key] = train_with_agents(tmp_path_factory.mktemp("one-agent"), 1, world, settings)
             assert made[key].codes == [0], made[key].stderr[-3000:]
+            assert_nothing_left(made[key])
         return made[key]
 
     return run
@@ -285,7 +286,7 @@ def test_each_attempt_agrees_on_a_new_name_whatever_earlier_attempts_left(rank0_
     for _ in range(4):
         names: list = [None] * 3
         order = (0, 1, 2) if rank0_first else (2, 1, 0)
-        threads = [threading.Thread(target=_agree, args=(server.port, rank, 3, names)) for rank in order]
+        threads = [threading.Thread(target=_agree, args=(server.port, rank, 3, names), daemon=True) for rank in order]
         for thread in threads:
             thread.start()
             time.sleep(0.05)
