@@ -162,6 +162,99 @@ def torchrun(out, *overrides: str, processes: int = 2, config: str = "digits",
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
+# --- several torchrun agents on this machine, as on several machines -------------------------------------------------
+
+def rendezvous_conf() -> str:
+    """torchrun's ``--rdzv-conf`` for the c10d rendezvous of agents on one busy machine: its timeouts are the hang guard
+    (``HANG_GUARD_S``), not torch's defaults (a 60 s read timeout on the store, 600 s to join, a node taken for dead
+    after 3 missed 5 s heartbeats), which a starved process can overrun. The last call (the wait for more agents once
+    the minimum has joined) is left as it is: it matters only where ``--nnodes`` is a range."""
+    return (f"join_timeout={HANG_GUARD_S},read_timeout={HANG_GUARD_S},close_timeout={HANG_GUARD_S},"
+            f"keep_alive_max_attempt={HANG_GUARD_S // 5}")
+
+
+def agents_env(**extra: str) -> dict[str, str]:
+    """``clean_env()`` for a torchrun agent, without the variables that would change what the agents share (the
+    store: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``; the BN all-reduce: ``BIGBATCH_HOST_ALL_REDUCE``), plus ``extra``."""
+    env = clean_env()
+    for key in ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "BIGBATCH_HOST_ALL_REDUCE", "GROUP_RANK", "LOCAL_WORLD_SIZE",
+                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
+        env.pop(key, None)
+    return {**env, **extra}
+
+
+def processes_naming(text: str) -> list[int]:
+    """The pids of the processes whose command line holds ``text`` (a test's own tmp_path: its launchers, their workers
+    and whatever those forked)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def listening_ports() -> set[int]:
+    """The TCP ports (IPv4 and IPv6) on which some socket is in LISTEN, from /proc/net/tcp and tcp6."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@contextlib.contextmanager
+def launched(commands: Sequence[Sequence[str]], logs: Path, env: dict[str, str], owner: str):
+    """Start each command (a torchrun agent) in a session of its own, its stdout and stderr in ``logs/agent<i>.out`` and
+    ``.err``; yield the ``Popen``s. On the way out, however the test went: each agent still running is killed with its
+    process group (SIGKILL, by the agent's pid, the group's id), and then every process whose command line names
+    ``owner`` (the test's tmp_path: torchrun starts each worker in a session of its own, which outlives its agent) is
+    killed by its pid; all are waited for."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    try:
+        for i, command in enumerate(commands):
+            with open(logs / f"agent{i}.out", "w") as out, open(logs / f"agent{i}.err", "w") as err:
+                procs.append(subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=out, stderr=err,
+                                              start_new_session=True))
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # not reaped yet: its pid is still the group's
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
+        for pid in processes_naming(owner):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while processes_naming(owner) and time.monotonic() < deadline:  # killed, until the kernel has them gone
+            time.sleep(0.05)
+
+
+def wait_for_agents(procs: Sequence[subprocess.Popen], timeout: float = HANG_GUARD_S) -> None:
+    """Until every agent has ended, or one has failed: the others may then wait for its workers until torch's own
+    timeouts (30 minutes), so the test goes on at once, and ``launched`` kills them on its way out. Fails the test
+    past ``timeout`` (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [proc.poll() for proc in procs]
+        if None not in codes or any(code not in (None, 0) for code in codes):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"torchrun agents still running after {timeout} s (hung?): exit codes so far {codes}")
+        time.sleep(0.1)
+
+
 def train_records(out) -> list[dict]:
     """The training records of the run directory ``out``'s ``metrics.jsonl`` (no evaluations, no events)."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -165,8 +165,9 @@ class PhaseTotals:
             self.sums[key] += value
         self.steps += 1
 
-    def table(self) -> str:
-        """Mean seconds per step and share of the step, one line per phase."""
+    def table(self, bn_routes: list[str] | None = None) -> str:
+        """Mean seconds per step and share of the step, one line per phase; ``bn_routes``: how the cross-device BN
+        sums went (``largebatch/sync_bn.py``'s ``all_reduce_routes``), named on their line."""
         total = self.sums["t_step"]
         lines = [f"phase      s/step   share   (mean of {self.steps} measured steps)"]
         for phase in PHASES:
@@ -175,6 +176,7 @@ class PhaseTotals:
         lines.append(f"{'step':<9} {total / self.steps:8.4f}  100.0 %")
         if "t_bn_sync" in self.sums:  # a sub-phase: inside forward and backward, not added
             seconds = self.sums["t_bn_sync"]
-            lines.append(f"  of which cross-device BN all-reduce (inside forward + backward): "
+            over = f" over {' and '.join(bn_routes)}" if bn_routes else ""
+            lines.append(f"  of which cross-device BN all-reduce{over} (inside forward + backward): "
                          f"{seconds / self.steps:.4f} s/step, {100 * seconds / max(total, 1e-12):.1f} %")
         return "\n".join(lines)

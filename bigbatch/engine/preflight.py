@@ -36,7 +36,22 @@ def load_checked(source: str, overrides: list[str], reads_data: bool = True, nee
         check_data_given(cfg)
         _weights_given(cfg)
     check_capacity(cfg, distributed.world_size_from_env())
+    _host_all_reduce_switch(cfg)
     return cfg
+
+
+def _host_all_reduce_switch(cfg: RunConfig) -> None:
+    """``BIGBATCH_HOST_ALL_REDUCE`` (``floor/host_all_reduce.py``), where cross-device BatchNorm reads it: a value it
+    does not know is said before any work, not at the first training forward."""
+    if cfg.norm.sync != "bigbatch":
+        return
+    from bigbatch.errors import UserError
+    from bigbatch.floor.host_all_reduce import check_switch
+
+    try:
+        check_switch()
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def _weights_given(cfg: RunConfig) -> None:

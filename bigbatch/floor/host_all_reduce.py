@@ -4,9 +4,14 @@ Why: cross-device BatchNorm makes two collectives per layer and step, each a few
 process waits for each of them. Over Gloo's TCP transport such a call costs 0.5-1 ms on a CPU machine (thread
 hand-offs and socket wake-ups in both processes); through a shared-memory segment it costs a few tens of
 microseconds. ``torch.distributed`` has no shared-memory CPU backend, so this module is that one collective.
-It is used only where it is known to be correct: every rank of the group maps the same segment (one machine),
-the tensor is a contiguous float32 CPU tensor that fits, and the CPU is x86-64. Otherwise
+It is used only where it is known to be correct: every rank of the group is on one machine and maps the same
+segment, the tensor is a contiguous float32 CPU tensor that fits, and the CPU is x86-64. Otherwise
 :func:`channel_for` answers None and the caller uses ``torch.distributed``.
+
+Which ranks share a machine is decided explicitly, before any segment is made (:func:`channel_for`): every rank
+sends the others its machine's identity, :func:`shared_memory_id`, and the channel is made only where all are
+the same. ``BIGBATCH_HOST_ALL_REDUCE=off`` (:data:`SWITCH`) on any rank sends every sum of the group through
+``torch.distributed`` instead, as it would go across machines.
 
 Protocol, one segment per process group, made once by all its ranks together (:func:`channel_for`):
 
@@ -59,7 +64,7 @@ try:
 except ImportError:  # Windows, which has no /dev/shm either: the channel is never made there
     fcntl = None
 
-__all__ = ["HostAllReduce", "channel_for", "use_torch_distributed"]
+__all__ = ["SWITCH", "HostAllReduce", "channel_for", "check_switch", "shared_memory_id", "use_torch_distributed"]
 
 _SHM_DIR = "/dev/shm"
 _CACHE_LINE = 64  # bytes: each rank's flag on its own line, so publishing does not disturb the others' polling
@@ -69,6 +74,14 @@ _PREFIX = "bigbatch-all-reduce-"
 _NAME = re.compile(re.escape(_PREFIX) + r"(\d{1,10})-[0-9a-f]{16}")  # <prefix><creator pid>-<random>
 _CAPACITY = 1 << 15  # float32 values per rank and slot (128 KiB): BatchNorm layers up to 16,383 channels
 _TSO_MACHINES = {"x86_64", "amd64"}
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+SWITCH = "BIGBATCH_HOST_ALL_REDUCE"
+"""The environment variable that chooses: ``auto`` (or unset, or ``1``): shared memory where every rank of the group is
+on one machine; ``off`` (or ``0``): always ``torch.distributed`` (Gloo on the CPU), the path of processes on several
+machines (to measure it, or to test it with several torchrun agents on one machine). Read by every rank; one rank's
+``off`` is enough."""
+_SWITCH_VALUES = {"": "auto", "auto": "auto", "1": "auto", "off": "off", "0": "off"}
 
 # Weak keys: a channel must not keep its process group's object alive after the group is destroyed.
 _CHANNELS: weakref.WeakKeyDictionary[object, HostAllReduce | None] = weakref.WeakKeyDictionary()
@@ -127,15 +140,17 @@ def channel_for(group=None) -> HostAllReduce | None:
     """The shared-memory channel of ``group`` (default: the world), made on first use; None where it can't be.
 
     The first call is a collective: every rank of the group must make it at the same point (cross-device
-    BatchNorm does, in its first training forward). Rank 0 of the group creates the segment in /dev/shm and
-    sends its name; every rank maps it and checks the token rank 0 wrote; rank 0 removes the name once all have
-    mapped it, and no rank returns before it has, so from then on the run leaves nothing behind in /dev/shm however
-    it ends. If any rank cannot see it (another machine, no /dev/shm) or the CPU is not x86-64, every rank gets
-    None.
+    BatchNorm does, in its first training forward). The decision, the same on every rank: every rank sends the
+    others the switch's value (:data:`SWITCH`) and its machine's :func:`shared_memory_id`; the channel is made only
+    where no rank says ``off`` and every rank has the same identity (none without one: another CPU, no /dev/shm).
+    Then rank 0 creates the segment in /dev/shm and sends its name; every rank maps it and checks the token rank 0
+    wrote, which proves they share it; rank 0 removes the name once all have mapped it, and no rank returns before
+    it has, so from then on the run leaves nothing behind in /dev/shm however it ends. If any rank cannot map it
+    (a full /dev/shm), every rank gets None.
     """
     group = dist.group.WORLD if group is None else group
     if group not in _CHANNELS:
-        _CHANNELS[group] = _open(group)
+        _CHANNELS[group] = _open(group) if _on_one_machine(group) else None
     return _CHANNELS[group]
 
 
@@ -146,9 +161,66 @@ def use_torch_distributed(group) -> None:
     _CHANNELS[group] = None
 
 
+def check_switch() -> str:
+    """The switch's value (:data:`SWITCH`): ``auto`` or ``off``; a ``ValueError`` naming it for any other."""
+    value = os.environ.get(SWITCH, "").strip().lower()
+    if value not in _SWITCH_VALUES:
+        raise ValueError(f"{SWITCH}={os.environ[SWITCH]!r}: expected auto or off (1 or 0)")
+    return _SWITCH_VALUES[value]
+
+
+def shared_memory_id() -> str | None:
+    """What two processes share exactly when they see the same /dev/shm: ``<boot id>:<device of /dev/shm>``; None
+    where this module's channel cannot run (not x86-64, no /dev/shm or no file locks, no boot id).
+
+    Why this identity, not another:
+
+    - The kernel's boot id (``/proc/sys/kernel/random/boot_id``) is random at each boot and the same for every
+      process on that kernel, containers included: equal ids mean one machine (one host, or one VM), different ids
+      different machines, even machines cloned from one image.
+    - The device number of the /dev/shm mount tells apart two tmpfs mounted there on one kernel (containers with a
+      /dev/shm each, which cannot see each other's segments); two processes that see the same mount see the same
+      files.
+    - A host name is not enough: containers on one machine may share it without sharing /dev/shm, and machines
+      may share one ("localhost" in containers). ``LOCAL_WORLD_SIZE == WORLD_SIZE`` is true for one torchrun agent
+      only, and says nothing about memory: two agents on one machine (two launches, or two containers with the host's
+      /dev/shm) share it and are better served by it.
+    """
+    if platform.machine().lower() not in _TSO_MACHINES or fcntl is None:
+        return None
+    try:
+        with open(_BOOT_ID) as f:
+            boot = f.read().strip()
+        shm = os.stat(_SHM_DIR)
+    except OSError:
+        return None
+    if not boot or not stat.S_ISDIR(shm.st_mode):
+        return None
+    return f"{boot}:{shm.st_dev}"
+
+
+def _on_one_machine(group) -> bool:
+    """Whether the group's sums may go through shared memory: the decision of :func:`channel_for`, the same on every
+    rank (all ranks exchange what decides it; a bad switch value on any rank is the same ``ValueError`` on every
+    rank, so that none is left waiting)."""
+    try:
+        mine = (check_switch(), shared_memory_id())
+    except ValueError as e:
+        mine = (str(e), None)
+    views: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(views, mine, group=group)
+    wrong = sorted({switch for switch, _ in views if switch not in ("auto", "off")})
+    if wrong:
+        raise ValueError(wrong[0])
+    ids = {machine for _, machine in views}
+    return all(switch == "auto" for switch, _ in views) and len(ids) == 1 and None not in ids
+
+
 def _open(group) -> HostAllReduce | None:
+    """The channel over a group of one machine (:func:`_on_one_machine`), or None if its segment cannot be made or
+    mapped by every rank."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    usable = platform.machine().lower() in _TSO_MACHINES and os.path.isdir(_SHM_DIR) and fcntl is not None
+    usable = os.path.isdir(_SHM_DIR)
     nbytes = HostAllReduce.segment_bytes(world)
     created = None
     if rank == 0 and usable:
@@ -164,7 +236,7 @@ def _open(group) -> HostAllReduce | None:
         announced = [created.path if channel is not None else None, token]
         dist.broadcast_object_list(announced, src=dist.get_global_rank(group, 0), group=group)
         path, token = announced
-        if rank != 0 and usable and path is not None and os.path.exists(path):  # else: rank 0 is elsewhere
+        if rank != 0 and usable and path is not None and os.path.exists(path):
             channel = _map(path, rank, world, nbytes)
             if channel is not None and int(channel.token) != token:
                 channel = None

@@ -58,7 +58,27 @@ from torch import nn
 
 from bigbatch.floor import host_all_reduce
 
-__all__ = ["CrossDeviceBatchNormFunction", "CrossDeviceBatchNorm", "convert_batchnorm"]
+__all__ = ["CrossDeviceBatchNormFunction", "CrossDeviceBatchNorm", "all_reduce_routes", "convert_batchnorm"]
+
+_ROUTES: dict[str, str] = {}
+"""How this process's sums went, by route ("shared memory", "torch"): the name to show ("shared memory", or the
+process group's backend: "gloo", "nccl"); in the order first taken."""
+
+
+def all_reduce_routes(clear: bool = False) -> list[str]:
+    """How this process's cross-device BN sums went since the last ``clear``: ``shared memory``
+    (``floor/host_all_reduce.py``) and/or the process group's backend (``gloo``, ``nccl``). The route is decided
+    for the whole group at its first sum (the same on every rank); a sum too large for the shared-memory channel takes
+    the backend's. ``clear``: forget them after (a run starts)."""
+    routes = list(_ROUTES.values())
+    if clear:
+        _ROUTES.clear()
+    return routes
+
+
+def _taken(route: str, group) -> None:
+    if route not in _ROUTES:
+        _ROUTES[route] = route if route == "shared memory" else dist.get_backend(group)
 
 
 def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -71,17 +91,21 @@ def _all_reduce_sum(packed: torch.Tensor, group) -> None:
 
     A BN all-reduce is a few hundred floats that every process waits for, so its latency is what counts.
     On CPU, where every process of the group is on this machine, it goes through shared memory
-    (:mod:`bigbatch.floor.host_all_reduce`, tens of microseconds). Otherwise on CPU it is Gloo's all-reduce,
+    (:mod:`bigbatch.floor.host_all_reduce`, tens of microseconds; ``BIGBATCH_HOST_ALL_REDUCE=off`` turns it off, and
+    ``host_all_reduce.channel_for`` says how one machine is told). Otherwise on CPU it is Gloo's all-reduce,
     awaited by polling and yielding the core rather than sleeping in ``wait()``: a core woken from idle takes
     a large part of a sub-millisecond collective to come back. On CUDA it is queued on the stream as usual.
     """
     if packed.device.type != "cpu" or not hasattr(os, "sched_yield"):
+        _taken("torch", group)
         dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
         return
     channel = host_all_reduce.channel_for(group)
     if channel is not None and channel.fits(packed):
+        _taken("shared memory", group)
         channel.sum_(packed)
         return
+    _taken("torch", group)
     work = dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True)
     while not work.is_completed():
         os.sched_yield()

@@ -71,6 +71,31 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         finally:
             host_all_reduce._map = real_map
         result["rank0_segment_left"] = [os.path.exists(path) for path in made]
+
+        # the decision, before any segment is made: a rank of another machine (another identity), or one whose switch
+        # says off, sends every rank's sums through torch.distributed; a switch value it does not know is the same
+        # error on every rank
+        real_create, created = host_all_reduce._create_segment, []
+        host_all_reduce._create_segment = lambda nbytes: created.append(nbytes)
+        real_id = host_all_reduce.shared_memory_id
+        try:
+            if rank == 1:
+                host_all_reduce.shared_memory_id = lambda: "another-boot:1"
+            result["another_machine"] = host_all_reduce.channel_for(dist.new_group(backend="gloo"))
+            host_all_reduce.shared_memory_id = real_id
+            for value, key in (("off", "switched_off"), ("0", "switched_off_0"), ("on", "bad_switch")):
+                group = dist.new_group(backend="gloo")
+                if rank == 2:
+                    os.environ[host_all_reduce.SWITCH] = value
+                try:
+                    result[key] = host_all_reduce.channel_for(group)
+                except ValueError as e:
+                    result[key] = str(e)
+                finally:
+                    os.environ.pop(host_all_reduce.SWITCH, None)
+        finally:
+            host_all_reduce._create_segment, host_all_reduce.shared_memory_id = real_create, real_id
+        result["segments_made_for_decided_groups"] = len(created)
         torch.save(result, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -166,6 +191,20 @@ def test_only_contiguous_float32_tensors_that_fit(results):
 
 def test_a_rank_that_cannot_see_the_segment_makes_every_rank_fall_back(results):
     assert [results[r]["other_machine"] for r in range(WORLD)] == [None] * WORLD
+
+
+def test_the_channel_is_for_ranks_of_one_machine_whose_switch_is_not_off(results):
+    """Decided from every rank's machine identity and switch, the same on every rank, before any segment is made."""
+    for key in ("another_machine", "switched_off", "switched_off_0"):
+        assert [results[r][key] for r in range(WORLD)] == [None] * WORLD, key
+    error = f"{host_all_reduce.SWITCH}='on': expected auto or off (1 or 0)"
+    assert [results[r]["bad_switch"] for r in range(WORLD)] == [error] * WORLD
+    assert results[0]["segments_made_for_decided_groups"] == 0
+
+
+def test_the_machine_identity_is_the_boot_and_the_dev_shm_mount():
+    boot = open(host_all_reduce._BOOT_ID).read().strip()
+    assert host_all_reduce.shared_memory_id() == f"{boot}:{os.stat('/dev/shm').st_dev}"
 
 
 def test_rank_0_unable_to_map_its_segment_makes_every_rank_fall_back(results):

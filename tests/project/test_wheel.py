@@ -239,8 +239,28 @@ SKIPPED = {
     "torchrun --nproc-per-node 8 -m bigbatch train megdet-r50-fpn --set subdivisions=2":
         "8 processes on COCO (tests/engine/test_distributed.py runs torchrun on 2 CPU processes)",
     "bigbatch train megdet-r50-fpn --set subdivisions=16 # one device": "Faster R-CNN on COCO, which is not here",
-    "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29400 -m bigbatch "
-    "train megdet-r50-fpn --set subdivisions=1": "two machines of 8 GPUs each",
+    "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29400 --rdzv-id megdet -m "
+    "bigbatch train megdet-r50-fpn --out /shared/runs/megdet --set subdivisions=1":
+        "two machines of 8 GPUs each (tests/engine/test_multinode.py runs two agents on this one)",
+    "torchrun --nnodes 2 --nproc-per-node 8 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint host0:29400 "
+    "--rdzv-id megdet -m bigbatch train megdet-r50-fpn --out /shared/runs/megdet --set subdivisions=1":
+        "two machines of 8 GPUs each (tests/engine/test_multinode.py runs two agents on this one)",
+    "BIGBATCH_HOST_ALL_REDUCE=off torchrun --nproc-per-node 2 -m bigbatch train digits --set model.norm=batch "
+    "norm.sync=bigbatch":
+        "torchrun, which this test does not launch (tests/engine/test_multinode.py trains with the switch off)",
+    "torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 --rdzv-id two-agents "
+    "-m bigbatch train digits --out runs/two-agents --set model.norm=batch norm.sync=bigbatch":
+        "run twice at once (two agents); tests/engine/test_multinode.py runs this form, with a free port and the "
+        "rendezvous timeouts of a loaded machine",
+    "torchrun --nnodes 2:4 --nproc-per-node 8 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint host0:29400 "
+    "--rdzv-id megdet -m bigbatch train megdet-r50-fpn --out /shared/runs/megdet --set subdivisions=1":
+        "elastic machines: the command only, the behaviour is not settled yet",
+    'srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint '
+    '"$head:29400" --rdzv-id "$SLURM_JOB_ID" -m bigbatch train megdet-r50-fpn --out /shared/runs/megdet '
+    "--set subdivisions=1": "Slurm, which is not here",
+    "- torchrun --nnodes 2 --nproc-per-node 8 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint "
+    "megdet-0.megdet:29400 --rdzv-id megdet -m bigbatch train megdet-r50-fpn --out /runs/megdet --set subdivisions=1":
+        "a Kubernetes Job's command, and Kubernetes is not here",
     "bigbatch export yolov3.cfg --weights yolov3.weights --checkpoint yolov3.pt # .weights -> checkpoint":
         "Darknet's released yolov3.weights (248 MB) is not fetched in a test; tests/darknet/test_darknet_cli.py "
         "converts a file of the same size both ways",
