@@ -297,6 +297,13 @@ PHOTOS = ("china.jpg", "flower.jpg")
 crops of both turned upside down."""
 
 
+def write_shapes_set(root: Path, images: int, seed: int = 5) -> Path:
+    """``bigbatch data shapes --out root --images N --seed S`` (the COCO layout), checked to succeed."""
+    result = run_main("data", "shapes", "--out", str(root), "--images", str(images), "--seed", str(seed))
+    assert result.returncode == 0, result.stderr
+    return root
+
+
 def write_photo_folder(root: Path, train: int = 8, val: int = 3, seed: int = 0) -> Path:
     """``root/{train,val}/{china,flower,upside_down}/`` with JPEG crops (and one PNG) of the sample photos."""
     from sklearn.datasets import load_sample_image

@@ -151,18 +151,9 @@ def _file_stem(name: str) -> str:
 
 def check_out(out: Path) -> Path:
     """``--out`` as an absolute path: absent or an empty folder (one ``error:`` line otherwise)."""
-    out = Path(os.path.abspath(out))
-    if out.is_symlink() and not out.exists():
-        raise UserError(f"--out: {out} is a link to nothing; give a new or empty folder")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: {out} is a file, not a folder")
-    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise UserError(f"--out: cannot make {out}: {blocking} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        raise UserError(f"--out: {out} is not empty; a converted set is written into a new or empty folder only "
-                        "(bigbatch never overwrites what it did not write)")
-    return out
+    from bigbatch.floor.outputs import check_new_or_empty_folder
+
+    return check_new_or_empty_folder(out, "a converted set is")
 
 
 # ----------------------------------------------------------------------------- which set SRC is

@@ -32,6 +32,23 @@ def probe_writable(folder: Path, key: str) -> None:
     os.unlink(name)  # made just now by this call (O_EXCL): ours
 
 
+def check_new_or_empty_folder(out: Path, what: str) -> Path:
+    """``--out`` as an absolute path, absent or an empty folder (a folder bigbatch then fills with ``what``); anything
+    else one ``UserError`` naming ``--out``: bigbatch never writes into a folder holding what it did not write."""
+    out = Path(os.path.abspath(out))
+    if out.is_symlink() and not out.exists():
+        raise UserError(f"--out: {out} is a link to nothing; give a new or empty folder")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} is a file, not a folder")
+    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UserError(f"--out: cannot make {out}: {blocking} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--out: {out} is not empty; {what} written into a new or empty folder only (bigbatch "
+                        "never overwrites what it did not write)")
+    return out
+
+
 def check_output_file(path: Path, key: str, ours: Callable[[Path], bool] | None = None,
                       what: str = "bigbatch does not overwrite it (choose a new file)") -> Path:
     """``path`` checked as a file this command may write (see the module docstring); ``ours(path)`` says whether

@@ -21,7 +21,7 @@ from bigbatch.engine.trainer import train
 from bigbatch.errors import UserError
 from bigbatch.largebatch.freeze import FrozenGroup, frozen_groups
 from bigbatch.registry import MODELS
-from tests.helpers import net_header, run_main
+from tests.helpers import net_header, run_main, write_shapes_set
 
 # ----------------------------------------------------------------------------- the groups, off cfg text
 
@@ -154,10 +154,7 @@ def detector_cfg(path: Path, keys: dict[int, str], burn_in: int = 0) -> Path:
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shapes") / "set"
-    result = run_main("data", "shapes", "--out", str(root), "--images", "20", "--seed", "5")
-    assert result.returncode == 0, result.stderr
-    return root
+    return write_shapes_set(tmp_path_factory.mktemp("shapes") / "set", 20)
 
 
 class Snapshots(Hook):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import run_main, torchrun
+from tests.helpers import run_main, torchrun, write_shapes_set
 
 QUICK = ["log.tensorboard=false", "data.workers=0", "eval.batch=50"]
 
@@ -20,10 +20,7 @@ def records(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shapes") / "set"
-    result = run_main("data", "shapes", "--out", str(root), "--images", "250", "--seed", "5")
-    assert result.returncode == 0, result.stderr
-    return root
+    return write_shapes_set(tmp_path_factory.mktemp("shapes") / "set", 250)
 
 
 def network_weights(out: Path) -> dict[str, torch.Tensor]:

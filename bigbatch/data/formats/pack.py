@@ -119,17 +119,9 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
 
 def check_out(out: Path, src: Path) -> Path:
     """``out`` as an absolute path, checked: absent or an empty folder, not inside ``src``'s splits."""
-    out = Path(os.path.abspath(out))
-    if out.is_symlink() and not out.exists():
-        raise UserError(f"--out: {out} is a link to nothing; give a new or empty folder")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: {out} is a file, not a folder")
-    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise UserError(f"--out: cannot make {out}: {blocking} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        raise UserError(f"--out: {out} is not empty; shards are written into a new or empty folder only (bigbatch "
-                        f"never overwrites what it did not write)")
+    from bigbatch.floor.outputs import check_new_or_empty_folder
+
+    out = check_new_or_empty_folder(out, "shards are")
     real = Path(os.path.realpath(out))
     for split in SPLITS:
         inside = Path(os.path.realpath(src / split))
