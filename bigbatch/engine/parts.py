@@ -63,11 +63,13 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
     reduce = all_reduce_sum if proc.world > 1 and cfg.norm.sync != "none" else None
     running_stats = configure_batchnorm(model, cfg.norm, plan, reduce=reduce)
     optimizer = build_optimizer(cfg.optim, model, lr_at(0))  # every parameter: a frozen one has no gradient to use
+    # clipped: every parameter that can train, taken before the freeze (one frozen now trains from model.unfreeze_at;
+    # clip_gradients passes over a parameter without a gradient)
+    parameters = [p for p in model.parameters() if p.requires_grad]
     groups = frozen_groups(model, cfg, plan)
     set_frozen(model, groups, 0)  # as at the first step (the freeze_layers hook sets each step's before it runs)
     ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None
     scaler = build_scaler(cfg.precision, schedule_burn_in(cfg.schedule))
-    parameters = [p for p in model.parameters() if p.requires_grad]
     clock = PhaseClock(cfg.log.timing, proc.device)
     bn_sync = clock.sub_phase("bn_sync")
     for module in model.modules():

@@ -14,8 +14,9 @@ Each community says it its own way; bigbatch reads them all as groups of paramet
 A frozen parameter has ``requires_grad`` off: it gets no gradient, so the optimizer keeps no state for it and decays
 nothing (every optimizer here skips a parameter without a gradient), and under torchrun DDP reduces nothing for it
 (its wrapper is built again when the set changes: ``TrainStep.trained_set_changed``). Its BatchNorm layers stay in
-eval mode: they normalise with their running statistics and leave them as they are. The ``freeze_layers`` hook sets
-all of it before every step from the step alone, so a resumed run is frozen exactly as an uninterrupted one.
+eval mode: they normalise with their running statistics and leave them as they are; from ``model.unfreeze_at`` they
+train again (and gradient clipping counts the parameters again). The ``freeze_layers`` hook sets all of it before
+every step from the step alone, so a resumed run is frozen exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -126,9 +127,11 @@ def unfreeze_step(model_cfg: Any, plan: Any) -> int | None:
     return math.ceil(length_in_steps(model_cfg.unfreeze_at, plan, "model.unfreeze_at"))
 
 
-def set_frozen(model: nn.Module, groups: list[FrozenGroup], step: int) -> bool:
+def set_frozen(model: nn.Module, groups: list[FrozenGroup], step: int, trained_norm: bool | None = None) -> bool:
     """Freeze the parameters of the groups frozen at ``step`` and let the others train; their BatchNorm layers to eval
-    mode (the others are left as the caller set them). -> whether the set of trained parameters changed."""
+    mode. ``trained_norm``: the mode (True: train) of the BatchNorm layers of the groups not frozen at ``step`` (a
+    freeze that ended must not leave them in eval mode); None: they are left as the caller set them. The layers of no
+    group are left as they are. -> whether the set of trained parameters changed."""
     frozen = {name for group in groups if group.frozen_at(step) for name in group.names}
     involved = {name for group in groups for name in group.names}
     changed = False
@@ -137,6 +140,12 @@ def set_frozen(model: nn.Module, groups: list[FrozenGroup], step: int) -> bool:
         if name in involved and parameter.requires_grad != trains:
             parameter.requires_grad_(trains)
             changed = True
+    if trained_norm is not None:  # first, so that a layer of a group still frozen stays in eval mode below
+        for group in groups:
+            if not group.frozen_at(step):
+                for module_name in group.modules:
+                    for layer in batchnorm_layers(model.get_submodule(module_name)):
+                        layer.train(trained_norm)
     for group in groups:
         if group.frozen_at(step):
             for module_name in group.modules:

@@ -32,7 +32,11 @@ class FreezeLayers(Hook):
                 run.events.event(0, "frozen", {"parameters": len(group.names), "until_step": group.until,
                                                "reason": group.reason},
                                  f"frozen: {len(group.names)} parameter tensors {until} ({group.reason})")
-        if set_frozen(unwrap(run.model), self.groups, run.step):
+        # the layers of a freeze that ended train again; under norm.freeze_during_warmup its hook, just before this
+        # one, has set every BatchNorm layer's mode for this step already
+        model = unwrap(run.model)
+        trained_norm = None if run.cfg.norm.freeze_during_warmup else model.training
+        if set_frozen(model, self.groups, run.step, trained_norm):
             run.train_step.trained_set_changed()
 
 
