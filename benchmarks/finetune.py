@@ -56,6 +56,7 @@ import numpy as np
 from batch_schedule import write_crops, write_halves  # benchmarks/ is on sys.path
 
 CHECKOUT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(CHECKOUT))  # the bigbatch of this checkout, in this process as in the runs (PYTHONPATH)
 
 RESNET = ["model.name=timm/resnet18", "data.name=folder", "data.size=64", "subdivisions=1", "optim.lr=0.1",
           "optim.ref_batch=256", "data.preprocessing=standard", "data.standard.scale=[0.25,1.0]",
