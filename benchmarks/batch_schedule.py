@@ -63,15 +63,29 @@ def write_halves(root: Path, train: int = 1600, val: int = 400, seed: int = 0) -
     scikit-learn's china.jpg or flower.jpg (427 x 640 each)."""
     from sklearn.datasets import load_sample_image
 
-    rng = np.random.default_rng(seed)
     photos = [load_sample_image(name) for name in ("china.jpg", "flower.jpg")]
+    halves = [(photo, rows) for photo in photos for rows in ((0, 213), (214, 427))]  # rows 0-212 or 214-426
+    return write_crops(root, [(photo, rows, (0, 640)) for photo, rows in halves], train, val, seed)
+
+
+Region = tuple[np.ndarray, tuple[int, int], tuple[int, int]]
+"""A class of :func:`write_crops`: a photograph (rows x columns x RGB) and the rows and columns, [first, end), its
+crops lie in."""
+
+
+def write_crops(root: Path, classes: list[Region], train: int, val: int, seed: int, sizes: tuple[int, int] = (96, 160)
+                ) -> Path:
+    """An ImageFolder tree of real JPEGs (``root``/train/classK/, ``root``/val/classK/): image i is of class
+    i mod K, a square crop of ``sizes[0]``-``sizes[1]`` px at a random place inside that class's region (quality 90).
+    The labels follow the content: classes whose regions do not overlap share no pixel."""
+    rng = np.random.default_rng(seed)
     for split, count in (("train", train), ("val", val)):
         for i in range(count):
-            label = i % 4
-            photo, half = photos[label // 2], label % 2
-            size = int(rng.integers(96, 161))
-            top = int(rng.integers(0, 213 - size + 1)) + 214 * half  # inside rows 0-212 or 214-426
-            left = int(rng.integers(0, 640 - size + 1))
+            label = i % len(classes)
+            photo, (first_row, end_row), (first_column, end_column) = classes[label]
+            size = int(rng.integers(sizes[0], sizes[1] + 1))
+            top = first_row + int(rng.integers(0, end_row - first_row - size + 1))
+            left = first_column + int(rng.integers(0, end_column - first_column - size + 1))
             folder = root / split / f"class{label}"
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(photo[top:top + size, left:left + size]).save(folder / f"{i:05d}.jpg", quality=90)
