@@ -248,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from bigbatch.engine.preflight import load_checked, resolve_batch
+    from bigbatch.engine.relaunch import relaunch
     from bigbatch.engine.run_dir import (
         check_resumable,
         hold_run_dir,
@@ -278,8 +279,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         out_dir = args.out or timestamped(run_name(cfg, overrides))
     held = hold_run_dir(out_dir) if distributed.rank_from_env() == 0 else contextlib.nullcontext()
     with held:
-        cfg, layout = resolve_batch(cfg, world)  # the boundary: subdivisions: auto measured, the batch checked
         resume = args.resume is not None or holds_this_run(out_dir, cfg)
+        if resume:  # on another world size (a node lost or added), or with subdivisions: auto: the micro-batch kept
+            cfg = relaunch(cfg, out_dir, world)
+        cfg, layout = resolve_batch(cfg, world)  # the boundary: subdivisions: auto measured, the batch checked
 
         from bigbatch.engine.trainer import train
 

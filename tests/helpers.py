@@ -173,6 +173,27 @@ def rendezvous_conf() -> str:
             f"keep_alive_max_attempt={HANG_GUARD_S // 5}")
 
 
+ELASTIC_HEARTBEAT_S = 2
+ELASTIC_LOST_AFTER_HEARTBEATS = 10
+ELASTIC_LAST_CALL_S = 10
+
+
+def elastic_rendezvous_conf() -> str:
+    """``--rdzv-conf`` of an elastic test's agents (``--nnodes 1:2``), whose store a process of the test hosts
+    (``is_host=false``: no agent hosts it, so that either may be lost). Joining and reading keep the hang guard of
+    :func:`rendezvous_conf`. Two waits are the scenario, not guards, and no outcome depends on a busy machine
+    keeping them:
+
+    - an agent silent for ``ELASTIC_HEARTBEAT_S x ELASTIC_LOST_AFTER_HEARTBEATS`` (20 s; torch's default 5 s x 3) is
+      taken for lost. An agent is an idle process with a heartbeat thread: on a starved machine it may miss
+      beats, and a live agent taken for lost only joins the next round again;
+    - once one agent has joined, the rendezvous waits ``ELASTIC_LAST_CALL_S`` (torch's default 30 s) for another
+      before it starts with one. An agent later than that joins as a node added: the workers restart with two."""
+    return (f"is_host=false,join_timeout={HANG_GUARD_S},read_timeout={HANG_GUARD_S},close_timeout={HANG_GUARD_S},"
+            f"keep_alive_interval={ELASTIC_HEARTBEAT_S},keep_alive_max_attempt={ELASTIC_LOST_AFTER_HEARTBEATS},"
+            f"last_call_timeout={ELASTIC_LAST_CALL_S}")
+
+
 def agents_env(**extra: str) -> dict[str, str]:
     """``clean_env()`` for a torchrun agent, without the variables that would change what the agents share (the
     store: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``; the BN all-reduce: ``BIGBATCH_HOST_ALL_REDUCE``), plus ``extra``."""

@@ -18,8 +18,10 @@ checkpoint's layout is written down once, here:
     data        the position in the data order: step, seed, batch (the order is a function of them and of
                 ``schedule.batch``), the subdivisions in effect (more than configured after an out-of-memory
                 re-cut, or in a later phase of a batch schedule), the images seen (for the record; absent in
-                older checkpoints) and an adaptive batch's changes (``grown``): step, images and grown are the
-                progress's (``engine/progress.py``)
+                older checkpoints), an adaptive batch's changes (``grown``): step, images and grown are the
+                progress's (``engine/progress.py``), and the world size and planned micro-batch it was cut to (a
+                resume on another world size keeps the micro-batch: ``engine/relaunch.py``; absent in older
+                checkpoints)
     best        the best evaluation so far: metric, mode, value, step
     hooks       what the hooks learned, by hook name (``engine/hooks/base.py``: the noise scale's averages, the
                 memory log's baseline), and the batch controller's state under its ``state_key`` (AdaScale's:
@@ -110,6 +112,8 @@ class TrainingState:
             "rng": checkpoint.rng_state(),
             "data": {"step": owned["step"], "seed": self.cfg.seed, "batch": self.cfg.batch,
                      "subdivisions": step.subdivisions, "split": step.split,
+                     # how the batch was cut: a resume on another world size keeps the micro-batch (relaunch.py)
+                     "world": self.progress.plan.world, "micro_batch": self.progress.plan.micro_batch,
                      **{key: value for key, value in owned.items() if key != "step"}},
             "best": vars(self.best).copy(),
             "hooks": hooks,

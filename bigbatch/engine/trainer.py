@@ -43,6 +43,7 @@ from bigbatch.engine.parts import build_parts
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.preflight import resolve_batch
 from bigbatch.engine.progress import Progress
+from bigbatch.engine.relaunch import relaunch
 from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.run_dir import keep_model_files
 from bigbatch.engine.state import Best, TrainingState
@@ -75,6 +76,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     if cfg.memory.keep_freed:
         host_memory.keep_freed()  # a step's pages are faulted in once, not every micro-batch
     if layout is None:
+        if resume:
+            cfg = relaunch(cfg, out_dir, proc.world)
         cfg, layout = resolve_batch(cfg, proc.world)
     seed_everything(cfg.seed)
     task = build_task(cfg, proc.rank)

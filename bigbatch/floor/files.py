@@ -93,11 +93,12 @@ def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int] 
     return True
 
 
-def load_tensors(path: str | Path, key: str) -> Any:
+def load_tensors(path: str | Path, key: str, mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` with one line of ours for a file it refuses or cannot read, instead
-    of torch's multi-line message (which suggests ``weights_only=False``, i.e. running the file's code)."""
+    of torch's multi-line message (which suggests ``weights_only=False``, i.e. running the file's code). ``mmap``:
+    the tensors stay in the file, mapped, until read (for a look at a checkpoint's small parts)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         text = str(e)
         if "unsupported global" in text.lower():  # torch's refusal of a pickled class or function: code it would run

@@ -724,7 +724,7 @@ def _event(run: RunData, record: dict[str, Any], step: int) -> None:
         run.recorded["batch"] = batch
     if world is not None:
         run.recorded["event_world"] = world
-    if kind == "out_of_memory" and "subdivisions" in record:
+    if kind in ("out_of_memory", "started", "resumed") and "subdivisions" in record:  # in effect from then on
         subdivisions = record["subdivisions"]
         if not is_number(subdivisions) or count(subdivisions) is not None:  # a number: one to compute with
             run.recorded["subdivisions"] = subdivisions

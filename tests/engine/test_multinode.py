@@ -10,6 +10,7 @@ ports the run used."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ from tests.helpers import (
     HANG_GUARD_S,
     agents_env,
     assert_same_weights,
+    elastic_rendezvous_conf,
     free_port,
     launched,
     listening_ports,
@@ -118,13 +120,14 @@ def agent_command(agents: int, per_agent: int, port: int, run_id: str, records: 
 
 
 def read_launch(base: Path, procs, port: int, started: float) -> Launch:
+    """What the agents ``procs``, launched into ``base`` (their logs in ``base/logs*``), left."""
     records = base / "records"
-    logs = base / "logs"
     workers = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in records.glob("worker-*.json")}
     locks = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in records.glob("lock-*.json")}
+    logs = sorted(base.glob("logs*/agent*.out"))
     return Launch(base / "run", str(base), [proc.returncode for proc in procs],
-                  "".join((logs / f"agent{i}.out").read_text() for i in range(len(procs))),
-                  "".join((logs / f"agent{i}.err").read_text() for i in range(len(procs))),
+                  "".join(log.read_text() for log in logs),
+                  "".join(log.with_suffix(".err").read_text() for log in logs),
                   workers, locks, {port} | {int(w["MASTER_PORT"]) for w in workers.values()},
                   time.monotonic() - started)
 
@@ -262,6 +265,170 @@ def test_a_killed_worker_restarts_both_agents_from_the_last_checkpoint(tmp_path,
     print(f"largest weight difference, restarted 2 agents x 1 against an uninterrupted 1 x 2: {difference:.3g} "
           f"({launch.seconds:.0f} s for the two agents)")
     assert_same_weights(weights(reference.out), weights(launch.out), atol=1e-6)
+
+
+# --- elastic: a node lost or added mid-run (torchrun --nnodes 1:2) -----------------------------------------------
+
+ELASTIC_WORKER = """
+import json, os, sys, time
+from pathlib import Path
+
+records, pause_rank, pause_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+del sys.argv[1:4]
+me = {key: os.environ[key] for key in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT")}
+me["agent"] = os.getppid()
+(records / f"worker-{os.getpid()}.json").write_text(json.dumps(me))
+
+paused = records / "paused"
+if me["RANK"] == pause_rank and not paused.exists():
+    from bigbatch.engine.hooks import Hook
+    from bigbatch.registry import HOOKS
+
+    class PauseBeforeStep(Hook):
+        stage = "write"
+
+        def before_step(self, run):
+            if run.step >= pause_at:
+                run.state.finish_writes()  # rank 0: the checkpoints so far are on disk
+                (records / "tmp").write_text(json.dumps({"pid": os.getpid(), "agent": os.getppid(), "step": run.step}))
+                os.replace(records / "tmp", paused)
+                while True:
+                    time.sleep(60)
+
+    HOOKS.register("pause", lambda run: PauseBeforeStep())
+
+from bigbatch.cli import main
+sys.exit(main())
+"""
+"""``python -m bigbatch`` that notes in the folder ``argv[1]`` which worker it is (ranks, restart count, its agent's
+pid) and, where it is the worker of global rank ``argv[2]`` and none has paused yet, waits to be killed before the
+first step at or after ``argv[3]``: a fixed point of the run, however busy the machine, at which the test loses or
+adds a node."""
+
+ELASTIC_STEPS = 20
+ELASTIC_SETTINGS = [f"steps={ELASTIC_STEPS}", "checkpoint.every=5", "eval.every=1000", "log.every=1",
+                    "model.norm=group", "subdivisions=2"]
+"""GroupNorm: a layout changes no normalisation, so the weights of a world change are an uninterrupted run's within
+the layout tolerance."""
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""As docs/distributed.md says for ``--nnodes MIN:MAX``: each round's workers get a store of their own. With the agent's
+store shared (torch's default), torch 2.14's agent of rank 0 builds the workers' store address once, at its first
+rendezvous: an agent added later waits forever for the address in the new round's keys."""
+
+
+@contextlib.contextmanager
+def rendezvous_store():
+    """The c10d rendezvous store, hosted by this process (``is_host=false`` in ``elastic_rendezvous_conf``): no agent
+    hosts it, so that either can be lost, as a cluster's rendezvous endpoint outlives its nodes. Yields its port (the
+    OS's choice); closed on the way out."""
+    server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=HANG_GUARD_S))
+    try:
+        yield server.port
+    finally:
+        del server
+
+
+def elastic_command(port: int, run_id: str, records: Path, out: Path, pause_rank: str = "", pause_at: int = 0
+                    ) -> list[str]:
+    """One machine's command of an elastic job of 1 or 2 nodes, one process each."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "1",
+            "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+            run_id, "--rdzv-conf", elastic_rendezvous_conf(), "--no-python", sys.executable, "-c", ELASTIC_WORKER,
+            str(records), pause_rank, str(pause_at), "train", "digits", "--out", str(out), "--set", *COMMON,
+            *ELASTIC_SETTINGS]
+
+
+def wait_for_pause(records: Path, procs) -> dict:
+    """What the paused worker noted (its pid, its agent's, the step), once it has paused; fails the test if every agent
+    ended first (the hang guard is pytest-timeout's: a paused worker waits to be killed)."""
+    paused = records / "paused"
+    while not paused.exists() and any(proc.poll() is None for proc in procs):
+        time.sleep(0.05)
+    assert paused.exists(), "the agents ended before the worker paused: " + "".join(
+        log.read_text()[-3000:] for log in sorted(records.parent.glob("logs*/agent*.err")))
+    return json.loads(paused.read_text())
+
+
+def segments(out: Path) -> list[tuple]:
+    """Each start of the run as ``metrics.jsonl`` records it: (event, step, world, subdivisions, micro-batch)."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["event"], r["step"], r["world"], r["subdivisions"], r["micro_batch"]) for r in records
+            if r.get("event") in ("started", "resumed")]
+
+
+def uninterrupted(tmp_path: Path, subdivisions: int) -> dict:
+    """The weights of the same run in this process, never interrupted, at the same micro-batch."""
+    result = run_main("train", "digits", "--out", str(tmp_path / "uninterrupted"), "--set", *COMMON, *ELASTIC_SETTINGS,
+                      f"subdivisions={subdivisions}")
+    assert result.returncode == 0, result.stderr
+    return weights(tmp_path / "uninterrupted")
+
+
+def test_a_node_lost_mid_run_leaves_the_other_to_finish_on_one_process(tmp_path):
+    """Two agents of one process join; before step 7 the agent of the worker of global rank 1 is lost with its worker
+    (SIGKILL, as a machine dies). The other worker's collective fails, its agent restarts it: the rendezvous takes the
+    silent agent for lost and goes on with one node. The worker resumes from step 5's checkpoint on 1 process with
+    the micro-batch kept (subdivisions 2 -> 4), finishes, and ends with the weights of a run never interrupted."""
+    base = tmp_path / "lost"
+    records = base / "records"
+    records.mkdir(parents=True)
+    started = time.monotonic()
+    with rendezvous_store() as port:
+        command = elastic_command(port, f"test-{secrets.token_hex(4)}", records, base / "run", "1", 7)
+        with launched([command] * 2, base / "logs", agents_env(**ELASTIC_ENV), owner=str(base)) as procs:
+            paused = wait_for_pause(records, procs)
+            lost = next(proc for proc in procs if proc.pid == paused["agent"])
+            os.killpg(lost.pid, signal.SIGKILL)  # the agent, and then its worker (a session of its own)
+            os.kill(paused["pid"], signal.SIGKILL)
+            lost.wait()
+            wait_for_agents([proc for proc in procs if proc is not lost])
+    launch = read_launch(base, procs, port, started)
+    survivor = [code for proc, code in zip(procs, launch.codes, strict=True) if proc is not lost]
+    assert survivor == [0], launch.stderr[-3000:]
+    assert_nothing_left(launch)
+
+    assert paused["step"] == 7
+    assert segments(launch.out) == [("started", 0, 2, 2, 16), ("resumed", 5, 1, 4, 16)]
+    assert "resuming on 1 process (the checkpoint's run: 2): subdivisions 4, micro-batch 16 (kept)" in launch.stdout
+    last = [w for w in launch.workers.values() if w["WORLD_SIZE"] == "1"]
+    assert [w["TORCHELASTIC_RESTART_COUNT"] for w in last] == ["1"], "restarted once, by its agent"
+    assert torch.load(launch.out / "checkpoints" / "last.pt", weights_only=True)["step"] == ELASTIC_STEPS
+    expected = uninterrupted(tmp_path, 4)
+    print(f"largest weight difference, node lost at step 7 against uninterrupted: "
+          f"{largest_difference(expected, weights(launch.out)):.3g} ({launch.seconds:.0f} s for the agents)")
+    assert_same_weights(expected, weights(launch.out))
+
+
+@pytest.mark.slow
+def test_a_node_added_mid_run_restarts_the_workers_on_two_processes(tmp_path):
+    """One agent starts alone (the rendezvous waits its last call, then goes on with one node); before step 7 a second
+    agent joins. The first agent sees a node waiting and restarts its worker; both workers resume from step 5's
+    checkpoint on 2 processes with the micro-batch kept (subdivisions 2 -> 1), finish, and end with the weights of a
+    run never interrupted."""
+    base = tmp_path / "added"
+    records = base / "records"
+    records.mkdir(parents=True)
+    started, run_id = time.monotonic(), f"test-{secrets.token_hex(4)}"
+    with rendezvous_store() as port:
+        first_command = elastic_command(port, run_id, records, base / "run", "0", 7)
+        with launched([first_command], base / "logs", agents_env(**ELASTIC_ENV), owner=str(base)) as first:
+            paused = wait_for_pause(records, first)
+            added_command = elastic_command(port, run_id, records, base / "run")
+            with launched([added_command], base / "logs-added", agents_env(**ELASTIC_ENV), owner=str(base)) as added:
+                wait_for_agents([*first, *added])
+    launch = read_launch(base, [*first, *added], port, started)
+    assert launch.codes == [0, 0], launch.stderr[-3000:]
+    assert_nothing_left(launch)
+
+    assert paused["step"] == 7
+    assert segments(launch.out) == [("started", 0, 1, 2, 32), ("resumed", 5, 2, 1, 32)]
+    assert "resuming on 2 processes (the checkpoint's run: 1): subdivisions 1, micro-batch 32 (kept)" in launch.stdout
+    assert torch.load(launch.out / "checkpoints" / "last.pt", weights_only=True)["step"] == ELASTIC_STEPS
+    expected = uninterrupted(tmp_path, 2)
+    print(f"largest weight difference, node added at step 7 against uninterrupted: "
+          f"{largest_difference(expected, weights(launch.out)):.3g} ({launch.seconds:.0f} s for the agents)")
+    assert_same_weights(expected, weights(launch.out))
 
 
 # --- the name each attempt's workers agree on ---------------------------------------------------------------------

@@ -48,9 +48,10 @@ def test_the_batch_layout_is_checked_in_one_place():
     assert [module for module, tree in SOURCES.items() if called(tree, "check_batch")] == ["batching.py"]
 
 
-BEFORE_THE_BOUNDARY = {"config/run.py", "engine/planner.py", "telemetry/capacity.py", "data/pipeline/bench.py"}
+BEFORE_THE_BOUNDARY = {"config/run.py", "engine/planner.py", "telemetry/capacity.py", "data/pipeline/bench.py",
+                       "engine/relaunch.py"}
 """Where ``subdivisions`` may still be ``auto``: the config, its measurement, the capacity check before any work,
-and ``data bench``, which trains nothing."""
+``data bench``, which trains nothing, and a resume's layout, which takes the checkpoint's micro-batch for ``auto``."""
 
 
 def test_auto_subdivisions_are_seen_only_before_the_boundary():

@@ -361,14 +361,16 @@ def test_a_run_resumed_on_another_world_size_records_each(tmp_path):
     assert launched.returncode == 0, launched.stderr[-3000:]
     resumed = run_main("train", "--resume", str(out), "--set", "steps=3")
     assert resumed.returncode == 0, resumed.stderr
-    assert [(r["event"], r["step"], r["world"], r.get("stopped_at")) for r in segments(out)] == \
-        [("started", 0, 2, None), ("resumed", 2, 1, 2)]  # it had got to step 2, its checkpoint's: nothing redone
+    # it had got to step 2, its checkpoint's: nothing redone; on 1 process, the micro-batch of 4 is kept
+    assert [(r["event"], r["step"], r["world"], r.get("stopped_at"), r["subdivisions"], r["micro_batch"])
+            for r in segments(out)] == [("started", 0, 2, None, 8, 4), ("resumed", 2, 1, 2, 16, 4)]
+    assert "resuming on 1 process (the checkpoint's run: 2): subdivisions 16, micro-batch 4 (kept)" in resumed.stdout
     run = read_run(out)
     assert run.worlds == [(0, 2), (2, 1)] and run.world == 1
     html = write_report([out], None).read_text(encoding="utf-8")
     runs = section(html, "runs")
     assert "2, then 1 from step 2" in runs and "<td>2 → 1</td>" in runs
-    assert "micro-batch 8 on 1 process (from step 2)" in runs  # batch 64, the digits recipe's 8 subdivisions
+    assert "micro-batch 4 on 1 process (from step 2)" in runs  # batch 64: the digits recipe's 8 subdivisions x 2
     assert "resumed at step 2 (it had got to step 2) on 1 process" in runs
     assert 'id="c' in section(html, "loss") and "restart-0-0" in section(html, "loss")
     assert "redone-0-0" not in section(html, "loss")  # no step was run twice

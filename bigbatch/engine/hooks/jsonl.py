@@ -46,10 +46,14 @@ def record_step(line: str) -> int | None:
 
 def segment_record(run: Run, highest: int | None) -> tuple[str, dict[str, Any], str]:
     """What the process's start records (``event``, values, message): ``started`` at step 0 or ``resumed`` at the
-    checkpoint's step, the ``world`` size (a resumed run may run on another one), the wall-clock ``time``, and
+    checkpoint's step, the ``world`` size (a resumed run may run on another one) with the ``subdivisions`` and
+    ``micro_batch`` in effect on it (``engine/relaunch.py``), the wall-clock ``time``, and
     ``stopped_at``: the highest step the file recorded before (where an interrupted run got to), if any."""
     step, world = run.progress.step, run.proc.world
-    values: dict[str, Any] = {"world": world, "time": round(time.time(), 3)}
+    step_in_effect = run.train_step
+    values: dict[str, Any] = {"world": world, "subdivisions": step_in_effect.subdivisions,
+                              "micro_batch": run.plan.micro_batch // step_in_effect.split,
+                              "time": round(time.time(), 3)}
     processes = f"{world} process{'es' if world != 1 else ''}"
     if highest is not None:
         values["stopped_at"] = highest
