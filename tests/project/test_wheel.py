@@ -252,9 +252,9 @@ SKIPPED = {
     "-m bigbatch train digits --out runs/two-agents --set model.norm=batch norm.sync=bigbatch":
         "run twice at once (two agents); tests/engine/test_multinode.py runs this form, with a free port and the "
         "rendezvous timeouts of a loaded machine",
-    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 --rdzv-backend c10d "
-    "--rdzv-endpoint host0:29400 --rdzv-id megdet -m bigbatch train megdet-r50-fpn --out /shared/runs/megdet "
-    "--set subdivisions=1":
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 "
+    "--rdzv-backend c10d --rdzv-endpoint host0:29400 --rdzv-id megdet -m bigbatch train megdet-r50-fpn "
+    "--out /shared/runs/megdet --set subdivisions=1":
         "elastic machines on COCO; tests/engine/test_multinode.py runs this form with two agents of digits, one lost "
         "or one added mid-run",
     'srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint '
