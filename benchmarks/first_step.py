@@ -92,6 +92,7 @@ sys.meta_path.insert(0, _Watch())
 """
 """The prologue of every side (see the module docstring)."""
 
+TIMM = "timm train.py (resnet18, the digits as JPEGs)"
 RUN_BIGBATCH = 'sys.argv = ["bigbatch", *sys.argv[1:]]\nrunpy.run_module("bigbatch", run_name="__main__")\n'
 
 
@@ -162,7 +163,7 @@ def main() -> None:
             "bigbatch train digits": lambda out: first_step(RUN_BIGBATCH, ["train", "digits", "--out",
                                                                            str(out / "run")], CHECKOUT, out,
                                                             args.threads),
-            "timm train.py (resnet18, the digits as JPEGs)": lambda out: first_step(
+            TIMM: lambda out: first_step(
                 TIMM_WITHOUT_WORKERS, [*timm_args, "--output", str(out)], src, out, args.threads),
             "bigbatch train, timm's work (resnet18, the same JPEGs)": lambda out: first_step(
                 RUN_BIGBATCH, ["train", "digits", "--out", str(out / "run"), *same_work], CHECKOUT, out,
@@ -178,22 +179,25 @@ def main() -> None:
                 out = tmp / f"side{list(sides).index(name)}-round{r}"
                 out.mkdir()
                 times[name].append(sides[name](out))
-    timm_median = statistics.median(t["first_step"] for t in times["timm train.py (resnet18, the digits as JPEGs)"])
-    print("medians, s from the command: | side | to the first step | x timm's | torch imported | first forward | "
-          "the first step's own work (first forward to first step) | to the first step, each round |")
-    print("|---|---|---|---|---|---|---|")
+    print_tables(times)
 
-    def median(rounds: list[dict[str, float]], mark: str) -> str:
-        values = [t[mark] for t in rounds if mark in t]
-        return f"{statistics.median(values):.2f}" if values else ""
 
-    for name, rounds in times.items():
-        step = statistics.median(t["first_step"] for t in rounds)
-        own = [t["first_step"] - t["first_forward"] for t in rounds if "first_forward" in t]
-        own_text = f"{statistics.median(own):.2f}" if own else ""
-        each = " ".join(f"{t['first_step']:.2f}" for t in rounds)
-        print(f"| {name} | {step:.2f} | {step / timm_median:.2f} | {median(rounds, 'torch')} | "
-              f"{median(rounds, 'first_forward')} | {own_text} | {each} |", flush=True)
+def print_tables(times: dict[str, list[dict[str, float]]]) -> None:
+    """The medians, each round's times, and the median of each round's ratio to timm's side."""
+    peer = times[TIMM]
+    for mark, title in (("first_step", "to the first step"),
+                        ("first_forward", "to the first forward (start-up alone)")):
+        print(f"\n{title}: s from the command; x timm's: the median of each round's ratio to timm's side")
+        print("| side | median s | x timm's | each round, s | torch imported, median s |\n|---|---|---|---|---|")
+        for name, rounds in times.items():
+            if mark not in rounds[0]:
+                continue
+            values = [t[mark] for t in rounds]
+            ratio = statistics.median(t[mark] / q[mark] for t, q in zip(rounds, peer, strict=True))
+            torch_at = [t["torch"] for t in rounds if "torch" in t]
+            at = f"{statistics.median(torch_at):.2f}" if torch_at else ""
+            print(f"| {name} | {statistics.median(values):.2f} | {ratio:.2f} | "
+                  f"{' '.join(f'{v:.2f}' for v in values)} | {at} |", flush=True)
 
 
 if __name__ == "__main__":
