@@ -81,8 +81,6 @@ def validation_line(argv: list[str]) -> str:
 
 def test_the_check_can_fail():
     """The oracle of the test above: a command that reads a checkpoint imports torch (before it finds there is none
-    to read), and the check sees it; so does a mistake that needs a registry's part (an unknown optimizer)."""
+    to read), and the check sees it."""
     modules, result = imported_modules(EACH, json.dumps([["eval", "no-such-run"]]))
-    assert result.returncode == 0 and [code for code, _ in json.loads(result.stdout)] == [2] and "torch" in modules
-    modules, result = imported_modules(EACH, json.dumps([["show", "digits", "--set", "optim.name=nosuch"]]))
     assert result.returncode == 0 and [code for code, _ in json.loads(result.stdout)] == [2] and "torch" in modules
