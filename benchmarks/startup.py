@@ -4,10 +4,12 @@
 
 Each case is a fresh ``python -m bigbatch ...`` process, timed from its start to its exit (wall clock), in rounds
 whose order is reversed every other round; the median per case is printed with its ratio to the median of ``python
--c "import torch"`` (the floor every command that builds a model pays). The cases: ``--help``, ``--version``,
-``train --help``, an unknown command, a YAML syntax error, an override without ``=``, an unknown top-level key (all
-answered before torch loads), and, for scale, ``show digits`` (which builds the model on the meta device) and a key
-inside a section (``optim.lrr``: validation loads the registries, and so torch).
+-c "import torch"`` (the floor every command that builds a model pays). The cases answered before torch loads:
+``--help`` and the ``--help`` of every command, ``--version``, an unknown command, option, recipe or file, a YAML
+syntax error, an override without ``=``, an unknown key at the top level, inside a section (``optim.lrr``), among
+the keys the model families add (``model.widht``) and in a YAML file (``model: {widht: 8}``). For scale, two that
+load torch: a mistake only a registry's parts can see (``optim.name=nosuch``: the optimizers are imported to list
+them) and ``show digits`` (which builds the model on the meta device).
 """
 
 from __future__ import annotations
@@ -20,16 +22,26 @@ import tempfile
 import time
 from pathlib import Path
 
+COMMANDS = ("train", "eval", "predict", "show", "schedule", "scale", "plan", "data", "pack", "export", "profile",
+            "report")
 CASES = {
     "bigbatch --help": ["-m", "bigbatch", "--help"],
     "bigbatch --version": ["-m", "bigbatch", "--version"],
-    "bigbatch train --help": ["-m", "bigbatch", "train", "--help"],
+    **{f"bigbatch {command} --help": ["-m", "bigbatch", command, "--help"] for command in COMMANDS},
     "bigbatch nosuch (unknown command)": ["-m", "bigbatch", "nosuch"],
+    "bigbatch train --nosuch (unknown option)": ["-m", "bigbatch", "train", "--nosuch"],
+    "bigbatch show no-such-recipe (unknown recipe)": ["-m", "bigbatch", "show", "no-such-recipe"],
+    "bigbatch train no-such.yaml (unknown file)": ["-m", "bigbatch", "train", "no-such.yaml"],
     "bigbatch show BROKEN.yaml (YAML syntax)": ["-m", "bigbatch", "show", "BROKEN"],
     "bigbatch train --set batch (no =)": ["-m", "bigbatch", "train", "--set", "batch"],
-    "bigbatch show --set step=10 (unknown key)": ["-m", "bigbatch", "show", "--set", "step=10"],
-    "bigbatch show --set optim.lrr=1 (a section's key)": ["-m", "bigbatch", "show", "--set", "optim.lrr=1"],
-    "bigbatch show digits": ["-m", "bigbatch", "show", "digits"],
+    "bigbatch show --set step=10 (unknown top-level key)": ["-m", "bigbatch", "show", "--set", "step=10"],
+    "bigbatch show --set optim.lrr=1 (unknown key in a section)": ["-m", "bigbatch", "show", "--set", "optim.lrr=1"],
+    "bigbatch show --set model.widht=8 (among the model families' keys)": ["-m", "bigbatch", "show", "--set",
+                                                                           "model.widht=8"],
+    "bigbatch show WIDHT.yaml (model: {widht: 8} in a file)": ["-m", "bigbatch", "show", "WIDHT"],
+    "bigbatch show --set optim.name=nosuch (loads torch: the optimizers listed)": ["-m", "bigbatch", "show", "--set",
+                                                                                   "optim.name=nosuch"],
+    "bigbatch show digits (loads torch: the model on the meta device)": ["-m", "bigbatch", "show", "digits"],
     'python -c "import torch"': ["-c", "import torch"],
 }
 
@@ -47,7 +59,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         broken = Path(folder) / "broken.yaml"
         broken.write_text("batch: 64\nsubdivisions: [1, 2\n")
-        cases = {name: [str(broken) if a == "BROKEN" else a for a in args] for name, args in CASES.items()}
+        widht = Path(folder) / "widht.yaml"
+        widht.write_text("batch: 64\nsteps: 2\nmodel:\n  widht: 8\n")
+        files = {"BROKEN": str(broken), "WIDHT": str(widht)}
+        cases = {name: [files.get(a, a) for a in args] for name, args in CASES.items()}
         times: dict[str, list[float]] = {name: [] for name in cases}
         for args in cases.values():  # warm the file cache once
             timed(args)

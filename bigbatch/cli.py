@@ -614,9 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         config = getattr(args, "config", None) or (DEFAULT_RECIPE if args.command == "train" else None)
         if config is not None and isinstance(getattr(args, "overrides", None), list) \
                 and getattr(args, "resume", None) is None:  # said before torch loads: the file, its YAML, the
-            from bigbatch.config.loading import check_top_level_keys, read_config  # overrides, a top-level key
+            from bigbatch.config.loading import check_keys, read_config  # overrides, an unknown key
 
-            check_top_level_keys(read_config(config, args.overrides))
+            check_keys(read_config(config, args.overrides))
         return COMMANDS[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -19,7 +19,9 @@ format, ``model.*`` for a model family, ``optim.*``, ``schedule.*``, ``schedule.
 ``register(name, obj, fields={"root": (str, "data/toy")})`` makes ``data.root`` a typed, checked key with that
 default: the part's own key, which another chosen part accepts at its default only (see ``config.PartSection``;
 every config keeps every key). The type may be any pydantic type, e.g.
-``config.Length`` (which ``bigbatch scale`` then rescales, as every length).
+``config.Length`` (which ``bigbatch scale`` then rescales, as every length). A built-in part's fields are declared
+with its config section (``PartSection.builtin_keys``), so that the config knows them before the part's module (and
+torch) is imported; it registers with them.
 
 What each registry's ``obj`` is, and the ``info`` it reads, is written below each registry; the facts a part may
 register are its registry's ``Info`` type (``TaskInfo``, ``DatasetInfo``, ...), so a misspelled one is an error.
@@ -276,9 +278,11 @@ class Registry:
             raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, known)} (expected one of: {shown})")
         return entry
 
-    def all_fields(self) -> dict[str, tuple[Any, Any]]:
-        """The config fields every registered part adds to the section (for checking keys before building)."""
-        self._load()
+    def all_fields(self, load: bool = True) -> dict[str, tuple[Any, Any]]:
+        """The config fields every registered part adds to the section (for checking keys before building); without
+        ``load``, those of the parts registered so far, the built-in ones not imported."""
+        if load:
+            self._load()
         added: dict[str, tuple[Any, Any]] = {}
         for part in self._parts:
             added.update(part.fields)

@@ -9,7 +9,8 @@ The package is a leaf: it imports nothing from bigbatch but ``errors`` and ``reg
 may give (``optim.name``, ``schedule.preset``, ``schedule.decay.kind``, ``data.name``, ``model.name``, ``task``)
 are those registered there, and what it checks across sections (task, data and model agree; the smallest input;
 the metric) reads what the parts registered about themselves. A part may add keys to its section
-(:class:`PartSection`).
+(:class:`PartSection`); the built-in parts' keys are declared here, with their sections, so that a config's keys are
+known before any part (or torch) is imported.
 
 Its modules, each one idea:
 
@@ -20,8 +21,12 @@ Its modules, each one idea:
 - the schema, by section: ``model``, ``data``, ``optim`` (and ``clip``), ``schedule``, ``training`` (``ema``,
   ``norm``, ``precision``, ``loss``), ``monitoring`` (``eval``, ``checkpoint``, ``log``, ``memory``, ``debug``),
   and ``run`` (:class:`RunConfig`, the checks across sections);
+- ``data_keys``: the keys the built-in dataset formats add to ``data`` (:data:`DATASET_KEYS`; the built-in
+  optimizers' and model families' are in ``optim`` and ``model``: :data:`OPTIMIZER_KEYS`, :data:`MODEL_KEYS`);
 - ``adaptive``: ``batch: {mode: adaptive, ...}`` (AdaScale's base and largest batch);
-- ``loading``: the source, the bounded YAML reader, ``--set`` overrides, validation, :func:`config_to_yaml`;
+- ``loading``: the source, the bounded YAML reader, ``--set`` overrides, validation, :func:`config_to_yaml`,
+  :func:`check_keys` (what validation says first of the keys, said before any part loads);
+- ``unknown_keys``: a config's unknown keys, said as validation says them, without the parts;
 - ``messages``: a pydantic error as one line naming the dotted key.
 
 Every public name is importable from ``bigbatch.config`` itself.
@@ -29,6 +34,7 @@ Every public name is importable from ``bigbatch.config`` itself.
 
 from bigbatch.config.adaptive import AdaptiveBatch
 from bigbatch.config.data import DataConfig, MultiScaleConfig, SizeList
+from bigbatch.config.data_keys import DATASET_KEYS, DarknetAugment, SplitPaths, StandardAugment
 from bigbatch.config.loading import (
     INT64_LIMIT,
     MAX_YAML_NODES,
@@ -36,6 +42,7 @@ from bigbatch.config.loading import (
     YAMLTooLarge,
     apply_overrides,
     builtin_recipes,
+    check_keys,
     config_to_yaml,
     flatten,
     load_config,
@@ -46,9 +53,9 @@ from bigbatch.config.loading import (
     resolve_config_source,
     validate_config,
 )
-from bigbatch.config.model import ModelConfig
+from bigbatch.config.model import MODEL_KEYS, ModelConfig
 from bigbatch.config.monitoring import CheckpointConfig, DebugConfig, EvalConfig, LogConfig, MemoryConfig
-from bigbatch.config.optim import ClipConfig, OptimConfig
+from bigbatch.config.optim import OPTIMIZER_KEYS, ClipConfig, OptimConfig
 from bigbatch.config.run import RunConfig
 from bigbatch.config.schedule import (
     DarknetScheduleConfig,
@@ -77,12 +84,15 @@ from bigbatch.config.values import (
 
 __all__ = [
     "AdaptiveBatch",
-    "COMPLEMENT", "INT64_LIMIT", "MAX_YAML_NODES", "POWER", "RECIPES_DIR", "SLOPE",
-    "CheckpointConfig", "ClipConfig", "DarknetScheduleConfig", "DataConfig", "DebugConfig", "DecayConfig",
+    "COMPLEMENT", "DATASET_KEYS", "INT64_LIMIT", "MAX_YAML_NODES", "MODEL_KEYS", "OPTIMIZER_KEYS", "POWER",
+    "RECIPES_DIR", "SLOPE",
+    "CheckpointConfig", "ClipConfig", "DarknetAugment", "DarknetScheduleConfig", "DataConfig", "DebugConfig",
+    "DecayConfig",
     "EMAConfig", "EvalConfig", "InImages", "InceptionTPUConfig", "Interval", "Length", "LogConfig", "LossConfig",
     "MemoryConfig", "ModelConfig", "MultiScaleConfig", "NormConfig", "OptimConfig", "PartSection", "PerStep",
-    "PrecisionConfig", "RunConfig", "ScheduleConfig", "Section", "Size", "SizeList", "StepCount",
-    "Steps", "UsedWhen", "WarmupPhase", "YAMLTooLarge",
-    "apply_overrides", "builtin_recipes", "config_to_yaml", "flatten", "load_config", "load_yaml", "parse_length",
-    "parse_override", "parse_size", "read_config", "read_yaml", "resolve_config_source", "validate_config",
+    "PrecisionConfig", "RunConfig", "ScheduleConfig", "Section", "Size", "SizeList", "SplitPaths", "StandardAugment",
+    "StepCount", "Steps", "UsedWhen", "WarmupPhase", "YAMLTooLarge",
+    "apply_overrides", "builtin_recipes", "check_keys", "config_to_yaml", "flatten", "load_config", "load_yaml",
+    "parse_length", "parse_override", "parse_size", "read_config", "read_yaml", "resolve_config_source",
+    "validate_config",
 ]

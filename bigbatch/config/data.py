@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from bigbatch.config.data_keys import DATASET_KEYS
 from bigbatch.config.section import PartSection, Section, registered
 from bigbatch.registry import DATASETS
 
@@ -30,12 +31,14 @@ class MultiScaleConfig(Section):
 
 
 class DataConfig(PartSection):
-    """The dataset: the keys every format shares. A format declares its own keys when it registers (``fields=``):
-    ``coco`` its splits (``train``, ``val``), ``yolo`` ``annotations`` (a COCO file of its validation images, for
-    their ids), ``shapes`` ``shapes_images``, every detection format the augmentation keys
-    (``data/transforms/detection_keys.py``), ``folder`` and ``shards`` ``preprocessing``."""
+    """The dataset: the keys every format shares. A built-in format's own keys are declared in
+    ``config/data_keys.py`` (it registers with them): ``coco`` its splits (``train``, ``val``), ``yolo``
+    ``annotations`` (a COCO file of its validation images, for their ids), ``shapes`` ``shapes_images``, every
+    detection format the augmentation keys, ``folder`` and ``shards`` ``preprocessing``; another format declares
+    its own when it registers (``fields=``)."""
 
     parts = DATASETS
+    builtin_keys = DATASET_KEYS
     layout = ("name", "size", "max_size", "resize", "path", "train", "val", "annotations", "classes", "strict",
               "train_images", "shapes_images", "flip", "crop", "jitter", "hue", "saturation", "exposure", "crop_size",
               "color_jitter", "mosaic", "mosaic_bound", "multiscale", "workers")

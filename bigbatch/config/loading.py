@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from bigbatch.config.messages import describe_validation_error, dotted
 from bigbatch.config.run import RunConfig
+from bigbatch.config.unknown_keys import unknown_keys_line
 from bigbatch.errors import UserError
 from bigbatch.registry import CONFIG_FORMATS, did_you_mean
 
@@ -205,14 +206,14 @@ def read_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> dic
     return apply_overrides(data, list(overrides))
 
 
-def check_top_level_keys(data: dict[str, Any]) -> None:
-    """An unknown key of the config's top level, said as validation says it (the top level's keys need no registry:
-    a key inside a section, such as ``optim.lrr``, is checked by validation, which loads the registries)."""
-    keys = list(RunConfig.keys())
-    unknown = next((key for key in data if key not in keys), None)
-    if unknown is not None:
-        raise UserError(f"{dotted((unknown,))}: unknown key{did_you_mean(unknown, keys)} (expected one of: "
-                        f"{', '.join(keys)})")
+def check_keys(data: dict[str, Any]) -> None:
+    """What validation says first of ``data``'s keys, said without loading any part (nor torch): a whole number past
+    64 bits, then the unknown keys, at any depth (``config/unknown_keys.py``). The command line asks it before
+    anything else; validation checks the rest."""
+    _check_whole_numbers(data)
+    line = unknown_keys_line(data)
+    if line is not None:
+        raise UserError(line)
 
 
 def load_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

@@ -3,6 +3,7 @@ than 0, got -1``), an unknown key lists the keys its section takes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, get_args
 
 from pydantic import ValidationError
@@ -28,6 +29,18 @@ def dotted(parts: tuple[Any, ...] | list[Any]) -> str:
     return key if key and key.isprintable() and key == key.strip() and ":" not in key else repr(key)
 
 
+def unknown_key(name: Any, keys: list[str]) -> str:
+    """What is wrong with the key ``name`` of a section that takes ``keys``."""
+    return f"unknown key{did_you_mean(name, keys)} (expected one of: {', '.join(keys)})"
+
+
+def own_error(message: str, loc: str) -> tuple[str, str]:
+    """(the dotted key, what is wrong) for the message of one of bigbatch's validators, which starts with the key it
+    is about (``data.max_size: ...``); else ``loc``, where pydantic found it."""
+    key, sep, rest = message.partition(": ")
+    return (key, rest) if sep and " " not in key else (loc, message)
+
+
 def _describe(error: dict[str, Any], section: type[Section] | None) -> tuple[str, str]:
     """(the dotted key, what is wrong with it) for one pydantic error."""
     kind = error["type"]
@@ -35,23 +48,20 @@ def _describe(error: dict[str, Any], section: type[Section] | None) -> tuple[str
     if kind == "extra_forbidden":
         if section is None:
             return loc, "unknown key"
-        keys = list(section.keys())
-        return loc, f"unknown key{did_you_mean(error['loc'][-1], keys)} (expected one of: {', '.join(keys)})"
+        return loc, unknown_key(error["loc"][-1], list(section.keys()))
     if kind == "missing":
         return loc, "missing (required)"
     message = error["msg"]
     if kind == "value_error":  # our own validators start with the key they are about
-        message = message.removeprefix("Value error, ")
-        key, sep, rest = message.partition(": ")
-        return (key, rest) if sep and " " not in key else (loc, message)
+        return own_error(message.removeprefix("Value error, "), loc)
     return loc, f"{message[0].lower() + message[1:]}, got {error['input']!r}"
 
 
-def _section_in(annotation: Any) -> type[Section] | None:
+def section_in(annotation: Any) -> type[Section] | None:
     """The config class an annotation holds: itself, ``X | None``, ``list[X]`` or ``Annotated[X, ...]``."""
     if isinstance(annotation, type) and issubclass(annotation, Section):
         return annotation
-    return next((cls for cls in map(_section_in, get_args(annotation)) if cls is not None), None)
+    return next((cls for cls in map(section_in, get_args(annotation)) if cls is not None), None)
 
 
 def _section_of(loc: tuple[Any, ...], root: type[Section]) -> type[Section] | None:
@@ -61,7 +71,7 @@ def _section_of(loc: tuple[Any, ...], root: type[Section]) -> type[Section] | No
         if isinstance(part, int):  # an item of a list of sections (schedule.warmup.0)
             continue
         annotation = cls.keys().get(str(part))
-        cls = _section_in(annotation) if annotation is not None else None
+        cls = section_in(annotation) if annotation is not None else None
         if cls is None:
             return None
     return cls
@@ -70,8 +80,13 @@ def _section_of(loc: tuple[Any, ...], root: type[Section]) -> type[Section] | No
 def describe_validation_error(error: ValidationError, root: type[Section]) -> str:
     """A pydantic error of validating ``root`` as one line: ``key: what is wrong; other.key: ...`` (the messages of
     one key joined by ``or``, as pydantic reports each member of a union)."""
+    return one_line(_describe(err, _section_of(_key(err["loc"], err["type"]), root)) for err in error.errors())
+
+
+def one_line(mistakes: Iterable[tuple[str, str]]) -> str:
+    """(dotted key, what is wrong) pairs as one line: ``key: what is wrong; other.key: ...``, the messages of one key
+    joined by ``or``."""
     by_key: dict[str, list[str]] = {}
-    for err in error.errors():
-        key, message = _describe(err, _section_of(_key(err["loc"], err["type"]), root))
+    for key, message in mistakes:
         by_key.setdefault(key, []).append(message)
     return "; ".join(f"{key}: {' or '.join(messages)}" for key, messages in by_key.items())

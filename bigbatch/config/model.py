@@ -1,8 +1,9 @@
-"""The ``model`` section: which network, and the keys every model family reads."""
+"""The ``model`` section: which network, the keys every model family reads, and those some built-in families add
+(:data:`MODEL_KEYS`; ``models/__init__.py`` and ``darknet/models.py`` register each with its entry)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -10,9 +11,24 @@ from bigbatch.config.section import PartSection, registered
 from bigbatch.config.values import Length
 from bigbatch.registry import MODELS
 
+AUX = {"aux_logits": (bool, False)}
+"""``model.aux_logits``: build the auxiliary head (a key of torchvision's ``inception_v3`` and ``googlenet`` only)."""
+DARKNET = {"cfg": (str | None, None), "darknet_dialect": (Literal["alexeyab", "pjreddie", "gradient"], "alexeyab"),
+           "weights_cfg": (str | None, None)}
+"""``model.cfg``; ``model.darknet_dialect``: whose Darknet the run trains as (docs/darknet.md, "Dialects"):
+``alexeyab`` (the default) or ``pjreddie``, that fork's own deltas (``yolo_delta.py``) and cfg reading, or
+``gradient``, the true gradient of the loss (``yolo_loss.py``); ``model.weights_cfg``: the cfg a ``model.weights``
+Darknet file was written for, where it is another network's or this one's for another class count
+(``darknet/models.py``, ``darknet_start``)."""
+
+MODEL_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {"inception_v3": AUX, "googlenet": AUX, "darknet": DARKNET,
+                                                     "darknet_classifier": DARKNET}
+"""The keys each built-in model family adds to ``model``, by name."""
+
 
 class ModelConfig(PartSection):
     parts = MODELS
+    builtin_keys = MODEL_KEYS
     layout = ("name", "weights", "weights_from", "mismatched", "freeze", "unfreeze_at", "norm", "width", "dropout",
               "aux_logits", "cfg")
     """The order config.yaml has always written these keys in, the model families' own after the shared ones."""

@@ -1,20 +1,54 @@
-"""The ``optim`` and ``clip`` sections: the optimizer and gradient clipping."""
+"""The ``optim`` and ``clip`` sections: the optimizer and gradient clipping, and the keys each built-in optimizer
+adds to ``optim`` (:data:`OPTIMIZER_KEYS`; ``largebatch/optim.py`` registers each with its entry)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from bigbatch.config.section import PartSection, Section, registered
 from bigbatch.config.values import StepCount
 from bigbatch.registry import OPTIMIZERS
 
 
+def _tuple_from_list(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+# The keys each optimizer adds to ``optim`` (a key several optimizers share is the same field in each).
+MOMENTUM = {"momentum": (Annotated[float, Field(ge=0, lt=1)], 0.9)}
+"""``optim.momentum``: the momentum coefficient m."""
+NESTEROV = {"nesterov": (bool, False)}
+EPS = {"eps": (Annotated[float, Field(gt=0)] | None, None)}
+"""``optim.eps``: epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in Cloud TPU's Inception v3 recipe,
+adamw and lars 1e-8, lamb 1e-6 as timm)."""
+BETAS = {"betas": (Annotated[tuple[float, float], BeforeValidator(_tuple_from_list)], (0.9, 0.999))}
+"""``optim.betas``: Adam-style moment decays (adamw, lamb)."""
+RMSPROP_DECAY = {"rmsprop_decay": (Annotated[float, Field(gt=0, lt=1)], 0.9)}
+"""``optim.rmsprop_decay``: RMSProp's mean-square decay (TF's ``decay``; Cloud TPU's Inception v3 recipe: 0.9)."""
+FUSED = {"fused": (bool, False)}
+"""``optim.fused``: torch's fused AdamW, one kernel over all the parameters (CPU and CUDA) instead of the
+multi-tensor ``foreach`` one: the same update, rounded differently (its results differ in the last bits)."""
+TRUST_COEFFICIENT = {"trust_coefficient": (Annotated[float, Field(gt=0)], 0.001)}
+"""``optim.trust_coefficient``: LARS's trust coefficient."""
+
+OPTIMIZER_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "sgd": {**MOMENTUM, **NESTEROV},
+    "momentum": {**MOMENTUM, **NESTEROV},
+    "rmsprop_tf": {**MOMENTUM, **EPS, **RMSPROP_DECAY},
+    "adamw": {**EPS, **BETAS, **FUSED},
+    "lars": {**MOMENTUM, **NESTEROV, **EPS, **TRUST_COEFFICIENT},
+    "lamb": {**EPS, **BETAS},
+}
+"""The keys each built-in optimizer adds to ``optim``, by name."""
+
+
 class OptimConfig(PartSection):
     """The optimizer. ``lr`` is stated for ``ref_batch`` images per step and scaled to the global batch."""
 
     parts = OPTIMIZERS
+    builtin_keys = OPTIMIZER_KEYS
     layout = ("name", "lr", "ref_batch", "scaling", "momentum", "nesterov", "weight_decay", "no_decay_norm_bias",
               "eps", "betas", "rmsprop_decay", "trust_coefficient", "momentum_correction", "backbone_lr_scale")
     """The order config.yaml has always written these keys in, the optimizers' own (``largebatch/optim.py``:

@@ -59,9 +59,9 @@ class RunConfig(Section):
         return unfold_adaptive(data)
 
     @classmethod
-    def keys(cls) -> dict[str, Any]:
+    def keys(cls, load: bool = True) -> dict[str, Any]:
         """The keys a config writes (``adaptive`` is written inside ``batch``)."""
-        return {key: value for key, value in super().keys().items() if key != "adaptive"}
+        return {key: value for key, value in super().keys(load).items() if key != "adaptive"}
 
     def model_dump(self, **options: Any) -> dict[str, Any]:
         """The dump, an adaptive batch folded back into ``batch: {mode: adaptive, ...}``."""

@@ -31,8 +31,9 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     @classmethod
-    def keys(cls) -> dict[str, Any]:
-        """Every key the section takes -> its annotation (``Annotated`` markers included)."""
+    def keys(cls, load: bool = True) -> dict[str, Any]:
+        """Every key the section takes -> its annotation (``Annotated`` markers included); ``load`` is
+        :meth:`PartSection.keys`'."""
         return {name: _annotation(field) for name, field in cls.model_fields.items()}
 
     def model_dump(self, **options: Any) -> dict[str, Any]:
@@ -59,10 +60,17 @@ class PartSection(Section):
     a written config holds every key; but a part's own key given a value other than its default, when another
     part is chosen, is an error naming the parts that use it (a default is accepted: a config written by an
     earlier bigbatch holds them all). A key neither declared nor registered is an error, as in any section.
-    Once the section is valid, the chosen part's ``info["check"](section)`` runs, if it has one."""
+    Once the section is valid, the chosen part's ``info["check"](section)`` runs, if it has one.
+
+    The built-in parts' keys are declared with the section as well (:attr:`builtin_keys`, free of torch), so that
+    the section's keys are known before any part's module is imported (:meth:`keys` without ``load``: the command
+    line checks a config's keys before torch loads); each built-in part registers with its entry there
+    (``tests/config/test_part_keys.py`` holds the two the same)."""
 
     model_config = ConfigDict(extra="allow")  # the parts' fields; any other key is refused below
     parts: ClassVar[Registry]
+    builtin_keys: ClassVar[dict[str, dict[str, tuple[Any, Any]]]] = {}
+    """The fields each built-in part adds, by its name: ``{part: {key: (type, default)}}``."""
     layout: ClassVar[tuple[str, ...]] = ()
     """The order of the section's keys, declared and added, in a written config and in the lists of its keys;
     keys not named follow, in their own order."""
@@ -75,17 +83,23 @@ class PartSection(Section):
 
 
     @classmethod
-    def added_fields(cls) -> dict[str, tuple[Any, Any]]:
-        """The fields the registered parts add: ``{key: (type, default)}``."""
-        added = cls.parts.all_fields()
+    def added_fields(cls, load: bool = True) -> dict[str, tuple[Any, Any]]:
+        """The fields the parts add: ``{key: (type, default)}``, the built-in parts' (:attr:`builtin_keys`) first,
+        then those only a registered part adds; without ``load``, those of the parts registered so far (the built-in
+        parts' modules not imported)."""
+        added: dict[str, tuple[Any, Any]] = {}
+        for fields in cls.builtin_keys.values():
+            added.update(fields)
+        added.update(cls.parts.all_fields(load))
         taken = sorted(added.keys() & cls.model_fields.keys())
         if taken:
             raise TypeError(f"{cls.parts.kind} fields {taken} are keys of {cls.__name__} already")
         return added
 
     @classmethod
-    def keys(cls) -> dict[str, Any]:
-        added = {key: annotation for key, (annotation, _) in cls.added_fields().items()}
+    def keys(cls, load: bool = True) -> dict[str, Any]:
+        """Every key: the section's own and the parts' (:meth:`added_fields`), in :attr:`layout`."""
+        added = {key: annotation for key, (annotation, _) in cls.added_fields(load).items()}
         return cls._in_layout({**super().keys(), **added})
 
     @classmethod

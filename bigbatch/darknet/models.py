@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
+from bigbatch.config.model import MODEL_KEYS
 from bigbatch.errors import UserError
 from bigbatch.registry import MODELS
 
@@ -240,13 +241,6 @@ def describe_darknet(cfg: RunConfig) -> str:
     return describe_network(cfg.model.cfg, cfg.data.size, cfg.model.darknet_dialect)
 
 
-DARKNET_FIELDS = {"cfg": (str | None, None), "darknet_dialect": (Literal["alexeyab", "pjreddie", "gradient"],
-                                                                   "alexeyab"), "weights_cfg": (str | None, None)}
-"""``model.cfg``; ``model.darknet_dialect``: whose Darknet the run trains as (docs/darknet.md, "Dialects"):
-``alexeyab`` (the default) or ``pjreddie``, that fork's own deltas (``yolo_delta.py``) and cfg reading, or
-``gradient``, the true gradient of the loss (``yolo_loss.py``); ``model.weights_cfg``: the cfg a ``model.weights``
-Darknet file was written for, where it is another network's or this one's for another class count
-(:func:`darknet_start`)."""
 # No min_input_size: the smallest input is the cfg's own (jnet-conv.cfg's is 10 px), checked layer by layer when the
 # network is built on the meta device before any work (telemetry/capacity.py).
 def kept_cfg(model: nn.Module) -> str:
@@ -268,8 +262,8 @@ def darknet_frozen_groups(model: nn.Module, cfg: RunConfig, plan: Any) -> list[A
 
 
 MODELS.register("darknet", darknet_detector, task="detection", start_weights=darknet_start,
-                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS,
+                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=MODEL_KEYS["darknet"],
                 frozen_groups=darknet_frozen_groups)
 MODELS.register("darknet_classifier", darknet_classifier, task="classification", start_weights=darknet_start,
-                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=DARKNET_FIELDS,
+                describe=describe_darknet, keeps={"model.cfg": kept_cfg}, fields=MODEL_KEYS["darknet_classifier"],
                 frozen_groups=darknet_frozen_groups)

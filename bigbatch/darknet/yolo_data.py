@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bigbatch.config.data_keys import ANNOTATIONS_AUTO, DATASET_KEYS
 from bigbatch.darknet.text import read_options
 from bigbatch.data.formats.coco import ClassNames, class_mapping
 from bigbatch.data.formats.coco_ids import take_coco_ids
@@ -57,7 +58,6 @@ from bigbatch.data.formats.shapes import own_annotation_file
 from bigbatch.data.pipeline.files import BadLine, read_lines
 from bigbatch.data.pipeline.images import inspect_images
 from bigbatch.data.pipeline.problems import DataIssues
-from bigbatch.data.transforms.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -365,8 +365,6 @@ def _subset(records: list[DetectionRecord], names: list[str], classes: list[str]
     return kept, classes
 
 
-ANNOTATIONS_AUTO = "auto"
-"""``data.annotations``' default: the COCO file ``bigbatch data shapes`` wrote beside a set it generated, if any."""
 NO_IDS = "the images are then numbered by their place in the list, the categories class index + 1"
 
 
@@ -430,13 +428,5 @@ def _path_given(data: DataConfig) -> None:
                         f"(none)")
 
 
-YOLO_FIELDS = {
-    "annotations": (str | None, ANNOTATIONS_AUTO),
-    # a COCO annotation file of the same validation images, whose image ids (by file name), category ids (by name),
-    # boxes and areas the evaluation and a results file take; auto: the annotations/val.json of a set `bigbatch data
-    # shapes` generated, when data.path is (or is in) one; null: none (image id = place in the list, category id =
-    # class index + 1)
-}
-
 DATASETS.register("yolo", load, task="detection", count=train_images, given=_path_given,
-                  fields={**YOLO_FIELDS, **AUGMENTATION_FIELDS})
+                  fields=DATASET_KEYS["yolo"])

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 import torch.nn as nn
-from pydantic import BeforeValidator, Field
 
 from bigbatch.config import OptimConfig
+from bigbatch.config.optim import OPTIMIZER_KEYS
 from bigbatch.errors import UserError
 from bigbatch.registry import OPTIMIZERS
 
@@ -299,48 +299,26 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module, lr: float | None = None,
     return optimizer
 
 
-def _tuple_from_list(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-# The keys each optimizer adds to ``optim`` (a key several optimizers share is the same field in each).
-MOMENTUM = {"momentum": (Annotated[float, Field(ge=0, lt=1)], 0.9)}
-"""``optim.momentum``: the momentum coefficient m."""
-NESTEROV = {"nesterov": (bool, False)}
-EPS = {"eps": (Annotated[float, Field(gt=0)] | None, None)}
-"""``optim.eps``: epsilon; unset: the optimizer's default (rmsprop_tf 1.0 as in Cloud TPU's Inception v3 recipe,
-adamw and lars 1e-8, lamb 1e-6 as timm)."""
-BETAS = {"betas": (Annotated[tuple[float, float], BeforeValidator(_tuple_from_list)], (0.9, 0.999))}
-"""``optim.betas``: Adam-style moment decays (adamw, lamb)."""
-RMSPROP_DECAY = {"rmsprop_decay": (Annotated[float, Field(gt=0, lt=1)], 0.9)}
-"""``optim.rmsprop_decay``: RMSProp's mean-square decay (TF's ``decay``; Cloud TPU's Inception v3 recipe: 0.9)."""
-FUSED = {"fused": (bool, False)}
-"""``optim.fused``: torch's fused AdamW, one kernel over all the parameters (CPU and CUDA) instead of the
-multi-tensor ``foreach`` one: the same update, rounded differently (its results differ in the last bits)."""
-TRUST_COEFFICIENT = {"trust_coefficient": (Annotated[float, Field(gt=0)], 0.001)}
-"""``optim.trust_coefficient``: LARS's trust coefficient."""
-
-
 def _momentum_for_nesterov(cfg: OptimConfig) -> None:
     if cfg.nesterov and cfg.momentum == 0:
         raise UserError("optim.nesterov: Nesterov momentum needs optim.momentum > 0")
 
 
-@OPTIMIZERS.register("sgd", fields={**MOMENTUM, **NESTEROV})
+@OPTIMIZERS.register("sgd", fields=OPTIMIZER_KEYS["sgd"])
 def _sgd(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     """torch.optim.SGD: v = m v + g; w -= lr v (the LR outside the momentum buffer)."""
     _momentum_for_nesterov(cfg)
     return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
 
 
-@OPTIMIZERS.register("momentum", fields={**MOMENTUM, **NESTEROV})
+@OPTIMIZERS.register("momentum", fields=OPTIMIZER_KEYS["momentum"])
 def _momentum(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     _momentum_for_nesterov(cfg)
     return MomentumSGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
                        momentum_correction=cfg.momentum_correction)
 
 
-@OPTIMIZERS.register("rmsprop_tf", fields={**MOMENTUM, **EPS, **RMSPROP_DECAY})
+@OPTIMIZERS.register("rmsprop_tf", fields=OPTIMIZER_KEYS["rmsprop_tf"])
 def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     """eps 1.0 unless given, as in Cloud TPU's Inception v3 recipe (tensorflow/tpu ``inception_v3.py``)."""
     return RMSpropTF(groups, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.momentum,
@@ -348,20 +326,20 @@ def _rmsprop_tf(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> to
                      momentum_correction=cfg.momentum_correction)
 
 
-@OPTIMIZERS.register("adamw", fields={**EPS, **BETAS, **FUSED})
+@OPTIMIZERS.register("adamw", fields=OPTIMIZER_KEYS["adamw"])
 def _adamw(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=1e-8 if cfg.eps is None else cfg.eps,
                              weight_decay=cfg.weight_decay, **({"fused": True} if cfg.fused else {}))
 
 
-@OPTIMIZERS.register("lars", fields={**MOMENTUM, **NESTEROV, **EPS, **TRUST_COEFFICIENT})
+@OPTIMIZERS.register("lars", fields=OPTIMIZER_KEYS["lars"])
 def _lars(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     _momentum_for_nesterov(cfg)
     return Lars(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
                 trust_coeff=cfg.trust_coefficient, eps=1e-8 if cfg.eps is None else cfg.eps)
 
 
-@OPTIMIZERS.register("lamb", fields={**EPS, **BETAS})
+@OPTIMIZERS.register("lamb", fields=OPTIMIZER_KEYS["lamb"])
 def _lamb(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.optim.Optimizer:
     """eps 1e-6 unless given, as timm."""
     return Lamb(groups, lr=lr, betas=cfg.betas, eps=1e-6 if cfg.eps is None else cfg.eps,

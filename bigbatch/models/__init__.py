@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
+from bigbatch.config.model import MODEL_KEYS
 from bigbatch.errors import UserError
 from bigbatch.models.small_cnn import SmallCNN, norm_layer
 from bigbatch.registry import MODELS
@@ -90,11 +91,10 @@ MODELS.register("small_cnn", small_cnn, task="classification", min_input_size=8,
 AUX_HEADS = ("inception_v3", "googlenet")
 """torchvision classifiers with auxiliary heads (``model.aux_logits``; their loss: ``loss.aux_weight``)."""
 
-AUX_FIELDS = {"aux_logits": (bool, False)}
-"""``model.aux_logits``: build the auxiliary head (a key of the models in :data:`AUX_HEADS` only)."""
 
 MODELS.register_family(torchvision_classifiers, torchvision_classifier, task="classification", channels_last=True)
 # Inception v3's stem needs 75 px; its auxiliary head, on the 17x17 grid, needs 299 (298 leaves 16x16: too small).
-MODELS.register("inception_v3", torchvision_classifier, task="classification", fields=AUX_FIELDS,
+MODELS.register("inception_v3", torchvision_classifier, task="classification", fields=MODEL_KEYS["inception_v3"],
                 min_input_size=lambda model: 299 if model.aux_logits else 75, channels_last=True)
-MODELS.register("googlenet", torchvision_classifier, task="classification", fields=AUX_FIELDS, channels_last=True)
+MODELS.register("googlenet", torchvision_classifier, task="classification", fields=MODEL_KEYS["googlenet"],
+                channels_last=True)

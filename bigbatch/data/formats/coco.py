@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bigbatch.config import Section
+from bigbatch.config.data_keys import DATASET_KEYS
 from bigbatch.data.formats.counts import images_in_annotations, train_images_given
 from bigbatch.data.formats.detection import DetectionRecord, check_box
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.images import inspect_images
 from bigbatch.data.pipeline.problems import DataIssues
-from bigbatch.data.transforms.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
 
@@ -342,15 +341,5 @@ def _splits_given(data: DataConfig) -> None:
             raise UserError(f"data.{split}: missing; coco needs data.{split}.images and data.{split}.annotations")
 
 
-class SplitPaths(Section):
-    """Where one split (``data.train``, ``data.val``) of a COCO dataset is. Relative paths are taken from the
-    current directory."""
-
-    images: str
-    """The folder of the split's images."""
-    annotations: str
-    """The split's COCO JSON annotation file."""
-
-
 DATASETS.register("coco", load, task="detection", count=train_images, given=_splits_given,
-                  fields={"train": (SplitPaths | None, None), "val": (SplitPaths | None, None), **AUGMENTATION_FIELDS})
+                  fields=DATASET_KEYS["coco"])

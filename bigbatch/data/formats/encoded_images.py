@@ -23,7 +23,7 @@ import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -295,30 +295,8 @@ def preprocessing(data: DataConfig) -> Preprocessing:
                          crops.StandardEvalCrop(data.size, data.standard.crop_pct, fast))
 
 
-PREPROCESSING = Literal["inception", "standard", "darknet"]
-"""``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/transforms/inception.py``),
-``standard``, torchvision's and timm's ImageNet recipe with the keys of ``data.standard``
-(``data/transforms/crops.py``), or ``darknet``, Darknet's classifier augmentation with the keys of ``data.darknet``
-(``data/transforms/darknet_augment.py``)."""
-
-
-DECODE = Literal["exact", "fast"]
-"""``data.decode`` (``folder``, ``shards``): ``exact``, every image decoded whole and the preprocessing's own
-arithmetic (for ``inception``, TF1's bilinear resize, bit for bit); ``fast``, a JPEG decoded at the smallest DCT
-scale the crop allows and, for ``inception``, the resize done on the uint8 pixels by torch (``docs/data.md``
-states how far the outputs differ)."""
-
-
 def image_input(cfg: RunConfig) -> CropFirstInput:
     """``DATASETS``' ``image_input`` for ``folder`` and ``shards``: their evaluation preprocessing."""
     return CropFirstInput(preprocessing(cfg.data).eval)
 
 
-def classification_fields() -> dict:
-    """The keys ``folder`` and ``shards`` add to ``data``: ``preprocessing``, ``darknet``, ``standard`` and
-    ``decode``."""
-    from bigbatch.data.transforms.crops import StandardAugment
-    from bigbatch.data.transforms.darknet_augment import DarknetAugment
-
-    return {"preprocessing": (PREPROCESSING, "inception"), "darknet": (DarknetAugment, DarknetAugment()),
-            "standard": (StandardAugment, StandardAugment()), "decode": (DECODE, "exact")}

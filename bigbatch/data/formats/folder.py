@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bigbatch.config.data_keys import DATASET_KEYS
 from bigbatch.data.formats.counts import train_images_given
 from bigbatch.data.formats.encoded_images import (
     CropFirst,
     EncodedImages,
-    classification_fields,
     image_input,
     preprocessing,
 )
@@ -232,4 +232,4 @@ def _path_given(data: DataConfig) -> None:
 
 
 DATASETS.register("folder", load, task="classification", count=train_images, given=_path_given,
-                  fields=classification_fields(), image_input=image_input)
+                  fields=DATASET_KEYS["folder"], image_input=image_input)

@@ -33,15 +33,14 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw
-from pydantic import Field
 
+from bigbatch.config.data_keys import DATASET_KEYS
 from bigbatch.data.formats.counts import images_in_annotations
 from bigbatch.data.pipeline.files import read_regular
-from bigbatch.data.transforms.detection_keys import AUGMENTATION_FIELDS
 from bigbatch.errors import UserError
 from bigbatch.floor.processes import process_exists
 from bigbatch.registry import DATASETS
@@ -469,5 +468,4 @@ def _path_usable(data: DataConfig) -> None:
 
 
 DATASETS.register("shapes", load, task="detection", count=train_images, given=_path_usable,
-                  fields={"shapes_images": (Annotated[int, Field(gt=0)], 2000), **AUGMENTATION_FIELDS})
-"""``data.shapes_images``: images to generate (train and val together) when ``data.path`` holds no set yet."""
+                  fields=DATASET_KEYS["shapes"])

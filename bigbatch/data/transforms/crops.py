@@ -16,47 +16,14 @@ Randomness comes from torch's global RNG, which the dataset seeds per sample.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
 
 import torch
-from pydantic import Field, model_validator
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from bigbatch.config.section import Section
+from bigbatch.config.data_keys import StandardAugment
 from bigbatch.data.transforms.inception import InceptionEval, InceptionTrain
 from bigbatch.data.transforms.standard import IMAGENET_MEAN, IMAGENET_STD
-
-Range = Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]
-"""``[low, high]``, both positive."""
-
-
-class StandardAugment(Section):
-    """``data.standard``: the keys of ``data.preprocessing: standard``, named as timm's ``train.py`` flags
-    (``--scale``, ``--ratio``, ``--hflip``, ``--color-jitter``, ``--train-interpolation``, ``--crop-pct``)."""
-
-    scale: Range = [0.08, 1.0]
-    """The crop's area as a fraction of the image's, drawn uniformly in this range."""
-    ratio: Range = [3 / 4, 4 / 3]
-    """The crop's aspect (width / height), drawn log-uniformly in this range."""
-    hflip: Annotated[float, Field(ge=0, le=1)] = 0.5
-    """Probability of a horizontal flip."""
-    color_jitter: Annotated[float, Field(ge=0, le=1)] = 0.0
-    """Brightness, contrast and saturation each scaled by a factor in [1 - this, 1 + this], in a random order
-    (torchvision's ``ColorJitter``; timm's default is 0.4); 0: off."""
-    interpolation: Literal["bilinear", "bicubic", "random"] = "bilinear"
-    """The crop's resize (antialiased); ``random``: bilinear or bicubic, drawn per image (timm's default)."""
-    crop_pct: Annotated[float, Field(gt=0, le=1)] = 0.875
-    """Evaluation: the shorter side resized to size / crop_pct, the centre size x size kept."""
-
-    @model_validator(mode="after")
-    def _ranges_ordered(self) -> StandardAugment:
-        if self.scale[0] > self.scale[1] or self.scale[1] > 1:
-            raise ValueError(f"data.standard.scale: expected [low, high] with low <= high <= 1, got {self.scale}")
-        if self.ratio[0] > self.ratio[1]:
-            raise ValueError(f"data.standard.ratio: expected [low, high] with low <= high, got {self.ratio}")
-        return self
-
 
 INTERPOLATIONS = (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC)
 

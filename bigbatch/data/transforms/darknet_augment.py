@@ -20,34 +20,12 @@ mean or deviation is subtracted).
 from __future__ import annotations
 
 import math
-from typing import Annotated
 
 import torch
 import torchvision.transforms.v2.functional as TF
-from pydantic import Field, model_validator
 
-from bigbatch.config.section import Section
+from bigbatch.config.data_keys import DarknetAugment
 from bigbatch.data.transforms.crops import into
-
-
-class DarknetAugment(Section):
-    """``data.darknet``: the ``[net]`` augmentation keys of a Darknet classifier cfg (``parse_net_options``'
-    defaults; crops as fractions of ``data.size``: Darknet's ``min_crop = w``, ``max_crop = 2 w``)."""
-
-    min_crop: Annotated[float, Field(gt=0)] = 1.0
-    max_crop: Annotated[float, Field(gt=0)] = 2.0
-    aspect: Annotated[float, Field(ge=1)] = 1.0
-    angle: Annotated[float, Field(ge=0, le=180)] = 0.0
-    hue: Annotated[float, Field(ge=0, le=0.5)] = 0.0
-    saturation: Annotated[float, Field(ge=1)] = 1.0
-    exposure: Annotated[float, Field(ge=1)] = 1.0
-    flip: bool = True
-
-    @model_validator(mode="after")
-    def _crops_ordered(self) -> DarknetAugment:
-        if self.min_crop > self.max_crop:
-            raise ValueError(f"data.darknet.min_crop: {self.min_crop} is above max_crop {self.max_crop}")
-        return self
 
 
 def rand_scale(s: float) -> float:
