@@ -12,7 +12,7 @@ the same training with each allocator, side by side:
   not-kept   (with ``--arms``) glibc's malloc as it is, ``memory.keep_freed=false``: for reference.
 
 The run: torchvision's ResNet-18 at 128 px on a folder of real JPEGs (``plan_holds.py``'s: crops of scikit-learn's two
-photographs, 400 training and 100 validation images), batch 256 in micro-batches of 32, 1 data worker, ``--steps``
+photographs, 400 training and 100 validation images), batch 128 in micro-batches of 32, 1 data worker, ``--steps``
 optimizer steps, then its evaluation and checkpoint. images/s: the training records' (``log.every=1``) from the
 second step to the last (the first warms up). Peak: the main process's ``ru_maxrss`` plus its workers' largest private
 memory together (``plan_holds.run_measured``). Rounds alternate which arm goes first; medians are reported, and the
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_holds import CHECKOUT, MiB, machine, run_measured, write_data  # noqa: E402
 
 SETS = ["epochs=null", "model.name=resnet18", "data.name=folder", "data.path={work}/halves", "data.size=128",
-        "batch=256", "subdivisions=8", "data.workers=1", "log.tensorboard=false", "log.every=1"]
+        "batch=128", "subdivisions=4", "data.workers=1", "log.tensorboard=false", "log.every=1"]
 
 
 def images_per_s(out: Path) -> float:

@@ -40,13 +40,13 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 
 RECIPES: dict[str, dict] = {
-    "digits": {"config": "digits", "sets": ["epochs=null"], "limits": ["1200MiB", "1300MiB", "1536MiB"]},
+    "digits": {"config": "digits", "sets": ["epochs=null"], "limits": ["1300MiB", "1400MiB", "1600MiB"]},
     "resnet18": {"config": "digits",
                  "sets": ["epochs=null", "model.name=resnet18", "data.name=folder", "data.path={work}/halves",
                           "data.size=128", "batch=256", "data.workers=1", "log.tensorboard=false"],
-                 "limits": ["2GiB", "2560MiB", "3584MiB"]},
+                 "limits": ["2GiB", "2816MiB", "4GiB"]},
     "yolo": {"config": "yolov4-tiny-3l-shapes", "sets": ["epochs=null", "data.path={work}/shapes"],
-             "limits": ["1536MiB", "1792MiB", "2GiB"]},
+             "limits": ["1900MiB", "2100MiB", "2400MiB"]},
 }
 
 

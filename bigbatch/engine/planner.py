@@ -1,19 +1,28 @@
-"""Memory planning: measure the peak memory of a training step per micro-batch size, pick the layout.
+"""Memory planning: measure the peak memory of a short run per micro-batch size, pick the layout.
 
 Each measurement runs in a fresh process (``python -m bigbatch.engine.planner``) so that no
 allocator cache or earlier peak leaks into the next: it builds the model and optimizer from the
 config with the training run's own parts and step (``engine/parts.py``, ``engine/step.py``: EMA copy, loss
 scaler, BatchNorm statistics, clipping), and times two training steps on random images of the largest
 training input size, in the configured precision; four on the CPU with ``memory.keep_freed``, whose heap takes
-a few passes to settle (ResNet-18 at micro-batch 64 peaked at 1,784 MiB over two, 1,956 over four, 1,952 over
-six). It runs as one process, so what only several processes have is not measured: ``norm.sync``'s
-cross-device BatchNorm layers and DDP's gradient buckets (about one more copy of the gradients). The peak is
-the process's maximum RSS on the CPU (``ru_maxrss``: what ``memory.limit`` compares against) and
-``torch.cuda.max_memory_reserved`` on CUDA (what the allocator holds at its worst).
+a few passes to settle (ResNet-18 at micro-batch 64, the steps alone, peaked at 1,784 MiB over two, 1,956 over
+four, 1,952 over six). Beside the steps it has what a run has beside them, in the run's order: after the first
+step an evaluation batch (``eval.batch`` images through the weights that are evaluated, without gradients), then
+a checkpoint's serialized bytes, held through the later steps as the background writer holds them; and on the CPU
+each step's micro-batches of the run's own data for a whole per-device step, read by its loader with its workers.
+It runs as one process, so what only several processes have is not measured: ``norm.sync``'s
+cross-device BatchNorm layers and DDP's gradient buckets (about one more copy of the gradients).
+
+The peak is the process's maximum RSS on the CPU (``ru_maxrss``, taken by ``wait4`` when the process has ended:
+what ``memory.limit`` compares against, and a process's exit is part of its run), plus the most private memory
+its data workers held together (``telemetry/children.py``); on CUDA ``torch.cuda.max_memory_reserved`` (what the
+allocator holds at its worst). A run of the same layout is planned for that peak plus ``RUN_MARGIN`` (15 %): what
+varies from one process to the next (the heap's layout, the workers' timing) and what a longer run adds; measured
+against complete runs of three recipes at three limits each in docs/benchmarks.md (benchmarks/plan_holds.py).
 
 The planner measures micro-batches 1, 2, 4, ... (those that divide the per-device batch) until one
 no longer fits, fits peak = a + b * micro-batch by least squares, and picks the largest measured
-micro-batch that fits the budget, that is the smallest ``subdivisions``. The budget is
+micro-batch whose planned peak fits the budget, that is the smallest ``subdivisions``. The budget is
 ``--memory-limit``, else ``memory.limit``, else the device's free memory (CUDA) or the system's
 available memory (CPU), less a 10 % margin.
 """
@@ -44,7 +53,7 @@ if TYPE_CHECKING:
 MiB = 2**20
 MARGIN = 0.10
 """Of the system's available (CPU) or the device's free (CUDA) memory, left out of the default budget."""
-RUN_MARGIN = 0.05
+RUN_MARGIN = 0.15
 """Added to a micro-batch's measured whole-run peak before it is compared with the budget (docs/memory.md)."""
 
 

@@ -30,9 +30,9 @@ def test_fit_is_least_squares_over_the_whole_runs_peaks():
 
 
 def test_a_micro_batch_is_planned_for_its_process_its_workers_and_the_margin():
-    assert RUN_MARGIN == 0.05  # docs/memory.md states it, and why
-    assert needed(Measurement(8, 1000 * MiB, 0.0, 200 * MiB)) == pytest.approx(1260 * MiB)
-    assert needed(Measurement(8, 1000 * MiB, 0.0)) == pytest.approx(1050 * MiB)
+    assert RUN_MARGIN == 0.15  # docs/memory.md states it, and why
+    assert needed(Measurement(8, 1000 * MiB, 0.0, 200 * MiB)) == pytest.approx(1380 * MiB)
+    assert needed(Measurement(8, 1000 * MiB, 0.0)) == pytest.approx(1150 * MiB)
     assert needed(Measurement(8, FAILED, 0.0)) == float("inf")
 
 
@@ -46,11 +46,11 @@ def synthetic(peaks: dict[int, tuple[float, float]], asked: list[tuple[int, int]
 
 
 PEAKS = {1: (900, 100), 2: (910, 100), 4: (930, 100), 8: (970, 110), 16: (1050, 120), 32: (1200, 150)}
-"""Whole runs of 1,000, 1,010, 1,030, 1,080, 1,170 and 1,350 MiB; planned at 1,050, 1,060.5, 1,081.5, 1,134, 1,228.5
-and 1,417.5 MiB."""
+"""Whole runs of 1,000, 1,010, 1,030, 1,080, 1,170 and 1,350 MiB; planned at 1,150, 1,161.5, 1,184.5, 1,242, 1,345.5
+and 1,552.5 MiB."""
 
 
-@pytest.mark.parametrize(("limit", "micro_batch"), [(1134, 8), (1133, 4), (1300, 16), (1417.5, 32), (1060, 1)])
+@pytest.mark.parametrize(("limit", "micro_batch"), [(1242.5, 8), (1241.5, 4), (1400, 16), (1553, 32), (1161, 1)])
 def test_the_layout_is_the_largest_micro_batch_whose_planned_whole_run_fits(monkeypatch, limit, micro_batch):
     asked: list[tuple[int, int]] = []
     monkeypatch.setattr(planner, "measure", synthetic(PEAKS, asked))
@@ -61,17 +61,17 @@ def test_the_layout_is_the_largest_micro_batch_whose_planned_whole_run_fits(monk
     assert measured == [m for m in PEAKS if m <= min(2 * micro_batch, 32)], "stops at the first that does not fit"
     assert {per_device for _, per_device in asked} == {32}, "each measured beside a whole step's data"
     table = plan.table()
-    assert "planned = (peak + workers) x 1.05" in table
+    assert "planned = (peak + workers) x 1.15" in table
     row = next(line.split() for line in table.splitlines() if line.split()[0] == str(micro_batch))
     assert row[1:4] == [f"{PEAKS[micro_batch][0]:.0f}", f"{PEAKS[micro_batch][1]:.0f}",
-                        f"{sum(PEAKS[micro_batch]) * 1.05:.0f}"]
+                        f"{sum(PEAKS[micro_batch]) * 1.15:.0f}"]
 
 
 def test_a_limit_below_one_images_whole_run_is_refused_naming_the_margin(monkeypatch):
     monkeypatch.setattr(planner, "measure", synthetic(PEAKS, []))
-    with pytest.raises(UserError, match=r"needs 1050 MiB \(the whole run's measured peak and a 5% margin\), over the "
-                                        r"budget of 1049 MiB"):
-        plan_layout(load_config("digits", ["batch=32", "subdivisions=1"]), 1, 1049 * MiB)
+    with pytest.raises(UserError, match=r"needs 1150 MiB \(the whole run's measured peak and a 15% margin\), over the "
+                                        r"budget of 1149 MiB"):
+        plan_layout(load_config("digits", ["batch=32", "subdivisions=1"]), 1, 1149 * MiB)
 
 
 def test_the_data_measured_beside_each_micro_batch_is_the_largest_step_of_a_batch_schedule(monkeypatch):
@@ -79,7 +79,7 @@ def test_the_data_measured_beside_each_micro_batch_is_the_largest_step_of_a_batc
     monkeypatch.setattr(planner, "measure", synthetic({**PEAKS, 64: (1500, 200)}, asked))
     cfg = load_config("digits", ["batch=32", "subdivisions=1", "steps=10", "epochs=null",
                                  "schedule.batch=[{at: 5, factor: 2}]"])
-    plan_layout(cfg, 1, 1100 * MiB)
+    plan_layout(cfg, 1, 1200 * MiB)
     assert {per_device for _, per_device in asked} == {64}
 
 
