@@ -18,7 +18,12 @@ second step to the last (the first warms up). Peak: the main process's ``ru_maxr
 memory together (``plan_holds.run_measured``). Rounds alternate which arm goes first; medians are reported, and the
 ratio of each arm to ``kept`` (per round, then the median).
 
-    python benchmarks/allocators.py --preload /path/to/libtcmalloc_minimal.so [--rounds 3] [--steps 6]
+``--loop`` measures the training step alone instead, on a loaded machine where whole runs take minutes: each arm is a
+fresh process that trains torchvision's ResNet-18 on random 128 px images in micro-batches of 32 (forward, backward,
+SGD with momentum; 2 warm-up steps, then ``--steps`` timed), images/s from its median step, and its ``ru_maxrss``; many
+short rounds, alternated, so that both arms see the same load.
+
+    python benchmarks/allocators.py --preload /path/to/libtcmalloc_minimal.so [--rounds 3] [--steps 6] [--loop]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +54,38 @@ def images_per_s(out: Path) -> float:
     return sum(images) / sum(seconds)
 
 
+LOOP = """
+import resource, statistics, sys, time
+import torch, torchvision
+from bigbatch.engine.host_memory import keep_freed
+if sys.argv[1] == "true":
+    keep_freed()
+torch.manual_seed(0)
+model = torchvision.models.resnet18(num_classes=4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+images, labels = torch.randn(32, 3, 128, 128), torch.randint(0, 4, (32,))
+times = []
+for step in range(2 + int(sys.argv[2])):
+    start = time.perf_counter()
+    torch.nn.functional.cross_entropy(model(images), labels).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    times.append(time.perf_counter() - start)
+print(32 / statistics.median(times[2:]), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def loop(arm: str, preload: Path, steps: int) -> tuple[float, float]:
+    """(images/s of the median step, peak MiB) of one process of the step loop."""
+    env = {**os.environ, "PYTHONPATH": str(CHECKOUT)}
+    if arm == "preload":
+        env["LD_PRELOAD"] = str(preload)
+    done = subprocess.run([sys.executable, "-c", LOOP, "false" if arm == "not-kept" else "true", str(steps)],
+                          capture_output=True, text=True, env=env, check=True)
+    rate, peak = done.stdout.split()
+    return float(rate), int(peak) / MiB
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preload", type=Path, required=True, help="the allocator's shared library")
@@ -55,12 +93,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--loop", action="store_true", help="the training step alone, in many short processes")
     args = parser.parse_args()
     if not args.preload.is_file():
         raise SystemExit(f"error: --preload: no such file {args.preload}")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="allocators-"))
     work.mkdir(parents=True, exist_ok=True)
-    write_data(work)
+    if not args.loop:
+        write_data(work)
     sets = [*(s.format(work=work) for s in SETS), f"steps={args.steps}", f"eval.every={args.steps}",
             f"checkpoint.every={args.steps}"]
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {machine()}; load {os.getloadavg()[0]:.2f}; "
@@ -69,6 +109,12 @@ def main() -> None:
     for round_ in range(args.rounds):
         order = args.arms[round_ % len(args.arms):] + args.arms[:round_ % len(args.arms)]  # who goes first rotates
         for arm in order:
+            if args.loop:
+                rate, peak = loop(arm, args.preload, args.steps)
+                results[arm].append((rate, peak))
+                print(f"round {round_} {arm:9s} {rate:6.1f} images/s  peak {peak:6.0f} MiB  "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+                continue
             env = {**os.environ, "PYTHONPATH": str(CHECKOUT)}
             arm_sets = [*sets, f"memory.keep_freed={'false' if arm == 'not-kept' else 'true'}"]
             if arm == "preload":

@@ -16,7 +16,7 @@ The recipes (the data is written into the work folder first):
 
   digits    the built-in recipe as it ships: small CNN at 32 px, batch 256, evaluation 360 at a time, no workers;
   resnet18  torchvision's ResNet-18 at 128 px on a folder of real JPEGs (crops of scikit-learn's two photographs,
-            400 training and 100 validation images, 4 classes), batch 256, 1 data worker;
+            400 training and 100 validation images, 4 classes), batch 64, 1 data worker;
   yolo      ``yolov4-tiny-3l-shapes`` as it ships (128 px, batch 32, 2 data workers, evaluation 64 at a time) on a
             400-image shapes set (``bigbatch data shapes``).
 
@@ -43,8 +43,8 @@ RECIPES: dict[str, dict] = {
     "digits": {"config": "digits", "sets": ["epochs=null"], "limits": ["1300MiB", "1400MiB", "1600MiB"]},
     "resnet18": {"config": "digits",
                  "sets": ["epochs=null", "model.name=resnet18", "data.name=folder", "data.path={work}/halves",
-                          "data.size=128", "batch=256", "data.workers=1", "log.tensorboard=false"],
-                 "limits": ["2GiB", "2816MiB", "4GiB"]},
+                          "data.size=128", "batch=64", "data.workers=1", "log.tensorboard=false"],
+                 "limits": ["1792MiB", "2GiB", "2560MiB"]},
     "yolo": {"config": "yolov4-tiny-3l-shapes", "sets": ["epochs=null", "data.path={work}/shapes"],
              "limits": ["1900MiB", "2100MiB", "2400MiB"]},
 }
