@@ -435,8 +435,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UserError(f"--memory-limit: {e}") from None
     world = distributed.world_size_from_env()
-    print(f"measuring one training step per micro-batch size at {cfg.data.size} px, {cfg.precision.dtype}, "
-          "each in a fresh process")
+    print(f"measuring a short run per micro-batch size at {cfg.data.size} px, {cfg.precision.dtype}, each in a fresh "
+          "process: training steps beside the run's data, an evaluation batch and a checkpoint")
     plan = plan_layout(cfg, world, budget)
     print(plan.table())
     print(f"chosen: batch {cfg.batch} = world {world} x subdivisions {plan.subdivisions} x micro-batch "

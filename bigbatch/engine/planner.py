@@ -1,19 +1,28 @@
-"""Memory planning: measure the peak memory of a training step per micro-batch size, pick the layout.
+"""Memory planning: measure the peak memory of a short run per micro-batch size, pick the layout.
 
 Each measurement runs in a fresh process (``python -m bigbatch.engine.planner``) so that no
 allocator cache or earlier peak leaks into the next: it builds the model and optimizer from the
 config with the training run's own parts and step (``engine/parts.py``, ``engine/step.py``: EMA copy, loss
 scaler, BatchNorm statistics, clipping), and times two training steps on random images of the largest
 training input size, in the configured precision; four on the CPU with ``memory.keep_freed``, whose heap takes
-a few passes to settle (ResNet-18 at micro-batch 64 peaked at 1,784 MiB over two, 1,956 over four, 1,952 over
-six). It runs as one process, so what only several processes have is not measured: ``norm.sync``'s
-cross-device BatchNorm layers and DDP's gradient buckets (about one more copy of the gradients). The peak is
-the process's maximum RSS on the CPU (``ru_maxrss``: what ``memory.limit`` compares against) and
-``torch.cuda.max_memory_reserved`` on CUDA (what the allocator holds at its worst).
+a few passes to settle (ResNet-18 at micro-batch 64, the steps alone, peaked at 1,784 MiB over two, 1,956 over
+four, 1,952 over six). Beside the steps it has what a run has beside them, in the run's order: after the first
+step an evaluation batch (``eval.batch`` images through the weights that are evaluated, without gradients), then
+a checkpoint's serialized bytes, held through the later steps as the background writer holds them; and on the CPU
+each step's micro-batches of the run's own data for a whole per-device step, read by its loader with its workers.
+It runs as one process, so what only several processes have is not measured: ``norm.sync``'s
+cross-device BatchNorm layers and DDP's gradient buckets (about one more copy of the gradients).
+
+The peak is the process's maximum RSS on the CPU (``ru_maxrss``, taken by ``wait4`` when the process has ended:
+what ``memory.limit`` compares against, and a process's exit is part of its run), plus the most private memory
+its data workers held together (``telemetry/children.py``); on CUDA ``torch.cuda.max_memory_reserved`` (what the
+allocator holds at its worst). A run of the same layout is planned for that peak plus ``RUN_MARGIN`` (15 %): what
+varies from one process to the next (the heap's layout, the workers' timing) and what a longer run adds; measured
+against complete runs of three recipes at three limits each in docs/benchmarks.md (benchmarks/plan_holds.py).
 
 The planner measures micro-batches 1, 2, 4, ... (those that divide the per-device batch) until one
 no longer fits, fits peak = a + b * micro-batch by least squares, and picks the largest measured
-micro-batch that fits the budget, that is the smallest ``subdivisions``. The budget is
+micro-batch whose planned peak fits the budget, that is the smallest ``subdivisions``. The budget is
 ``--memory-limit``, else ``memory.limit``, else the device's free memory (CUDA) or the system's
 available memory (CPU), less a 10 % margin.
 """
@@ -26,35 +35,65 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bigbatch.batching import reachable_batches
+from bigbatch.batching import BatchPlan, reachable_batches
 from bigbatch.config import RunConfig, validate_config
 from bigbatch.errors import UserError
 
+if TYPE_CHECKING:
+    from bigbatch.tasks.base import Task
+
 MiB = 2**20
 MARGIN = 0.10
+"""Of the system's available (CPU) or the device's free (CUDA) memory, left out of the default budget."""
+RUN_MARGIN = 0.15
+"""Added to a micro-batch's measured whole-run peak before it is compared with the budget (docs/memory.md)."""
 
 
 @dataclass
 class Measurement:
     micro_batch: int
     peak_bytes: int
+    """The measuring process's own peak: its maximum RSS on the CPU, the device's reserved memory on CUDA."""
     images_per_s: float
+    workers_bytes: int = 0
+    """The most private memory its data workers held together (the CPU; 0 without workers, and on CUDA, whose budget
+    is the device's)."""
+
+    @property
+    def run_bytes(self) -> int:
+        """The whole run's measured peak at this micro-batch: the process's and its workers'."""
+        return self.peak_bytes + self.workers_bytes
+
+    @property
+    def failed(self) -> bool:
+        return self.peak_bytes >= FAILED
 
 
-def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
-    """Two training steps on random images (four on the CPU with ``memory.keep_freed``); the peak memory of this
-    process, and the speed of the last.
+FAILED = 2**62
+"""The peak of a measurement that ran out of memory: fits no budget."""
+
+
+def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | None = None) -> Measurement:
+    """The memory of a short run at ``micro_batch`` in this process, in the order a run takes its parts: training
+    steps on random images of the largest training input (two; four on the CPU with ``memory.keep_freed``), an
+    evaluation and a checkpoint after the first; the peak memory of this process, and the speed of the last step.
 
     The parts and the step are training's own (``engine/parts.py``): the weight EMA's copy, the loss scaler,
-    BatchNorm's per-step statistics and the clipping are all in the measured peak. On the CPU, where the device's
-    memory is the process's, so is a checkpoint: training serializes one at its step and the background writer
-    holds the bytes while the next steps run (``TrainingState.save``), so the later steps run beside one."""
-    from bigbatch.batching import BatchPlan
+    BatchNorm's per-step statistics and the clipping are all in the measured peak. The evaluation forwards
+    ``eval.batch`` random images (at most the validation set) through the model, and through the EMA's when its
+    weights count, in eval mode without gradients, as the run's evaluation does. On the CPU, where the device's memory
+    is the process's, so are the rest of a run: the checkpoint (training serializes one at its step and the background
+    writer holds the bytes while the next steps run, ``TrainingState.save``), and the data: each step's micro-batches
+    for a per-device batch of ``per_device`` (default: ``micro_batch``) as the run's own loader makes them, with its
+    workers, are held while the step runs, as training holds them."""
     from bigbatch.engine.checkpoint import serialized
     from bigbatch.engine.controllers.base import BatchController
     from bigbatch.engine.events import EventStorage
@@ -63,30 +102,38 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     from bigbatch.engine.progress import Progress
     from bigbatch.engine.state import TrainingState
     from bigbatch.floor.distributed import setup
+    from bigbatch.largebatch.ema import ema_counts
     from bigbatch.tasks import build_task
 
     proc = setup()
     if cfg.memory.keep_freed:
         keep_freed()  # as training does: the peak is the one training reaches
     task = build_task(cfg)
+    on_cpu = proc.device.type == "cpu"
     # kept memory (memory.keep_freed) settles its layout over the first few passes
-    steps = 4 if cfg.memory.keep_freed and proc.device.type == "cpu" else 2
+    steps = 4 if cfg.memory.keep_freed and on_cpu else 2
     plan = BatchPlan(batch=micro_batch, world=1, subdivisions=1, steps=steps, train_images=len(task.train_set))
     parts = build_parts(cfg, task, plan, proc, EventStorage(), recut_on_oom=False)  # out of memory: does not fit
     model, train_step = parts.model, parts.step
     model.train()
     batch = task.synthetic_batch(cfg, micro_batch, proc.device)
-    seconds, held = 0.0, None
+    data = run_data(cfg, task, per_device or micro_batch, micro_batch, steps) if on_cpu else None
+    seconds, held, step_data = 0.0, None, None
     for step in range(steps):
+        if data is not None:
+            step_data = None  # as the run's loop: the step before is let go as the next one arrives
+            step_data = next(data)
         start = time.perf_counter()
         train_step(step, [batch])
         if proc.device.type == "cuda":
             torch.cuda.synchronize(proc.device)
         seconds = time.perf_counter() - start
-        if step == 0 and proc.device.type == "cpu":
-            progress = Progress(plan, BatchController(cfg, plan, proc), EventStorage())  # the fixed batch it measures
-            held = serialized(TrainingState(cfg, model, train_step, parts.ema, progress).state_dict())
-    del held
+        if step == 0:
+            evaluate(cfg, task, [model, parts.ema.module] if ema_counts(parts.ema, cfg) else [model], proc.device)
+            if on_cpu:
+                progress = Progress(plan, BatchController(cfg, plan, proc), EventStorage())  # the fixed batch
+                held = serialized(TrainingState(cfg, model, train_step, parts.ema, progress).state_dict())
+    del held, step_data, data
     if proc.device.type == "cuda":
         peak = torch.cuda.max_memory_reserved(proc.device)
     else:
@@ -94,20 +141,62 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int) -> Measurement:
     return Measurement(micro_batch, int(peak), micro_batch / seconds)
 
 
-def measure(cfg: RunConfig, micro_batch: int) -> Measurement:
-    """One measurement in a fresh process."""
+def run_data(cfg: RunConfig, task: Task, per_device: int, micro_batch: int, steps: int) -> Iterator[list[Any]]:
+    """The first ``steps`` steps' micro-batches of this process (``per_device // micro_batch`` each), read as
+    training reads them: its order, sample keys (the first steps of a multi-scale run are at the largest size) and
+    ``data.workers``, whose prefetch holds the next step's."""
+    from bigbatch.data.pipeline.loader import batches_by_step
+    from bigbatch.data.pipeline.order import order_of
+
+    subdivisions = per_device // micro_batch
+    plan = BatchPlan(batch=per_device, world=1, subdivisions=subdivisions, steps=steps,
+                     train_images=len(task.train_set))
+    task.set_plan(plan)
+    order = order_of(task.train_set, plan, cfg.seed, 1)
+    return batches_by_step(task.train_set, order, 0, steps, 0, 1, subdivisions, cfg.data.workers, task.sample_keys,
+                           most_subdivisions=subdivisions)
+
+
+@torch.no_grad()
+def evaluate(cfg: RunConfig, task: Task, models: list[torch.nn.Module], device: torch.device) -> None:
+    """One evaluation batch through each of ``models`` as the run's evaluation takes it: ``eval.batch`` images (at most
+    the validation set's), in eval mode, without gradients, in full precision."""
+    images = task.synthetic_batch(cfg, min(cfg.eval.batch, max(len(task.val_set), 1)), device)[0]
+    for model in models:
+        was_training = model.training
+        model.eval()
+        model(images)
+        model.train(was_training)
+
+
+def measure(cfg: RunConfig, micro_batch: int, per_device: int | None = None) -> Measurement:
+    """One measurement in a fresh process; its data workers' memory sampled from here (``telemetry/children.py``)."""
+    from bigbatch.telemetry.children import ChildrenSampler
+
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    result = subprocess.run(
-        [sys.executable, "-m", "bigbatch.engine.planner", json.dumps(cfg.model_dump(mode="json")), str(micro_batch)],
-        capture_output=True, text=True, env=env,
-    )
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        if "out of memory" in result.stderr.lower() or result.returncode in (-9, 137):
-            return Measurement(micro_batch, 2**62, 0.0)  # did not fit at all
+    command = [sys.executable, "-m", "bigbatch.engine.planner", json.dumps(cfg.model_dump(mode="json")),
+               str(micro_batch), str(per_device or micro_batch)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
+        workers = ChildrenSampler(child.pid).start()
+        _, status, usage = os.wait4(child.pid, 0)  # its peak up to its very end, not just up to its last line
+        child.returncode = returncode = os.waitstatus_to_exitcode(status)
+        workers_peak = workers.stop()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if returncode != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        if "out of memory" in stderr.lower() or returncode in (-9, 137):
+            return Measurement(micro_batch, FAILED, 0.0)  # did not fit at all
         raise RuntimeError(f"measuring micro-batch {micro_batch} failed: {last}")
-    data = json.loads(result.stdout.strip().splitlines()[-1])
-    return Measurement(**data)
+    data = json.loads(stdout.strip().splitlines()[-1])
+    if data.pop("device") == "cpu":
+        # the kernel's high-water mark over the whole process, its exit included: there the libraries' static
+        # destructors fault in pages of their code (the digits recipe's run: 130 MiB of file-backed RSS), which a run
+        # reaches at its end too; ru_maxrss from wait4 is the larger of the process's and its reaped children's
+        data["peak_bytes"] = max(data["peak_bytes"], usage.ru_maxrss * 1024)
+    return Measurement(**data, workers_bytes=workers_peak)
 
 
 def default_budget(cfg: RunConfig) -> int:
@@ -135,10 +224,15 @@ def candidates(per_device_batch: int) -> list[int]:
     return sizes
 
 
+def needed(measurement: Measurement, margin: float = RUN_MARGIN) -> float:
+    """The memory a run at this micro-batch is planned for: its measured whole-run peak, plus ``margin`` of it."""
+    return math.inf if measurement.failed else measurement.run_bytes * (1 + margin)
+
+
 def fit_line(points: list[Measurement]) -> tuple[float, float]:
-    """Least squares peak = a + b * micro_batch over the measured points (b = 0 with one point)."""
+    """Least squares peak = a + b * micro_batch over the measured points' whole-run peaks (b = 0 with one point)."""
     xs = [float(p.micro_batch) for p in points]
-    ys = [float(p.peak_bytes) for p in points]
+    ys = [float(p.run_bytes) for p in points]
     if len(points) < 2:
         return ys[0], 0.0
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -156,42 +250,50 @@ class Plan:
 
     def table(self) -> str:
         a, b = self.fit
-        lines = [f"{'micro-batch':>11s}  {'peak MiB':>9s}  {'images/s':>9s}  fits"]
+        lines = [f"{'micro-batch':>11s}  {'peak MiB':>9s}  {'workers':>7s}  {'planned':>7s}  {'images/s':>9s}  fits"]
         for m in self.measurements:
-            fits = "yes" if m.peak_bytes <= self.budget else "no"
-            peak = "failed" if m.peak_bytes >= 2**62 else f"{m.peak_bytes / MiB:9.0f}"
-            lines.append(f"{m.micro_batch:11d}  {peak:>9s}  {m.images_per_s:9.1f}  {fits}")
-        lines.append(f"fit: peak = {a / MiB:.0f} MiB + {b / MiB:.2f} MiB per image; budget {self.budget / MiB:.0f} MiB")
+            fits = "yes" if needed(m) <= self.budget else "no"
+            if m.failed:
+                lines.append(f"{m.micro_batch:11d}  {'failed':>9s}  {'':>7s}  {'':>7s}  {m.images_per_s:9.1f}  {fits}")
+                continue
+            lines.append(f"{m.micro_batch:11d}  {m.peak_bytes / MiB:9.0f}  {m.workers_bytes / MiB:7.0f}  "
+                         f"{needed(m) / MiB:7.0f}  {m.images_per_s:9.1f}  {fits}")
+        lines.append(f"planned = (peak + workers) x {1 + RUN_MARGIN:g}; fit: peak + workers = {a / MiB:.0f} MiB + "
+                     f"{b / MiB:.2f} MiB per image; budget {self.budget / MiB:.0f} MiB")
         return "\n".join(lines)
 
 
 def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
-    """Measure, fit, and choose the smallest subdivisions whose micro-batch fits under the budget."""
+    """Measure, fit, and choose the smallest subdivisions whose micro-batch's whole run, with the margin, fits under
+    the budget."""
     budget = budget if budget is not None else default_budget(cfg)
     per_device = cfg.batch // world
     if cfg.batch % world:
         raise UserError(f"batch: {cfg.batch} is not divisible by world size {world}")
     # every batch the run may reach (a batch schedule's, a growing adaptive batch's largest) is a whole number of
     # the same micro-batch: it divides each of them
-    every_batch = math.gcd(*(batch for _, batch in reachable_batches(cfg)))
+    reachable = [batch for _, batch in reachable_batches(cfg)]
+    every_batch = math.gcd(*reachable)
     sizes = candidates(every_batch // world if every_batch % world == 0 else per_device)
     if cfg.adaptive is not None:  # AdaScale measures the gradient noise from 2 micro-batches or more per process
         sizes = [m for m in sizes if m <= per_device // 2]
         if not sizes:
             raise UserError(f"batch: an adaptive batch of {cfg.batch} on {world} process(es) cannot be cut into 2 "
                             "micro-batches per process, which AdaScale needs")
+    largest = max(reachable) // world  # the step that holds the most data
     measurements: list[Measurement] = []
     for m in sizes:
-        measurements.append(measure(cfg, m))
-        if measurements[-1].peak_bytes > budget:
+        measurements.append(measure(cfg, m, largest - largest % m))
+        if needed(measurements[-1]) > budget:
             break  # larger micro-batches need more memory still
-    fitting = [p for p in measurements if p.peak_bytes <= budget]
-    valid = [p for p in measurements if p.peak_bytes < 2**62]
+    fitting = [p for p in measurements if needed(p) <= budget]
+    valid = [p for p in measurements if not p.failed]
     fit = fit_line(valid) if valid else (0.0, 0.0)
     if not fitting:
-        need = measurements[0].peak_bytes / MiB
-        raise UserError(f"memory.limit: even a micro-batch of 1 image needs {need:.0f} MiB, over the budget of "
-                        f"{budget / MiB:.0f} MiB")
+        need = needed(measurements[0])
+        need_text = "more than the machine has" if math.isinf(need) else f"{need / MiB:.0f} MiB"
+        raise UserError(f"memory.limit: even a micro-batch of 1 image needs {need_text} (the whole run's measured "
+                        f"peak and a {RUN_MARGIN:.0%} margin), over the budget of {budget / MiB:.0f} MiB")
     best = max(fitting, key=lambda p: p.micro_batch)
     return Plan(measurements, budget, best.micro_batch, per_device // best.micro_batch, fit)
 
@@ -210,8 +312,9 @@ def _main(argv: list[str]) -> None:
     config = json.loads(argv[0])
     config["subdivisions"] = 1
     cfg = validate_config(config)
-    result = measure_in_this_process(cfg, int(argv[1]))
-    print(json.dumps(vars(result)))
+    result = measure_in_this_process(cfg, int(argv[1]), int(argv[2]))
+    print(json.dumps({"micro_batch": result.micro_batch, "peak_bytes": result.peak_bytes,
+                      "images_per_s": result.images_per_s, "device": "cuda" if torch.cuda.is_available() else "cpu"}))
 
 
 if __name__ == "__main__":
