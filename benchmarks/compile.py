@@ -3,20 +3,21 @@
 Each side is one ``bigbatch train`` process, as a user runs it, on the same config but for ``model.compile``:
 
   eager         ``model.compile=false``;
-  compiled      ``model.compile=default``, inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) a new, empty folder: what
+  default       ``model.compile=default``, inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) a new, empty folder: what
                 a first run pays;
-  compiled+     the same again, the cache as ``compiled`` left it: what a later run of the same model pays.
+  default+      the same again, the cache as ``default`` left it: what a later run of the same model pays.
 
 Cases: ResNet-18 (torchvision's, channels-last) on the digits set upscaled to 64 and to 128 px, batch 32 in one
 micro-batch, SGD; ``yolov4-tiny-3l-shapes`` (the recipe: 128 px letterboxed, batch 32, AdamW, weight EMA) on a
 generated shapes set of ``--images`` images. Each run trains ``--steps`` steps and records every step
-(``log.every=1``); the input pipeline runs in the training process (``data.workers=0``).
+(``log.every=1``); the input pipeline runs in the training process (``data.workers=0``). The losses of each
+compiled run are compared with eager's, step by step (their largest relative gap is printed).
 
 From each run's ``metrics.jsonl``:
 
   first step    the first step's ``t_step``: the compilation (forward and backward, traced and built by inductor)
                 plus what every first step pays (oneDNN's kernels chosen, memory first touched);
-  compile       compiled's first step minus eager's first step, in the same round;
+  compile       the compiled run's first step minus eager's first step, in the same round;
   img/s         batch / median over the steps after the first ``--warmup`` of (``t_step`` - ``t_data``): the
                 training step itself, the wait for the data left out.
 
@@ -25,7 +26,11 @@ round's numbers and the median of the compiled / eager images/s ratios. The mach
 the load (``uptime`` before and after) are printed with them.
 
     python benchmarks/compile.py [--cases resnet18-64,resnet18-128,yolov4-tiny-3l] [--rounds 2] [--steps 12]
-                                 [--warmup 4] [--threads 1] [--images 400] [--workdir DIR]
+                                 [--warmup 4] [--threads 1] [--images 400] [--batch 32] [--subdivisions 1]
+                                 [--modes default[,reduce-overhead,max-autotune]] [--gpu] [--workdir DIR]
+
+On a GPU (``--gpu``; benchmarks/gpu_check.sh runs it) each mode of ``--modes`` is a side of its own (and its
+``+``, the warm cache's), against the same eager run.
 """
 
 from __future__ import annotations
@@ -45,14 +50,11 @@ from pathlib import Path
 COMMON = ["log.every=1", "log.tensorboard=false", "data.workers=0", "schedule.warmup=[]"]
 
 CASES = {
-    "resnet18-64": ("digits", ["model.name=resnet18", "data.size=64", "batch=32", "subdivisions=1", "eval.batch=64"]),
-    "resnet18-128": ("digits", ["model.name=resnet18", "data.size=128", "batch=32", "subdivisions=1",
-                                "eval.batch=64"]),
+    "resnet18-64": ("digits", ["model.name=resnet18", "data.size=64", "eval.batch=64"]),
+    "resnet18-128": ("digits", ["model.name=resnet18", "data.size=128", "eval.batch=64"]),
     "yolov4-tiny-3l": ("yolov4-tiny-3l-shapes", []),
 }
-"""Case name -> (recipe, its settings)."""
-
-BATCH = 32
+"""Case name -> (recipe, its settings); ``--batch`` and ``--subdivisions`` are added to each."""
 
 
 def machine() -> str:
@@ -74,10 +76,10 @@ def load() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def train(recipe: str, settings: list[str], out: Path, threads: int, cache: Path) -> dict:
+def train(recipe: str, settings: list[str], out: Path, threads: int, cache: Path, gpu: bool) -> dict:
     """One ``bigbatch train`` process; its per-step records and wall time."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TORCHINDUCTOR_CACHE_DIR": str(cache),
-           "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", **({} if gpu else {"CUDA_VISIBLE_DEVICES": ""})}
     env.pop("WORLD_SIZE", None)
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
@@ -92,11 +94,16 @@ def train(recipe: str, settings: list[str], out: Path, threads: int, cache: Path
     return {"train": [r for r in records if "lr" in r], "wall": wall}
 
 
-def summary(run: dict, warmup: int) -> dict:
+def summary(run: dict, warmup: int, batch: int) -> dict:
     steps = run["train"]
     steady = [r["t_step"] - r["t_data"] for r in steps[warmup:]]
-    return {"first": steps[0]["t_step"], "img_s": BATCH / statistics.median(steady), "wall": run["wall"],
+    return {"first": steps[0]["t_step"], "img_s": batch / statistics.median(steady), "wall": run["wall"],
             "losses": [r["loss"] for r in steps]}
+
+
+def gap(losses: list[float], reference: list[float]) -> float:
+    """The largest relative difference of two runs' losses, step by step."""
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
 
 
 def main() -> None:
@@ -107,6 +114,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4, help="steps left out of the steady state")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
     parser.add_argument("--images", type=int, default=400, help="images of the generated shapes set")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--subdivisions", type=int, default=1)
+    parser.add_argument("--modes", default="default", help="model.compile modes compared with eager, comma-separated "
+                        "(reduce-overhead: CUDA graphs on a GPU)")
+    parser.add_argument("--gpu", action="store_true", help="let the runs see the CUDA devices (else the CPU)")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bigbatch-compile-"))
@@ -120,33 +132,35 @@ def main() -> None:
     ratios: dict[str, list[float]] = {}
     for case in args.cases.split(","):
         recipe, settings = CASES[case]
-        settings = [*settings, *COMMON, f"steps={args.steps}", *([f"data.path={shapes}"] if "shapes" in recipe
-                                                                  else [])]
+        settings = [*settings, *COMMON, f"steps={args.steps}", f"batch={args.batch}",
+                    f"subdivisions={args.subdivisions}", *([f"data.path={shapes}"] if "shapes" in recipe else [])]
+        modes = args.modes.split(",")
         for r in range(args.rounds):
-            cache = work / f"cache-{case}-{r}"
-            shutil.rmtree(cache, ignore_errors=True)
-            sides = [("eager", ["model.compile=false"]), ("compiled", ["model.compile=default"]),
-                     ("compiled+", ["model.compile=default"])]
+            sides = [("eager", "false")]
+            for mode in modes:  # the first run of a mode fills its new cache; the second finds it full
+                sides += [(mode, mode), (f"{mode}+", mode)]
             order = sides if r % 2 == 0 else sides[1:] + sides[:1]
             got = {}
-            for name, extra in order:
-                got[name] = summary(train(recipe, [*settings, *extra], work / f"run-{case}", args.threads, cache),
-                                    args.warmup)
+            for name, mode in order:
+                cache = work / f"cache-{case}-{r}-{mode}"
+                if not name.endswith("+"):
+                    shutil.rmtree(cache, ignore_errors=True)
+                run = train(recipe, [*settings, f"model.compile={mode}"], work / f"run-{case}", args.threads, cache,
+                            args.gpu)
+                got[name] = summary(run, args.warmup, args.batch)
             eager = got["eager"]
-            ratio = got["compiled"]["img_s"] / eager["img_s"]
-            ratios.setdefault(case, []).append(ratio)
-            loss_gap = max(abs(a - b) / abs(b) for a, b in zip(got["compiled"]["losses"], eager["losses"],
-                                                               strict=True))
             print(f"{case} round {r + 1} ({', '.join(n for n, _ in order)}):", flush=True)
-            for name in ("eager", "compiled", "compiled+"):
+            for name, _ in sides:
                 side = got[name]
-                extra = "" if name == "eager" else f"  compile {side['first'] - eager['first']:6.1f} s"
-                print(f"  {name:10s} first step {side['first']:6.1f} s  {side['img_s']:7.1f} img/s  "
+                extra = "" if name == "eager" else (f"  compile {side['first'] - eager['first']:6.1f} s  x"
+                                                    f"{side['img_s'] / eager['img_s']:.2f} img/s  losses within "
+                                                    f"{gap(side['losses'], eager['losses']):.1e}")
+                print(f"  {name:16s} first step {side['first']:6.1f} s  {side['img_s']:7.1f} img/s  "
                       f"process {side['wall']:6.1f} s{extra}", flush=True)
-            print(f"  compiled / eager img/s {ratio:.2f}; losses, largest relative gap over {args.steps} steps "
-                  f"{loss_gap:.1e}", flush=True)
-    print("# median compiled / eager img/s: " + ", ".join(f"{case} {statistics.median(v):.2f}"
-                                                          for case, v in ratios.items()))
+            for mode in modes:
+                ratios.setdefault(f"{case} {mode}", []).append(got[mode]["img_s"] / eager["img_s"])
+    print("# median compiled / eager img/s: " + ", ".join(f"{key} {statistics.median(v):.2f}"
+                                                          for key, v in ratios.items()))
     print(f"# after: {load()}", flush=True)
 
 
