@@ -19,8 +19,9 @@ plain copy. A deep copy of a compiled module gets the plain forward.
 compilations); ``reduce-overhead`` replays CUDA graphs on a CUDA device; CUDA graphs do not exist on the CPU, where
 ``reduce-overhead`` is compiled as ``default``.
 
-**Sizes.** Detection's multi-scale training (``data.multiscale.sizes``) changes the input size every few steps. Its
-regions take images of every size from the first call: the height and width of each 4-D input are marked dynamic
+**Sizes.** Detection's multi-scale training (``data.multiscale.sizes``) changes the input size every few steps, and a
+torchvision detector pads each batch to a size of its own (its ``compile_sizes_vary``). Their regions take images of
+every size from the first call: the height and width of each 4-D input are marked dynamic
 (``torch._dynamo.maybe_mark_dynamic``), so one compilation serves the sizes that follow; without multi-scale, dynamo's
 automatic dynamic shapes recompile once, dynamically, at the second size. On torch 2.14's CPU inductor that needs two
 things (measured: every size compiled again without them):
@@ -134,7 +135,7 @@ class CompiledModel:
     def __init__(self, model: nn.Module, mode: str, device: torch.device, sizes_vary: bool = False,
                  warn: Callable[[str], None] | None = None) -> None:
         setup()
-        self.mode, self.sizes_vary = mode, sizes_vary
+        self.mode, self.sizes_vary = mode, sizes_vary or getattr(model, "compile_sizes_vary", False)
         self.eager = False
         """True once a compilation failed: every region runs its plain forward."""
         self.reason: str | None = None
@@ -144,7 +145,7 @@ class CompiledModel:
         options = {"mode": torch_mode(mode, device)} if BACKEND == "inductor" else {}
         self.regions: list[nn.Module] = []
         for region in regions:
-            if sizes_vary:
+            if self.sizes_vary:
                 region.to(memory_format=torch.channels_last)
             plain = type(region).forward.__get__(region)
             region.forward = CompiledForward(region, torch.compile(plain, backend=BACKEND, **options), self)
@@ -164,7 +165,8 @@ def _print_warning(line: str) -> None:
 def compile_model(model: nn.Module, mode: str | bool, device: torch.device, sizes_vary: bool = False,
                   warn: Callable[[str], None] | None = None) -> CompiledModel | None:
     """Compile ``model``'s regions in place for ``model.compile`` ``mode`` (False: nothing, None returned).
-    ``sizes_vary``: the input size changes during the run (multi-scale training); ``warn``: says the fallback's line
+    ``sizes_vary``: the input size changes during the run (multi-scale training; a model whose ``compile_sizes_vary``
+    is true says so itself); ``warn``: says the fallback's line
     (default: ``warning: ...`` on stderr)."""
     if mode is False:
         return None
