@@ -17,14 +17,16 @@ plain copy. A deep copy of a compiled module gets the plain forward.
 
 **Modes** (``torch.compile(mode=...)``): ``default``; ``max-autotune`` (inductor tries more kernels: longer
 compilations); ``reduce-overhead`` replays CUDA graphs on a CUDA device; CUDA graphs do not exist on the CPU, where
-``reduce-overhead`` is compiled as ``default``.
+``reduce-overhead`` is compiled as ``default``. (CUDA graphs with several micro-batches a step were not run here:
+no GPU; ``benchmarks/gpu_check.sh`` compares their losses with eager's.)
 
 **Sizes.** Detection's multi-scale training (``data.multiscale.sizes``) changes the input size every few steps, and a
 torchvision detector pads each batch to a size of its own (its ``compile_sizes_vary``). Their regions take images of
 every size from the first call: the height and width of each 4-D input are marked dynamic
-(``torch._dynamo.maybe_mark_dynamic``), so one compilation serves the sizes that follow; without multi-scale, dynamo's
-automatic dynamic shapes recompile once, dynamically, at the second size. On torch 2.14's CPU inductor that needs two
-things (measured: every size compiled again without them):
+(``torch._dynamo.maybe_mark_dynamic``), so one compilation serves the sizes that follow. A classifier's size does not
+change: it compiles once, for its size (dynamo recompiles at a new micro-batch, after an out-of-memory re-cut or in a
+batch schedule's next phase). On torch 2.14's CPU inductor, sizes that vary need two things (measured: every size
+compiled again without them):
 
 - channels-last tensors in the region (its weights and its inputs): with NCHW ones, the backward's saved activations
   come back from oneDNN with fixed channels-last strides, which pin the sizes;
@@ -38,7 +40,11 @@ compiled once more (inductor's CPU code accumulates long sums in chunks: ``need_
 
 **Fallback.** An error of dynamo or inductor (``torch._dynamo.exc.TorchDynamoException``: no C++ compiler, a
 failed compilation, an unsupported construct) during a step is caught by the step (``engine/step.py``), which undoes
-the attempt and runs it again in eager mode, from then on, after one warning line that says why.
+the attempt and runs it again in eager mode, from then on, after one warning line that says why. Under torchrun each
+process falls back by itself (every process compiles the same graphs, so they fail alike; tested in one process).
+
+**Cross-device BatchNorm** (``norm.sync: bigbatch``) runs its all-reduces eagerly, between compiled graphs
+(``largebatch/sync_bn.py``).
 """
 
 from __future__ import annotations
