@@ -50,4 +50,8 @@ for dtype in ${PLAN_DTYPES-fp32 fp16}; do
 done
 echo "== 5. issue 14: bigbatch train vs a bare loop on the same pipeline (ResNet-50 224 bf16, batch 256, 16 workers)"
 python3 benchmarks/gpu_train_step.py --workers 16 --precision bf16
+echo "== 6. model.compile on CUDA: eager against default and reduce-overhead (CUDA graphs), with 4 micro-batches"
+# compile time, img/s and the losses against eager's (reduce-overhead with gradient accumulation is checked here only)
+python3 benchmarks/compile.py --gpu --cases resnet18-128,yolov4-tiny-3l --modes default,reduce-overhead \
+  --batch 128 --subdivisions 4 --steps 20 --warmup 5 --rounds 1 --threads 8 --workdir /tmp/gpu-check-runs/compile
 echo "== done"

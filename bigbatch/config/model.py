@@ -61,3 +61,8 @@ class ModelConfig(PartSection):
     """How the model's 4-D tensors are laid out in memory: ``channels_last`` (NHWC: oneDNN's and cuDNN's faster
     convolutions; timm's ``--channels-last``), ``contiguous`` (NCHW, torch's default); ``auto``: channels-last for
     torchvision's and timm's classifiers, contiguous for the rest (small_cnn, Darknet networks, detectors)."""
+    compile: Literal[False, "default", "reduce-overhead", "max-autotune"] = False
+    """``torch.compile`` the training forward and backward (``engine/compile.py``), in this torch.compile mode:
+    ``default``, ``reduce-overhead`` (CUDA graphs on a GPU; on the CPU the same as ``default``) or ``max-autotune``;
+    ``false``: eager. Evaluation runs eager; checkpoints hold the plain module's keys. Where inductor fails, training
+    goes on in eager mode after one warning line."""

@@ -173,6 +173,11 @@ class DarknetDetector(nn.Module):
         return postprocess(outputs, self.specs, input_size, self.score_thresh, self.nms_thresh,
                            self.detections_per_image, decoded=getattr(self.network, "decoded", False))
 
+    def compile_regions(self) -> list[nn.Module]:
+        """What ``model.compile`` compiles (``engine/compile.py``): the network, from the stacked images to the
+        ``[yolo]`` layers' outputs; the loss (its target assignment) and the decoding stay eager."""
+        return [self.network]
+
     def decoded_network(self) -> DecodedNetwork:
         """The network with its outputs decoded (``export --postprocess``)."""
         return DecodedNetwork(self.network, self.specs)

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
+from bigbatch.engine.compile import compile_model
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.engine.start_weights import Started, start_weights
@@ -68,6 +69,9 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
     groups = frozen_groups(model, cfg, plan)
     set_frozen(model, groups, 0)  # as at the first step (the freeze_layers hook sets each step's before it runs)
     ema = WeightEMA(model, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.decay is not None else None
+    # model.compile: the regions compiled in place, after the EMA's copy (a plain one), before DDP wraps the model
+    compiled = compile_model(model, cfg.model.compile, proc.device, sizes_vary=cfg.data.multiscale.sizes is not None,
+                             warn=None if proc.is_main else _silent)
     scaler = build_scaler(cfg.precision, schedule_burn_in(cfg.schedule))
     clock = PhaseClock(cfg.log.timing, proc.device)
     bn_sync = clock.sub_phase("bn_sync")
@@ -84,7 +88,7 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
                      clip=functools.partial(clip_gradients, cfg.clip, parameters), plan=plan, norm=cfg.norm,
                      running_stats=running_stats, ema=ema, max_skipped=cfg.precision.max_skipped, events=events,
                      clock=clock, feed=DeviceFeed(proc.device), recut_on_oom=recut_on_oom, last_good=last_good,
-                     wrap=wrap)
+                     wrap=wrap, compiled=compiled)
     return Parts(model, step, ema, lr_at, started, groups)
 
 
@@ -102,3 +106,7 @@ def sync_batchnorm(model: nn.Module, sync: str, proc: Process) -> nn.Module:
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     torch.distributed.all_reduce(tensor)
     return tensor
+
+
+def _silent(line: str) -> None:
+    """The warnings of a process other than the first (each says the same)."""

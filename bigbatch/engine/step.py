@@ -13,7 +13,8 @@ micro-batches of ``batch / (world * subdivisions)`` images through forward and b
 Retries: a step whose gradient is not finite changes nothing (weights, BatchNorm statistics, EMA, step) and
 is run again on the same images at the loss scaler's new scale; after ``precision.max_skipped`` in a row the
 run stops. An out-of-memory step is cut finer (each micro-batch in two: the global batch and the update stay
-the same) and run again. :class:`TrainStep` owns the subdivisions in effect.
+the same) and run again. A step whose ``model.compile`` compilation fails is undone and run again in eager mode
+(``engine/compile.py``). :class:`TrainStep` owns the subdivisions in effect.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.batching import BatchPlan
 from bigbatch.config import NormConfig
 from bigbatch.data.pipeline.loader import split_micro_batches
+from bigbatch.engine.compile import CompiledModel, compile_failure
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.phases import PhaseClock
 from bigbatch.errors import TrainingStopped
@@ -193,8 +195,8 @@ class TrainStep:
                  plan: BatchPlan, norm: NormConfig, running_stats: PerStepRunningStats | None,
                  ema: WeightEMA | None, max_skipped: int, events: EventStorage, clock: PhaseClock,
                  feed: Callable[[Sequence[Any]], Sequence[Any]], recut_on_oom: bool = True,
-                 last_good: Callable[[], str] = lambda: "", wrap: Callable[[nn.Module], nn.Module] | None = None
-                 ) -> None:
+                 last_good: Callable[[], str] = lambda: "", wrap: Callable[[nn.Module], nn.Module] | None = None,
+                 compiled: CompiledModel | None = None) -> None:
         self._model, self._optimizer, self.loss_fn, self._scaler = model, optimizer, loss_fn, scaler
         self._wrap = wrap
         """Builds the model that trains from the bare one (DDP under torchrun; None: the bare model trains)."""
@@ -221,6 +223,9 @@ class TrainStep:
         """Optimizer steps not applied (non-finite gradients), over the whole run."""
         self._attempt_micro_batches = 0
         """Micro-batches of the attempt being run (the subdivisions, unless an out-of-memory re-cut is pending)."""
+        self.compiled = compiled
+        """The model's regions compiled by ``model.compile`` (``engine/compile.py``; None: eager): a step whose
+        compilation fails is undone and run again in eager mode."""
 
     # What others read; only the step changes them.
     model = property(lambda self: self._model, doc="The model that trains (wrapped in DDP under torchrun).")
@@ -315,6 +320,12 @@ class TrainStep:
                     raise
                 self._forget(bn_before)
                 self._cut_finer(step, error)
+                continue
+            except Exception as error:
+                if self.compiled is None or self.compiled.eager or not compile_failure(error):
+                    raise
+                self._forget(bn_before)
+                self.compiled.fall_back(error)  # one warning line; the attempt runs again, eager
                 continue
             if result.applied:
                 break

@@ -253,8 +253,16 @@ class CrossDeviceBatchNorm(nn.modules.batchnorm._BatchNorm):
         if not need_sync:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training,
                                 exponential_average_factor, self.eps)
-        return CrossDeviceBatchNormFunction.apply(input, self.weight, self.bias, running_mean, running_var,
-                                                  self.eps, exponential_average_factor, group, self.sync_timer)
+        return _synced(input, self.weight, self.bias, running_mean, running_var, self.eps, exponential_average_factor,
+                       group, self.sync_timer)
+
+
+@torch.compiler.disable
+def _synced(*args):
+    """:class:`CrossDeviceBatchNormFunction` run eagerly where the model is compiled (``model.compile``): its
+    all-reduces and their timers are Python that dynamo would trace, and under torchrun it broke the order of the
+    collectives ("Received data size doesn't match expected size", 2 processes on the CPU): a graph break instead."""
+    return CrossDeviceBatchNormFunction.apply(*args)
 
 
 _CONVERTIBLE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)

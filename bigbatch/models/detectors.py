@@ -98,6 +98,17 @@ class Detector(nn.Module):
             out = [{**d, "labels": d["labels"] - self.label_offset} for d in out]
         return out
 
+    compile_sizes_vary = True
+    """``model.compile``: the transform pads each batch to a size of its own, so the regions take any size."""
+
+    def compile_regions(self) -> list[nn.Module]:
+        """What ``model.compile`` compiles (``engine/compile.py``): the backbone (with its FPN), from the batched
+        images to the feature maps, and a one-stage detector's head (FCOS, RetinaNet), from the feature maps to its
+        outputs; the resizing, the anchors, the losses, a two-stage detector's proposals and the post-processing stay
+        eager."""
+        head = getattr(self.detector, "head", None)
+        return [self.detector.backbone, *([head] if isinstance(head, nn.Module) else [])]
+
 
 class SmallBackbone(nn.Module):
     """Five stride-2 conv stages (widths w, 2w, 4w, 8w, 8w) and an FPN over the last three: levels at

@@ -26,7 +26,7 @@ ADDED_SINCE = {"  val: null\n": "  annotations: auto\n",
     "  standard:\n    scale:\n    - 0.08\n    - 1.0\n    ratio:\n    - 0.75\n    - 1.3333333333333333\n"
     "    hflip: 0.5\n    color_jitter: 0.0\n    interpolation: bilinear\n    crop_pct: 0.875\n"
     "  decode: exact\n"),
-    "  cfg: null\n": "  memory_format: auto\n  darknet_dialect: alexeyab\n  weights_cfg: null\n",
+    "  cfg: null\n": "  memory_format: auto\n  compile: false\n  darknet_dialect: alexeyab\n  weights_cfg: null\n",
     "  weights: null\n": "  weights_from: ema\n  mismatched: error\n  freeze: none\n  unfreeze_at: null\n",
     "  min_lr_ratio: null\n": "  batch: []\n  decay_at_batch_milestones: false\n",
     "  momentum_correction: false\n": "  backbone_lr_scale: 1.0\n  fused: false\n",
@@ -34,10 +34,10 @@ ADDED_SINCE = {"  val: null\n": "  annotations: auto\n",
     "    max_batches: null\n": "    learning_rate_min: 1.0e-05\n    sgdr_cycle: null\n    sgdr_mult: 2\n"}
 """Keys added to the config since the run was written (after the line they follow), at their defaults:
 ``data.annotations`` (a COCO file of a YOLO set's validation images); ``data.mosaic`` and ``data.mosaic_bound``
-(detection augmentation); ``data.darknet``, Darknet's classifier
-augmentation (``data.preprocessing: darknet``); ``data.standard``, the keys of ``data.preprocessing: standard``;
-``data.decode``; ``model.memory_format``; ``model.darknet_dialect``; ``model.weights_from``, ``mismatched``,
-``freeze``, ``unfreeze_at`` and ``weights_cfg`` (fine-tuning); ``optim.backbone_lr_scale``; ``schedule.batch`` and
+(detection augmentation); ``data.darknet``, Darknet's classifier augmentation (``data.preprocessing: darknet``);
+``data.standard``, the keys of ``data.preprocessing: standard``; ``data.decode``; ``model.memory_format``;
+``model.compile`` (torch.compile); ``model.darknet_dialect``; ``model.weights_from``, ``mismatched``, ``freeze``,
+``unfreeze_at`` and ``weights_cfg`` (fine-tuning); ``optim.backbone_lr_scale``; ``schedule.batch`` and
 ``schedule.decay_at_batch_milestones`` (a batch schedule); ``optim.fused`` (AdamW's fused kernel);
 ``memory.keep_freed`` (host memory kept for the next micro-batch); ``schedule.darknet.learning_rate_min``,
 ``sgdr_cycle`` and ``sgdr_mult`` (Darknet's ``sgdr`` policy)."""
