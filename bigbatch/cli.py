@@ -488,10 +488,7 @@ def cmd_plan_devices(args: argparse.Namespace, cfg, budget: int | None) -> int:
 
     options = Options(args.devices, args.batches, parse_link(args.link), args.measure_steps, args.from_run,
                       args.target_loss, args.price, args.out, budget)
-    if not args.json:
-        print(f"measuring {args.measure_steps} training steps of {cfg.name} on this device (after one warm-up)",
-              flush=True)
-    advice, why = plan_devices(cfg, options)
+    advice, why = plan_devices(cfg, options, None if args.json else lambda text: print(text, flush=True))
     if args.json:
         print(json.dumps(advice_json(advice), indent=1))
     else:

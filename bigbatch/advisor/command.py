@@ -5,6 +5,7 @@ measure (``measure.py``), take the target from a run (``from_run.py``), and buil
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,10 +76,13 @@ def largest_micro_batch(cfg: RunConfig, budget: int | None) -> tuple[int, str]:
     return micro, f"{micro}, the config's ({cfg.batch} / subdivisions {cfg.subdivisions}; subdivisions=auto plans it)"
 
 
-def plan_devices(cfg: RunConfig, o: Options) -> tuple[Advice, str]:
-    """The advice and where its micro-batch came from (measures: seconds to minutes)."""
+def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | None = None) -> tuple[Advice, str]:
+    """The advice and where its micro-batch came from (measures: seconds to minutes); ``announce``: told what is
+    measured once every check passed."""
     batches = check(cfg, o)
     run = reached(o.from_run, o.target_loss) if o.from_run is not None and o.target_loss is not None else None
+    if announce is not None:
+        announce(f"measuring {o.measure_steps} training steps of {cfg.name} on this device (after one warm-up)")
     largest, why = largest_micro_batch(cfg, o.budget)
     measured = measure(cfg, largest, o.measure_steps)
     b_noise, b_sd = measured.noise_scale, measured.noise_scale_sd

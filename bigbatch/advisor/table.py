@@ -155,7 +155,7 @@ def format_advice(advice: Advice) -> str:
                 f"{p.update:>7.4f} {p.data:>7.4f} {p.images_per_s:>8.1f} {100 * row.efficiency:>4.0f}% "
                 f"{steps:>11} {images:>12} {wall:>10} {100 * row.wall_sd:>4.0f}%")
         if advice.price is not None and not relative:
-            line += f" {row.device_hours or 0:>7.3g} {row.cost or 0:>9.2f}"
+            line += f" {row.device_hours or 0:>7.3g} {row.cost or 0:>9.3g}"
         lines.append(line)
     best = advice.rows[advice.best].step
     lines.append(f"* recommended: batch {best.batch} on {best.devices} device(s), micro-batch {best.micro_batch} x "
