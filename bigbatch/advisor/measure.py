@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from bigbatch.advisor.model import StepMeasurement, noise_scale_of_steps
-from bigbatch.config import RunConfig
+from bigbatch.config import RunConfig, validate_config
 from bigbatch.errors import UserError
 
 
@@ -111,6 +111,7 @@ def measure(cfg: RunConfig, micro_batch: int, steps: int) -> Measured:
     seed_everything(cfg.seed)
     micro, subdivisions = measured_layout(cfg.batch, micro_batch)
     batch = micro * subdivisions
+    cfg = validate_config({**cfg.model_dump(mode="json"), "batch": batch, "subdivisions": subdivisions})
     task = build_task(cfg, proc.rank)
     total = steps + 1
     plan = BatchPlan(batch=batch, world=1, subdivisions=subdivisions, steps=total, train_images=len(task.train_set))
