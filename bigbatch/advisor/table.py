@@ -133,7 +133,7 @@ def format_advice(advice: Advice) -> str:
         lines.append("noise scale: not measured (too few or too noisy steps): steps to the target not predicted; "
                      "the recommendation below is the most images/s only")
     else:
-        lines.append(f"noise scale B_noise ~ {target.b_noise:,.0f} +/- {target.b_noise_sd or 0:,.0f} images "
+        lines.append(f"noise scale B_noise ~ {target.b_noise:,.3g} +/- {target.b_noise_sd or 0:,.2g} images "
                      f"({target.source})")
     steps_head = "steps/S_min" if relative else "steps"
     wall_head = "wall/S_min" if relative else "wall time"
