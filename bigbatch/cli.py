@@ -357,6 +357,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from bigbatch.advisor.show import predicted_time
     from bigbatch.batching import layout_plan, make_plan
     from bigbatch.config import config_to_yaml, flatten
     from bigbatch.data.transforms.multiscale import describe as describe_multiscale
@@ -383,6 +384,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         multiscale = describe_multiscale(cfg, plan.steps)
         if multiscale is not None:
             print(multiscale)
+        predicted = predicted_time(args.config, plan.batch, plan.world, plan.micro_batch, plan.steps)
+        if predicted is not None:
+            print(predicted)
     else:
         print("\n".join(plan.layout()))
         print("steps           not set: give steps (or epochs) to train, e.g. --set steps=1000")

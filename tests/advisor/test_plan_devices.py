@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from tests.helpers import run_main
+from bigbatch.advisor.links import Link
+from bigbatch.advisor.model import StepMeasurement, predict_step
+from tests.helpers import ROOT, run_main
 
 TINY = ("--set", "batch=64", "subdivisions=2", "model.width=8")
 """Digits at batch 64 in 2 micro-batches of 32, a narrow CNN: a step is cheap to measure."""
@@ -101,3 +103,12 @@ def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp
     assert [(r["devices"], r["batch"]) for r in printed["rows"]] == [(2, 64)]
     assert printed["target"]["s_min"] is None  # without a run: steps relative to S_min
     assert json.loads((out / "advisor.json").read_text())["rows"] == printed["rows"]
+    # show: the predicted time of the configured run, from the advisor.json beside its config file
+    (out / "config.yaml").write_text((ROOT / "bigbatch" / "configs" / "digits.yaml").read_text())
+    shown = run_main("show", str(out / "config.yaml"), "--set", "batch=64", "subdivisions=2", "steps=100")
+    assert shown.returncode == 0, shown.stderr
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("predicted time"))
+    step = predict_step(StepMeasurement(**printed["measurement"]["step"]), 64, 1, 32, Link(**printed["link"]))
+    assert f"100 steps of {step.step:.3g} s at batch 64 on 1 device(s)" in line
+    plain = run_main("show", "digits", "--set", "batch=64", "subdivisions=2")
+    assert plain.returncode == 0 and "predicted time" not in plain.stdout
