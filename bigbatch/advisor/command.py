@@ -13,11 +13,11 @@ from bigbatch.advisor.from_run import reached
 from bigbatch.advisor.links import Link
 from bigbatch.advisor.measure import measure
 from bigbatch.advisor.model import s_min_from_run
+from bigbatch.advisor.show import ADVISOR_FILE
 from bigbatch.advisor.table import Advice, Target, advice_json, advise, check_layouts, default_batches
 from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
-ADVISOR_FILE = "advisor.json"
 MARK = "bigbatch_advisor"
 """The key that says an advisor.json is bigbatch's (one that lacks it is not overwritten)."""
 
