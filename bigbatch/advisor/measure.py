@@ -114,7 +114,9 @@ def measure(cfg: RunConfig, micro_batch: int, steps: int) -> Measured:
     cfg = validate_config({**cfg.model_dump(mode="json"), "batch": batch, "subdivisions": subdivisions})
     task = build_task(cfg, proc.rank)
     total = steps + 1
-    plan = BatchPlan(batch=batch, world=1, subdivisions=subdivisions, steps=total, train_images=len(task.train_set))
+    # the pipeline's own timing (data.workers) reads as many steps again after the measured ones
+    plan = BatchPlan(batch=batch, world=1, subdivisions=subdivisions, steps=total + steps,
+                     train_images=len(task.train_set))
     task.set_plan(plan)
     parts = build_parts(cfg, task, plan, proc, EventStorage(), recut_on_oom=False)
     train_step, clock = parts.step, parts.step.clock
