@@ -3,10 +3,12 @@ to a target validation loss at the larger batches (McCandlish et al.'s S(B) = S_
 and B_noise from that run: ``advisor/from_run.py``, ``advisor/model.py``), then run them and compare.
 
 Each run is ``bigbatch train digits`` at its batch (2 micro-batches a step, so the noise scale is measured; the LR by
-the recipe's linear rule; 25 epochs; an evaluation every ``--eval-every`` steps), one per seed. The steps a run took
-are those of its first evaluation at or below the target, so they are known to within ``--eval-every``.
+the recipe's linear rule; 25 epochs unless ``--set`` says otherwise; an evaluation every ``--eval-every`` steps), one
+per seed, one thread each. The steps a run took are those of its first evaluation at or below the target, so they
+are known to within ``--eval-every``.
 
     python benchmarks/advisor_steps.py [--seeds 0,1,2] [--batches 16,64,256] [--target 0.1] [--workdir DIR]
+        [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -29,15 +31,15 @@ from bigbatch.advisor.model import s_min_from_run, steps_to_target  # noqa: E402
 from bigbatch.errors import UserError  # noqa: E402
 
 
-def train(out: Path, batch: int, seed: int, eval_every: int) -> None:
+def train(out: Path, batch: int, seed: int, eval_every: int, extra: list[str]) -> None:
     if (out / "metrics.jsonl").is_file():
         return  # done in an earlier call with the same --workdir
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
     command = [sys.executable, "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", f"batch={batch}",
                "subdivisions=2", f"seed={seed}", f"eval.every={eval_every}", "log.tensorboard=false",
-               "log.updates=false", "checkpoint.every=100000"]
+               "log.updates=false", "checkpoint.every=100000", *extra]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"train failed ({out}): {result.stderr[-2000:]}")
@@ -50,6 +52,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.1)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--set", dest="extra", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more overrides for every run (e.g. a shorter recipe: epochs=8)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="advisor-steps-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -60,7 +64,7 @@ def main() -> None:
     errors: dict[int, list[float]] = {b: [] for b in batches[1:]}
     for seed in seeds:
         for batch in batches:
-            train(work / f"b{batch}-s{seed}", batch, seed, args.eval_every)
+            train(work / f"b{batch}-s{seed}", batch, seed, args.eval_every, args.extra)
         base = reached(work / f"b{batches[0]}-s{seed}", args.target)
         if base.noise_scale is None:
             print(f"seed {seed}: the batch-{batches[0]} run recorded no noise scale by step {base.steps}")
