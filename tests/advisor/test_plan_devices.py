@@ -112,3 +112,22 @@ def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp
     assert f"100 steps of {step.step:.3g} s at batch 64 on 1 device(s)" in line
     plain = run_main("show", "digits", "--set", "batch=64", "subdivisions=2")
     assert plain.returncode == 0 and "predicted time" not in plain.stdout
+
+
+@pytest.mark.fast
+def test_a_run_without_evaluations_counts_its_training_loss_and_an_adaptive_batch_is_refused(tmp_path):
+    from bigbatch.advisor.from_run import reached
+    from bigbatch.errors import UserError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: digits\nbatch: 32\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 5, "lr": 0.1, "loss": 0.8}, {"step": 10, "lr": 0.1, "loss": 0.4, "noise_scale": 70.0},
+        {"step": 15, "lr": 0.1, "loss": 0.35})))
+    got = reached(run, 0.5)
+    assert (got.steps, got.batch, got.loss_kind, got.noise_scale) == (10, 32, "training", 70.0)
+    assert reached(run, 0.9).noise_scale is None  # none recorded by step 5
+    (run / "config.yaml").write_text("name: digits\nbatch: {mode: adaptive, base: 32, max: 256}\n")
+    with pytest.raises(UserError, match="--from: .* has no fixed global batch"):
+        reached(run, 0.5)
