@@ -148,3 +148,28 @@ def test_link_presets_and_given_links():
     for bad in ("fast", "1,2,3", "-1,5", "5,0", "inf,1"):
         with pytest.raises(UserError, match="--link"):
             parse_link(bad)
+
+
+def test_the_table_recommends_the_shortest_wall_time_or_without_a_noise_scale_the_most_images_per_second():
+    from bigbatch.advisor.measure import Measured
+    from bigbatch.advisor.table import Target, advise, default_batches, format_advice
+
+    m = Measured(measured(), batch=256, subdivisions=8, steps=5, noise_scale=512.0, noise_scale_sd=51.2, device="cpu")
+    advice = advise(m, [64, 256, 1024], [1, 4], 32, LINK, Target(512.0, 51.2, s_min=1000.0, run_batch=256), price=2.0)
+    walls = [row.wall_s for row in advice.rows]
+    assert advice.best == walls.index(min(walls))
+    row = advice.rows[0]  # 1 device, batch 64
+    assert row.steps == pytest.approx(1000 * (1 + 512 / 64))
+    assert row.wall_s == pytest.approx(row.steps * row.step.step)
+    assert row.cost == pytest.approx(2.0 * row.wall_s / 3600)
+    text = format_advice(advice)
+    starred = [line for line in text.splitlines() if line.startswith("*")]
+    assert len(starred) == 2 and starred[1].startswith("* recommended: batch")  # the row, and the line naming it
+    blind = advise(m, [64, 256, 1024], [1, 4], 32, LINK, Target(None, None))
+    rates = [row.step.images_per_s for row in blind.rows]
+    assert blind.best == rates.index(max(rates)) and blind.rows[0].steps is None
+    assert "by images/s: no noise scale" in format_advice(blind)
+    assert default_batches(256, [1, 2, 4, 8]) == [64, 128, 256, 512, 1024]
+    assert default_batches(36, [1, 2]) == [18, 36, 72, 144]  # 9 is not cut for 2 devices
+    with pytest.raises(UserError, match="nearest that work: 2 or 4"):
+        advise(m, [256], [3], 32, LINK, Target(None, None))
