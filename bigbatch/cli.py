@@ -238,12 +238,39 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(plan)
     plan.add_argument("--memory-limit", metavar="SIZE",
                       help="the budget, e.g. 2GiB (default: memory.limit, else free memory less 10%%)")
+    _add_advisor_args(plan)
 
     scale = sub.add_parser("scale", help="rescale a recipe to a new global batch")
     _add_config_args(scale)
     scale.add_argument("--batch", type=count, required=True, help="the new global batch")
     scale.add_argument("--out", type=Path, help="write the new recipe here (YAML); default: print it")
     return parser
+
+
+def counts(text: str) -> list[int]:
+    """A comma-separated list of whole numbers from the command line: ``1,2,4,8``."""
+    return [count(part) for part in text.split(",") if part.strip()] or [count(text)]
+
+
+def _add_advisor_args(plan: argparse.ArgumentParser) -> None:
+    """``plan --devices``: which batch on how many devices, predicted from a short measurement (advisor/)."""
+    plan.add_argument("--devices", type=counts, metavar="N,N,...", help="predict step time, steps and wall time "
+                      "for these device counts (e.g. 1,2,4,8) from a short measurement on this device")
+    plan.add_argument("--batches", type=counts, metavar="B,B,...", help="with --devices: the global batches "
+                      "(default: the config's batch x1/4 to x4)")
+    plan.add_argument("--link", default="nvlink", metavar="NAME|ALPHA_US,BETA_GBPS", help="with --devices: the "
+                      "interconnect: nvlink, pcie, ib100, ib200, ib400, eth10, eth25, or latency in us and bandwidth "
+                      "in GB/s (default: %(default)s)")
+    plan.add_argument("--measure-steps", type=count, default=10, metavar="N", help="with --devices: training steps "
+                      "measured, after one warm-up (default: %(default)s)")
+    plan.add_argument("--from", dest="from_run", type=Path, metavar="RUN", help="with --devices and --target-loss: "
+                      "a finished run whose steps to that loss give S_min")
+    plan.add_argument("--target-loss", type=float, metavar="L", help="with --from: the loss (validation, else "
+                      "training) the steps are counted to")
+    plan.add_argument("--out", type=Path, metavar="RUN", help="with --devices: write RUN/advisor.json")
+    plan.add_argument("--json", action="store_true", help="with --devices: print the table as JSON")
+    plan.add_argument("--price", type=float, metavar="X", help="with --devices: the price of a device-hour (adds "
+                      "device-hours and cost)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -330,6 +357,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from bigbatch.advisor.show import predicted_time
     from bigbatch.batching import layout_plan, make_plan
     from bigbatch.config import config_to_yaml, flatten
     from bigbatch.data.transforms.multiscale import describe as describe_multiscale
@@ -356,6 +384,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         multiscale = describe_multiscale(cfg, plan.steps)
         if multiscale is not None:
             print(multiscale)
+        predicted = predicted_time(args.config, plan.batch, plan.world, plan.micro_batch, plan.steps)
+        if predicted is not None:
+            print(predicted)
     else:
         print("\n".join(plan.layout()))
         print("steps           not set: give steps (or epochs) to train, e.g. --set steps=1000")
@@ -434,6 +465,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
             budget = parse_size(args.memory_limit)
         except ValueError as e:
             raise UserError(f"--memory-limit: {e}") from None
+    if args.devices is not None:
+        return cmd_plan_devices(args, cfg, budget)
+    alone = [name for name, given in (("--batches", args.batches), ("--from", args.from_run), ("--out", args.out),
+                                      ("--target-loss", args.target_loss), ("--json", args.json),
+                                      ("--price", args.price), ("--link", args.link != "nvlink"),
+                                      ("--measure-steps", args.measure_steps != 10)) if given not in (None, False)]
+    if alone:
+        raise UserError(f"{alone[0]}: goes with --devices (which batch on how many devices)")
     world = distributed.world_size_from_env()
     print(f"measuring a short run per micro-batch size at {cfg.data.size} px, {cfg.precision.dtype}, each in a fresh "
           "process: training steps beside the run's data, an evaluation batch and a checkpoint")
@@ -441,6 +480,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(plan.table())
     print(f"chosen: batch {cfg.batch} = world {world} x subdivisions {plan.subdivisions} x micro-batch "
           f"{plan.micro_batch}  (--set subdivisions={plan.subdivisions})")
+    return 0
+
+
+def cmd_plan_devices(args: argparse.Namespace, cfg, budget: int | None) -> int:
+    import json
+
+    from bigbatch.advisor.command import Options, plan_devices
+    from bigbatch.advisor.links import parse_link
+    from bigbatch.advisor.table import advice_json, format_advice
+
+    options = Options(args.devices, args.batches, parse_link(args.link), args.measure_steps, args.from_run,
+                      args.target_loss, args.price, args.out, budget)
+    advice, why = plan_devices(cfg, options, None if args.json else lambda text: print(text, flush=True))
+    if args.json:
+        print(json.dumps(advice_json(advice), indent=1))
+    else:
+        print(f"largest micro-batch: {why}")
+        print(format_advice(advice))
+        if args.out is not None:
+            print(f"written to {args.out / 'advisor.json'}")
     return 0
 
 

@@ -144,7 +144,7 @@ LAYERS = (
     ("bigbatch.config", "bigbatch.registry", "bigbatch.state_schema", "bigbatch.batching"),
     ("bigbatch.data", "bigbatch.models", "bigbatch.largebatch", "bigbatch.tasks", "bigbatch.telemetry"),
     ("bigbatch.engine",),
-    ("bigbatch.darknet", "bigbatch.report", "bigbatch.inference"),
+    ("bigbatch.darknet", "bigbatch.report", "bigbatch.inference", "bigbatch.advisor"),
     ("bigbatch.cli", "bigbatch.__main__"),
 )
 """The floors of the package, bottom to top (docs/architecture.md, "The floors"): a module imports from its own

@@ -49,9 +49,10 @@ def test_the_batch_layout_is_checked_in_one_place():
 
 
 BEFORE_THE_BOUNDARY = {"config/run.py", "engine/planner.py", "telemetry/capacity.py", "data/pipeline/bench.py",
-                       "engine/relaunch.py"}
+                       "engine/relaunch.py", "advisor/command.py"}
 """Where ``subdivisions`` may still be ``auto``: the config, its measurement, the capacity check before any work,
-``data bench``, which trains nothing, and a resume's layout, which takes the checkpoint's micro-batch for ``auto``."""
+``data bench``, which trains nothing, a resume's layout, which takes the checkpoint's micro-batch for ``auto``, and
+``plan --devices``, which takes the memory plan's largest micro-batch for ``auto`` before its measurement."""
 
 
 def test_auto_subdivisions_are_seen_only_before_the_boundary():

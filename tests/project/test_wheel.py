@@ -219,6 +219,8 @@ SKIPPED = {
         "bigbatch schedule [CONFIG] [--set KEY=VALUE ...] [--csv FILE] [--png FILE]",
         "bigbatch scale [CONFIG] --batch B [--out NEW.yaml]",
         "bigbatch plan [CONFIG] [--set KEY=VALUE ...] [--memory-limit SIZE]",
+        "bigbatch plan [CONFIG] --devices N,N,... [--batches B,...] [--link NAME|ALPHA_US,BETA_GBPS] "
+        "[--measure-steps N] [--from RUN --target-loss L] [--out RUN] [--json] [--price X]",
         "bigbatch profile [CONFIG] [--set KEY=VALUE ...] [--steps N] [--out DIR]",
         "bigbatch report RUN [RUN ...] [--out FILE.html]",
         "bigbatch predict IMAGES|FOLDER|LIST|VIDEO --from RUN|CHECKPOINT|NET.cfg # run a model on your own images",
@@ -314,6 +316,8 @@ SHORTENED = {
         ["--set", "steps=3", "eval.every=2", *SHORTER],
     "bigbatch train digits --out r2 --set batch=512 subdivisions=4 steps=30 log.tensorboard=false":
         ["--set", "steps=2", *SHORTER],
+    "bigbatch plan digits --devices 1,2,4,8 --link ib100": ["--measure-steps", "2", "--set", "batch=64",
+                                                           "subdivisions=2"],
     "bigbatch train shapes-detect": ["--out", "runs/demo", "--set", "data.shapes_images=40", "steps=1", "batch=4",
                                      "subdivisions=1", "data.size=64", *SHORTER],
 }

@@ -1,0 +1,94 @@
+"""The advisor's steps prediction checked against runs: on digits, from a run at the smallest batch, predict the steps
+to a target validation loss at the larger batches (McCandlish et al.'s S(B) = S_min (1 + B_noise / B), with S_min
+and B_noise from that run: ``advisor/from_run.py``, ``advisor/model.py``), then run them and compare.
+
+Each run is ``bigbatch train digits`` at its batch (2 micro-batches a step, so the noise scale is measured; the LR by
+the recipe's linear rule; 25 epochs unless ``--set`` says otherwise; an evaluation every ``--eval-every`` steps), one
+per seed, one thread each. The steps a run took are those of its first evaluation at or below the target, so they
+are known to within ``--eval-every``.
+
+    python benchmarks/advisor_steps.py [--seeds 0,1,2] [--batches 16,64,256] [--target 0.1] [--workdir DIR]
+        [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bigbatch.advisor.from_run import reached  # noqa: E402
+from bigbatch.advisor.model import s_min_from_run, steps_to_target  # noqa: E402
+from bigbatch.errors import UserError  # noqa: E402
+
+
+def train(out: Path, batch: int, seed: int, eval_every: int, extra: list[str]) -> None:
+    if (out / "metrics.jsonl").is_file():
+        return  # done in an earlier call with the same --workdir
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    command = [sys.executable, "-m", "bigbatch", "train", "digits", "--out", str(out), "--set", f"batch={batch}",
+               "subdivisions=2", f"seed={seed}", f"eval.every={eval_every}", "log.tensorboard=false",
+               "log.updates=false", "checkpoint.every=100000", *extra]
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"train failed ({out}): {result.stderr[-2000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--batches", default="16,64,256")
+    parser.add_argument("--target", type=float, default=0.1)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--set", dest="extra", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more overrides for every run (e.g. a shorter recipe: epochs=8)")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="advisor-steps-"))
+    work.mkdir(parents=True, exist_ok=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    batches = sorted(int(b) for b in args.batches.split(","))
+    print(f"# {' '.join(sys.argv)}\n# {platform.machine()}, nproc {os.cpu_count()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()}", flush=True)
+    errors: dict[int, list[float]] = {b: [] for b in batches[1:]}
+    for seed in seeds:
+        for batch in batches:
+            train(work / f"b{batch}-s{seed}", batch, seed, args.eval_every, args.extra)
+        base = reached(work / f"b{batches[0]}-s{seed}", args.target)
+        if base.noise_scale is None:
+            print(f"seed {seed}: the batch-{batches[0]} run recorded no noise scale by step {base.steps}")
+            continue
+        s_min = s_min_from_run(base.steps, base.batch, base.noise_scale)
+        line = [f"seed {seed}: batch {batches[0]} took {base.steps} steps to val loss {args.target:g}, B_noise there "
+                f"{base.noise_scale:.1f}, S_min {s_min:.1f}"]
+        for batch in batches[1:]:
+            predicted = steps_to_target(s_min, base.noise_scale, batch)
+            try:
+                got = reached(work / f"b{batch}-s{seed}", args.target)
+            except UserError as e:
+                line.append(f"batch {batch}: predicted {predicted:.0f}, {e}")
+                continue
+            errors[batch].append(predicted / got.steps - 1)
+            line.append(f"batch {batch}: predicted {predicted:.0f} steps, took {got.steps} (B_noise there "
+                        f"{got.noise_scale or float('nan'):.1f}); error {100 * errors[batch][-1]:+.0f} %")
+        print("; ".join(line), flush=True)
+    for batch, errs in errors.items():
+        if errs:
+            print(f"batch {batch}: error of the predicted steps, mean {100 * statistics.fmean(errs):+.0f} % "
+                  f"(seeds: {', '.join(f'{100 * e:+.0f} %' for e in errs)})")
+    print(f"# load at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

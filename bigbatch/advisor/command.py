@@ -1,0 +1,106 @@
+"""``bigbatch plan CONFIG --devices ...``: check the options, take the largest micro-batch from the memory plan,
+measure (``measure.py``), take the target from a run (``from_run.py``), and build the table (``table.py``); with
+``--out RUN``, write ``RUN/advisor.json``. Every check that can fail runs before the measurement."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigbatch.advisor.from_run import reached
+from bigbatch.advisor.links import Link
+from bigbatch.advisor.measure import measure
+from bigbatch.advisor.model import s_min_from_run
+from bigbatch.advisor.show import ADVISOR_FILE
+from bigbatch.advisor.table import Advice, Target, advice_json, advise, check_layouts, default_batches
+from bigbatch.config import RunConfig
+from bigbatch.errors import UserError
+
+MARK = "bigbatch_advisor"
+"""The key that says an advisor.json is bigbatch's (one that lacks it is not overwritten)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    devices: list[int]
+    batches: list[int] | None
+    link: Link
+    measure_steps: int
+    from_run: Path | None
+    target_loss: float | None
+    price: float | None
+    out: Path | None
+    budget: int | None
+
+
+def check(cfg: RunConfig, o: Options) -> list[int]:
+    """The batches of the table; ``UserError`` (one line, naming the option) for what cannot work."""
+    if any(n < 1 for n in o.devices):
+        raise UserError(f"--devices: device counts must be 1 or more, got {','.join(map(str, o.devices))}")
+    if o.batches is not None and any(b < 2 for b in o.batches):
+        raise UserError(f"--batches: a batch must be 2 images or more, got {','.join(map(str, o.batches))}")
+    if o.measure_steps < 2:
+        raise UserError(f"--measure-steps: at least 2 steps (their spread is the uncertainty), got {o.measure_steps}")
+    if (o.from_run is None) != (o.target_loss is None):
+        raise UserError("--from and --target-loss go together: the steps a run took to that loss")
+    if o.price is not None and not o.price > 0:
+        raise UserError(f"--price: a price per device-hour above 0, got {o.price:g}")
+    if o.out is not None:
+        file = o.out / ADVISOR_FILE
+        if o.out.exists() and not o.out.is_dir():
+            raise UserError(f"--out: {o.out} is not a folder")
+        if file.exists() and not _ours(file):
+            raise UserError(f"--out: {file} exists and is not a bigbatch advisor file; not overwritten")
+    batches = sorted(set(o.batches)) if o.batches is not None else default_batches(cfg.batch, o.devices)
+    check_layouts(batches, sorted(set(o.devices)))
+    return batches
+
+
+def _ours(file: Path) -> bool:
+    try:
+        return json.loads(file.read_text(encoding="utf-8")).get(MARK) == 1
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
+def largest_micro_batch(cfg: RunConfig, budget: int | None) -> tuple[int, str]:
+    """The largest micro-batch a device takes: the memory plan's (``subdivisions: auto``), else the config's."""
+    if cfg.subdivisions == "auto":
+        from bigbatch.engine.planner import plan_layout
+
+        plan = plan_layout(cfg, 1, budget)
+        return plan.micro_batch, f"{plan.micro_batch}, the memory plan's at batch {cfg.batch}"
+    micro = cfg.batch // int(cfg.subdivisions)
+    return micro, f"{micro}, the config's ({cfg.batch} / subdivisions {cfg.subdivisions}; subdivisions=auto plans it)"
+
+
+def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | None = None) -> tuple[Advice, str]:
+    """The advice and where its micro-batch came from (measures: seconds to minutes); ``announce``: told what is
+    measured once every check passed."""
+    batches = check(cfg, o)
+    run = reached(o.from_run, o.target_loss) if o.from_run is not None and o.target_loss is not None else None
+    if announce is not None:
+        announce(f"measuring {o.measure_steps} training steps of {cfg.name} on this device (after one warm-up)")
+    largest, why = largest_micro_batch(cfg, o.budget)
+    measured = measure(cfg, largest, o.measure_steps)
+    b_noise, b_sd = measured.noise_scale, measured.noise_scale_sd
+    if run is None:
+        target = Target(b_noise, b_sd, source=f"B_simple over the {measured.steps} measured steps")
+    else:
+        source = f"{o.from_run}'s noise_scale at step {run.steps}"
+        if run.noise_scale is not None:
+            relative = b_sd / b_noise if b_noise and b_sd is not None else 0.0
+            b_noise, b_sd = run.noise_scale, run.noise_scale * relative  # the measurement's relative spread
+        else:
+            source = f"B_simple over the {measured.steps} measured steps ({o.from_run} records none)"
+        s_min = s_min_from_run(run.steps, run.batch, b_noise) if b_noise is not None else None
+        source += f"; S_min from its {run.steps} steps to {run.loss_kind} loss {o.target_loss:g} at batch {run.batch}"
+        target = Target(b_noise, b_sd, s_min, run.batch, source)
+    advice = advise(measured, batches, sorted(set(o.devices)), largest, o.link, target, o.price)
+    if o.out is not None:
+        o.out.mkdir(parents=True, exist_ok=True)
+        data = {MARK: 1, "config": cfg.name, "largest_micro_batch": largest, **advice_json(advice)}
+        (o.out / ADVISOR_FILE).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return advice, why

@@ -1,0 +1,133 @@
+"""``bigbatch plan --devices``: its refusals (one line, before any measurement) and its table on a tiny digits config,
+in process (tests/helpers.py run_main), a few measured steps."""
+
+import json
+import re
+
+import pytest
+
+from bigbatch.advisor.links import Link
+from bigbatch.advisor.model import StepMeasurement, predict_step
+from tests.helpers import ROOT, run_main
+
+TINY = ("--set", "batch=64", "subdivisions=2", "model.width=8")
+"""Digits at batch 64 in 2 micro-batches of 32, a narrow CNN: a step is cheap to measure."""
+
+
+def refused(*args: str) -> str:
+    result = run_main("plan", "digits", *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "measuring" not in result.stdout  # refused before any work
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.fast
+def test_a_device_count_the_batch_cannot_be_cut_for_is_refused_naming_the_nearest():
+    assert refused("--devices", "1,3,4", "--batches", "256") == (
+        "error: --devices: batch 256 cannot be cut for 3 devices (256/3 is not a whole number of images); the "
+        "nearest that work: 2 or 4")
+    assert "the nearest that work: 4 or 8" in refused("--devices", "6", "--batches", "64,256")
+    assert "the nearest that work: 2 or 4" in refused("--devices", "3")  # the config's batch, 256
+
+
+@pytest.mark.fast
+def test_bad_options_are_refused_in_one_line(tmp_path):
+    assert "--link" in refused("--devices", "2", "--link", "warp-drive")
+    assert "--devices" in refused("--devices", "0,2")
+    assert "--batches" in refused("--devices", "2", "--batches", "1")
+    assert "--measure-steps" in refused("--devices", "2", "--measure-steps", "1")
+    assert "--from and --target-loss go together" in refused("--devices", "2", "--target-loss", "0.1")
+    assert "--price" in refused("--devices", "2", "--price", "-1")
+    assert refused("--json").startswith("error: --json: goes with --devices")
+    assert "--from" in refused("--devices", "2", "--from", str(tmp_path), "--target-loss", "0.1")
+    (tmp_path / "advisor.json").write_text('{"mine": true}\n')
+    assert "not a bigbatch advisor file" in refused("--devices", "2", "--out", str(tmp_path))
+    assert (tmp_path / "advisor.json").read_text() == '{"mine": true}\n'  # not overwritten
+
+
+def fake_run(path, batch=64, noise=100.0):
+    """A finished run's files: validation loss 0.5 at step 20, 0.2 at step 30 (B_noise then 100), 0.1 at 40."""
+    path.mkdir()
+    (path / "config.yaml").write_text(f"name: digits\nbatch: {batch}\n")
+    records = [{"step": 10, "lr": 0.1, "loss": 0.9, "noise_scale": noise / 2},
+               {"step": 20, "split": "val", "loss": 0.5}, {"step": 30, "lr": 0.1, "loss": 0.3, "noise_scale": noise},
+               {"step": 30, "split": "val", "loss": 0.2}, {"step": 40, "lr": 0.1, "loss": 0.2, "noise_scale": 400},
+               {"step": 40, "split": "val", "loss": 0.1}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 4')
+    return path
+
+
+@pytest.mark.fast
+def test_a_target_the_run_never_reached_is_refused(tmp_path):
+    run = fake_run(tmp_path / "run")
+    line = refused("--devices", "2", "--from", str(run), "--target-loss", "0.05")
+    assert line == f"error: --target-loss: {run} never reached a validation loss of 0.05 (its lowest: 0.1)"
+
+
+def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp_path):
+    run = fake_run(tmp_path / "run")
+    out = tmp_path / "advice"
+    result = run_main("plan", "digits", *TINY, "--devices", "1,2", "--batches", "32,64,128", "--measure-steps", "2",
+                      "--from", str(run), "--target-loss", "0.2", "--price", "2.5", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = [line for line in lines if re.match(r"[*$ ] +\d+ +\d+ +\d+ +\d+ ", line)]
+    assert len(rows) == 6  # 2 device counts x 3 batches
+    assert sum(line.startswith("*") for line in rows) == 1
+    assert any(line.startswith("* recommended: batch ") for line in lines)
+    assert "noise scale B_noise ~ 100 " in result.stdout  # the run's, at the step it reached the target
+    data = json.loads((out / "advisor.json").read_text())
+    assert data["bigbatch_advisor"] == 1 and len(data["rows"]) == 6
+    assert data["target"]["s_min"] == pytest.approx(30 / (1 + 100 / 64))
+    by = {(r["devices"], r["batch"]): r for r in data["rows"]}
+    assert by[(1, 64)]["steps"] == pytest.approx(30)  # the run's own steps at its own batch
+    assert by[(1, 32)]["steps"] == pytest.approx(30 / (1 + 100 / 64) * (1 + 100 / 32))
+    assert by[(2, 32)]["micro_batch"] == 16 and by[(2, 128)]["subdivisions"] == 2
+    for row in data["rows"]:
+        assert row["step"] == pytest.approx(row["compute"] + row["grad_sync"] + row["bn_sync"] + row["update"]
+                                            + row["data"])  # data.workers 0: the data wait adds
+        assert row["wall_s"] == pytest.approx(row["steps"] * row["step"])
+        assert row["cost"] == pytest.approx(2.5 * row["devices"] * row["wall_s"] / 3600)
+    best = data["rows"][data["recommended"]]
+    assert best["wall_s"] == min(r["wall_s"] for r in data["rows"])
+    measured = data["measurement"]
+    assert measured["batch"] == 64 and measured["subdivisions"] == 2 and measured["steps"] == 2
+    assert measured["step"]["gradient_bytes"] > 0 and measured["step"]["bn_layers"] > 0
+    # again: the file is bigbatch's own, replaced
+    again = run_main("plan", "digits", *TINY, "--devices", "2", "--batches", "64", "--measure-steps", "2", "--json",
+                     "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    printed = json.loads(again.stdout)
+    assert [(r["devices"], r["batch"]) for r in printed["rows"]] == [(2, 64)]
+    assert printed["target"]["s_min"] is None  # without a run: steps relative to S_min
+    assert json.loads((out / "advisor.json").read_text())["rows"] == printed["rows"]
+    # show: the predicted time of the configured run, from the advisor.json beside its config file
+    (out / "config.yaml").write_text((ROOT / "bigbatch" / "configs" / "digits.yaml").read_text())
+    shown = run_main("show", str(out / "config.yaml"), "--set", "batch=64", "subdivisions=2", "steps=100")
+    assert shown.returncode == 0, shown.stderr
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("predicted time"))
+    step = predict_step(StepMeasurement(**printed["measurement"]["step"]), 64, 1, 32, Link(**printed["link"]))
+    assert f"100 steps of {step.step:.3g} s at batch 64 on 1 device(s)" in line
+    plain = run_main("show", "digits", "--set", "batch=64", "subdivisions=2")
+    assert plain.returncode == 0 and "predicted time" not in plain.stdout
+
+
+@pytest.mark.fast
+def test_a_run_without_evaluations_counts_its_training_loss_and_an_adaptive_batch_is_refused(tmp_path):
+    from bigbatch.advisor.from_run import reached
+    from bigbatch.errors import UserError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: digits\nbatch: 32\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 5, "lr": 0.1, "loss": 0.8}, {"step": 10, "lr": 0.1, "loss": 0.4, "noise_scale": 70.0},
+        {"step": 15, "lr": 0.1, "loss": 0.35})))
+    got = reached(run, 0.5)
+    assert (got.steps, got.batch, got.loss_kind, got.noise_scale) == (10, 32, "training", 70.0)
+    assert reached(run, 0.9).noise_scale is None  # none recorded by step 5
+    (run / "config.yaml").write_text("name: digits\nbatch: {mode: adaptive, base: 32, max: 256}\n")
+    with pytest.raises(UserError, match="--from: .* has no fixed global batch"):
+        reached(run, 0.5)
