@@ -20,7 +20,7 @@ The recipes (the data is written into the work folder first):
   yolo      ``yolov4-tiny-3l-shapes`` as it ships (128 px, batch 32, 2 data workers, evaluation 64 at a time) on a
             400-image shapes set (``bigbatch data shapes``).
 
-    python benchmarks/plan_holds.py [--recipes digits resnet18 yolo] [--workdir DIR] [--steps 3]
+    python benchmarks/plan_holds.py [--recipes digits resnet18 yolo] [--limits SIZE ...] [--workdir DIR] [--steps 3]
 """
 
 from __future__ import annotations
@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--limits", nargs="+", default=None, help="instead of each recipe's three")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="plan-holds-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -161,13 +162,14 @@ def main() -> None:
     for name in args.recipes:
         recipe = RECIPES[name]
         sets = [*(s.format(work=work) for s in recipe["sets"]), f"steps={args.steps}"]
-        for limit in recipe["limits"]:
+        for limit in args.limits or recipe["limits"]:
             plan = bigbatch(["plan", recipe["config"], "--set", *sets, "--memory-limit", limit], refused=True)
             if plan.startswith("error:"):
                 print(f"{name:9s} {limit:>8s} plan refused: {plan.strip()}", flush=True)
                 continue
             subdivisions, micro, planned = parse_plan(plan)
             out = work / f"{name}-{limit}"
+            (work / f"{name}-{limit}-plan.txt").write_text(plan)  # the plan's table, kept beside the run
             command = [sys.executable, "-m", "bigbatch", "train", recipe["config"], "--out", str(out), "--set", *sets,
                        f"subdivisions={subdivisions}", "eval.every=1", "checkpoint.every=1",
                        f"memory.limit={limit}"]
