@@ -4,7 +4,8 @@ Each measurement runs in a fresh process (``python -m bigbatch.engine.planner``)
 allocator cache or earlier peak leaks into the next: it builds the model and optimizer from the
 config with the training run's own parts and step (``engine/parts.py``, ``engine/step.py``: EMA copy, loss
 scaler, BatchNorm statistics, clipping), and times two training steps on random images of the largest
-training input size, in the configured precision; four on the CPU with ``memory.keep_freed``, whose heap takes
+training input size, in the configured precision, each accumulating as many micro-batches as the run's step (at
+most 4); four steps on the CPU with ``memory.keep_freed``, whose heap takes
 a few passes to settle (ResNet-18 at micro-batch 64, the steps alone, peaked at 1,784 MiB over two, 1,956 over
 four, 1,952 over six). Beside the steps it has what a run has beside them, in the run's order: after the first
 step an evaluation batch (``eval.batch`` images through the weights that are evaluated, without gradients), then
@@ -55,6 +56,8 @@ MARGIN = 0.10
 """Of the system's available (CPU) or the device's free (CUDA) memory, left out of the default budget."""
 RUN_MARGIN = 0.15
 """Added to a micro-batch's measured whole-run peak before it is compared with the budget (docs/memory.md)."""
+MEASURED_ACCUMULATION = 4
+"""At most this many micro-batches in a measured step (fewer when the run's step has fewer)."""
 
 
 @dataclass
@@ -83,7 +86,8 @@ FAILED = 2**62
 
 def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | None = None) -> Measurement:
     """The memory of a short run at ``micro_batch`` in this process, in the order a run takes its parts: training
-    steps on random images of the largest training input (two; four on the CPU with ``memory.keep_freed``), an
+    steps on random images of the largest training input (two; four on the CPU with ``memory.keep_freed``), each of
+    ``measured_micro_batches`` micro-batches, an
     evaluation and a checkpoint after the first; the peak memory of this process, and the speed of the last step.
 
     The parts and the step are training's own (``engine/parts.py``): the weight EMA's copy, the loss scaler,
@@ -112,7 +116,9 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
     on_cpu = proc.device.type == "cpu"
     # kept memory (memory.keep_freed) settles its layout over the first few passes
     steps = 4 if cfg.memory.keep_freed and on_cpu else 2
-    plan = BatchPlan(batch=micro_batch, world=1, subdivisions=1, steps=steps, train_images=len(task.train_set))
+    accumulated = measured_micro_batches(micro_batch, per_device or micro_batch)
+    plan = BatchPlan(batch=micro_batch * accumulated, world=1, subdivisions=accumulated, steps=steps,
+                     train_images=len(task.train_set))
     parts = build_parts(cfg, task, plan, proc, EventStorage(), recut_on_oom=False)  # out of memory: does not fit
     model, train_step = parts.model, parts.step
     model.train()
@@ -124,7 +130,7 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
             step_data = None  # as the run's loop: the step before is let go as the next one arrives
             step_data = next(data)
         start = time.perf_counter()
-        train_step(step, [batch])
+        train_step(step, [batch] * accumulated)
         if proc.device.type == "cuda":
             torch.cuda.synchronize(proc.device)
         seconds = time.perf_counter() - start
@@ -138,7 +144,14 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
         peak = torch.cuda.max_memory_reserved(proc.device)
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return Measurement(micro_batch, int(peak), micro_batch / seconds)
+    return Measurement(micro_batch, int(peak), micro_batch * accumulated / seconds)
+
+
+def measured_micro_batches(micro_batch: int, per_device: int) -> int:
+    """How many micro-batches a measured step accumulates: the run's own count up to ``MEASURED_ACCUMULATION``.
+    A step of one micro-batch reads lower than a step that adds several into the gradients: ResNet-18 runs of 4 x 16
+    and 2 x 32 images a step reached 1.16x and 1.19x a one-micro-batch measurement (docs/benchmarks.md)."""
+    return max(1, min(per_device // micro_batch, MEASURED_ACCUMULATION))
 
 
 def run_data(cfg: RunConfig, task: Task, per_device: int, micro_batch: int, steps: int) -> Iterator[list[Any]]:

@@ -130,6 +130,12 @@ def test_the_cpu_measurement_is_a_short_run_its_data_evaluation_and_checkpoint_b
             steps.append([len(micro[0]) for micro in step])
             yield step
 
+    from bigbatch.engine import step as step_module
+
+    accumulated, real_attempt = [], step_module.attempt_step
+    monkeypatch.setattr(step_module, "attempt_step",
+                        lambda model, optimizer, cut, *rest: accumulated.append(len(cut)) or
+                        real_attempt(model, optimizer, cut, *rest))
     monkeypatch.setattr(planner, "evaluate", evaluate)
     monkeypatch.setattr(planner, "run_data", run_data)
     cfg = load_config("digits", ["model.width=4", "eval.batch=50", "ema.decay=0.9"])
@@ -138,3 +144,9 @@ def test_the_cpu_measurement_is_a_short_run_its_data_evaluation_and_checkpoint_b
     assert {"model", "optimizer", "rng", "data"} <= taken[0].keys() and taken[0]["step"] == 0
     assert evaluated == [(50, 2, 0)], "one evaluation batch, of the raw and the EMA weights, before the checkpoint"
     assert steps == [[8, 8, 8]] * 4, "each step's 3 micro-batches of the run's own data"
+    assert accumulated == [3] * 4, "each measured step accumulates the run's 3 micro-batches into the gradients"
+
+
+@pytest.mark.parametrize(("micro_batch", "per_device", "accumulated"), [(8, 8, 1), (8, 24, 3), (2, 256, 4)])
+def test_a_measured_step_accumulates_the_runs_micro_batches_up_to_four(micro_batch, per_device, accumulated):
+    assert planner.measured_micro_batches(micro_batch, per_device) == accumulated
