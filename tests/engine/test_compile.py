@@ -1,7 +1,7 @@
 """``model.compile`` (engine/compile.py): compiled training matches eager within a stated tolerance, checkpoints keep
 the plain module's keys, a compiled run resumes exactly, a failed compilation falls back to eager with one warning
-line; under the ``slow`` marker, detection's multi-scale sizes compile at most twice and torchrun with DDP and
-cross-device BatchNorm trains the weights one eager process does.
+line; under the ``slow`` marker, detection's multi-scale sizes compile at most twice, torchrun with DDP and
+cross-device BatchNorm trains the weights one eager process does, and a torchvision detector (FCOS) trains as eager.
 
 torch.compile is slow on the 2-core CPU (tens of seconds a compilation under load; inductor's FX graph cache on disk
 makes a repeated one a few seconds): the runs here are the smallest digits model, a few steps, in this process."""
@@ -200,3 +200,18 @@ def test_torchrun_compiled_trains_the_weights_of_one_eager_process(tmp_path, one
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
     one, two = train_records(tmp_path / "one"), train_records(tmp_path / "two")
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=LOSS_RTOL)
+
+
+@pytest.mark.slow  # FCOS's backbone and head compiled for any size: minutes on the 2-core CPU under load
+def test_a_torchvision_detector_compiled_trains_as_eager(tmp_path):
+    shapes = write_shapes_set(tmp_path / "set", 40)
+    settings = [f"data.path={shapes}", "steps=5", "batch=4", "subdivisions=2", "data.size=64", "eval.every=100",
+                "eval.batch=50", "data.workers=0", "log.every=1", "log.tensorboard=false"]
+    for mode in ("false", "default"):
+        result = run_main("train", "shapes-detect", "--out", str(tmp_path / mode), "--set", *settings,
+                          f"model.compile={mode}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "model.compile" not in result.stderr
+    assert counters["stats"]["unique_graphs"] >= 2, "the backbone and the head"
+    eager, compiled = train_records(tmp_path / "false"), train_records(tmp_path / "default")
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=LOSS_RTOL)
