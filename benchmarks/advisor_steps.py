@@ -1,14 +1,24 @@
-"""The advisor's steps prediction checked against runs: on digits, from a run at the smallest batch, predict the steps
-to a target validation loss at the larger batches (McCandlish et al.'s S(B) = S_min (1 + B_noise / B), with S_min
-and B_noise from that run: ``advisor/from_run.py``, ``advisor/model.py``), then run them and compare.
+"""The advisor's steps prediction checked against runs: on digits (or a learnable JPEG folder, ``--folder``), from a
+run at the smallest batch, predict the steps to a target validation loss at the larger batches (McCandlish et al.'s
+S(B) = S_min (1 + B_noise / B), with S_min and B_noise from that run: ``advisor/from_run.py``, ``advisor/model.py``),
+then run them and compare.
 
 Each run is ``bigbatch train digits`` at its batch (2 micro-batches a step, so the noise scale is measured; the LR by
 the recipe's linear rule; 25 epochs unless ``--set`` says otherwise; an evaluation every ``--eval-every`` steps), one
 per seed, one thread each. The steps a run took are those of its first evaluation at or below the target, so they
 are known to within ``--eval-every``.
 
+``--folder TRAIN,VAL`` trains the same recipe (the small CNN at 32 px) on a folder of real JPEGs instead, written
+into the work folder by ``batch_schedule.py``'s ``write_halves`` (4 classes: the top and bottom halves of
+scikit-learn's two sample photographs; TRAIN and VAL images).
+
+The warmup: the recipe's is in epochs, so it is many more steps at a small batch than at a large one (1 epoch: 90
+steps at batch 16, 6 at 256), and those steps count toward the small batch's S and so toward S_min. Give
+``--set "schedule.warmup=[]"`` (and a constant LR, ``schedule.decay.kind=constant``) to leave it out: every
+batch then trains at its linear-rule LR from the first step.
+
     python benchmarks/advisor_steps.py [--seeds 0,1,2] [--batches 16,64,256] [--target 0.1] [--workdir DIR]
-        [--set KEY=VALUE ...]
+        [--folder TRAIN,VAL] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -52,11 +62,22 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.1)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--folder", default=None, metavar="TRAIN,VAL",
+                        help="train on a folder of JPEGs this writes (training and validation images)")
     parser.add_argument("--set", dest="extra", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for every run (e.g. a shorter recipe: epochs=8)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="advisor-steps-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.folder is not None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from batch_schedule import write_halves
+
+        n_train, n_val = (int(n) for n in args.folder.split(","))
+        folder = work / f"halves-{n_train}-{n_val}"
+        if not folder.exists():
+            write_halves(folder, train=n_train, val=n_val)
+        args.extra = ["data.name=folder", f"data.path={folder}", "data.size=32", *args.extra]
     seeds = [int(s) for s in args.seeds.split(",")]
     batches = sorted(int(b) for b in args.batches.split(","))
     print(f"# {' '.join(sys.argv)}\n# {platform.machine()}, nproc {os.cpu_count()}, "
