@@ -6,7 +6,7 @@ then run them and compare.
 Each run is ``bigbatch train digits`` at its batch (2 micro-batches a step, so the noise scale is measured; the LR by
 the recipe's linear rule; 25 epochs unless ``--set`` says otherwise; an evaluation every ``--eval-every`` steps), one
 per seed, one thread each. The steps a run took are those of its first evaluation at or below the target, so they
-are known to within ``--eval-every``.
+are known to within ``--eval-every`` (one for every batch, or one per batch).
 
 ``--folder TRAIN,VAL`` trains the same recipe (the small CNN at 32 px) on a folder of real JPEGs instead, written
 into the work folder by ``batch_schedule.py``'s ``write_halves`` (4 classes: the top and bottom halves of
@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--batches", default="16,64,256")
     parser.add_argument("--target", type=float, default=0.1)
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-every", default="5", metavar="N[,N,...]",
+                        help="steps between evaluations: one for every batch, or one per batch (e.g. 8,4,2)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--folder", default=None, metavar="TRAIN,VAL",
                         help="train on a folder of JPEGs this writes (training and validation images)")
@@ -80,12 +81,14 @@ def main() -> None:
         args.extra = ["data.name=folder", f"data.path={folder}", "data.size=32", *args.extra]
     seeds = [int(s) for s in args.seeds.split(",")]
     batches = sorted(int(b) for b in args.batches.split(","))
+    every = [int(n) for n in args.eval_every.split(",")]
+    every = dict(zip(batches, every * len(batches) if len(every) == 1 else every, strict=True))
     print(f"# {' '.join(sys.argv)}\n# {platform.machine()}, nproc {os.cpu_count()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()}", flush=True)
     errors: dict[int, list[float]] = {b: [] for b in batches[1:]}
     for seed in seeds:
         for batch in batches:
-            train(work / f"b{batch}-s{seed}", batch, seed, args.eval_every, args.extra)
+            train(work / f"b{batch}-s{seed}", batch, seed, every[batch], args.extra)
         base = reached(work / f"b{batches[0]}-s{seed}", args.target)
         if base.noise_scale is None:
             print(f"seed {seed}: the batch-{batches[0]} run recorded no noise scale by step {base.steps}")

@@ -128,6 +128,11 @@ def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp
                     "grow: true}", "subdivisions=2")
     assert grow.returncode == 0, grow.stderr
     assert "  mode: adaptive\n  base: 16\n  max: 64\n  grow: true\n" in grow.stdout
+    # report: the advisor's chart of the run directory's advisor.json
+    assert run_main("report", str(out)).returncode == 0
+    html = (out / "report.html").read_text(encoding="utf-8")
+    advisor = html[html.index('<section id="advisor">'):]
+    assert "<svg" in advisor[:advisor.index("</section>")] and "recommended: batch 64 on 2" in advisor
 
 
 @pytest.mark.fast
