@@ -152,7 +152,7 @@ def main() -> None:
     for name in cases:
         case = CASES[name]
         batch = int(next(v.split("=")[1] for v in case if v.startswith("batch=")))
-        ratios = []
+        ratios, with_pair = [], []
         for r in range(args.rounds):
             sides = ("predict", "measure") if r % 2 == 0 else ("measure", "predict")
             got: dict[str, dict] = {}
@@ -164,6 +164,7 @@ def main() -> None:
             p, m = got["predict"], got["measure"]
             measured_rate = batch / m["t_step"]
             ratios.append(p["images_per_s"] / measured_rate)
+            with_pair.append(p.get("with_pair_compute", float("nan")) / measured_rate)
             pair = p["measurement"]["pair"] or {}
             print(f"{name} round {r + 1} ({sides[0]} first): predicted {p['images_per_s']:.1f} img/s "
                   f"(step {p['step']:.3f} s: compute {p['compute']:.3f}, grad {p['grad_sync']:.4f}, wait "
@@ -177,7 +178,8 @@ def main() -> None:
                   f"predicted/measured {ratios[-1]:.3f}, with pair compute "
                   f"{p.get('with_pair_compute', float('nan')) / measured_rate:.3f}", flush=True)
         print(f"{name}: predicted/measured images/s, median of {len(ratios)}: {statistics.median(ratios):.3f} "
-              f"(range {min(ratios):.3f}-{max(ratios):.3f})", flush=True)
+              f"(range {min(ratios):.3f}-{max(ratios):.3f}); with the pair's compute "
+              f"{statistics.median(with_pair):.3f} (range {min(with_pair):.3f}-{max(with_pair):.3f})", flush=True)
     print(f"# load at the end {os.getloadavg()}")
 
 
