@@ -24,6 +24,7 @@ batch then trains at its linear-rule LR from the first step.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -55,6 +56,25 @@ def train(out: Path, batch: int, seed: int, eval_every: int, extra: list[str]) -
         raise SystemExit(f"train failed ({out}): {result.stderr[-2000:]}")
 
 
+def smoothed(run: Path, target: float, k: int) -> tuple[int, float | None] | None:
+    """(steps, B_simple there) where the mean of the last ``k`` validation losses first is at most ``target``: the
+    same runs read with less of the evaluations' noise (None: never)."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [(r["step"], r["loss"]) for r in records if r.get("split") == "val" and "loss" in r]
+    for i in range(k - 1, len(evals)):
+        if statistics.fmean(v for _, v in evals[i - k + 1:i + 1]) <= target:
+            step = evals[i][0]
+            noise = [r["noise_scale"] for r in records if "noise_scale" in r and "split" not in r
+                     and "event" not in r and r["step"] <= step]
+            return step, noise[-1] if noise else None
+    return None
+
+
+def fitted_noise_scale(s_small: float, b_small: int, s_big: float, b_big: int) -> float:
+    """The B_noise that makes S(B) = S_min (1 + B_noise / B) go through both runs' steps."""
+    return (s_small - s_big) / (s_big / b_small - s_small / b_big)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2")
@@ -65,6 +85,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--folder", default=None, metavar="TRAIN,VAL",
                         help="train on a folder of JPEGs this writes (training and validation images)")
+    parser.add_argument("--smooth", type=int, default=3, metavar="K",
+                        help="also count the steps where the mean of the last K validation losses reaches the target")
     parser.add_argument("--set", dest="extra", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more overrides for every run (e.g. a shorter recipe: epochs=8)")
     args = parser.parse_args()
@@ -86,6 +108,7 @@ def main() -> None:
     print(f"# {' '.join(sys.argv)}\n# {platform.machine()}, nproc {os.cpu_count()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()}", flush=True)
     errors: dict[int, list[float]] = {b: [] for b in batches[1:]}
+    smooth_errors: dict[int, list[float]] = {}
     for seed in seeds:
         for batch in batches:
             train(work / f"b{batch}-s{seed}", batch, seed, every[batch], args.extra)
@@ -104,13 +127,32 @@ def main() -> None:
                 line.append(f"batch {batch}: predicted {predicted:.0f}, {e}")
                 continue
             errors[batch].append(predicted / got.steps - 1)
+            fit = fitted_noise_scale(base.steps, base.batch, got.steps, batch)
             line.append(f"batch {batch}: predicted {predicted:.0f} steps, took {got.steps} (B_noise there "
-                        f"{got.noise_scale or float('nan'):.1f}); error {100 * errors[batch][-1]:+.0f} %")
+                        f"{got.noise_scale or float('nan'):.1f}; the B_noise that fits {fit:.0f}); error "
+                        f"{100 * errors[batch][-1]:+.0f} %")
+        print("; ".join(line), flush=True)
+        small = smoothed(work / f"b{batches[0]}-s{seed}", args.target, args.smooth)
+        if small is None or small[1] is None:
+            continue
+        s_min = s_min_from_run(small[0], batches[0], small[1])
+        line = [f"  smoothed ({args.smooth} evaluations): batch {batches[0]} {small[0]} steps, B_noise {small[1]:.1f}"]
+        for batch in batches[1:]:
+            got_smooth = smoothed(work / f"b{batch}-s{seed}", args.target, args.smooth)
+            if got_smooth is None:
+                continue
+            predicted = steps_to_target(s_min, small[1], batch)
+            smooth_errors.setdefault(batch, []).append(predicted / got_smooth[0] - 1)
+            line.append(f"batch {batch}: predicted {predicted:.0f}, took {got_smooth[0]}; error "
+                        f"{100 * smooth_errors[batch][-1]:+.0f} %")
         print("; ".join(line), flush=True)
     for batch, errs in errors.items():
         if errs:
             print(f"batch {batch}: error of the predicted steps, mean {100 * statistics.fmean(errs):+.0f} % "
                   f"(seeds: {', '.join(f'{100 * e:+.0f} %' for e in errs)})")
+    for batch, errs in smooth_errors.items():
+        print(f"batch {batch}, smoothed: mean {100 * statistics.fmean(errs):+.0f} % (seeds: "
+              f"{', '.join(f'{100 * e:+.0f} %' for e in errs)})")
     print(f"# load at the end {os.getloadavg()}")
 
 

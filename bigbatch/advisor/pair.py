@@ -11,16 +11,21 @@ Read at each measured step (the first is a warm-up; DDP rebuilds its buckets the
   one done) and their overlap (the first bucket launched to the last gradient ready). The overlap over the backward
   is the share of the backward that hides the all-reduce: ``overlap``, a property of the model's bucket layout (the
   first buckets are ready only once the backward has reached them), whatever the link.
-- DDP's exposed communication, communication less overlap (the last gradient ready to the last all-reduce done).
+- The phase clock's ``t_sync``: how much longer the synchronising backward took than the others of the step
+  (``engine/phases.py``). It holds DDP's exposed communication (the last gradient ready to the last all-reduce
+  done) and what the all-reduce running beside the backward costs it (on a CPU they share the cores, so a hidden
+  all-reduce still slows the backward down). With one micro-batch a process there is no other backward to compare
+  with, and DDP's exposed communication stands for it.
 - The cross-device BatchNorm sums (``norm.sync``), the phase clock's ``t_bn_sync``: per collective, over the 2 x
   BN layers x micro-batches of a step, ``bn_collective_s``. It is what a sum costs while both processes train (the
   wait for the other process at the same layer, and this machine's path: shared memory or Gloo), not what it costs
   between idle processes.
 
 After the steps, the same processes time the gradient's bytes all-reduced alone (``all_reduce_s``; and 8 bytes,
-``alpha_s`` = half of it, as for 2 processes a ring and a tree both cost 2 alpha + bytes/beta). The part of the
-exposed communication that the all-reduce itself does not explain, exposed - max(0, all_reduce_s - overlap x
-backward), is ``wait_s``: the wait for the slower process of the pair (a straggler), which the link does not cost.
+``alpha_s`` = half of it, as for 2 processes a ring and a tree both cost 2 alpha + bytes/beta). The part of
+``t_sync`` that the all-reduce itself does not explain, t_sync - max(0, all_reduce_s - overlap x backward), is
+``wait_s``: the wait for the slower process of the pair (a straggler) and the backward slowed by the all-reduce
+beside it, which the link's two numbers do not cost.
 
 Each figure is the mean over the measured steps of both processes, with its standard deviation. The compute of the
 pair (forward and backward of a micro-batch less the BN sums) is kept too, beside the one-process figure: on a GPU
@@ -65,8 +70,10 @@ class PairMeasured:
     """DDP's backward compute of the synchronising micro-batch."""
     exposed_s: float
     """DDP's communication left after the backward (mean)."""
+    sync_s: float
+    """The phase clock's ``t_sync`` (mean; DDP's exposed communication with one micro-batch a process)."""
     wait_s: float
-    """Exposed communication the all-reduce alone does not explain: the wait for the other process."""
+    """``sync_s`` the all-reduce alone does not explain: the wait for the other process, the backward slowed."""
     wait_sd: float
     bn_collective_s: float | None
     """One cross-device BN sum while training (None: the config does not synchronise BN)."""
@@ -214,9 +221,10 @@ def summarise(results: list[dict], batch: int, micro: int) -> PairMeasured:
                  for r in timed]
     overlap, overlap_sd = _mean_sd(fractions)
     exposed = [max(0.0, r["backward_comm_time"] - r["backward_compute_comm_overlap_time"]) for r in timed]
-    waits = [max(0.0, e - max(0.0, all_reduce_s - f * r["backward_compute_time"]))
-             for e, f, r in zip(exposed, fractions, timed, strict=True)]
-    wait, wait_sd = _mean_sd(waits)
+    syncs = [t["t_sync"] for t in times] if subdivisions > 1 else exposed
+    sync, sync_sd = _mean_sd(syncs)
+    explained = max(0.0, all_reduce_s - overlap * _mean_sd(backward)[0]) if timed else all_reduce_s
+    wait, wait_sd = max(0.0, sync - explained), sync_sd
     bn_calls = 2 * results[0]["bn_layers"] * subdivisions
     bn_collective, bn_sd = None, 0.0
     if results[0]["bn_sync"] and bn_calls:
@@ -225,7 +233,7 @@ def summarise(results: list[dict], batch: int, micro: int) -> PairMeasured:
     return PairMeasured(
         steps=len(ddp) // max(1, len(results)), batch=batch, micro_batch=micro, subdivisions=subdivisions,
         overlap=overlap if timed else None, overlap_sd=overlap_sd, backward_s=_mean_sd(backward)[0],
-        exposed_s=_mean_sd(exposed)[0], wait_s=wait, wait_sd=wait_sd, bn_collective_s=bn_collective,
+        exposed_s=_mean_sd(exposed)[0], sync_s=sync, wait_s=wait, wait_sd=wait_sd, bn_collective_s=bn_collective,
         bn_collective_sd=bn_sd, all_reduce_s=all_reduce_s, alpha_s=min(r["small_s"] for r in results) / 2,
         compute_s=_mean_sd(compute)[0], device=results[0]["device"])
 
@@ -249,7 +257,10 @@ def measure_pair(cfg: RunConfig, largest_micro_batch: int, steps: int) -> PairMe
             with log.open("w", encoding="utf-8") as f:
                 procs.append(subprocess.Popen([sys.executable, "-m", "bigbatch.advisor.pair", str(rank), str(job_file)],
                                               env=env, stdout=f, stderr=subprocess.STDOUT))
-        failed = _wait_all(procs)
+        try:
+            failed = _wait_all(procs)
+        finally:  # interrupted (Ctrl-C): the pair goes too
+            _stop(procs)
         if failed is not None:
             tail = [line for line in logs[failed].read_text(encoding="utf-8", errors="replace").splitlines()
                     if line.strip()]
@@ -266,14 +277,18 @@ def _wait_all(procs: list[subprocess.Popen]) -> int | None:
         codes = [p.poll() for p in procs]
         failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
         if failed is not None:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    p.wait()
+            _stop(procs)
             return failed
         if all(code == 0 for code in codes):
             return None
         time.sleep(0.05)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            p.wait()
 
 
 if __name__ == "__main__":

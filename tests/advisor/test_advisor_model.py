@@ -107,27 +107,32 @@ def test_the_measured_overlap_wait_and_bn_sum_enter_the_step_with_their_spreads(
 def test_the_pair_summary_from_ddp_timing_and_the_phase_clock():
     from bigbatch.advisor.pair import pair_layout, summarise
 
-    def rank(compute, comm, overlap, bn):
+    def rank(compute, comm, overlap, bn, sync=0.05):
         ddp = [{"backward_compute_time": compute, "backward_comm_time": comm,
                 "backward_compute_comm_overlap_time": overlap}] * 2
-        times = [{"t_forward": 0.3, "t_backward": 0.5, "t_bn_sync": bn}] * 2
+        times = [{"t_forward": 0.3, "t_backward": 0.5, "t_bn_sync": bn, "t_sync": sync}] * 2
         return {"ddp": ddp, "times": times, "all_reduce_s": 0.04, "small_s": 2e-4, "subdivisions": 2,
                 "bn_layers": 5, "bn_sync": True, "device": "cpu"}
 
     # rank 0: 0.2 s backward, all-reduce launched 0.05 s before its end, done 0.03 s after it (0.08 s in all);
     # rank 1: 0.1 s backward, 0.02 s of overlap, 0.09 s of communication
-    pair = summarise([rank(0.2, 0.08, 0.05, 0.02), rank(0.1, 0.09, 0.02, 0.04)], batch=64, micro=16)
+    pair = summarise([rank(0.2, 0.08, 0.05, 0.02), rank(0.1, 0.09, 0.02, 0.04, sync=0.07)], batch=64, micro=16)
     assert pair.steps == 2 and pair.subdivisions == 2
     assert pair.overlap == pytest.approx((0.25 + 0.2) / 2)
     assert pair.overlap_sd == pytest.approx(statistics.stdev([0.25, 0.25, 0.2, 0.2]))
     assert pair.exposed_s == pytest.approx((0.03 + 0.07) / 2)
-    # the wait: exposed less what the all-reduce alone (0.04 s) leaves after its overlap: 0.03 - 0 and 0.07 - 0.02
-    assert pair.wait_s == pytest.approx((0.03 + 0.05) / 2)
+    # the wait: the phase clock's t_sync (0.06 s) less what the all-reduce alone (0.04 s) leaves after the overlap
+    # of the mean backward (0.225 x 0.15 s)
+    assert pair.sync_s == pytest.approx(0.06)
+    assert pair.wait_s == pytest.approx(0.06 - (0.04 - 0.225 * 0.15))
+    assert pair.wait_sd == pytest.approx(statistics.stdev([0.05, 0.05, 0.07, 0.07]))
     assert pair.bn_collective_s == pytest.approx((0.02 + 0.04) / 2 / 20)  # 2 x 5 layers x 2 micro-batches a step
     assert pair.compute_s == pytest.approx(((0.8 - 0.02) + (0.8 - 0.04)) / 2 / 2)
     assert pair.alpha_s == pytest.approx(1e-4)
     silent = summarise([{**rank(0.2, 0, 0, 0.0), "bn_sync": False}] * 2, batch=64, micro=16)
     assert silent.overlap is None and silent.bn_collective_s is None  # DDP timed no communication
+    one = summarise([{**rank(0.2, 0.08, 0.05, 0.0), "subdivisions": 1}] * 2, batch=32, micro=16)
+    assert one.sync_s == pytest.approx(0.03)  # one micro-batch a process: DDP's exposed communication stands in
     assert pair_layout(64, 32) == (64, 16)  # 32 a process, in two micro-batches
     assert pair_layout(64, 8) == (64, 8)
     assert pair_layout(6, 32) == (6, 1)
