@@ -9,11 +9,13 @@ DataLoader makes them in a worker. A sample's operations are small (a 299 x 299 
 between threads, each operation ends at a barrier that waits for its slowest thread, and on a busy machine that is
 a thread not running; at torch's default threads on a loaded 2-core machine the Inception pipeline read 14 images/s
 instead of about 200 (``docs/benchmarks.md``, "At torch's default threads"). The training's own operations keep
-the process's threads.
+the process's threads, and a dataset may spread a batch's samples over that many threads of its own
+(``batch_threads``; ``data/formats/encoded_images.py`` does), each sample whole in one thread.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -166,17 +168,30 @@ def torch_threads(count: int) -> Iterator[None]:
 
 def one_thread(batches: Iterable[Any]) -> Iterator[Any]:
     """``batches``, each one made with one torch thread (``torch_threads(1)``), as a DataLoader worker makes it;
-    the code that takes a batch runs with the process's threads."""
+    the code that takes a batch runs with the process's threads. While a batch is made, ``batch_threads()`` is the
+    process's count: a dataset may spread the batch's samples over that many threads of its own."""
     iterator = iter(batches)
     while True:
+        outside = torch.get_num_threads()
         with torch_threads(1):
-            batch = next(iterator, _END)
+            _making.threads = outside
+            try:
+                batch = next(iterator, _END)
+            finally:
+                _making.threads = 1
         if batch is _END:
             return
         yield batch
 
 
 _END = object()
+_making = threading.local()
+
+
+def batch_threads() -> int:
+    """The torch threads of the process whose batch is being made in this thread by ``one_thread`` (at 0 workers);
+    1 anywhere else (in a DataLoader worker, outside a loader)."""
+    return getattr(_making, "threads", 1)
 
 
 WORKER_ERROR = f"\n{UserError.__module__}.{UserError.__qualname__}: "
