@@ -78,7 +78,8 @@ def main() -> None:
 
     plan = make_plan(cfg, 1, len(task.train_set))
     task.build_model = lambda cfg: copy.deepcopy(model)  # the same initial weights on both sides
-    _, ours_step, _, lr_at = build_parts(cfg, task, plan, Process(device=device), EventStorage())
+    parts = build_parts(cfg, task, plan, Process(device=device), EventStorage())
+    ours_step, lr_at = parts.step, parts.lr_at
 
     def ours(micro_batches: list) -> None:
         # What the loop does per step with the digits recipe: the LR from the schedule, the training step.

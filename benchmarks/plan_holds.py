@@ -8,9 +8,11 @@ writing a checkpoint after each, so that the later steps run beside an evaluatio
 The whole run's peak is the main process's exact maximum resident memory (``ru_maxrss`` from ``wait4``: the kernel's
 high-water mark, which a sampler such as ``memory.csv``'s, every 5 s, misses) plus, with data workers, the most
 private memory (USS: ``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup``) that the run's child processes
-held together at any one sample (every 50 ms). What a child shares with the main process (the libraries, the pages
-of the parent it has not written, the batches the main process has mapped) is in the main process's RSS already;
-adding the two peaks, which need not fall together, can only overstate the whole.
+held together at any one sample (every 50 ms), sampled as the planner samples its measurements' workers
+(``telemetry/children.py``: a child between ``vfork`` and ``exec``, which shares its parent's memory, is not
+counted). What a child shares with the main process (the libraries, the pages of the parent it has not written, the
+batches the main process has mapped) is in the main process's RSS already; adding the two peaks, which need not fall
+together, can only overstate the whole.
 
 The recipes (the data is written into the work folder first):
 
@@ -32,7 +34,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -72,71 +73,39 @@ def bigbatch(args: list[str], env: dict[str, str] | None = None, refused: bool =
     return done.stdout
 
 
-def private_bytes(pid: int) -> int:
-    """A process's private resident memory (USS), from ``/proc/PID/smaps_rollup``; 0 once it is gone."""
-    total = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                    total += int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return 0
-    return total
-
-
-def children_of(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (``/proc/PID/task/*/children``)."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            found += kids
-            todo += kids
-    return found
-
-
 def run_measured(command: list[str], env: dict[str, str]) -> tuple[int, int, float, str]:
     """Run ``command``; (main process's peak RSS, children's largest private memory together, seconds, output)."""
+    sys.path.insert(0, str(CHECKOUT))
+    from bigbatch.telemetry.children import ChildrenSampler  # the planner's own sampler, every 50 ms
+
     start = time.perf_counter()
     out = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    children_peak, stop = [0], threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.05):
-            children_peak[0] = max(children_peak[0], sum(private_bytes(c) for c in children_of(proc.pid)))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    sampler = ChildrenSampler(proc.pid).start()
     _, status, usage = os.wait4(proc.pid, 0)
-    stop.set()
-    sampler.join()
+    children_peak = sampler.stop()
     seconds = time.perf_counter() - start
     out.seek(0)
     text = out.read()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{text[-3000:]}")
-    return usage.ru_maxrss * 1024, children_peak[0], seconds, text
+    return usage.ru_maxrss * 1024, children_peak, seconds, text
 
 
-def parse_plan(text: str) -> tuple[int, int, float]:
-    """(subdivisions, micro-batch, planned whole-run peak in MiB) from ``bigbatch plan``'s output."""
+def parse_plan(text: str) -> tuple[int, int, float, float]:
+    """(subdivisions, micro-batch, planned whole-run peak, measured whole-run peak (process + workers), in MiB) from
+    ``bigbatch plan``'s output."""
     chosen = re.search(r"subdivisions (\d+) x micro-batch (\d+)", text)
     if chosen is None:
         raise SystemExit(f"no layout in the plan's output:\n{text}")
     subdivisions, micro = int(chosen.group(1)), int(chosen.group(2))
     header = next(line for line in text.splitlines() if line.strip().startswith("micro-batch"))
-    columns = header.split()
+    columns = [c for c in header.split() if c != "MiB"]
     for line in text.splitlines():
         cells = line.split()
-        if cells and cells[0] == str(micro) and len(cells) >= len(columns) - 1:
-            column = "planned" if "planned" in columns else "peak"  # the whole-run column where the plan has one
-            return subdivisions, micro, float(cells[[c for c in columns if c != "MiB"].index(column)])
+        if cells and cells[0] == str(micro) and len(cells) >= len(columns):
+            value = {column: float(cells[columns.index(column)]) for column in ("peak", "workers", "planned")}
+            return subdivisions, micro, value["planned"], value["peak"] + value["workers"]
     raise SystemExit(f"no row for micro-batch {micro} in the plan's output:\n{text}")
 
 
@@ -158,7 +127,8 @@ def main() -> None:
     write_data(work)
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {machine()}; load {os.getloadavg()[0]:.2f}; work {work}")
     print(f"{'recipe':9s} {'limit':>8s} {'S':>3s} {'micro':>5s} {'planned':>8s} {'main':>6s} {'workers':>7s} "
-          f"{'whole':>6s} {'under':>5s} {'re-cut':>6s} {'s':>5s}   (MiB)", flush=True)
+          f"{'whole':>6s} {'ratio':>5s} {'under':>5s} {'re-cut':>6s} {'s':>5s}   (MiB; ratio: whole / the plan's "
+          "measurement of the chosen micro-batch, process + workers)", flush=True)
     for name in args.recipes:
         recipe = RECIPES[name]
         sets = [*(s.format(work=work) for s in recipe["sets"]), f"steps={args.steps}"]
@@ -167,7 +137,7 @@ def main() -> None:
             if plan.startswith("error:"):
                 print(f"{name:9s} {limit:>8s} plan refused: {plan.strip()}", flush=True)
                 continue
-            subdivisions, micro, planned = parse_plan(plan)
+            subdivisions, micro, planned, measured = parse_plan(plan)
             out = work / f"{name}-{limit}"
             (work / f"{name}-{limit}-plan.txt").write_text(plan)  # the plan's table, kept beside the run
             command = [sys.executable, "-m", "bigbatch", "train", recipe["config"], "--out", str(out), "--set", *sets,
@@ -178,8 +148,8 @@ def main() -> None:
             whole = (main_peak + children) / MiB
             limit_mib = parse_size(limit) / MiB
             print(f"{name:9s} {limit:>8s} {subdivisions:3d} {micro:5d} {planned:8.0f} {main_peak / MiB:6.0f} "
-                  f"{children / MiB:7.0f} {whole:6.0f} {'yes' if whole <= limit_mib else 'NO':>5s} {recuts:6d} "
-                  f"{seconds:5.0f}", flush=True)
+                  f"{children / MiB:7.0f} {whole:6.0f} {whole / measured:5.2f} "
+                  f"{'yes' if whole <= limit_mib else 'NO':>5s} {recuts:6d} {seconds:5.0f}", flush=True)
     print(f"load at the end {os.getloadavg()[0]:.2f}")
 
 
