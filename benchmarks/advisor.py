@@ -4,10 +4,12 @@
 
 The link is measured first on this machine: two processes time Gloo all-reduces of 8 bytes and of 16 MiB; for two
 processes a ring and a tree both cost 2 alpha + bytes/beta (``advisor/model.py``), so alpha = t(8 B) / 2 and beta =
-16 MiB / (t(16 MiB) - 2 alpha). The prediction is given that link (``--link ALPHA_US,BETA_GBPS``). Cross-device
-BN's sums go through the shared-memory all-reduce here (``floor/host_all_reduce.py``), not Gloo: the model charges
-them Gloo's alpha, and the measured ``t_bn_sync`` is printed beside the predicted BN term: by how much that is
-off.
+16 MiB / (t(16 MiB) - 2 alpha). The prediction is given that link (``--link ALPHA_US,BETA_GBPS``). ``plan --devices
+1,2`` measures, besides one process, two processes under DDP for a few steps (``advisor/pair.py``): DDP's overlap,
+the wait for the slower process, and one cross-device BN sum while both train (the shared-memory path here,
+``floor/host_all_reduce.py``); the model takes them. Those figures are printed, and, beside the prediction, what it
+would be with the pair's compute per micro-batch in place of the one process's (``with pair compute``): the share
+of the miss that the compute term explains.
 
 Rounds alternate which side runs first (prediction, or the measured run). The measured images/s is the global batch
 over the mean ``t_step`` of the run's training records, the first two left out; the predicted one is the ``(2,
@@ -101,7 +103,13 @@ def predict(case: list[str], link: str, steps: int, batch: int, cwd: Path) -> di
     if result.returncode:
         raise SystemExit(f"plan failed: {result.stderr[-2000:]}")
     data = json.loads(result.stdout)
-    return next(r for r in data["rows"] if r["devices"] == 2) | {"measurement": data["measurement"]}
+    row = next(r for r in data["rows"] if r["devices"] == 2)
+    measured, pair = data["measurement"], data["measurement"]["pair"]
+    if pair is not None:  # the step with the pair's compute (per image) in place of the one process's
+        alone = measured["step"]["compute_s"] / measured["step"]["micro_batch"]
+        together = pair["compute_s"] / pair["micro_batch"]
+        row["with_pair_compute"] = batch / (row["step"] + row["compute"] * (together / alone - 1))
+    return row | {"measurement": measured}
 
 
 def run_two(case: list[str], steps: int, out: Path, cwd: Path) -> dict:
@@ -144,7 +152,7 @@ def main() -> None:
     for name in cases:
         case = CASES[name]
         batch = int(next(v.split("=")[1] for v in case if v.startswith("batch=")))
-        ratios = []
+        ratios, with_pair = [], []
         for r in range(args.rounds):
             sides = ("predict", "measure") if r % 2 == 0 else ("measure", "predict")
             got: dict[str, dict] = {}
@@ -156,15 +164,22 @@ def main() -> None:
             p, m = got["predict"], got["measure"]
             measured_rate = batch / m["t_step"]
             ratios.append(p["images_per_s"] / measured_rate)
+            with_pair.append(p.get("with_pair_compute", float("nan")) / measured_rate)
+            pair = p["measurement"]["pair"] or {}
             print(f"{name} round {r + 1} ({sides[0]} first): predicted {p['images_per_s']:.1f} img/s "
-                  f"(step {p['step']:.3f} s: compute {p['compute']:.3f}, grad {p['grad_sync']:.4f}, bn "
-                  f"{p['bn_sync']:.4f}, update {p['update']:.3f}, data {p['data']:.3f}); measured "
+                  f"(step {p['step']:.3f} s: compute {p['compute']:.3f}, grad {p['grad_sync']:.4f}, wait "
+                  f"{p['wait']:.4f}, bn {p['bn_sync']:.4f}, update {p['update']:.3f}, data {p['data']:.3f}; pair: "
+                  f"overlap {pair.get('overlap') or 0:.2f}, exposed {pair.get('exposed_s', 0):.4f}, all-reduce alone "
+                  f"{pair.get('all_reduce_s', 0):.4f}, BN sum {1e3 * (pair.get('bn_collective_s') or 0):.2f} ms; "
+                  f"with pair compute {p.get('with_pair_compute', float('nan')):.1f} img/s); measured "
                   f"{measured_rate:.1f} img/s (step {m['t_step']:.3f} s: forward+backward "
                   f"{m['t_forward'] + m['t_backward']:.3f}, sync {m['t_sync']:.4f}, bn_sync {m['t_bn_sync']:.4f}, "
                   f"update+other {m['t_update'] + m['t_other']:.3f}, data {m['t_data']:.3f}; {m['steps']} steps); "
-                  f"predicted/measured {ratios[-1]:.3f}", flush=True)
+                  f"predicted/measured {ratios[-1]:.3f}, with pair compute "
+                  f"{p.get('with_pair_compute', float('nan')) / measured_rate:.3f}", flush=True)
         print(f"{name}: predicted/measured images/s, median of {len(ratios)}: {statistics.median(ratios):.3f} "
-              f"(range {min(ratios):.3f}-{max(ratios):.3f})", flush=True)
+              f"(range {min(ratios):.3f}-{max(ratios):.3f}); with the pair's compute "
+              f"{statistics.median(with_pair):.3f} (range {min(with_pair):.3f}-{max(with_pair):.3f})", flush=True)
     print(f"# load at the end {os.getloadavg()}")
 
 

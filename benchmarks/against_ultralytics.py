@@ -8,6 +8,9 @@ number of torch threads and DataLoader workers:
   Ultralytics  ``yolo detect train model=yolov3-tinyu.yaml pretrained=False data=shapes.yaml imgsz=128 epochs=16
                batch=32 amp=False plots=False val=False device=cpu workers=0 seed=0`` (its Python API, the same
                call), every other setting its default (optimizer ``auto``, mosaic, ``nbs=64``, EMA, ...);
+               ``--peer-model`` names the model (``yolov3-tinyu.yaml``; ``yolo11n.yaml``, ``yolo26n.yaml``: a
+               scale's letter after the family's number picks that scale of the family's YAML, built from scratch),
+               or several, each a side of its own;
   bigbatch     ``bigbatch train yolov3-tiny-shapes --set data.path=SET epochs=16 data.size=128 batch=32
                data.workers=0 'eval.every=16 epochs'`` (``--recipe``: any detection recipe on the shapes set).
 
@@ -42,10 +45,13 @@ Threads: bigbatch uses torch's default, ``OMP_NUM_THREADS``, set to ``--threads`
 ``--threads`` before training, and the thread count it trained with is read back and shown. Ultralytics also
 forces ``workers=0`` on the CPU; with ``--workers`` above 0 a callback gives its trainer the number back.
 
-Rounds alternate which side goes first; the median of each number is reported, and bigbatch / Ultralytics.
+Each round trains every side once, one after the other; rounds alternate the order (the second round runs the
+sides in reverse). The median of each number is reported, and bigbatch / each Ultralytics model, with the
+training time ratio of each round (two sides' times in one round, measured minutes apart).
 
-    python benchmarks/against_ultralytics.py [--ultralytics-path DIR] [--recipe yolov3-tiny-shapes] [--epochs 16]
-        [--imgsz 128] [--batch 32] [--images 2000] [--rounds 2] [--threads 2] [--workers 0] [--workdir DIR]
+    python benchmarks/against_ultralytics.py [--ultralytics-path DIR] [--recipe yolov3-tiny-shapes]
+        [--peer-model yolov3-tinyu.yaml [MODEL ...]] [--epochs 16] [--imgsz 128] [--batch 32] [--images 2000]
+        [--rounds 2] [--threads 2] [--workers 0] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
 PEER_MODEL = "yolov3-tinyu.yaml"
+"""The default peer: Ultralytics' YOLOv3-tiny (its anchor-free head); ``--peer-model`` names others."""
 CONF, MAX_DET = 0.001, 100
 
 PEER = r'''
@@ -277,8 +284,8 @@ def run_bigbatch(args: argparse.Namespace, shapes: Path, ground_truth: dict, out
             "parameters": bigbatch_parameters(run, len(ground_truth["categories"]))}
 
 
-def run_ultralytics(args: argparse.Namespace, data: Path, env: dict[str, str], home: Path, ground_truth: dict,
-                    out: Path) -> dict:
+def run_ultralytics(args: argparse.Namespace, model: str, data: Path, env: dict[str, str], home: Path,
+                    ground_truth: dict, out: Path) -> dict:
     from bigbatch.tasks.coco_eval import detections_to_coco
 
     for cache in (data.parent / "labels").glob("*.cache"):
@@ -286,7 +293,7 @@ def run_ultralytics(args: argparse.Namespace, data: Path, env: dict[str, str], h
     network_log = out / "network.txt"
     common = {"home": str(home), "threads": args.threads, "network_log": str(network_log)}
     command = [sys.executable, "-c", PEER, json.dumps({
-        "mode": "train", "model": PEER_MODEL, "data": str(data), "imgsz": args.imgsz, "epochs": args.epochs,
+        "mode": "train", "model": model, "data": str(data), "imgsz": args.imgsz, "epochs": args.epochs,
         "batch": args.batch, "workers": args.workers, "project": str(out), "out": str(out / "train.json"), **common})]
     seconds = timed(command, env, out, out / "train.log")
     seen = json.loads((out / "train.json").read_text())
@@ -328,6 +335,11 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
 
 
+def load() -> str:
+    """The 1, 5 and 15 minute load averages (the machine may be shared: they say how much)."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ultralytics-path", type=Path, default=None,
@@ -335,6 +347,9 @@ def main() -> None:
                         "put first on the peer's PYTHONPATH; default: the interpreter's own packages")
     parser.add_argument("--recipe", default="yolov3-tiny-shapes", help="bigbatch's recipe (a detection recipe on "
                         "the shapes set: a built-in name or a YAML file)")
+    parser.add_argument("--peer-model", nargs="+", default=[PEER_MODEL], metavar="MODEL",
+                        help="Ultralytics' model(s), each trained from scratch as a side of its own: a model YAML "
+                        "it ships (yolov3-tinyu.yaml, yolo11n.yaml, yolo26n.yaml, ...) or a file")
     parser.add_argument("--epochs", type=int, default=16)
     parser.add_argument("--imgsz", type=int, default=128, help="training and evaluation image size")
     parser.add_argument("--batch", type=int, default=32)
@@ -383,38 +398,51 @@ def main() -> None:
               f"work: shapes set of {args.images} images ({train_images} train, {len(ground_truth['images'])} val), "
               f"{args.imgsz} px, batch {args.batch}, {args.epochs} epochs, {args.threads} torch threads and "
               f"{args.workers} workers on both sides, {args.rounds} rounds; bigbatch {args.recipe} against "
-              f"Ultralytics {PEER_MODEL}; both scored by faster-coco-eval on val.json", flush=True)
-        sides = {"ultralytics": lambda out: run_ultralytics(args, data, env, home, ground_truth, out),
-                 "bigbatch": lambda out: run_bigbatch(args, shapes, ground_truth, out)}
+              f"Ultralytics {', '.join(args.peer_model)}; all scored by faster-coco-eval on val.json\n"
+              f"load average at the start: {load()}", flush=True)
+        sides = {"bigbatch": lambda out: run_bigbatch(args, shapes, ground_truth, out)}
+        peers = {f"ul {Path(model).stem}": model for model in args.peer_model}
+        if len(peers) != len(args.peer_model):
+            parser.error("--peer-model: two models of the same name")
+        for name, model in peers.items():
+            sides[name] = lambda out, model=model: run_ultralytics(args, model, data, env, home, ground_truth, out)
+        order = list(peers) + ["bigbatch"]  # round 0: the peers first, as the benchmark always began
+        width = max(map(len, sides))
         results: dict[str, list[dict]] = {name: [] for name in sides}
         for r in range(args.rounds):
-            for name in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                out = work / f"{name}-r{r}"
+            for name in (order if r % 2 == 0 else list(reversed(order))):
+                out = work / f"{name.replace(' ', '-')}-r{r}"
                 out.mkdir()
+                before = load()
                 result = sides[name](out)
                 results[name].append(result)
-                print(f"round {r} {name:11s}  {result['seconds']:8.1f} s  mAP {result['mAP']:.4f}  "
+                print(f"round {r} {name:{width}s}  {result['seconds']:8.1f} s  mAP {result['mAP']:.4f}  "
                       f"mAP50 {result['mAP50']:.4f}  {result['parameters']:,} parameters  "
-                      f"{result['images']} training images seen", flush=True)
-                if name == "ultralytics":
+                      f"{result['images']} training images seen; load average {before} before, {load()} after",
+                      flush=True)
+                if name in peers:
                     seen = result["seen"]
-                    print(f"  ultralytics trained with {seen['threads']} torch threads, {seen['workers']} workers, "
+                    print(f"  {name} trained with {seen['threads']} torch threads, {seen['workers']} workers, "
                           f"batch {seen['batch']} x accumulate {seen['accumulate']} (nbs), {seen['optimizer']} "
                           f"lr {seen['lr']}; network attempts: {', '.join(result['network']) or 'none'}", flush=True)
         median = {name: {key: statistics.median(r[key] for r in rows) for key in ("seconds", "mAP", "mAP50",
                                                                                     "parameters")}
                   for name, rows in results.items()}
-        print(f"\n{'median':11s}  {'train s':>8s}  {'mAP':>7s}  {'mAP50':>7s}  {'parameters':>12s}")
+        width = max(width, len("bigbatch / ") + max(map(len, peers)))
+        print(f"\n{'median':{width}s}  {'train s':>8s}  {'mAP':>7s}  {'mAP50':>7s}  {'parameters':>12s}")
         for name, values in median.items():
-            print(f"{name:11s}  {values['seconds']:8.1f}  {values['mAP']:7.4f}  {values['mAP50']:7.4f}  "
+            print(f"{name:{width}s}  {values['seconds']:8.1f}  {values['mAP']:7.4f}  {values['mAP50']:7.4f}  "
                   f"{values['parameters']:12,.0f}")
-        ratio = {key: median["bigbatch"][key] / median["ultralytics"][key] if median["ultralytics"][key] else math.nan
-                 for key in median["bigbatch"]}
-        print(f"{'bb / ul':11s}  {ratio['seconds']:8.2f}  {ratio['mAP']:7.2f}  {ratio['mAP50']:7.2f}  "
-              f"{ratio['parameters']:12.2f}")
-        each = ", ".join(f"{b['seconds'] / u['seconds']:.2f}" for b, u in zip(results["bigbatch"],
-                                                                              results["ultralytics"], strict=True))
-        print(f"training time bigbatch / ultralytics per round: {each}", flush=True)
+        for peer in peers:
+            ratio = {key: median["bigbatch"][key] / median[peer][key] if median[peer][key] else math.nan
+                     for key in median["bigbatch"]}
+            print(f"{'bigbatch / ' + peer:{width}s}  {ratio['seconds']:8.2f}  {ratio['mAP']:7.2f}  "
+                  f"{ratio['mAP50']:7.2f}  {ratio['parameters']:12.2f}")
+        for peer in peers:
+            each = ", ".join(f"{b['seconds'] / u['seconds']:.2f}" for b, u in zip(results["bigbatch"], results[peer],
+                                                                                  strict=True))
+            print(f"training time bigbatch / {peer} per round: {each}")
+        print(f"load average at the end: {load()}", flush=True)
         if args.workdir is not None:
             print(f"runs and logs kept in {work}")
 

@@ -54,4 +54,16 @@ echo "== 6. model.compile on CUDA: eager against default and reduce-overhead (CU
 # compile time, img/s and the losses against eager's (reduce-overhead with gradient accumulation is checked here only)
 python3 benchmarks/compile.py --gpu --cases resnet18-128,yolov4-tiny-3l --modes default,reduce-overhead \
   --batch 128 --subdivisions 4 --steps 20 --warmup 5 --rounds 1 --threads 8 --workdir /tmp/gpu-check-runs/compile
+echo "== 7. plan --devices on one GPU: 8 GPUs over NVLink predicted, beside one GPU's training measured"
+# the advisor's prediction from a short measurement on this GPU, then a real run of the same layout on it
+python3 -m bigbatch plan digits --set $RESNET precision=bf16 --devices 1,2,4,8 --batches 256,2048 --link nvlink \
+  --measure-steps 20
+python3 -m bigbatch train digits --out $RUNS/advisor-1gpu --set $RESNET precision=bf16 steps=40 eval.every=100000 \
+  checkpoint.every=100000
+python3 - <<'PY'
+import json
+records = [json.loads(l) for l in open("/tmp/gpu-check-runs/advisor-1gpu/metrics.jsonl")]
+rates = [r["images_per_s"] for r in records if "images_per_s" in r][2:]  # the first ones hold start-up
+print("one GPU measured: images/s", round(sum(rates) / max(len(rates), 1), 1), "over", len(rates), "records")
+PY
 echo "== done"

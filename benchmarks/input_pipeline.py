@@ -20,19 +20,30 @@ batch, to a float tensor at 299 x 299:
   tv usual         ``ImageFolder`` (PIL) + v2 ``RandomResizedCrop(299)``, ``RandomHorizontalFlip``,
                    ``ColorJitter(0.4, 0.4, 0.4)``, to a float tensor normalised by ImageNet's mean and std:
                    the pipeline a torchvision user writes by default (more colour work than bigbatch's);
+  tv user          ``ImageFolder`` (PIL decoding) with torchvision v2 as its documentation recommends (the
+                   transforms on a uint8 tensor: ``ToImage()`` first, ``ToDtype(float32, scale=True)`` last):
+                   ``RandomResizedCrop(299, antialias=True)``, ``RandomHorizontalFlip()``,
+                   ``ColorJitter(brightness=0.125, saturation=0.5)``: the peer a user runs at torch's default
+                   threads (``--threads default``), where its resize runs on torch's intra-op threads;
+  tv user pil      the same transforms on the PIL image (PIL's resize and enhancers, one thread), then
+                   ``ToImage()``, ``ToDtype(float32, scale=True)``;
   dali             with ``--dali`` and where ``nvidia-dali`` imports: a DALI pipeline on the CPU
                    (``fn.readers.file``, ``fn.decoders.image_random_crop`` with the same area and aspect ranges:
                    a region-of-interest decode, ``fn.resize`` bilinear, ``fn.flip``, ``fn.color_twist`` brightness
                    and saturation, ``fn.crop_mirror_normalize``). DALI draws its own crops, so it is a peer, not a
                    path bigbatch could take: bigbatch's crop comes from each sample's seed.
 
+``--threads 1`` (the default) pins one torch thread in every measurement, on every side; ``--threads default``
+leaves torch's own default (one a core), as a user's process has it.
+
 With ``--shards`` the folder is also packed (``bigbatch pack``) and ``data.name: shards`` measured (exact).
 Rounds alternate the order of the sides, each measurement in a process of its own (``measure_apart``); the
-median images/s is reported, and the ratios to ``tv equal work``: of the medians, and each round's (the sides of
-a round run back to back, so a round's ratio is the least disturbed by the machine's drifts) with their median.
+median images/s is reported, and the ratios to the first side (``tv equal work`` unless ``--sides`` says
+otherwise): of the medians, and each round's (the sides of a round run back to back, so a round's ratio is the
+least disturbed by the machine's drifts) with their median.
 
     python benchmarks/input_pipeline.py [--images 1000] [--per-run 320] [--rounds 3] [--workers 0 1 2]
-                                        [--shards] [--dali]
+                                        [--threads 1|default] [--sides NAME ...] [--shards] [--dali]
 """
 
 from __future__ import annotations
@@ -157,6 +168,23 @@ def torchvision_usual_rate(data: Path, workers: int, images: int) -> float:
     return loader_rate(ImageFolder(str(data / "train"), transform=transform), workers, images)
 
 
+def user_transforms(pil_ops: bool):  # noqa: ANN201
+    """The ``tv user`` peer's transforms: on a uint8 tensor (torchvision's recommendation), or on the PIL image."""
+    from torchvision.transforms import v2
+
+    work = [v2.RandomResizedCrop(299, antialias=True), v2.RandomHorizontalFlip(),
+            v2.ColorJitter(brightness=0.125, saturation=0.5)]
+    if pil_ops:
+        return v2.Compose([*work, v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    return v2.Compose([v2.ToImage(), *work, v2.ToDtype(torch.float32, scale=True)])
+
+
+def torchvision_user_rate(data: Path, workers: int, images: int, pil_ops: bool) -> float:
+    from torchvision.datasets import ImageFolder
+
+    return loader_rate(ImageFolder(str(data / "train"), transform=user_transforms(pil_ops)), workers, images)
+
+
 def dali_rate(data: Path, workers: int, images: int) -> float:
     """DALI on the CPU; ``workers`` becomes its thread count (at least 1: DALI has no in-process mode)."""
     from nvidia.dali import fn, pipeline_def, types
@@ -190,6 +218,8 @@ def side_rate(side: str, data: Path, workers: int, images: int) -> float:
         return torchvision_equal_rate(data / "folder", workers, images)
     if side == "tv usual":
         return torchvision_usual_rate(data / "folder", workers, images)
+    if side.startswith("tv user"):
+        return torchvision_user_rate(data / "folder", workers, images, pil_ops=side == "tv user pil")
     if side == "dali":
         return dali_rate(data / "folder", workers, images)
     if side.startswith("floor"):
@@ -199,15 +229,20 @@ def side_rate(side: str, data: Path, workers: int, images: int) -> float:
     return bigbatch_rate(data / "folder", "folder", workers, images, side.removeprefix("bigbatch "))
 
 
-def measure_apart(side: str, data: Path, workers: int, images: int) -> float:
+def measure_apart(side: str, data: Path, workers: int, images: int, threads: str) -> float:
     """Each measurement in a fresh process: in one long process the sides share a heap whose state (glibc's
     adaptive mmap threshold, what was freed where) one side leaves for the next, which moved 0-worker ratios by
     30 % from one ordering to the next."""
     result = subprocess.run([sys.executable, __file__, "--measure", side, "--data", str(data), "--workers",
-                             str(workers), "--per-run", str(images)], capture_output=True, text=True)
+                             str(workers), "--per-run", str(images), "--threads", threads],
+                            capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{side} at {workers} workers failed:\n{result.stderr[-2000:]}")
     return float(result.stdout.strip().splitlines()[-1])
+
+
+DEFAULT_SIDES = ("tv equal work", "bigbatch exact", "bigbatch fast", "tv usual")
+SIDES = (*DEFAULT_SIDES, "tv user", "tv user pil")
 
 
 def main() -> None:
@@ -216,6 +251,11 @@ def main() -> None:
     parser.add_argument("--per-run", type=int, default=320, help="images timed per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", choices=["1", "default"], default="1",
+                        help="torch threads in every measurement: one, or torch's default (one a core)")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=None,
+                        help=f"the sides measured (default: {', '.join(DEFAULT_SIDES)}); the first is the baseline of "
+                             "the ratios")
     parser.add_argument("--shards", action="store_true", help="also measure data.name: shards")
     parser.add_argument("--dali", action="store_true", help="also measure NVIDIA DALI on the CPU, where it imports")
     parser.add_argument("--floors", action="store_true",
@@ -225,7 +265,8 @@ def main() -> None:
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one side's measurement, in a process of its own
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads == "1":
+        torch.set_num_threads(1)
     if not args.measure and args.per_run + 32 > args.images:
         parser.error(f"--per-run {args.per_run} needs at least {args.per_run + 32} --images: torchvision's loaders "
                      f"read one epoch, its first batch untimed")
@@ -234,11 +275,11 @@ def main() -> None:
         return
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, Pillow "
           f"{Image.__version__}; {args.images} JPEGs, {args.per_run} images a measurement, {args.rounds} rounds, "
-          "each measurement in a process of its own")
+          f"each measurement in a process of its own, {torch.get_num_threads()} torch threads ({args.threads})")
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
         write_folder(data / "folder", args.images)
-        sides = ["tv equal work", "bigbatch exact", "bigbatch fast", "tv usual"]
+        sides = list(args.sides or DEFAULT_SIDES)
         if args.shards:
             from bigbatch.data.formats.pack import pack
 
@@ -254,21 +295,21 @@ def main() -> None:
                 sides.append("dali")
             except ImportError as error:
                 print(f"DALI skipped: {error}")
-        base_name, others = "tv equal work", [name for name in sides if name != "tv equal work"]
+        base_name, others = sides[0], sides[1:]
         print(f"{'workers':>7s}  " + "  ".join(f"{name + ' img/s':>20s}" for name in sides)
-              + "  " + "  ".join(f"{name + ' / tv equal':>24s}" for name in others))
+              + "  " + "  ".join(f"{name + ' / ' + base_name:>24s}" for name in others))
         for workers in args.workers:
             rates: dict[str, list[float]] = {name: [] for name in sides}
             for r in range(args.rounds):
                 for name in (sides if r % 2 == 0 else list(reversed(sides))):
-                    rates[name].append(measure_apart(name, data, workers, args.per_run))
+                    rates[name].append(measure_apart(name, data, workers, args.per_run, args.threads))
             median = {name: statistics.median(values) for name, values in rates.items()}
             base = median[base_name]
             print(f"{workers:7d}  " + "  ".join(f"{median[n]:20.1f}" for n in sides)
                   + "  " + "  ".join(f"{median[n] / base:24.2f}" for n in others), flush=True)
             for name in others:  # each round's ratio (the sides of a round ran back to back)
                 paired = [mine / theirs for mine, theirs in zip(rates[name], rates[base_name], strict=True)]
-                print(f"{'':7s}  {name} / tv equal, each round: " + ", ".join(f"{r:.2f}" for r in paired)
+                print(f"{'':7s}  {name} / {base_name}, each round: " + ", ".join(f"{r:.2f}" for r in paired)
                       + f" (median {statistics.median(paired):.2f})", flush=True)
 
 

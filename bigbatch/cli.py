@@ -271,6 +271,9 @@ def _add_advisor_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--json", action="store_true", help="with --devices: print the table as JSON")
     plan.add_argument("--price", type=float, metavar="X", help="with --devices: the price of a device-hour (adds "
                       "device-hours and cost)")
+    plan.add_argument("--no-pair", dest="pair", action="store_false", help="with --devices: no two-process "
+                      "measurement of DDP's overlap, the wait and the BN sums (they are then assumed, with a wider "
+                      "uncertainty)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -300,7 +303,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         source = args.config or DEFAULT_RECIPE
     # Everything that can be checked is checked before any work: the config, the machine, the run directory.
-    cfg = load_checked(source, overrides)
+    cfg = load_checked(source, overrides, run_dir=args.resume or args.out)
     world = distributed.world_size_from_env()
     if args.resume is None:
         out_dir = args.out or timestamped(run_name(cfg, overrides))
@@ -458,7 +461,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bigbatch.engine.preflight import load_checked
     from bigbatch.floor import distributed
 
-    cfg = load_checked(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides, run_dir=args.out)
     budget = None
     if args.memory_limit is not None:
         try:
@@ -470,7 +473,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     alone = [name for name, given in (("--batches", args.batches), ("--from", args.from_run), ("--out", args.out),
                                       ("--target-loss", args.target_loss), ("--json", args.json),
                                       ("--price", args.price), ("--link", args.link != "nvlink"),
-                                      ("--measure-steps", args.measure_steps != 10)) if given not in (None, False)]
+                                      ("--measure-steps", args.measure_steps != 10),
+                                      ("--no-pair", not args.pair)) if given not in (None, False)]
     if alone:
         raise UserError(f"{alone[0]}: goes with --devices (which batch on how many devices)")
     world = distributed.world_size_from_env()
@@ -491,7 +495,7 @@ def cmd_plan_devices(args: argparse.Namespace, cfg, budget: int | None) -> int:
     from bigbatch.advisor.table import advice_json, format_advice
 
     options = Options(args.devices, args.batches, parse_link(args.link), args.measure_steps, args.from_run,
-                      args.target_loss, args.price, args.out, budget)
+                      args.target_loss, args.price, args.out, budget, args.pair)
     advice, why = plan_devices(cfg, options, None if args.json else lambda text: print(text, flush=True))
     if args.json:
         print(json.dumps(advice_json(advice), indent=1))
@@ -675,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                 and getattr(args, "resume", None) is None:  # said before torch loads: the file, its YAML, the
             from bigbatch.config.loading import check_keys, read_config  # overrides, an unknown key
 
-            check_keys(read_config(config, args.overrides))
+            check_keys(read_config(config, args.overrides, getattr(args, "out", None)))
         return COMMANDS[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bigbatch.advisor.from_run import reached
 from bigbatch.advisor.links import Link
-from bigbatch.advisor.measure import measure
+from bigbatch.advisor.measure import Measured, measure
 from bigbatch.advisor.model import s_min_from_run
+from bigbatch.advisor.pair import DDP_SAMPLED, can_measure, measure_pair
 from bigbatch.advisor.show import ADVISOR_FILE
 from bigbatch.advisor.table import Advice, Target, advice_json, advise, check_layouts, default_batches
 from bigbatch.config import RunConfig
@@ -33,6 +34,8 @@ class Options:
     price: float | None
     out: Path | None
     budget: int | None
+    pair: bool = True
+    """Measure the overlap, the wait and the BN sums on two processes where several devices are asked for."""
 
 
 def check(cfg: RunConfig, o: Options) -> list[int]:
@@ -65,6 +68,24 @@ def _ours(file: Path) -> bool:
         return False
 
 
+def with_pair(cfg: RunConfig, o: Options, largest: int, measured: Measured,
+              announce: Callable[[str], None] | None) -> Measured:
+    """The measurement with the two-process one (``pair.py``) where more than one device is asked for and this
+    machine can run two processes; else with the reason there is none (the overlap is then assumed)."""
+    if max(o.devices) < 2:
+        return measured
+    reason = "--no-pair" if not o.pair else can_measure()
+    if reason is None:
+        if announce is not None:
+            announce("measuring DDP's overlap, the wait and the BN sums on 2 processes of this machine "
+                     f"({min(o.measure_steps, DDP_SAMPLED - 1)} steps after one warm-up)")
+        try:
+            return measured.with_pair(measure_pair(cfg, largest, o.measure_steps))
+        except RuntimeError as e:
+            reason = str(e)
+    return replace(measured, pair_note=reason)
+
+
 def largest_micro_batch(cfg: RunConfig, budget: int | None) -> tuple[int, str]:
     """The largest micro-batch a device takes: the memory plan's (``subdivisions: auto``), else the config's."""
     if cfg.subdivisions == "auto":
@@ -85,6 +106,7 @@ def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | N
         announce(f"measuring {o.measure_steps} training steps of {cfg.name} on this device (after one warm-up)")
     largest, why = largest_micro_batch(cfg, o.budget)
     measured = measure(cfg, largest, o.measure_steps)
+    measured = with_pair(cfg, o, largest, measured, announce)
     b_noise, b_sd = measured.noise_scale, measured.noise_scale_sd
     if run is None:
         target = Target(b_noise, b_sd, source=f"B_simple over the {measured.steps} measured steps")

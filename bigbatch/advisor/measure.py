@@ -18,14 +18,15 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from bigbatch.advisor.model import StepMeasurement, noise_scale_of_steps
-from bigbatch.config import RunConfig, validate_config
+from bigbatch.advisor.pair import PairMeasured
+from bigbatch.advisor.session import Session, batchnorm_sizes
+from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
 
@@ -40,13 +41,26 @@ class Measured:
     noise_scale: float | None
     noise_scale_sd: float | None
     device: str
+    pair: PairMeasured | None = None
+    """The two-process measurement (``pair.py``) whose overlap, wait and BN sums ``step`` holds; None: not made."""
+    pair_note: str = ""
+    """Why there is no pair measurement ("" where there is one, or where one device only was asked for)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "step"}, "step": asdict(self.step)}
+        plain = {k: v for k, v in asdict(self).items() if k not in ("step", "pair")}
+        return {**plain, "step": asdict(self.step), "pair": self.pair.to_json() if self.pair else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measured:
-        return cls(**{**data, "step": StepMeasurement(**data["step"])})
+        pair = PairMeasured(**data["pair"]) if data.get("pair") else None
+        return cls(**{**data, "step": StepMeasurement(**data["step"]), "pair": pair})
+
+    def with_pair(self, pair: PairMeasured) -> Measured:
+        """The measurement with the pair's overlap, wait and BN sums in its step."""
+        step = replace(self.step, overlap=pair.overlap, overlap_sd=pair.overlap_sd, wait_s=pair.wait_s,
+                       wait_sd=pair.wait_sd, bn_collective_s=pair.bn_collective_s,
+                       bn_collective_sd=pair.bn_collective_sd)
+        return replace(self, step=step, pair=pair, pair_note="")
 
 
 def measured_layout(batch: int, largest_micro_batch: int) -> tuple[int, int]:
@@ -60,19 +74,6 @@ def measured_layout(batch: int, largest_micro_batch: int) -> tuple[int, int]:
     if micro is None:  # pragma: no cover - micro_batch_for(b, 1, >= 1) always has 1
         raise UserError(f"batch: {batch} cannot be cut into micro-batches")
     return micro, batch // micro
-
-
-def batchnorm_sizes(model: nn.Module) -> tuple[int, float]:
-    """(BN layers, mean bytes of one layer's statistics all-reduce: C sums, C sums of squares and the count, in
-    float32: ``largebatch/sync_bn.py``'s forward)."""
-    from torch.nn.modules.batchnorm import _BatchNorm
-
-    from bigbatch.largebatch.sync_bn import CrossDeviceBatchNorm
-
-    channels = [m.num_features for m in model.modules() if isinstance(m, (_BatchNorm, CrossDeviceBatchNorm))]
-    if not channels:
-        return 0, 0.0
-    return len(channels), 4.0 * (2 * sum(channels) / len(channels) + 1)
 
 
 class _NoiseHooks:
@@ -92,14 +93,7 @@ class _NoiseHooks:
 def measure(cfg: RunConfig, micro_batch: int, steps: int) -> Measured:
     """``steps`` training steps (after one warm-up) at the config's batch in micro-batches of ``micro_batch`` (two
     at least per step), on this process's device."""
-    from bigbatch.batching import BatchPlan
-    from bigbatch.data.pipeline.loader import batches_by_step
-    from bigbatch.data.pipeline.order import order_of
-    from bigbatch.engine.events import EventStorage
-    from bigbatch.engine.parts import build_parts
-    from bigbatch.engine.trainer import seed_everything
     from bigbatch.floor.distributed import setup
-    from bigbatch.tasks import build_task
     from bigbatch.telemetry.noise_scale import (
         MicroBatchGradients,
         batch_sizes,
@@ -108,44 +102,23 @@ def measure(cfg: RunConfig, micro_batch: int, steps: int) -> Measured:
     )
 
     proc = setup()
-    seed_everything(cfg.seed)
     micro, subdivisions = measured_layout(cfg.batch, micro_batch)
     batch = micro * subdivisions
-    cfg = validate_config({**cfg.model_dump(mode="json"), "batch": batch, "subdivisions": subdivisions})
-    task = build_task(cfg, proc.rank)
     total = steps + 1
     # the pipeline's own timing (data.workers) reads as many steps again after the measured ones
-    plan = BatchPlan(batch=batch, world=1, subdivisions=subdivisions, steps=total + steps,
-                     train_images=len(task.train_set))
-    task.set_plan(plan)
-    parts = build_parts(cfg, task, plan, proc, EventStorage(), recut_on_oom=False)
-    train_step, clock = parts.step, parts.step.clock
-    if not clock.enabled:
-        raise UserError("log.timing: the measurement reads the phase clock; it cannot be off here")
-    parts.model.train()
+    session = Session(cfg, proc, batch, micro, total + steps)
+    cfg = session.cfg
     tracker = MicroBatchGradients(world=1)
-    tracker.attach(parts.model.parameters())
-    hooks = _NoiseHooks(tracker, train_step)
+    tracker.attach(session.parts.model.parameters())
+    hooks = _NoiseHooks(tracker, session.parts.step)
     small, big = batch_sizes(micro, subdivisions, 1)
-
-    def loader(start: int, stop: int):
-        order = order_of(task.train_set, plan, cfg.seed, 1)
-        return batches_by_step(task.train_set, order, start, stop, 0, 1, subdivisions, cfg.data.workers,
-                               task.sample_keys, pin_memory=proc.device.type == "cuda")
-
     times: list[dict[str, float]] = []
     gradient_sq: list[float] = []
     trace_sigma: list[float] = []
-    batches = loader(0, total)
+    batches = session.loader(0, total)
     try:
         for step in range(total):
-            clock.time_next_step(True)
-            clock.begin("data")
-            micro_batches = next(batches)
-            clock.switch("other")
-            task.observe(micro_batches)
-            train_step(step, micro_batches, hooks)
-            measured = clock.end()
+            measured = session.step(step, batches, hooks)
             norms = tracker.end_step()
             if step == 0:
                 continue  # the warm-up
@@ -160,12 +133,12 @@ def measure(cfg: RunConfig, micro_batch: int, steps: int) -> Measured:
     data_s = statistics.fmean(t["t_data"] for t in times) / batch
     if cfg.data.workers > 0:  # the pipeline alone: how fast the workers make batches, training or not
         start = time.perf_counter()
-        for _ in loader(total, total + steps):
+        for _ in session.loader(total, total + steps):
             pass
         data_s = (time.perf_counter() - start) / (steps * batch)
     per_step = [(t["t_forward"] + t["t_backward"]) / subdivisions for t in times]
     spread = statistics.stdev(per_step) * math.sqrt(subdivisions) if len(per_step) > 1 else 0.0
-    model = parts.model
+    model = session.parts.model
     bn_layers, bn_bytes = batchnorm_sizes(model)
     step = StepMeasurement(
         micro_batch=micro,

@@ -9,13 +9,16 @@ Training", eq. 2.11-2.12), B_noise the gradient noise scale (B_simple, ``telemet
 
 Time of a step at global batch B on N devices, micro-batch b, S = B / (N b) micro-batches per device:
 
-    T_device = S t_mb + T_grad + T_bn + T_update
+    T_device = S t_mb + T_grad + T_wait + T_bn + T_update
     t_mb     = the forward and backward of one micro-batch, measured on one device (per image, times b)
     T_grad   = the gradient all-reduce, less what DDP hides behind the last micro-batch's backward:
                ring 2(N-1) alpha + 2(N-1)/N bytes/beta, tree 2 log2(N) alpha + the same bandwidth term (the
-               cheaper of the two, as NCCL picks); hidden: overlap x the last backward, at most all of it
+               cheaper of the two, as NCCL picks); hidden: overlap x the last backward, the overlap measured by
+               DDP on two processes (``pair.py``); not measured: anywhere from none to all of that backward
+    T_wait   = the wait for the slower process at the all-reduce, measured on two processes (0 on one device)
     T_bn     = cross-device BatchNorm: 2 all-reduces per BN layer per micro-batch (statistics forward, their
-               gradients backward), on the critical path, of a few channels' sums: latency-bound
+               gradients backward), on the critical path, of a few channels' sums: latency-bound; each the
+               link's all-reduce or, where larger, one sum as measured on two training processes
     T_update = the optimizer step and the rest of the step, measured
     T_step   = T_device + T_data (data loaded in the training process) or max(T_device, T_data) (data workers
                load the next step meanwhile); T_data = the images per device x the pipeline's seconds per image
@@ -74,8 +77,15 @@ class StepMeasurement:
     bn_sync: bool
     """Whether the config synchronises BatchNorm across devices (``norm.sync``)."""
     overlap: float | None = None
-    """Fraction of the last backward that hides the gradient all-reduce, measured on several processes; None: not
-    measured, and the prediction spans no overlap to full overlap."""
+    """Fraction of the last backward that hides the gradient all-reduce, measured by DDP on two processes
+    (``pair.py``); None: not measured, and the prediction spans no overlap to full overlap."""
+    overlap_sd: float = 0.0
+    wait_s: float = 0.0
+    """The wait for the slower process at the gradient all-reduce, per step on several devices (measured on two)."""
+    wait_sd: float = 0.0
+    bn_collective_s: float | None = None
+    """One cross-device BN sum as measured on two training processes (None: not measured: the link's cost)."""
+    bn_collective_sd: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,12 +96,14 @@ class StepPrediction:
     subdivisions: int
     compute: float
     grad_sync: float
+    wait: float
     bn_sync: float
     update: float
     data: float
     step: float
     step_sd: float
-    """The step's uncertainty (seconds): the measured spread of the compute and the range of the overlap."""
+    """The step's uncertainty (seconds): the measured spread of the compute, of the overlap (or its range where not
+    measured), of the wait and of the BN sums."""
 
     @property
     def images_per_s(self) -> float:
@@ -113,14 +125,24 @@ def predict_step(m: StepMeasurement, batch: int, devices: int, micro_batch: int,
     if m.overlap is None:  # not measured: the middle of the range, the half range as its uncertainty
         grad_sync, grad_sd = (exposed_most + exposed_least) / 2, (exposed_most - exposed_least) / 2
     else:
-        grad_sync, grad_sd = max(0.0, exposed_most - m.overlap * backward), 0.0
-    bn = 2 * m.bn_layers * subdivisions * all_reduce(devices, m.bn_bytes, link) if m.bn_sync else 0.0
-    device = compute + grad_sync + bn + m.update_s
+        grad_sync = max(0.0, exposed_most - m.overlap * backward)
+        grad_sd = m.overlap_sd * backward if grad_sync > 0 else 0.0
+    several = devices > 1
+    wait, wait_sd = (m.wait_s, m.wait_sd) if several else (0.0, 0.0)
+    bn, bn_sd = 0.0, 0.0
+    if m.bn_sync and several:
+        calls = 2 * m.bn_layers * subdivisions
+        one = all_reduce(devices, m.bn_bytes, link)
+        if m.bn_collective_s is not None and m.bn_collective_s > one:  # the measured sum bounds
+            one, bn_sd = m.bn_collective_s, calls * m.bn_collective_sd
+        bn = calls * one
+    device = compute + grad_sync + wait + bn + m.update_s
     data = batch // devices * m.data_s_per_image
     step = max(device, data) if m.data_workers > 0 else device + data
-    step_sd = math.sqrt(subdivisions * sd_mb**2 + grad_sd**2)  # the micro-batches' spreads add as variances
-    return StepPrediction(devices, batch, micro_batch, subdivisions, compute, grad_sync, bn, m.update_s, data, step,
-                          step_sd)
+    # the micro-batches' spreads add as variances; the other terms' spreads as independent ones
+    step_sd = math.sqrt(subdivisions * sd_mb**2 + grad_sd**2 + wait_sd**2 + bn_sd**2)
+    return StepPrediction(devices, batch, micro_batch, subdivisions, compute, grad_sync, wait, bn, m.update_s, data,
+                          step, step_sd)
 
 
 def scaling_efficiency(on_n: StepPrediction, on_one: StepPrediction) -> float:

@@ -139,8 +139,8 @@ def format_advice(advice: Advice) -> str:
     wall_head = "wall/S_min" if relative else "wall time"
     images_head = "images/S_min" if relative else "images"
     head = (f"  {'dev':>4} {'batch':>6} {'micro':>5} {'subd':>4} {'step':>9} {'+/-':>5} {'compute':>8} {'grad':>8} "
-            f"{'bn':>7} {'update':>7} {'data':>7} {'img/s':>8} {'eff':>5} {steps_head:>11} {images_head:>12} "
-            f"{wall_head:>10} {'+/-':>5}")
+            f"{'wait':>7} {'bn':>7} {'update':>7} {'data':>7} {'img/s':>8} {'eff':>5} {steps_head:>11} "
+            f"{images_head:>12} {wall_head:>10} {'+/-':>5}")
     if advice.price is not None and not relative:
         head += f" {'dev-h':>7} {'cost':>9}"
     lines.append(head)
@@ -151,7 +151,8 @@ def format_advice(advice: Advice) -> str:
         images = "-" if row.steps is None else f"{row.steps * p.batch:.4g}"
         wall = "-" if row.wall_s is None else _time(row.wall_s)
         line = (f"{mark} {p.devices:>4} {p.batch:>6} {p.micro_batch:>5} {p.subdivisions:>4} {p.step:>8.4f}s "
-                f"{100 * p.step_sd / p.step:>4.0f}% {p.compute:>8.4f} {p.grad_sync:>8.4f} {p.bn_sync:>7.4f} "
+                f"{100 * p.step_sd / p.step:>4.0f}% {p.compute:>8.4f} {p.grad_sync:>8.4f} {p.wait:>7.4f} "
+                f"{p.bn_sync:>7.4f} "
                 f"{p.update:>7.4f} {p.data:>7.4f} {p.images_per_s:>8.1f} {100 * row.efficiency:>4.0f}% "
                 f"{steps:>11} {images:>12} {wall:>10} {100 * row.wall_sd:>4.0f}%")
         if advice.price is not None and not relative:
@@ -165,12 +166,31 @@ def format_advice(advice: Advice) -> str:
         cheap = advice.rows[advice.cheapest].step
         lines.append(f"$ cheapest: batch {cheap.batch} on {cheap.devices} device(s)")
     lines.append(f"measured on {m.device}: {m.steps} steps at batch {m.batch} = {m.subdivisions} x {m.step.micro_batch}"
-                 f"; step parts in seconds; '+/-': the spread of the measured compute, the unmeasured DDP overlap "
-                 f"and B_noise (docs/recipe.md)")
+                 f"; step parts in seconds; '+/-': the spread of the measured terms (or the range of an assumed "
+                 f"one) and of B_noise (docs/recipe.md)")
+    lines.append(pair_line(m))
     if target.s_min is None and target.b_noise is not None:
         lines.append("steps are relative to S_min (give --from RUN --target-loss L for steps and wall time); the "
                      "noise scale is the start's, lower than near a target: steps above it are overestimated")
     return "\n".join(lines)
+
+
+def pair_line(m: Measured) -> str:
+    """What the two-process measurement gave the model, or why there is none (the overlap then assumed)."""
+    pair = m.pair
+    if pair is None:
+        why = f" ({m.pair_note})" if m.pair_note else ""
+        return (f"DDP's overlap not measured{why}: assumed anywhere from none to all of the last backward (the "
+                "middle, half the range in '+/-'); no wait for a slower process; BN sums at the link's latency")
+    overlap = "DDP timed no all-reduce" if pair.overlap is None else (
+        f"{pair.overlap:.2f} +/- {pair.overlap_sd:.2f} of the last backward hides the all-reduce")
+    bn = "" if pair.bn_collective_s is None else (
+        f"; a BN sum {1e6 * pair.bn_collective_s:.0f} +/- {1e6 * pair.bn_collective_sd:.0f} us while training")
+    return (f"measured on 2 processes of this machine ({pair.device}, {pair.steps} steps at batch {pair.batch} = 2 x "
+            f"{pair.subdivisions} x {pair.micro_batch}): {overlap}; the wait for the slower process "
+            f"{pair.wait_s:.4f} +/- {pair.wait_sd:.4f} s a step{bn}; their compute per micro-batch "
+            f"{pair.compute_s / pair.micro_batch * m.step.micro_batch:.4g} s against {m.step.compute_s:.4g} s alone "
+            "(the table takes one process's: a device each)")
 
 
 def advice_json(advice: Advice) -> dict[str, Any]:

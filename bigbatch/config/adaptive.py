@@ -5,18 +5,30 @@ A fixed run gives ``batch`` as an integer. An adaptive run gives its shape: the 
 false``) or at a batch that starts at ``base`` and doubles, up to ``max``, while the measured gradient noise scale
 exceeds it (``grow: true``). Inside the config the mapping is kept as ``batch`` = the starting batch (``max`` or
 ``base``) plus :class:`AdaptiveBatch` (``RunConfig.adaptive``); a written config folds it back into the mapping.
+
+``max: advisor`` takes the largest batch from ``bigbatch plan --devices --out DIR`` (``DIR/advisor.json``): the
+global batch of its recommended row, the one of the shortest predicted wall time. The file is looked for beside the
+config file, then in the run directory (``--out``); :func:`advisor_max` puts the number in its place when the config
+is read, so the run's written config holds the number.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from bigbatch.config.section import Section
+from bigbatch.errors import UserError
 from bigbatch.registry import did_you_mean
 
 ADAPTIVE_KEYS = ("mode", "base", "max", "grow")
+ADVISOR = "advisor"
+"""``batch.max: advisor``: the batch ``bigbatch plan --devices`` recommended."""
+ADVISOR_FILE = "advisor.json"
 
 
 class AdaptiveBatch(Section):
@@ -39,6 +51,34 @@ def _whole(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"batch.{key}: expected a positive whole number of images, got {value!r}")
     return value
+
+
+def advisor_max(data: Any, places: Sequence[Path]) -> Any:
+    """The raw config with ``batch.max: advisor`` replaced by the recommended batch of the first ``advisor.json``
+    found in ``places`` (the config file's folder, the run directory); ``UserError`` naming ``batch.max`` where
+    there is none, or it holds no recommendation, or the recommendation is not above ``batch.base``."""
+    batch = data.get("batch") if isinstance(data, dict) else None
+    if not isinstance(batch, dict) or batch.get("max") != ADVISOR:
+        return data
+    files = [Path(place) / ADVISOR_FILE for place in places]
+    found = next((file for file in files if file.is_file()), None)
+    if found is None:
+        where = " or ".join(str(file) for file in files) or "advisor.json (no config file or run directory given)"
+        raise UserError(f"batch.max: advisor: no {where}; bigbatch plan CONFIG --devices N,N,... --out DIR writes "
+                        f"DIR/{ADVISOR_FILE}")
+    try:
+        advice = json.loads(found.read_text(encoding="utf-8"))
+        recommended = advice["rows"][advice["recommended"]]["batch"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        recommended = None
+    if isinstance(recommended, bool) or not isinstance(recommended, int) or recommended <= 0:
+        raise UserError(f"batch.max: advisor: {found} holds no recommended batch (bigbatch plan --devices --out "
+                        "writes one)")
+    base = batch.get("base")
+    if isinstance(base, int) and not isinstance(base, bool) and recommended <= base:
+        raise UserError(f"batch.max: advisor: the batch {found} recommends, {recommended}, is not above batch.base "
+                        f"{base}; the adaptive batch grows from base to max")
+    return {**data, "batch": {**batch, "max": recommended}}
 
 
 def unfold_adaptive(data: Any) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from bigbatch.config.adaptive import advisor_max
 from bigbatch.config.messages import describe_validation_error, dotted
 from bigbatch.config.run import RunConfig
 from bigbatch.config.unknown_keys import unknown_keys_line
@@ -195,15 +196,21 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         raise UserError(describe_validation_error(e, RunConfig)) from None
 
 
-def read_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def read_config(source: str, overrides: list[str] | tuple[str, ...] = (), run_dir: Path | None = None
+                ) -> dict[str, Any]:
     """A YAML file, a file of a registered format (Darknet ``.cfg``) or a built-in recipe, with the ``--set``
     overrides applied, not validated. A YAML file loads no registry (none is asked for its suffix), so that its
-    mistakes (the file, its syntax, an override's) come before torch is imported (``bigbatch/cli.py``)."""
+    mistakes (the file, its syntax, an override's) come before torch is imported (``bigbatch/cli.py``).
+    ``batch.max: advisor`` is read from the advisor.json beside the file (not a built-in recipe's), else in
+    ``run_dir`` (``config/adaptive.py``)."""
     path, recipe = resolve_config_source(source)
     reader = None if path.suffix.lower() in YAML_SUFFIXES else CONFIG_FORMATS.find(path.suffix)
     data = reader.obj(path) if reader is not None else read_yaml(path)
     data.setdefault("name", recipe)
-    return apply_overrides(data, list(overrides))
+    data = apply_overrides(data, list(overrides))
+    places = ([] if path.parent.resolve() == RECIPES_DIR.resolve() else [path.parent]) + (
+        [run_dir] if run_dir is not None else [])
+    return advisor_max(data, places)
 
 
 def check_keys(data: dict[str, Any]) -> None:
@@ -216,10 +223,10 @@ def check_keys(data: dict[str, Any]) -> None:
         raise UserError(line)
 
 
-def load_config(source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+def load_config(source: str, overrides: list[str] | tuple[str, ...] = (), run_dir: Path | None = None) -> RunConfig:
     """Load a YAML file, a file of a registered format (Darknet ``.cfg``) or a built-in recipe, apply ``--set``
-    overrides, validate."""
-    return validate_config(read_config(source, overrides))
+    overrides, validate (``run_dir``: where else ``batch.max: advisor`` looks, :func:`read_config`)."""
+    return validate_config(read_config(source, overrides, run_dir))
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

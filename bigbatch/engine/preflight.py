@@ -12,22 +12,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from bigbatch.batching import BatchLayout
     from bigbatch.config import RunConfig
 
 
-def load_checked(source: str, overrides: list[str], reads_data: bool = True, needs_length: bool = True
-                 ) -> RunConfig:
+def load_checked(source: str, overrides: list[str], reads_data: bool = True, needs_length: bool = True,
+                 run_dir: Path | None = None) -> RunConfig:
     """Load a config and check what can be checked without any work: its length (``steps`` or ``epochs``; not for
     ``show``, which prints a config without one), the memory the run needs at the least against this machine's, and,
     for a command that ``reads_data`` (not ``show``, ``schedule``, ``scale``: they plan without the data), that the
-    data is named and there. The batch layout is checked at the boundary (:func:`resolve_batch`)."""
+    data is named and there. The batch layout is checked at the boundary (:func:`resolve_batch`). ``run_dir``: where
+    ``batch.max: advisor`` looks after the config's folder (``config/adaptive.py``)."""
     from bigbatch.batching import require_length
     from bigbatch.config import load_config
     from bigbatch.floor import distributed
     from bigbatch.telemetry.capacity import check_capacity
 
-    cfg = load_config(source, overrides)
+    cfg = load_config(source, overrides, run_dir)
     if needs_length:
         require_length(cfg)
     if reads_data:

@@ -64,7 +64,7 @@ def write_report(runs: list[Path], out: Path | None = None) -> Path:
     ``report.html`` in the current folder for several) and return the path written.
 
     A file already at ``out`` is replaced only if it is a report written here (its generator meta tag); anything
-    else there, or a folder that is not a run (neither ``config.yaml`` nor ``metrics.jsonl``), is a
+    else there, or a folder that is not a run (none of ``config.yaml``, ``metrics.jsonl`` and ``advisor.json``), is a
     :class:`~bigbatch.errors.UserError` naming it, and nothing is written."""
     from bigbatch.report.page import render
     from bigbatch.report.runs import read_runs

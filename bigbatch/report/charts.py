@@ -33,7 +33,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, LogFormatter, MaxNLocator, NullFormatter
 
-from bigbatch.report.runs import PHASES, RunData
+from bigbatch.report.runs import PHASES, Advice, RunData
 
 WIDTH = 10.0
 """Inches; the page scales the SVG to its column."""
@@ -523,3 +523,63 @@ def throughput(runs: list[RunData]) -> str | None:
 
 def grad_norm(runs: list[RunData]) -> str | None:
     return steps_and_images(runs, "grad_norm", "gradient norm", "norm")
+
+
+def _wall_formatter(relative: bool) -> FuncFormatter:
+    if relative:
+        return FuncFormatter(lambda v, _: f"{v:.3g} s")
+    return FuncFormatter(lambda v, _: f"{v / 3600:.3g} h" if v >= 3600 else f"{v / 60:.3g} min" if v >= 60
+                         else f"{v:.3g} s")
+
+
+def advice(run: RunData) -> str | None:
+    """``bigbatch plan --devices``'s prediction (``advisor.json``): images/s (left) and wall time to the target
+    (right, per S_min step without a target) against the global batch, a line per device count, error bars of one
+    standard deviation (the uncertainty the table prints), the recommended row starred. None without one."""
+    advice_: Advice | None = run.advice
+    if advice_ is None:
+        return None
+    with _style():
+        fig, (rate_ax, wall_ax) = _figure()
+        counts = sorted({row.devices for row in advice_.rows})
+        walls = False
+        for k, devices in enumerate(counts):
+            rows = sorted((row for row in advice_.rows if row.devices == devices), key=lambda row: row.batch)
+            label = f"{devices} device{'s' if devices > 1 else ''}"
+            rate_ax.errorbar([r.batch for r in rows], [r.images_per_s for r in rows],
+                             yerr=[r.images_per_s_sd for r in rows], color=colour(k), marker="o", markersize=3,
+                             capsize=2, label=label)
+            timed = [r for r in rows if r.wall is not None]
+            if timed:
+                walls = True
+                wall_ax.errorbar([r.batch for r in timed], [r.wall for r in timed],
+                                 yerr=[r.wall * r.wall_sd for r in timed], color=colour(k), marker="o",
+                                 markersize=3, capsize=2, label=label)
+        best = advice_.recommended
+        if best is not None:
+            star = dict(marker="*", markersize=13, color="black", linestyle="none",
+                        label=f"recommended: batch {best.batch} on {best.devices}")
+            rate_ax.plot([best.batch], [best.images_per_s], **star)
+            if best.wall is not None:
+                wall_ax.plot([best.batch], [best.wall], **star)
+        for ax in (rate_ax, wall_ax):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel("global batch")
+        rate_ax.set_title(f"{plain(run.label)}: predicted images/s (link {plain(advice_.link)})")
+        rate_ax.set_ylabel("images/s")
+        rate_ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+        if walls:
+            wall_ax.set_title("predicted wall time per S_min step" if advice_.relative else
+                              "predicted wall time to the target")
+            wall_ax.set_ylabel("wall / S_min" if advice_.relative else "wall time")
+            _log_y(wall_ax)
+            wall_ax.yaxis.set_major_formatter(_wall_formatter(advice_.relative))
+            wall_ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            wall_ax.text(0.5, 0.5, "no noise scale measured: no steps, no wall time", ha="center", va="center",
+                         transform=wall_ax.transAxes)
+            wall_ax.set_title("predicted wall time")
+        _legend(fig, [rate_ax, wall_ax])
+        return to_svg(fig)

@@ -380,7 +380,8 @@ def off_log_axis(runs: list[RunData], key: str) -> str:
 SECTIONS = (
     ("runs", "Runs"), ("loss", "Loss and learning rate"), ("evaluation", "Evaluation"),
     ("throughput", "Throughput"), ("phases", "Where the step time goes"), ("updates", "Per-layer update sizes"),
-    ("noise", "Gradient noise scale"), ("scale", "Loss scale, skipped steps, gradient norm"), ("memory", "Memory"),
+    ("noise", "Gradient noise scale"), ("advisor", "Which batch, how many devices"),
+    ("scale", "Loss scale, skipped steps, gradient norm"), ("memory", "Memory"),
 )
 
 
@@ -479,6 +480,18 @@ def render(runs: list[RunData]) -> str:
         + (_figure(noise) + off_log_axis(runs, "noise_scale") + noise_verdicts(runs) if noise
            else few + noise_verdicts(runs) if few else _absent(
             "No noise scale recorded (log.noise_scale: off, one micro-batch per process, or a run made before it).")))
+
+    advised = [(run, charts.advice(run)) for run in runs if run.advice is not None]
+    body["advisor"] = (
+        '<p class="how">What <code>bigbatch plan CONFIG --devices ... --out RUN</code> predicted (the run '
+        "directory's advisor.json): images/s and the wall time to the target (per S_min step where no target was "
+        "given) against the global batch, a line per device count; the error bars are one standard deviation of "
+        "the prediction (the measured spreads, and the range of an assumed overlap); the star is the recommended "
+        "row, the shortest predicted wall time (docs/recipe.md, section Which batch, how many devices).</p>"
+        + ("".join(_figure(svg, f"{escape(run.label)}: {len(run.advice.rows)} rows")
+                   for run, svg in advised if svg is not None and run.advice is not None)
+           or _absent("No advisor.json in these runs (bigbatch plan CONFIG --devices N,N,... --out RUN writes "
+                      "one).")))
 
     scale, grad = charts.loss_scale_and_skipped(runs), charts.grad_norm(runs)
     few = points_table(runs, [key for key in ("loss_scale", "grad_norm") if charts.too_few(runs, key)])

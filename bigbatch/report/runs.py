@@ -1,8 +1,12 @@
 """A run directory read for the report: what each file holds, what is absent, and what could not be read.
 
 Reading never fails on a run's contents: a crashed run's half-written last line, a column added by a later version,
-a file that is absent, each becomes a note the report shows. Only a folder that is not a run at all (neither
-``config.yaml`` nor ``metrics.jsonl``) is a :class:`~bigbatch.errors.UserError`.
+a file that is absent, each becomes a note the report shows. Only a folder that is not a run at all (none of
+``config.yaml``, ``metrics.jsonl`` and ``advisor.json``) is a :class:`~bigbatch.errors.UserError`.
+
+``advisor.json`` (``bigbatch plan --devices --out RUN``) is read whole, up to :data:`MAX_ADVISOR_BYTES`: its rows'
+device count, batch, predicted images/s and wall time with their uncertainties, and the recommended row
+(:class:`Advice`). A file that is not bigbatch's, or a row without those numbers, is a note.
 
 Nor does what it keeps grow with the files: ``metrics.jsonl``, ``memory.csv`` and ``updates.csv`` are read a line at
 a time, each curve keeps at most :data:`MAX_POINTS` points (evenly spread, the first and last always among them),
@@ -37,6 +41,9 @@ PHASES = ("data", "forward", "backward", "sync", "update", "other")
 _PHASE_KEYS = tuple(f"t_{phase}" for phase in PHASES)
 
 FILES = (run_files.CONFIG, run_files.METRICS, run_files.MEMORY, run_files.UPDATES)
+ADVISOR = "advisor.json"
+"""What ``bigbatch plan --devices --out RUN`` writes (``advisor/command.py``); read where it is there."""
+MAX_ADVISOR_BYTES = 4 << 20
 """The files of a run directory the report reads."""
 
 MAX_POINTS = 2000
@@ -302,6 +309,29 @@ class Segment:
         return self.resumed or self.stopped_at is not None
 
 
+@dataclass(frozen=True)
+class AdviceRow:
+    devices: int
+    batch: int
+    images_per_s: float
+    images_per_s_sd: float
+    wall: float | None
+    """Predicted wall time (seconds; per S_min step where ``Advice.relative``), None without a noise scale."""
+    wall_sd: float
+    """Relative."""
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What ``bigbatch plan --devices`` predicted (``advisor.json``): a row per device count and global batch."""
+
+    rows: list[AdviceRow]
+    recommended: AdviceRow | None
+    relative: bool
+    """The wall time is per S_min step (no ``--from RUN --target-loss L``)."""
+    link: str
+
+
 @dataclass
 class RunData:
     path: Path
@@ -347,6 +377,8 @@ class RunData:
     """The first :data:`MAX_UNDRAWN` values the report could not draw or count with, as text with where each was
     (``gain 1e+308 (step 2)``); ``undrawn_total`` counts them all. Read: a note of the run's."""
     undrawn_total: int = 0
+    advice: Advice | None = None
+    """The rows of the run directory's ``advisor.json`` (None: no such file, or none readable)."""
     memory_breaks: list[tuple[float, float]] = field(default_factory=list)
     """``(minutes, minutes)`` of the last sample before each restart of ``memory.csv``'s clock and the first after
     it, on the ``minutes`` axis (runs whose samples carry their wall-clock ``time``)."""
@@ -504,15 +536,16 @@ def read_run(path: Path) -> RunData:
     """Read the run directory ``path`` (see the module docstring)."""
     if not path.exists():
         raise UserError(f"report: {path} does not exist; give a bigbatch run directory (the --out of bigbatch train)")
-    if not path.is_dir() or not ((path / run_files.CONFIG).is_file() or (path / run_files.METRICS).is_file()):
-        raise UserError(f"report: {path} is not a bigbatch run directory (it holds neither config.yaml nor "
-                        f"metrics.jsonl)")
+    if not path.is_dir() or not any((path / name).is_file() for name in (run_files.CONFIG, run_files.METRICS, ADVISOR)):
+        raise UserError(f"report: {path} is not a bigbatch run directory (it holds none of config.yaml, "
+                        f"metrics.jsonl and {ADVISOR})")
     run = RunData(path=path)
     run.absent = [name for name in FILES if not (path / name).is_file()]
     _read_config(run)
     heatmap = _Heatmap()
     _read_metrics(run, heatmap if run_files.UPDATES in run.absent else None)
     _read_memory(run)
+    _read_advice(run)
     if run_files.UPDATES not in run.absent:
         _read_updates(run, heatmap)
     run.updates = heatmap.result(run_files.UPDATES if run_files.UPDATES not in run.absent else
@@ -534,6 +567,50 @@ def _open(run: RunData, name: str, newline: str | None = "") -> TextIO | None:
     except OSError as error:
         run.notes.append(f"{name} could not be read ({error.strerror or error})")
         return None
+
+
+def _read_advice(run: RunData) -> None:
+    """``advisor.json``'s rows (module docstring); what cannot be read is a note."""
+    file = run.path / ADVISOR
+    if not file.is_file():
+        return
+    try:
+        with open(file, "rb") as f:
+            raw = f.read(MAX_ADVISOR_BYTES + 1)
+        data = json.loads(raw) if len(raw) <= MAX_ADVISOR_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or data.get("bigbatch_advisor") != 1 or not isinstance(data.get("rows"), list):
+        run.notes.append(f"{ADVISOR} is not an advisor file bigbatch wrote (or could not be read): not drawn")
+        return
+    rows: list[AdviceRow | None] = [_advice_row(row) for row in data["rows"]]
+    kept = [row for row in rows if row is not None]
+    if len(kept) < len(rows):
+        run.notes.append(f"{ADVISOR}: {len(rows) - len(kept)} of its {len(rows)} rows lack a number the chart needs: "
+                         "left out")
+    if not kept:
+        return
+    best = data.get("recommended")
+    recommended = rows[best] if type(best) is int and 0 <= best < len(rows) else None
+    target, link = data.get("target"), data.get("link")
+    relative = not (isinstance(target, dict) and is_number(target.get("s_min")))
+    name = as_text(link.get("name")) if isinstance(link, dict) else "?"
+    run.advice = Advice(kept, recommended, relative, name)
+
+
+def _advice_row(row: Any) -> AdviceRow | None:
+    """One row of ``advisor.json``, or None where a number the chart needs is missing or not finite."""
+    if not isinstance(row, dict):
+        return None
+    devices, batch = count(row.get("devices")), count(row.get("batch"))
+    rate, step, step_sd = (drawable(row.get(key)) for key in ("images_per_s", "step", "step_sd"))
+    wall, wall_sd = row.get("wall_s"), drawable(row.get("wall_sd"))
+    wall = None if wall is None else drawable(wall)
+    if None in (devices, batch, rate, step, step_sd, wall_sd) or not rate > 0 or not step > 0:
+        return None
+    if row.get("wall_s") is not None and (wall is None or not wall > 0):
+        return None
+    return AdviceRow(devices, batch, rate, rate * abs(step_sd) / step, wall, abs(wall_sd))
 
 
 def _read_config(run: RunData) -> None:

@@ -1,6 +1,7 @@
 """The advisor's arithmetic (bigbatch/advisor/model.py) pinned on synthetic measurements: numbers worked by hand."""
 
 import math
+import statistics
 
 import pytest
 
@@ -79,6 +80,63 @@ def test_cross_device_bn_is_two_latency_bound_collectives_per_layer_and_micro_ba
     p = predict_step(measured(bn_sync=True), 256, 4, 32, LINK)
     assert p.bn_sync == pytest.approx(2 * 10 * 2 * all_reduce(4, 1000, LINK))
     assert predict_step(measured(bn_sync=True), 256, 1, 32, LINK).bn_sync == 0.0
+
+
+def test_the_measured_overlap_wait_and_bn_sum_enter_the_step_with_their_spreads():
+    ar = all_reduce(4, 1e8, LINK)  # 0.15006 s
+    # half the 0.06 s backward hides the all-reduce (+/- 0.1 of it); a 0.02 s wait (+/- 0.005) on several devices
+    m = measured(overlap=0.5, overlap_sd=0.1, wait_s=0.02, wait_sd=0.005)
+    p = predict_step(m, 256, 4, 32, LINK)
+    assert p.grad_sync == pytest.approx(ar - 0.03) and p.wait == pytest.approx(0.02)
+    assert p.step == pytest.approx(0.2 + ar - 0.03 + 0.02 + 0.02 + 0.064)
+    assert p.step_sd == pytest.approx(math.sqrt(2 * 0.01**2 + 0.006**2 + 0.005**2))
+    alone = predict_step(m, 256, 1, 32, LINK)
+    assert alone.wait == 0.0 and alone.grad_sync == 0.0  # one device waits for no one
+    hidden = predict_step(measured(overlap=0.5, overlap_sd=0.1, gradient_bytes=10**6), 256, 4, 32, LINK)
+    assert hidden.grad_sync == 0.0 and hidden.step_sd == pytest.approx(math.sqrt(2) * 0.01)  # all hidden: no spread
+    # a BN sum measured at 1 ms, above the link's 2 log2(4) x 10 us: the measured bounds, 2 x 10 layers x 2 micro
+    bn = predict_step(measured(bn_sync=True, bn_collective_s=1e-3, bn_collective_sd=2e-4), 256, 4, 32, LINK)
+    assert bn.bn_sync == pytest.approx(40 * 1e-3)
+    assert bn.step_sd == pytest.approx(math.sqrt(2 * 0.01**2 + 0.03**2 + (40 * 2e-4) ** 2))
+    slow = Link("slow", alpha=1e-3, beta=1e9, source="synthetic")  # the link's 4 ms per sum bounds
+    assert predict_step(measured(bn_sync=True, bn_collective_s=1e-3), 256, 4, 32, slow).bn_sync == pytest.approx(
+        40 * all_reduce(4, 1000, slow))
+    assert predict_step(measured(bn_sync=True, bn_collective_s=1e-3), 256, 1, 32, LINK).bn_sync == 0.0
+
+
+def test_the_pair_summary_from_ddp_timing_and_the_phase_clock():
+    from bigbatch.advisor.pair import pair_layout, summarise
+
+    def rank(compute, comm, overlap, bn, sync=0.05):
+        ddp = [{"backward_compute_time": compute, "backward_comm_time": comm,
+                "backward_compute_comm_overlap_time": overlap}] * 2
+        times = [{"t_forward": 0.3, "t_backward": 0.5, "t_bn_sync": bn, "t_sync": sync}] * 2
+        return {"ddp": ddp, "times": times, "all_reduce_s": 0.04, "small_s": 2e-4, "subdivisions": 2,
+                "bn_layers": 5, "bn_sync": True, "device": "cpu"}
+
+    # rank 0: 0.2 s backward, all-reduce launched 0.05 s before its end, done 0.03 s after it (0.08 s in all);
+    # rank 1: 0.1 s backward, 0.02 s of overlap, 0.09 s of communication
+    pair = summarise([rank(0.2, 0.08, 0.05, 0.02), rank(0.1, 0.09, 0.02, 0.04, sync=0.07)], batch=64, micro=16)
+    assert pair.steps == 2 and pair.subdivisions == 2
+    assert pair.overlap == pytest.approx((0.25 + 0.2) / 2)
+    assert pair.overlap_sd == pytest.approx(statistics.stdev([0.25, 0.25, 0.2, 0.2]))
+    assert pair.exposed_s == pytest.approx((0.03 + 0.07) / 2)
+    # the wait: the phase clock's t_sync (0.06 s) less what the all-reduce alone (0.04 s) leaves after the overlap
+    # of the mean backward (0.225 x 0.15 s)
+    assert pair.sync_s == pytest.approx(0.06)
+    assert pair.wait_s == pytest.approx(0.06 - (0.04 - 0.225 * 0.15))
+    assert pair.wait_sd == pytest.approx(statistics.stdev([0.05, 0.05, 0.07, 0.07]))
+    assert pair.bn_collective_s == pytest.approx((0.02 + 0.04) / 2 / 20)  # 2 x 5 layers x 2 micro-batches a step
+    assert pair.compute_s == pytest.approx(((0.8 - 0.02) + (0.8 - 0.04)) / 2 / 2)
+    assert pair.alpha_s == pytest.approx(1e-4)
+    silent = summarise([{**rank(0.2, 0, 0, 0.0), "bn_sync": False}] * 2, batch=64, micro=16)
+    assert silent.overlap is None and silent.bn_collective_s is None  # DDP timed no communication
+    one = summarise([{**rank(0.2, 0.08, 0.05, 0.0), "subdivisions": 1}] * 2, batch=32, micro=16)
+    assert one.sync_s == pytest.approx(0.03)  # one micro-batch a process: DDP's exposed communication stands in
+    assert pair_layout(64, 32) == (64, 16)  # 32 a process, in two micro-batches
+    assert pair_layout(64, 8) == (64, 8)
+    assert pair_layout(6, 32) == (6, 1)
+    assert pair_layout(3, 32) == (4, 1)
 
 
 def test_data_workers_overlap_the_step_and_bound_it_when_slower():

@@ -41,6 +41,7 @@ def test_bad_options_are_refused_in_one_line(tmp_path):
     assert "--from and --target-loss go together" in refused("--devices", "2", "--target-loss", "0.1")
     assert "--price" in refused("--devices", "2", "--price", "-1")
     assert refused("--json").startswith("error: --json: goes with --devices")
+    assert refused("--no-pair").startswith("error: --no-pair: goes with --devices")
     assert "--from" in refused("--devices", "2", "--from", str(tmp_path), "--target-loss", "0.1")
     (tmp_path / "advisor.json").write_text('{"mine": true}\n')
     assert "not a bigbatch advisor file" in refused("--devices", "2", "--out", str(tmp_path))
@@ -86,8 +87,9 @@ def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp
     assert by[(1, 32)]["steps"] == pytest.approx(30 / (1 + 100 / 64) * (1 + 100 / 32))
     assert by[(2, 32)]["micro_batch"] == 16 and by[(2, 128)]["subdivisions"] == 2
     for row in data["rows"]:
-        assert row["step"] == pytest.approx(row["compute"] + row["grad_sync"] + row["bn_sync"] + row["update"]
-                                            + row["data"])  # data.workers 0: the data wait adds
+        assert row["step"] == pytest.approx(row["compute"] + row["grad_sync"] + row["wait"] + row["bn_sync"]
+                                            + row["update"] + row["data"])  # data.workers 0: the data wait adds
+        assert (row["wait"] == 0) == (row["devices"] == 1)  # measured on the pair, for several devices
         assert row["wall_s"] == pytest.approx(row["steps"] * row["step"])
         assert row["cost"] == pytest.approx(2.5 * row["devices"] * row["wall_s"] / 3600)
     best = data["rows"][data["recommended"]]
@@ -95,13 +97,22 @@ def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp
     measured = data["measurement"]
     assert measured["batch"] == 64 and measured["subdivisions"] == 2 and measured["steps"] == 2
     assert measured["step"]["gradient_bytes"] > 0 and measured["step"]["bn_layers"] > 0
-    # again: the file is bigbatch's own, replaced
+    # the pair: two real processes under DDP measured the overlap (the digits CNN's gradient is one bucket, ready
+    # at the end of the backward: little or none of it hidden) and the wait, and they are the step's
+    pair = measured["pair"]
+    assert pair["steps"] == 2 and 0 <= pair["overlap"] <= 1 and pair["backward_s"] > 0 and pair["all_reduce_s"] > 0
+    assert measured["step"]["overlap"] == pair["overlap"] and measured["step"]["wait_s"] == pair["wait_s"]
+    assert pair["bn_collective_s"] is None  # norm.sync: none
+    assert "measured on 2 processes of this machine (cpu, 2 steps at batch 64 = 2 x 2 x 16)" in result.stdout
+    # again, without the pair: the overlap assumed, and the file (bigbatch's own) replaced
     again = run_main("plan", "digits", *TINY, "--devices", "2", "--batches", "64", "--measure-steps", "2", "--json",
-                     "--out", str(out))
+                     "--out", str(out), "--no-pair")
     assert again.returncode == 0, again.stderr
     printed = json.loads(again.stdout)
     assert [(r["devices"], r["batch"]) for r in printed["rows"]] == [(2, 64)]
     assert printed["target"]["s_min"] is None  # without a run: steps relative to S_min
+    assert printed["measurement"]["pair"] is None and printed["measurement"]["pair_note"] == "--no-pair"
+    assert printed["measurement"]["step"]["overlap"] is None and printed["rows"][0]["wait"] == 0
     assert json.loads((out / "advisor.json").read_text())["rows"] == printed["rows"]
     # show: the predicted time of the configured run, from the advisor.json beside its config file
     (out / "config.yaml").write_text((ROOT / "bigbatch" / "configs" / "digits.yaml").read_text())
@@ -112,6 +123,16 @@ def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp
     assert f"100 steps of {step.step:.3g} s at batch 64 on 1 device(s)" in line
     plain = run_main("show", "digits", "--set", "batch=64", "subdivisions=2")
     assert plain.returncode == 0 and "predicted time" not in plain.stdout
+    # batch.max: advisor, from the advisor.json beside the config: its one row's batch, 64
+    grow = run_main("show", str(out / "config.yaml"), "--set", "batch={mode: adaptive, base: 16, max: advisor, "
+                    "grow: true}", "subdivisions=2")
+    assert grow.returncode == 0, grow.stderr
+    assert "  mode: adaptive\n  base: 16\n  max: 64\n  grow: true\n" in grow.stdout
+    # report: the advisor's chart of the run directory's advisor.json
+    assert run_main("report", str(out)).returncode == 0
+    html = (out / "report.html").read_text(encoding="utf-8")
+    advisor = html[html.index('<section id="advisor">'):]
+    assert "<svg" in advisor[:advisor.index("</section>")] and "recommended: batch 64 on 2" in advisor
 
 
 @pytest.mark.fast
@@ -131,3 +152,45 @@ def test_a_run_without_evaluations_counts_its_training_loss_and_an_adaptive_batc
     (run / "config.yaml").write_text("name: digits\nbatch: {mode: adaptive, base: 32, max: 256}\n")
     with pytest.raises(UserError, match="--from: .* has no fixed global batch"):
         reached(run, 0.5)
+
+
+ADVISOR_MAX = "batch={mode: adaptive, base: 32, max: advisor, grow: true}"
+
+
+@pytest.mark.fast
+def test_batch_max_advisor_reads_the_recommended_batch_beside_the_config_or_in_the_run_directory(tmp_path):
+    from bigbatch.config import load_config
+    from bigbatch.errors import UserError
+
+    config = tmp_path / "cfg" / "digits.yaml"
+    config.parent.mkdir()
+    config.write_text((ROOT / "bigbatch" / "configs" / "digits.yaml").read_text())
+    run = tmp_path / "run"
+    run.mkdir()
+    advice = {"bigbatch_advisor": 1, "rows": [{"devices": 1, "batch": 64}, {"devices": 4, "batch": 512}],
+              "recommended": 1}
+    (run / "advisor.json").write_text(json.dumps(advice))
+    cfg = load_config(str(config), [ADVISOR_MAX], run_dir=run)  # not beside the config: the run directory's
+    assert cfg.adaptive.max == 512 and cfg.adaptive.base == 32 and cfg.batch == 32
+    (config.parent / "advisor.json").write_text(json.dumps({**advice, "recommended": 0}))
+    assert load_config(str(config), [ADVISOR_MAX], run_dir=run).adaptive.max == 64  # beside the config first
+    assert load_config(str(config), ["batch={mode: adaptive, base: 32, max: 128}"]).adaptive.max == 128
+    with pytest.raises(UserError, match=r"^batch.max: advisor: the batch .* recommends, 64, is not above batch.base "
+                                        r"128"):
+        load_config(str(config), ["batch={mode: adaptive, base: 128, max: advisor}"])
+    (config.parent / "advisor.json").write_text('{"rows": []}')
+    with pytest.raises(UserError, match=r"^batch.max: advisor: .*advisor.json holds no recommended batch"):
+        load_config(str(config), [ADVISOR_MAX])
+
+
+@pytest.mark.fast
+def test_batch_max_advisor_without_an_advisor_file_is_one_line_naming_the_key(tmp_path):
+    result = run_main("show", "digits", "--set", ADVISOR_MAX)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: batch.max: advisor: no advisor.json (no config file or run directory given); bigbatch plan CONFIG "
+        "--devices N,N,... --out DIR writes DIR/advisor.json"]
+    line = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", ADVISOR_MAX).stderr.strip()
+    assert line == (f"error: batch.max: advisor: no {tmp_path / 'run' / 'advisor.json'}; bigbatch plan CONFIG "
+                    "--devices N,N,... --out DIR writes DIR/advisor.json")
+    assert not (tmp_path / "run").exists()  # refused before any work

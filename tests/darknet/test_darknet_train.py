@@ -124,18 +124,23 @@ def test_yolov3_tiny_shapes_learns_a_small_set(tmp_path):
     assert val[-1] > 0.5 and val[-1] > val[0] + 0.3, val
 
 
-def test_the_yolov4_tiny_3l_shapes_recipe_trains_its_three_heads(shapes, tmp_path):
-    """The recipe measured against Ultralytics' yolov3-tinyu: AlexeyAB's yolov4-tiny-3l (heads at strides 32, 16 and 8,
-    nine anchors), fewer parameters than yolov3-tinyu's 12.1 M, and a few AdamW steps that lower its loss."""
+@pytest.mark.parametrize(("recipe", "parameters", "peer"), [
+    ("yolov4-tiny-3l-shapes", 6_125_178, 12_134_698),  # Ultralytics' yolov3-tinyu at 5 classes
+    ("yolov4-tiny-3l-slim-shapes", 2_400_750, 2_505_750),  # Ultralytics' yolo26n at 5 classes (yolo11n: 2,590,815)
+])
+def test_the_yolov4_tiny_3l_recipes_train_their_three_heads(shapes, tmp_path, recipe, parameters, peer):
+    """The recipes measured against Ultralytics (docs/benchmarks.md): AlexeyAB's yolov4-tiny-3l (heads at strides 32,
+    16 and 8, nine anchors) and its slim form (every width at 5/8), each with fewer parameters than the Ultralytics
+    model it was measured against, and a few AdamW steps that lower its loss."""
     from bigbatch.darknet.models import darknet_network
 
-    network = darknet_network("yolov4-tiny-3l-shapes.cfg", size=128)
+    network = darknet_network(f"{recipe}.cfg", size=128)
     heads = sorted(network.yolo_heads, key=lambda head: head.output)
     assert [head.spec.mask for head in heads] == [(6, 7, 8), (3, 4, 5), (0, 1, 2)]
     assert all(len(head.spec.anchors) == 9 and head.spec.iou_thresh == pytest.approx(0.213) for head in heads)
-    assert sum(p.numel() for p in network.parameters()) == 6_125_178 < 12_134_698
+    assert sum(p.numel() for p in network.parameters()) == parameters < peer
     out = tmp_path / "run"
-    result = run_main("train", "yolov4-tiny-3l-shapes", "--out", str(out), "--set", f"data.path={shapes}", *QUICK,
+    result = run_main("train", recipe, "--out", str(out), "--set", f"data.path={shapes}", *QUICK,
                       "steps=12", "batch=16", "eval.every=12", "checkpoint.every=12", "log.every=1")
     assert result.returncode == 0, result.stderr
     train = [r for r in records(out) if "loss" in r and "split" not in r]

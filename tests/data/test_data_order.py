@@ -59,3 +59,37 @@ def test_evaluation_sees_every_image_once_whatever_the_batch_and_world():
             seen = [label.item() for rank in range(world) for _, labels in eval_batches(data, batch, rank, world)
                     for label in labels]
             assert sorted(seen) == list(range(23))
+
+
+class ThreadsSeen(TensorImages):
+    """Records torch's thread count each time a batch is made; ``fail_at``: the batch whose making raises."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__(torch.zeros(12, 1), torch.arange(12))
+        self.seen: list[int] = []
+        self.fail_at = fail_at
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        self.seen.append(torch.get_num_threads())
+        if len(self.seen) == self.fail_at:
+            raise ValueError("an unreadable batch")
+        return super().__getitems__(indices)
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_without_workers_batches_are_made_with_one_thread_and_taken_with_the_processs(two_threads):
+    data = ThreadsSeen()
+    taken = [torch.get_num_threads() for _ in batches_by_step(data, GlobalBatchOrder(12, 4, seed=0), 0, 3, 0, 1, 2)]
+    taken += [torch.get_num_threads() for _ in eval_batches(data, 4)]
+    assert data.seen == [1] * 9 and taken == [2] * 6
+    failing = ThreadsSeen(fail_at=2)
+    with pytest.raises(ValueError, match="an unreadable batch"):
+        list(batches_by_step(failing, GlobalBatchOrder(12, 4, seed=0), 0, 3, 0, 1, 2))
+    assert failing.seen == [1, 1] and torch.get_num_threads() == 2  # the count is back after an error too

@@ -250,3 +250,39 @@ def test_a_huge_page_tensor_is_memory_of_its_own_that_its_views_keep():
     view = tensor[1:3]
     del tensor
     assert torch.equal(view.flatten(), torch.arange(15, 45, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("crop", ["fast", "exact", "eval"])
+def test_at_0_workers_a_batch_spread_over_threads_equals_one_made_one_by_one(tmp_path, monkeypatch, crop):
+    """With several torch threads in the process, a batch made at 0 workers has its samples after the first decoded
+    and finished in threads of its own (``sample_threads``): the same values, labels and problems as with one,
+    a PNG and a truncated JPEG among them (made one by one, the truncated one replaced by the next)."""
+    from bigbatch.data.pipeline.loader import batches_by_step
+    from bigbatch.data.pipeline.order import GlobalBatchOrder
+    from bigbatch.data.transforms.crops import InceptionEvalCrop
+
+    photos = write_photo_folder(tmp_path / "set")
+    paths = sorted(str(p) for p in (photos / "train").rglob("*") if p.is_file())
+    data = Path(paths[5]).read_bytes()
+    Path(paths[5]).write_bytes(data[:len(data) // 2])  # a JPEG cut short: its header reads, its decode fails
+    samples = [(path, n % 3) for n, path in enumerate(paths)]
+    assert any(p.endswith(".png") for p in paths)
+    preprocess = {"fast": InceptionTrainCrop(64, fast=True), "exact": InceptionTrainCrop(64),
+                  "eval": InceptionEvalCrop(64, fast=True)}[crop]
+    order = GlobalBatchOrder(len(samples), 8, seed=1)
+    keys = lambda step, indices: [(index, 1000 * step + index) for index in indices]  # noqa: E731
+    spread = []
+    pools = encoded_images.sample_threads
+    monkeypatch.setattr(encoded_images, "sample_threads", lambda count: spread.append(count) or pools(count))
+    runs, before = {}, torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            dataset = FolderImages(samples, preprocess, DataIssues())
+            runs[threads] = [b for step in batches_by_step(dataset, order, 0, 6, 0, 1, 1, 0, keys) for b in step]
+    finally:
+        torch.set_num_threads(before)
+    assert spread == [2] * 6
+    assert any(problems for _, _, problems in runs[1])
+    for (images, labels, problems), (theirs, their_labels, their_problems) in zip(runs[1], runs[2], strict=True):
+        assert torch.equal(images, theirs) and torch.equal(labels, their_labels) and problems == their_problems

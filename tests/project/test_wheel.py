@@ -220,7 +220,7 @@ SKIPPED = {
         "bigbatch scale [CONFIG] --batch B [--out NEW.yaml]",
         "bigbatch plan [CONFIG] [--set KEY=VALUE ...] [--memory-limit SIZE]",
         "bigbatch plan [CONFIG] --devices N,N,... [--batches B,...] [--link NAME|ALPHA_US,BETA_GBPS] "
-        "[--measure-steps N] [--from RUN --target-loss L] [--out RUN] [--json] [--price X]",
+        "[--measure-steps N] [--from RUN --target-loss L] [--out RUN] [--json] [--price X] [--no-pair]",
         "bigbatch profile [CONFIG] [--set KEY=VALUE ...] [--steps N] [--out DIR]",
         "bigbatch report RUN [RUN ...] [--out FILE.html]",
         "bigbatch predict IMAGES|FOLDER|LIST|VIDEO --from RUN|CHECKPOINT|NET.cfg # run a model on your own images",

@@ -21,7 +21,7 @@ from tests.helpers import HANG_GUARD_S, StopAfter, run_main, torchrun
 
 SETTINGS = ["data.size=8", "model.width=4", "subdivisions=2", "steps=6", "eval.every=2", "log.every=2",
             "log.tensorboard=false", "memory.interval=0.05"]
-SECTIONS = ("runs", "loss", "evaluation", "throughput", "phases", "updates", "noise", "scale", "memory")
+SECTIONS = ("runs", "loss", "evaluation", "throughput", "phases", "updates", "noise", "advisor", "scale", "memory")
 
 
 @pytest.fixture(scope="module")
@@ -512,3 +512,39 @@ def test_a_loss_scale_of_too_few_records_beside_skipped_steps_is_a_table(tmp_pat
     scale = section(write_report([run], None).read_text(encoding="utf-8"), "scale")
     assert "<svg" in scale and "too few records of the loss scale to draw" in scale  # the skipped steps are drawn
     assert scale.count("<td>65,536</td>") == 2  # the two loss-scale records, in the table
+
+
+def advisor_row(devices: int, batch: int, step: float, wall: float | None) -> dict:
+    return {"devices": devices, "batch": batch, "step": step, "step_sd": step / 10, "images_per_s": batch / step,
+            "wall_s": wall, "wall_sd": 0.2}
+
+
+def test_the_advisor_chart_where_the_run_directory_holds_an_advisor_json(tmp_path):
+    rows = [advisor_row(n, b, b / (100.0 * n), 1000.0 * (1 + 64 / b) * b / (100.0 * n)) for n in (1, 2)
+            for b in (64, 128, 256)]
+    planned = tmp_path / "planned"
+    planned.mkdir()  # what bigbatch plan --devices --out writes, alone: a run directory of its own
+    advice = {"bigbatch_advisor": 1, "rows": rows, "recommended": 5, "link": {"name": "nvlink"},
+              "target": {"s_min": 1000.0}}
+    (planned / "advisor.json").write_text(json.dumps(advice))
+    run = read_run(planned)
+    assert run.advice is not None and len(run.advice.rows) == 6 and not run.advice.relative
+    assert (run.advice.recommended.devices, run.advice.recommended.batch) == (2, 256)
+    assert run.advice.rows[0].images_per_s_sd == pytest.approx(100.0 / 10)  # step_sd / step of images/s
+    html = write_report([planned], None).read_text(encoding="utf-8")
+    advisor = section(html, "advisor")
+    assert advisor.count("<svg") == 1 and "recommended: batch 256 on 2" in advisor
+    assert "wall time to the target" in advisor and "link nvlink" in advisor
+    # without a target the wall time is per S_min step; a row without its numbers is left out, said in a note
+    relative = make_run(tmp_path / "relative", [{"step": 1}])
+    (relative / "advisor.json").write_text(json.dumps({**advice, "target": {"s_min": None},
+                                                       "rows": [*rows, {"devices": 4, "batch": "x"}]}))
+    html = write_report([relative], None).read_text(encoding="utf-8")
+    assert "wall time per S_min step" in section(html, "advisor")
+    assert "1 of its 7 rows lack a number" in section(html, "runs")
+    # a file of that name bigbatch did not write: a note, no chart
+    other = make_run(tmp_path / "other", [{"step": 1}])
+    (other / "advisor.json").write_text('{"advice": "buy more GPUs"}')
+    html = write_report([other], None).read_text(encoding="utf-8")
+    assert "No advisor.json in these runs" in section(html, "advisor")
+    assert "advisor.json is not an advisor file bigbatch wrote" in section(html, "runs")

@@ -12,18 +12,25 @@ A sample's augmentation is drawn from its own seed (``data/pipeline/order.py``'s
 index), so an image gets the same crop whatever the devices, subdivisions, workers or a resume. A file that cannot be
 decoded is reported once, with its path and the reason, and the next readable image of the set stands in for it; a
 set none of whose images can be decoded is one error naming the set.
+
+At 0 workers, in a process with several torch threads, a batch's samples are spread over that many threads
+(``EncodedImages._threaded_rest``) where the preprocessing can make its draws ahead of its work
+(``planned_finish``: the Inception crops): one thread makes every draw in the samples' order, the others decode and
+finish; the same values as one by one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import math
 import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -35,6 +42,7 @@ from bigbatch.data.pipeline import jpeg
 from bigbatch.data.pipeline.batch_slabs import shared_batch_tensor
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.images import error_reason
+from bigbatch.data.pipeline.loader import batch_threads
 from bigbatch.data.pipeline.order import sample_rng
 from bigbatch.data.pipeline.problems import DataIssues, none_readable
 
@@ -84,6 +92,16 @@ def reduced_box(box: tuple[int, int, int, int], height: int, width: int, reduced
             max(1, min(round((left + w) / rx), reduced_width) - reduced_left))
 
 
+def region_box(preprocess: CropFirst, height: int, width: int) -> tuple[tuple[int, int, int, int], int]:
+    """The crop box ``preprocess`` draws for a ``height x width`` JPEG the region decode takes, and the reduction it
+    is decoded at (on the fast path the largest the crop allows: ``jpeg_reduction``), the box in the reduced image."""
+    box = preprocess.box(height, width)
+    reduction = jpeg_reduction(box[2], box[3], preprocess.needed(box[2], box[3])) if preprocess.fast else 1
+    if reduction > 1:
+        box = reduced_box(box, height, width, -(-height // reduction), -(-width // reduction))
+    return box, reduction
+
+
 def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode the crop ``preprocess`` chooses from an image file (a path, or its bytes: a shard's member), and
     finish it (``preprocess.finish``). With ``out`` the sample is written there.
@@ -97,11 +115,7 @@ def decode_crop(source: str | bytearray, preprocess: CropFirst, out: torch.Tenso
     data = read_regular(source) if isinstance(source, str) else source
     size = jpeg.region_size(data)
     if size is not None:
-        height, width = size
-        box = preprocess.box(height, width)
-        reduction = jpeg_reduction(box[2], box[3], preprocess.needed(box[2], box[3])) if preprocess.fast else 1
-        if reduction > 1:
-            box = reduced_box(box, height, width, -(-height // reduction), -(-width // reduction))
+        box, reduction = region_box(preprocess, *size)
         return preprocess.finish(jpeg.decode_region(data, *box, reduction), out)
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
@@ -177,6 +191,18 @@ def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
     return shared_batch_tensor(shape, like.dtype)
 
 
+_SAMPLE_THREADS: dict[int, ThreadPoolExecutor] = {}
+
+
+def sample_threads(count: int) -> ThreadPoolExecutor:
+    """The process's ``count`` threads for a batch's samples (made once), each with one torch thread."""
+    pool = _SAMPLE_THREADS.get(count)
+    if pool is None:
+        pool = _SAMPLE_THREADS[count] = ThreadPoolExecutor(count, "bigbatch-samples", initializer=torch.set_num_threads,
+                                                          initargs=(1,))
+    return pool
+
+
 Batch = tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]
 """``(images, labels, problems)``: a collated batch of ``EncodedImages``."""
 
@@ -230,10 +256,17 @@ class EncodedImages(Dataset, ABC):
     def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> Batch:
         """A batch, collated as :meth:`collate` collates one (the same values): each sample is finished straight
         into its slot of one batch tensor (in shared memory in a DataLoader worker, as torch's own collate puts
-        it), instead of into a tensor of its own that a stack then copies; the first sample gives the shape."""
+        it), instead of into a tensor of its own that a stack then copies; the first sample gives the shape.
+
+        Made at 0 workers with several torch threads in the process (``loader.batch_threads``), the samples after
+        the first are spread over that many threads (:meth:`_threaded_rest`): the same values."""
         images: torch.Tensor | None = None
         labels, problems = [], []
+        threads = batch_threads() if hasattr(self.preprocess, "planned_finish") else 1
         for n, key in enumerate(keys):
+            if n == 1 and threads > 1 and get_worker_info() is None:
+                self._threaded_rest(keys, images, labels, problems, threads)
+                break
             image, label, found = self.__getitem__(key, None if images is None else images[n])
             if images is None:
                 images = batch_tensor(len(keys), image)
@@ -243,6 +276,58 @@ class EncodedImages(Dataset, ABC):
         if images is None:
             raise ValueError("an empty batch")
         return images, torch.tensor(labels), problems
+
+    def _threaded_rest(self, keys: Sequence[int | tuple[int, int]], images: torch.Tensor, labels: list[int],
+                       problems: list[tuple[str, str]], threads: int) -> None:
+        """Samples 1, 2, ... of a batch into ``images``, their labels and problems appended, over ``threads`` threads.
+
+        This thread makes every random draw, in the samples' order, as one by one (each sample's crop box, then its
+        finish's: ``CropFirst.planned_finish``); the threads do the work, which draws nothing: the region decode and
+        the finish, each with one torch thread. A sample that is not a JPEG the region decode takes, or whose decode
+        fails, is made again here one by one (from its seed: the same draws), as the whole batch would be."""
+        plans = [self._plan(key) for key in keys[1:]]
+
+        def work(n: int) -> bool:
+            plan = plans[n - 1]
+            if plan is None:
+                return False
+            data, box, reduction, finish = plan
+            try:
+                finish(jpeg.decode_region(data, *box, reduction), images[n])
+            except DECODE_ERRORS:
+                return False
+            return True
+
+        done = list(sample_threads(threads).map(work, range(1, len(keys))))
+        for n, made in enumerate(done, start=1):
+            if made:
+                labels.append(self.label(self._index(keys[n])))
+                continue
+            _, label, found = self.__getitem__(keys[n], images[n])
+            labels.append(label)
+            problems += found
+
+    @staticmethod
+    def _index(key: int | tuple[int, int]) -> int:
+        return int(key[0] if isinstance(key, tuple) else key)
+
+    def _plan(self, key: int | tuple[int, int]) -> tuple[bytearray, tuple[int, int, int, int], int, Any] | None:
+        """``(bytes, box, reduction, finish)`` of a sample, its draws made; None where it is made one by one."""
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        index = int(index)
+        if index in self._unreadable:
+            return None
+        with sample_rng(seed) if seed is not None else contextlib.nullcontext():
+            try:
+                source = self.source(index)
+                data = read_regular(source) if isinstance(source, str) else source
+                size = jpeg.region_size(data)
+            except DECODE_ERRORS:
+                return None
+            if size is None:
+                return None
+            box, reduction = region_box(self.preprocess, *size)
+            return data, box, reduction, self.preprocess.planned_finish()
 
     def _sample(self, index: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         """The image at ``index``, or the next readable one (wrapping around); the unreadable ones passed over are

@@ -3,11 +3,21 @@ validation set in a fixed order, every image exactly once.
 
 Datasets may define ``__getitems__(indices)`` returning an already-collated batch (in-memory
 tensors do: one indexing operation instead of one per image) and a ``collate`` function.
+
+Without workers the batches are made in the training process with one torch thread (``one_thread``), as torch's
+DataLoader makes them in a worker. A sample's operations are small (a 299 x 299 RGB image is 268,203 values): split
+between threads, each operation ends at a barrier that waits for its slowest thread, and on a busy machine that is
+a thread not running; at torch's default threads on a loaded 2-core machine the Inception pipeline read 14 images/s
+instead of about 200 (``docs/benchmarks.md``, "At torch's default threads"). The training's own operations keep
+the process's threads, and a dataset may spread a batch's samples over that many threads of its own
+(``batch_threads``; ``data/formats/encoded_images.py`` does), each sample whole in one thread.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -99,7 +109,7 @@ def batches_by_step(
     )
     step_batches: list[Any] = []
     done = start
-    for micro in one_line_errors(loader):
+    for micro in one_line_errors(loader if workers else one_thread(loader)):
         if slabs is not None:
             slabs.received(micro)
         step_batches.append(micro)
@@ -132,12 +142,56 @@ def eval_batches(dataset: Dataset, batch: int, rank: int = 0, world: int = 1, wo
     chunks = [indices[i : i + batch] for i in range(0, len(indices), batch)]
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=workers, collate_fn=_collate_of(dataset),
                         generator=own_generator(0, 0))
+    batches = one_line_errors(loader if workers else one_thread(loader))
     if not progress:
-        return one_line_errors(loader)
+        return batches
     from tqdm import tqdm
 
-    return tqdm(one_line_errors(loader), total=len(chunks), desc=f"evaluating {len(indices)} images", unit="batch",
+    return tqdm(batches, total=len(chunks), desc=f"evaluating {len(indices)} images", unit="batch",
                 leave=False, disable=None, dynamic_ncols=True)
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Inside, torch's intra-op operations use ``count`` threads; after, as many as before (changing the count
+    costs well under a microsecond)."""
+    before = torch.get_num_threads()
+    if before == count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def one_thread(batches: Iterable[Any]) -> Iterator[Any]:
+    """``batches``, each one made with one torch thread (``torch_threads(1)``), as a DataLoader worker makes it;
+    the code that takes a batch runs with the process's threads. While a batch is made, ``batch_threads()`` is the
+    process's count: a dataset may spread the batch's samples over that many threads of its own."""
+    iterator = iter(batches)
+    while True:
+        outside = torch.get_num_threads()
+        with torch_threads(1):
+            _making.threads = outside
+            try:
+                batch = next(iterator, _END)
+            finally:
+                _making.threads = 1
+        if batch is _END:
+            return
+        yield batch
+
+
+_END = object()
+_making = threading.local()
+
+
+def batch_threads() -> int:
+    """The torch threads of the process whose batch is being made in this thread by ``one_thread`` (at 0 workers);
+    1 anywhere else (in a DataLoader worker, outside a loader)."""
+    return getattr(_making, "threads", 1)
 
 
 WORKER_ERROR = f"\n{UserError.__module__}.{UserError.__qualname__}: "

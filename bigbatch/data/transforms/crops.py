@@ -16,6 +16,7 @@ Randomness comes from torch's global RNG, which the dataset seeds per sample.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torchvision.transforms import v2
@@ -50,6 +51,12 @@ class InceptionTrainCrop:
             return self.rest.after_crop_fast(crop, out=out)
         return into(self.rest.after_crop(crop), out)
 
+    def planned_finish(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        """``finish`` with its draws made now (flip, colours): the work, which draws nothing, may run in another
+        thread (``EncodedImages``' threaded batches)."""
+        params = self.rest.draw_params()
+        return lambda crop, out=None: self.rest.after_crop_drawn(crop, params, self.fast, out)
+
 
 class InceptionEvalCrop:
     def __init__(self, size: int, fast: bool = False) -> None:
@@ -66,6 +73,9 @@ class InceptionEvalCrop:
         if self.fast:
             return self.eval.after_crop_fast(crop, out=out)
         return into(self.eval.after_crop(crop), out)
+
+    def planned_finish(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        return self.finish  # draws nothing
 
 
 def _normalised(image: torch.Tensor) -> torch.Tensor:

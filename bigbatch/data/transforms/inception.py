@@ -353,8 +353,15 @@ class InceptionTrain(_Transform):
         (``data.decode: fast``); the same random draws in the same order, so the same box, flip and colours.
         Only the bilinear method with the fast colour distortion has a fast form; any other runs as
         :meth:`after_crop`. With ``out`` the result is written there (a batch's slot)."""
-        x, params = _rgb_tensor(image), self.draw_params()
-        if params["method"] != "bilinear" or x.dtype != torch.uint8 or not isinstance(self.color, DistortColorFast):
+        return self.after_crop_drawn(image, self.draw_params(), fast=True, out=out)
+
+    def after_crop_drawn(self, image: Any, params: dict[str, Any], fast: bool = False, out: Tensor | None = None
+                         ) -> Tensor:
+        """:meth:`after_crop` (``fast``: :meth:`after_crop_fast`) with the draws already made (:meth:`draw_params`):
+        no random draw, so it may run in another thread than the one that drew."""
+        x = _rgb_tensor(image)
+        if (not fast or params["method"] != "bilinear" or x.dtype != torch.uint8
+                or not isinstance(self.color, DistortColorFast)):
             result = self._finish(x, params)
             return result if out is None else out.copy_(result)
         return fast_to_signed_unit(fast_resize_bilinear(x, self.size, params["flip"]),
