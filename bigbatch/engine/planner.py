@@ -7,10 +7,14 @@ scaler, BatchNorm statistics, clipping), and times two training steps on random 
 training input size, in the configured precision, each accumulating as many micro-batches as the run's step (at
 most 4); four steps on the CPU with ``memory.keep_freed``, whose heap takes
 a few passes to settle (ResNet-18 at micro-batch 64, the steps alone, peaked at 1,784 MiB over two, 1,956 over
-four, 1,952 over six). Beside the steps it has what a run has beside them, in the run's order: after the first
-step an evaluation batch (``eval.batch`` images through the weights that are evaluated, without gradients), then
-a checkpoint's serialized bytes, held through the later steps as the background writer holds them; and on the CPU
-each step's micro-batches of the run's own data for a whole per-device step, read by its loader with its workers.
+four, 1,952 over six). Beside the steps it has what a run has beside them, in the run's order, as a run that
+evaluates and checkpoints every step: after each step an evaluation batch (``eval.batch`` images through the weights
+that are evaluated, without gradients), then a checkpoint's serialized bytes, taken while the last ones are still
+held and held through the next step and evaluation as the background writer holds them (with kept memory each
+evaluation beside them needed more: ResNet-18 at 4 x 16, +171, +104, +61 and +0 MiB over four; a run of that
+layout had reached 1.16x a measurement that evaluated once); with ``log.updates`` the update sizes' float32 copy of the
+weights; and on the CPU each step's micro-batches of the run's own data for a whole per-device step, read by its
+loader with its workers.
 It runs as one process, so what only several processes have is not measured: ``norm.sync``'s
 cross-device BatchNorm layers and DDP's gradient buckets (about one more copy of the gradients).
 
@@ -87,15 +91,18 @@ FAILED = 2**62
 def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | None = None) -> Measurement:
     """The memory of a short run at ``micro_batch`` in this process, in the order a run takes its parts: training
     steps on random images of the largest training input (two; four on the CPU with ``memory.keep_freed``), each of
-    ``measured_micro_batches`` micro-batches, an
-    evaluation and a checkpoint after the first; the peak memory of this process, and the speed of the last step.
+    ``measured_micro_batches`` micro-batches, with an evaluation and a checkpoint after each (a run that evaluates
+    and checkpoints every step: the most a run has beside its steps); the peak memory of this process, and the speed
+    of the last step.
 
     The parts and the step are training's own (``engine/parts.py``): the weight EMA's copy, the loss scaler,
-    BatchNorm's per-step statistics and the clipping are all in the measured peak. The evaluation forwards
+    BatchNorm's per-step statistics and the clipping are all in the measured peak, and with ``log.updates`` the float32
+    copy of the weights that the run's update sizes keep (``telemetry/update_sizes.py``). The evaluation forwards
     ``eval.batch`` random images (at most the validation set) through the model, and through the EMA's when its
     weights count, in eval mode without gradients, as the run's evaluation does. On the CPU, where the device's memory
     is the process's, so are the rest of a run: the checkpoint (training serializes one at its step and the background
-    writer holds the bytes while the next steps run, ``TrainingState.save``), and the data: each step's micro-batches
+    writer holds the bytes while the next steps run, ``TrainingState.save``, and its thread still holds them as the
+    next step's are taken), and the data: each step's micro-batches
     for a per-device batch of ``per_device`` (default: ``micro_batch``) as the run's own loader makes them, with its
     workers, are held while the step runs, as training holds them."""
     from bigbatch.engine.checkpoint import serialized
@@ -108,6 +115,7 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
     from bigbatch.floor.distributed import setup
     from bigbatch.largebatch.ema import ema_counts
     from bigbatch.tasks import build_task
+    from bigbatch.telemetry.update_sizes import UpdateSizes
 
     proc = setup()
     if cfg.memory.keep_freed:
@@ -125,21 +133,27 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
     batch = task.synthetic_batch(cfg, micro_batch, proc.device)
     data = run_data(cfg, task, per_device or micro_batch, micro_batch, steps) if on_cpu else None
     seconds, held, step_data = 0.0, None, None
+    evaluated = [model, parts.ema.module] if ema_counts(parts.ema, cfg) else [model]
+    progress = Progress(plan, BatchController(cfg, plan, proc), EventStorage())  # the fixed batch
+    state = TrainingState(cfg, model, train_step, parts.ema, progress)
+    sizes = UpdateSizes() if cfg.log.updates else None
     for step in range(steps):
         if data is not None:
             step_data = None  # as the run's loop: the step before is let go as the next one arrives
             step_data = next(data)
+        if sizes is not None:
+            sizes.before(model)  # log.updates: its float32 copy of the weights, kept for the run
         start = time.perf_counter()
         train_step(step, [batch] * accumulated)
         if proc.device.type == "cuda":
             torch.cuda.synchronize(proc.device)
         seconds = time.perf_counter() - start
-        if step == 0:
-            evaluate(cfg, task, [model, parts.ema.module] if ema_counts(parts.ema, cfg) else [model], proc.device)
-            if on_cpu:
-                progress = Progress(plan, BatchController(cfg, plan, proc), EventStorage())  # the fixed batch
-                held = serialized(TrainingState(cfg, model, train_step, parts.ema, progress).state_dict())
-    del held, step_data, data
+        if sizes is not None:
+            sizes.after(model)
+        evaluate(cfg, task, evaluated, proc.device)  # beside the last checkpoint's bytes, from the second step on
+        if on_cpu:  # the new bytes are taken while the last ones are still held, as the writer's thread holds them
+            held = serialized(state.state_dict())
+    del held, step_data, data, sizes
     if proc.device.type == "cuda":
         peak = torch.cuda.max_memory_reserved(proc.device)
     else:

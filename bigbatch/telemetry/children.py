@@ -8,10 +8,10 @@ written to. Summing their RSS instead would count the shared pages once per work
 
 A child that shares its parent's address space is not counted: a subprocess between ``vfork`` and ``exec`` (Python's
 ``subprocess`` and ``posix_spawn`` start them so), whose ``smaps_rollup`` is its parent's, so that all of the
-parent's private memory would read as the child's. One starts in every process that loads torch (``ctypes``'
-``find_library`` runs ``ldconfig -p``): sampled in that moment, the digits recipe's measuring process read 211 MiB of
-"workers" that it does not have. ``kcmp(2)`` (``KCMP_VM``) tells them apart; where it is not available (another
-architecture, a sandbox that forbids it) every child counts, as before.
+parent's private memory would read as the child's. One starts as torch loads (its CUDA build imports
+``cuda.pathfinder``, whose ``ctypes.util.find_library`` runs ``ldconfig -p``): sampled in that moment, the digits
+recipe's measuring process read 211 MiB of "workers" that it does not have. ``kcmp(2)`` (``KCMP_VM``) tells them
+apart; where it is not available (another architecture, a sandbox that forbids it) every child counts, as before.
 
 :class:`ChildrenSampler` sums it over every descendant of a process each ``interval`` seconds in a thread and keeps
 the largest sum: the workers' memory at its most, to add to the parent's own peak (``engine/planner.py``). Where

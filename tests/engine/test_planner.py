@@ -113,7 +113,12 @@ def test_the_cpu_measurement_is_a_short_run_its_data_evaluation_and_checkpoint_b
     """Training serializes a checkpoint at its step and the background writer holds the bytes while the next steps
     run; on the CPU that is the device's memory, so the measurement holds a whole checkpoint through its second
     step (ResNet-18 at micro-batch 16, by hand: 1,111 -> 1,199 MB of peak RSS, its 90 MB checkpoint). Before it, an
-    evaluation batch of ``eval.batch`` images; and each step runs beside the run's own data for a whole step."""
+    evaluation batch of ``eval.batch`` images; and each step runs beside the run's own data for a whole step.
+
+    After every step, as a run that evaluates and checkpoints every step: each evaluation after the first runs beside
+    the last checkpoint's bytes, and each needed more of kept memory (ResNet-18 at 4 x 16: +171, +104, +61, +0 MiB
+    over four; one evaluation had read 1.16x less than such a run, docs/benchmarks.md). With ``log.updates``, the
+    float32 copy of the weights that the run's update sizes keep."""
     from bigbatch.engine import checkpoint
 
     taken, evaluated, steps = [], [], []
@@ -136,13 +141,20 @@ def test_the_cpu_measurement_is_a_short_run_its_data_evaluation_and_checkpoint_b
     monkeypatch.setattr(step_module, "attempt_step",
                         lambda model, optimizer, cut, *rest: accumulated.append(len(cut)) or
                         real_attempt(model, optimizer, cut, *rest))
+    from bigbatch.telemetry.update_sizes import UpdateSizes
+
+    copies, real_before = [], UpdateSizes.before
+    monkeypatch.setattr(UpdateSizes, "before", lambda sizes, model: copies.append(len(taken)) or
+                        real_before(sizes, model))
     monkeypatch.setattr(planner, "evaluate", evaluate)
     monkeypatch.setattr(planner, "run_data", run_data)
-    cfg = load_config("digits", ["model.width=4", "eval.batch=50", "ema.decay=0.9"])
+    cfg = load_config("digits", ["model.width=4", "eval.batch=50", "ema.decay=0.9", "log.updates=true"])
     measured = planner.measure_in_this_process(cfg, 8, 24)
-    assert measured.peak_bytes > 0 and len(taken) == 1
-    assert {"model", "optimizer", "rng", "data"} <= taken[0].keys() and taken[0]["step"] == 0
-    assert evaluated == [(50, 2, 0)], "one evaluation batch, of the raw and the EMA weights, before the checkpoint"
+    assert measured.peak_bytes > 0 and len(taken) == 4
+    assert all({"model", "optimizer", "rng", "data"} <= state.keys() for state in taken)
+    assert evaluated == [(50, 2, 0), (50, 2, 1), (50, 2, 2), (50, 2, 3)], \
+        "after each step an evaluation batch, of the raw and the EMA weights, then a checkpoint"
+    assert copies == [0, 1, 2, 3], "the update sizes' copy of the weights, taken before each step"
     assert steps == [[8, 8, 8]] * 4, "each step's 3 micro-batches of the run's own data"
     assert accumulated == [3] * 4, "each measured step accumulates the run's 3 micro-batches into the gradients"
 
