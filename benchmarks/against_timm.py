@@ -28,10 +28,21 @@ thresholds raised; docs/memory.md); timm's ``train.py`` runs with glibc's defaul
 ``--timm-keep-freed`` gives timm's process the same malloc settings (``GLIBC_TUNABLES``), to show the ratio
 without that difference.
 
-``--fwd-bwd`` also times the model's forward and backward alone on each side's first micro-batches (the same
-tensor shapes), the lower bound the issue names: no trainer can take less than that per image.
+``--peers timm timm-tuned`` measures two peers beside bigbatch, each a side of its own: ``timm`` as its users run
+it, and ``timm-tuned``, timm at its best on this work: the same malloc settings as bigbatch (``GLIBC_TUNABLES``),
+``--channels-last`` (bigbatch's layout for timm's models) and, with ``--compile MODE`` (which gives bigbatch
+``model.compile=MODE``), ``--torchcompile``. For each peer the table gives bigbatch's images/s over the peer's and
+the peer's whole-process wall time over bigbatch's (start-up, evaluations and checkpoints included, as a user
+times the command; ``--images`` a multiple of 256 gives both sides the same number of training images).
+
+``--fwd-bwd`` also times the model's forward and backward alone on 32 x 3 x 128 x 128 (the shapes of either
+side's micro-batches), each in a fresh process, one with glibc's malloc as it is and contiguous tensors, one with
+the kept-freed malloc settings and channels-last (what bigbatch and the tuned peer run with): no trainer with
+that model and layout takes less per image, so the second over a side's images/s bounds what any trainer can
+gain over that side.
 
     python benchmarks/against_timm.py --timm-repo DIR [--workers 0 1 2] [--rounds 2] [--threads 2]
+        [--peers timm [timm-tuned]] [--compile MODE] [--images 1600] [--fwd-bwd]
 """
 
 from __future__ import annotations
@@ -142,11 +153,13 @@ def run_timm(src: Path, data: Path, workers: int, threads: int, epochs: int, out
     return seconds, epochs * (train_images // MICRO) * MICRO  # timm's training loader drops the last partial batch
 
 
-def run_bigbatch(data: Path, workers: int, threads: int, epochs: int, out: Path) -> tuple[float, int]:
+def run_bigbatch(data: Path, workers: int, threads: int, epochs: int, out: Path,
+                 compile_mode: str = "false") -> tuple[float, int]:
     sets = [f"data.path={data}", "data.name=folder", f"data.size={SIZE}", "model.name=timm/resnet18",
             f"batch={MICRO * ACCUM}", f"subdivisions={ACCUM}", f"epochs={epochs}", f"data.workers={workers}",
             f"optim.lr={LR}", f"optim.ref_batch={MICRO * ACCUM}", "schedule.warmup=[]", "data.preprocessing=standard",
-            "data.standard.scale=[0.1,1.0]", "eval.every=1 epoch", "checkpoint.every=1 epoch", "eval.batch=32"]
+            "data.standard.scale=[0.1,1.0]", "eval.every=1 epoch", "checkpoint.every=1 epoch", "eval.batch=32",
+            f"model.compile={compile_mode}"]
     command = [sys.executable, "-m", "bigbatch", "train", "digits", "--out", str(out / "run"), "--set", *sets]
     seconds = timed(command, thread_env(threads, CHECKOUT), out, out / "log.txt")
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -154,23 +167,40 @@ def run_bigbatch(data: Path, workers: int, threads: int, epochs: int, out: Path)
     return seconds, steps * MICRO * ACCUM
 
 
-def fwd_bwd_rate(threads: int, channels_last: bool, steps: int = 6) -> float:
-    """images/s of timm's ResNet-18 forward + backward alone on 32 x 3 x 128 x 128 (the floor of either side)."""
-    import timm
-    import torch
+FWD_BWD = """
+import sys, time, timm, torch
+threads, channels_last, steps = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
+classes, micro, size = (int(v) for v in sys.argv[4:7])
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+model = timm.create_model("resnet18", num_classes=classes).train()
+if channels_last:
+    model = model.to(memory_format=torch.channels_last)
+x, y = torch.randn(micro, 3, size, size), torch.randint(0, classes, (micro,))
+for _ in range(2):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+start = time.perf_counter()
+for _ in range(steps):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+print(steps * x.shape[0] / (time.perf_counter() - start))
+"""
+"""timm's ResNet-18 forward + backward alone on one micro-batch's shapes, ``steps`` passes after 2 of warm-up."""
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = timm.create_model("resnet18", num_classes=CLASSES).train()
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    x, y = torch.randn(MICRO, 3, SIZE, SIZE), torch.randint(0, CLASSES, (MICRO,))
-    for _ in range(2):
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-    start = time.perf_counter()
-    for _ in range(steps):
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-    return steps * MICRO / (time.perf_counter() - start)
+
+def fwd_bwd_rate(threads: int, tuned: bool, steps: int = 8) -> float:
+    """images/s of the forward + backward alone in a fresh process: glibc's malloc and contiguous tensors, or
+    (``tuned``) the kept-freed malloc settings and channels-last, bigbatch's settings and the tuned peer's."""
+    env = thread_env(threads, CHECKOUT)
+    if tuned:
+        env["GLIBC_TUNABLES"] = KEEP_FREED_TUNABLES
+    done = subprocess.run([sys.executable, "-c", FWD_BWD, str(threads), "1" if tuned else "0", str(steps),
+                           str(CLASSES), str(MICRO), str(SIZE)],
+                          env=env, capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def load() -> str:
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 def main() -> None:
@@ -183,11 +213,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--peers", nargs="+", choices=["timm", "timm-tuned"], default=["timm"],
+                        help="timm as its users run it, and/or timm at its best (malloc settings, channels-last, "
+                             "--torchcompile with --compile)")
+    parser.add_argument("--compile", default="false", choices=["false", "default", "max-autotune"],
+                        help="bigbatch's model.compile, and --torchcompile for the tuned peer when not false")
     parser.add_argument("--fwd-bwd", action="store_true", help="also time the model's forward and backward alone")
     parser.add_argument("--timm-channels-last", action="store_true",
-                        help="give timm --channels-last (bigbatch's default layout for timm's models)")
+                        help="give the 'timm' peer --channels-last (bigbatch's default layout for timm's models)")
     parser.add_argument("--timm-keep-freed", action="store_true",
-                        help="give timm's process the malloc thresholds bigbatch sets (memory.keep_freed)")
+                        help="give the 'timm' peer the malloc thresholds bigbatch sets (memory.keep_freed)")
     args = parser.parse_args()
     if args.timm_repo is None or not args.timm_repo.exists():
         print("skipped: no copy of timm's repository (--timm-repo DIR or TIMM_REPO): its train.py is the peer, "
@@ -201,35 +236,52 @@ def main() -> None:
         (tmp / "timm-src").mkdir()
         src, described = timm_source(args.timm_repo, tmp / "timm-src")
         data = write_folder(tmp / "folder", args.images, args.val)
-        extra = ("--channels-last",) if args.timm_channels_last else ()
-        kept = " with malloc keeping freed memory" if args.timm_keep_freed else ""
+        plain = ("--channels-last",) if args.timm_channels_last else ()
+        tuned = ("--channels-last",) + (() if args.compile == "false" else ("--torchcompile", "inductor"))
+        peers = {"timm": (plain, args.timm_keep_freed), "timm-tuned": (tuned, True)}
+        peers = {name: peers[name] for name in args.peers}
+        for name, (extra, kept) in peers.items():
+            print(f"peer {name}: {described} {' '.join(extra)}"
+                  f"{' with malloc keeping freed memory' if kept else ''}", flush=True)
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, installed timm "
-              f"{timm.__version__}; peer: {described} {' '.join(extra)}{kept}; {args.images} training JPEGs, "
+              f"{timm.__version__}; bigbatch model.compile={args.compile}; {args.images} training JPEGs, "
               f"{args.epochs} epochs, {args.threads} torch threads on both sides, {args.rounds} rounds", flush=True)
-        sides = {"timm": lambda w, out: run_timm(src, data, w, args.threads, args.epochs, out, extra,
-                                                    args.timm_keep_freed),
-                 "bigbatch": lambda w, out: run_bigbatch(data, w, args.threads, args.epochs, out)}
-        print(f"{'workers':>7s}  {'timm img/s':>10s}  {'bigbatch img/s':>14s}  {'bigbatch / timm':>15s}  rounds "
-              "(bigbatch / timm)", flush=True)
+        sides = {name: (lambda w, out, extra=extra, kept=kept:
+                        run_timm(src, data, w, args.threads, args.epochs, out, extra, kept))
+                 for name, (extra, kept) in peers.items()}
+        sides["bigbatch"] = lambda w, out: run_bigbatch(data, w, args.threads, args.epochs, out, args.compile)
         for workers in args.workers:
             rates: dict[str, list[float]] = {name: [] for name in sides}
+            walls: dict[str, list[float]] = {name: [] for name in sides}
             for r in range(args.rounds):
                 for name in (list(sides) if r % 2 == 0 else list(reversed(sides))):
                     out = tmp / f"{name}-w{workers}-r{r}"
                     out.mkdir()
+                    before = load()
                     seconds, images = sides[name](workers, out)
                     rates[name].append(images / seconds)
-            median = {name: statistics.median(values) for name, values in rates.items()}
-            each = ", ".join(f"{b / t:.2f}" for b, t in zip(rates["bigbatch"], rates["timm"], strict=True))
-            print(f"{workers:7d}  {median['timm']:10.1f}  {median['bigbatch']:14.1f}  "
-                  f"{median['bigbatch'] / median['timm']:15.2f}  {each}", flush=True)
+                    walls[name].append(seconds)
+                    print(f"  workers {workers} round {r} {name}: {images} images in {seconds:.1f} s, "
+                          f"{images / seconds:.1f} img/s (load before {before}, after {load()})", flush=True)
+            print(f"workers {workers}: " + ", ".join(
+                f"{name} {statistics.median(rates[name]):.1f} img/s {statistics.median(walls[name]):.1f} s"
+                for name in sides), flush=True)
+            for peer in peers:
+                ratio = statistics.median(rates["bigbatch"]) / statistics.median(rates[peer])
+                speed = [b / t for b, t in zip(rates["bigbatch"], rates[peer], strict=True)]
+                wall = [t / b for b, t in zip(walls["bigbatch"], walls[peer], strict=True)]
+                print(f"workers {workers}: bigbatch / {peer}: images/s {ratio:.2f} "
+                      f"(rounds {', '.join(f'{v:.2f}' for v in speed)}); wall time {peer} / bigbatch "
+                      f"{statistics.median(walls[peer]) / statistics.median(walls['bigbatch']):.2f} "
+                      f"(rounds {', '.join(f'{v:.2f}' for v in wall)})", flush=True)
         if args.fwd_bwd:
-            rates = {layout: [] for layout in ("contiguous", "channels_last")}
+            floors: dict[str, list[float]] = {"glibc, contiguous": [], "kept-freed, channels-last": []}
             for _ in range(3):
-                for layout in rates:
-                    rates[layout].append(fwd_bwd_rate(args.threads, layout == "channels_last"))
-            print("forward + backward alone (median of 3): " + ", ".join(
-                f"{layout} {statistics.median(values):.1f} img/s" for layout, values in rates.items()), flush=True)
+                for name in floors:
+                    floors[name].append(fwd_bwd_rate(args.threads, name.startswith("kept")))
+            print("forward + backward alone, a fresh process each (median of 3): " + ", ".join(
+                f"{name} {statistics.median(values):.1f} img/s ({', '.join(f'{v:.1f}' for v in values)})"
+                for name, values in floors.items()), flush=True)
 
 
 if __name__ == "__main__":
