@@ -107,7 +107,45 @@ def thread_env(threads: int, python_path: Path) -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONPATH=str(python_path))
 
 
+PY_SPY: list[str] = []
+"""``--py-spy PATH``: each side's command runs under ``py-spy record`` (its main thread, waits included)."""
+
+PHASES = (
+    ("imports", ("_find_and_load (",)),
+    ("evaluation", ("validate (train.py", "evaluate (bigbatch/", "(bigbatch/engine/evaluation")),
+    ("checkpoint", ("save_checkpoint (", "(bigbatch/engine/checkpoint", "torch/serialization.py")),
+    ("backward", ("_engine_run_backward (", "backward (torch/_tensor.py", "backward (torch/autograd/")),
+    ("optimizer step", ("(torch/optim/",)),
+    ("data", ("(torch/utils/data/", "(bigbatch/data/", "(timm/data/")),
+    ("forward", ("_call_impl (torch/nn/modules/module.py",)),
+)
+"""A sampled stack's phase: the first whose frames one of these name (an import wherever it happens, then the
+outermost phases first)."""
+
+
+def profile_split(raw: Path) -> tuple[dict[str, float], list[tuple[float, str]]]:
+    """Seconds of the main thread in each phase, from ``py-spy record --idle --threads --format raw`` at 100 Hz, and
+    the five frames under which the most of the rest ("other") was sampled."""
+    seconds: dict[str, float] = {}
+    other: dict[str, float] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack.startswith("thread") or ": MainThread" not in stack.split(";", 1)[0]:
+            continue
+        phase = next((name for name, marks in PHASES if any(mark in stack for mark in marks)), "other")
+        seconds[phase] = seconds.get(phase, 0.0) + int(count) / 100
+        if phase == "other":
+            frames = stack.split(";")
+            own = [frame for frame in frames if "(train.py" in frame or "(bigbatch/" in frame or "(timm/" in frame]
+            where = f"{own[-1] if own else frames[0]} > {frames[-1]}"  # the sides' own deepest frame, and the leaf
+            other[where] = other.get(where, 0.0) + int(count) / 100
+    return seconds, sorted(((value, where) for where, value in other.items()), reverse=True)[:5]
+
+
 def timed(command: list[str], env: dict[str, str], cwd: Path, log: Path) -> float:
+    if PY_SPY:
+        command = [*PY_SPY, "record", "--idle", "--threads", "--format", "raw", "--rate", "100", "--nonblocking",
+                   "-o", str(log.with_name("profile.txt")), "--", *command]
     start = time.perf_counter()
     with log.open("w") as out:
         done = subprocess.run(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
@@ -219,6 +257,8 @@ def main() -> None:
     parser.add_argument("--compile", default="false", choices=["false", "default", "max-autotune"],
                         help="bigbatch's model.compile, and --torchcompile for the tuned peer when not false")
     parser.add_argument("--fwd-bwd", action="store_true", help="also time the model's forward and backward alone")
+    parser.add_argument("--py-spy", type=Path, help="profile each side's command with this py-spy (slower: for "
+                        "where the time goes, not for the ratios)")
     parser.add_argument("--timm-channels-last", action="store_true",
                         help="give the 'timm' peer --channels-last (bigbatch's default layout for timm's models)")
     parser.add_argument("--timm-keep-freed", action="store_true",
@@ -231,6 +271,8 @@ def main() -> None:
     import timm
     import torch
 
+    if args.py_spy:
+        PY_SPY.append(str(args.py_spy))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "timm-src").mkdir()
@@ -263,6 +305,13 @@ def main() -> None:
                     walls[name].append(seconds)
                     print(f"  workers {workers} round {r} {name}: {images} images in {seconds:.1f} s, "
                           f"{images / seconds:.1f} img/s (load before {before}, after {load()})", flush=True)
+                    if PY_SPY:
+                        split, other = profile_split(out / "profile.txt")
+                        print("    main thread, s: " + ", ".join(f"{phase} {value:.1f}" for phase, value in
+                                                               sorted(split.items(), key=lambda kv: -kv[1])),
+                              flush=True)
+                        print("    of the other: " + "; ".join(f"{value:.1f} s {where}" for value, where in other),
+                              flush=True)
             print(f"workers {workers}: " + ", ".join(
                 f"{name} {statistics.median(rates[name]):.1f} img/s {statistics.median(walls[name]):.1f} s"
                 for name in sides), flush=True)
