@@ -13,7 +13,7 @@ import torch.nn as nn
 from bigbatch.config import load_config
 from bigbatch.engine import checkpoint
 from bigbatch.engine.trainer import train
-from bigbatch.largebatch.precision import DynamicLossScaler, UpdateRatioLossScaler, build_scaler
+from bigbatch.largebatch.precision import DynamicLossScaler, UpdateRatioLossScaler, build_scaler, grads_are_finite
 from tests.helpers import run_main
 
 
@@ -144,3 +144,18 @@ def test_fp16_on_the_cpu_is_a_clear_error(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: precision.dtype: fp16 needs a CUDA device (this run is on the CPU); "
                                      "use bf16 on the CPU")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_grads_are_finite_finds_one_bad_value_in_any_dtype_and_changes_nothing(bad, dtype):
+    params = [nn.Parameter(torch.zeros(5, 7)), nn.Parameter(torch.zeros(11, dtype=dtype)), nn.Parameter(torch.zeros(3))]
+    for i, p in enumerate(params):
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(i)).to(p.dtype) * 1e30
+    params.append(nn.Parameter(torch.zeros(2)))  # no gradient: not looked at
+    before = [p.grad.clone() for p in params[:3]]
+    assert grads_are_finite(params)
+    assert all(torch.equal(b, p.grad) for b, p in zip(before, params, strict=False))  # unscaled by 1: unchanged
+    params[1].grad[4] = bad
+    assert not grads_are_finite(params)
+    assert grads_are_finite([params[0], params[2]]) and grads_are_finite([])
