@@ -89,6 +89,31 @@ def run_main(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(bigbatch_command(*args), returncode or 0, stdout.getvalue(), stderr.getvalue())
 
 
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str,
+                     make: Callable[[Path], subprocess.CompletedProcess]) -> tuple[Path, subprocess.CompletedProcess]:
+    """``make(folder)`` run once for the whole session, however many xdist workers ask: the folder it wrote and
+    the command's result (its exit status, stdout and stderr, kept beside the folder for the workers that come
+    later).
+
+    A module-scoped fixture runs once per worker that takes one of its tests, and ``--dist worksteal`` may hand a
+    module's tests to both workers: the 100-step detection run then ran twice (32 and 27 s). Here the first worker
+    makes it under a file lock in the session's shared temporary folder, which pytest removes when the session
+    passes; the others wait on the lock and read it. Without xdist, the folder is this session's own."""
+    from filelock import FileLock
+
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
+    folder, made = root / name, root / f"{name}.result.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not made.is_file():
+            folder.mkdir()
+            result = make(folder)
+            made.write_text(json.dumps({"args": [str(a) for a in result.args], "returncode": result.returncode,
+                                        "stdout": result.stdout, "stderr": result.stderr}))
+        kept = json.loads(made.read_text())
+    return folder, subprocess.CompletedProcess(kept["args"], kept["returncode"], kept["stdout"], kept["stderr"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

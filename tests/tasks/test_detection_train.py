@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from tests.helpers import HANG_GUARD_S, clean_env, free_port, run_cli, run_main
+from tests.helpers import HANG_GUARD_S, clean_env, free_port, once_per_session, run_cli, run_main
 
 IMAGES = 500
 SHORT = ["steps=100", "optim.lr=0.005", "schedule.warmup=[{kind: linear, length: 20, start_factor: 0.02}]",
@@ -35,15 +36,21 @@ def shapes(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def short_run(shapes, tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs") / "shapes"
-    result = run_main("train", "shapes-detect", "--out", str(out), "--set", f"data.path={shapes}", *SHORT)
+def short_run(tmp_path_factory):
+    """One 100-step run for the session, whichever workers take its three tests, on its own copy of the set."""
+    def train(folder: Path) -> subprocess.CompletedProcess:
+        result = run_main("data", "shapes", "--out", str(folder / "set"), "--images", str(IMAGES), "--seed", "3")
+        assert result.returncode == 0, result.stderr
+        return run_main("train", "shapes-detect", "--out", str(folder / "run"), "--set", f"data.path={folder / 'set'}",
+                        *SHORT)
+
+    folder, result = once_per_session(tmp_path_factory, "shapes-short-run", train)
     assert result.returncode == 0, result.stderr[-3000:]
-    return out, result
+    return folder / "run", folder / "set", result
 
 
 def test_short_shapes_run_learns_and_reports_coco_metrics(short_run):
-    out, result = short_run
+    out, _, result = short_run
     final = [r for r in records(out) if r.get("split") == "val"][-1]
     assert final["step"] == 100 and final["images"] == 100
     assert final["mAP50"] > 0.03, "an untrained detector scores 0.0 here"
@@ -53,8 +60,8 @@ def test_short_shapes_run_learns_and_reports_coco_metrics(short_run):
     assert (out / "checkpoints" / "best.pt").is_file()
 
 
-def test_saved_detections_score_the_same_with_pycocotools(short_run, shapes, tmp_path):
-    out, _ = short_run
+def test_saved_detections_score_the_same_with_pycocotools(short_run, tmp_path):
+    out, shapes, _ = short_run
     saved = tmp_path / "detections.json"
     result = run_main("eval", str(out), "--save-detections", str(saved))
     assert result.returncode == 0, result.stderr
@@ -73,7 +80,7 @@ def test_saved_detections_score_the_same_with_pycocotools(short_run, shapes, tmp
     assert ours["mAP50"] == pytest.approx(evaluator.stats[1], abs=1e-6)
 
 
-def test_predict_on_the_validation_images_scores_what_eval_scores(short_run, shapes, tmp_path):
+def test_predict_on_the_validation_images_scores_what_eval_scores(short_run, tmp_path):
     """``bigbatch predict`` on the validation files, at eval's thresholds, batch and order, written as COCO results
     with the annotation file's ids and scored by faster-coco-eval: eval's mAP within 1e-6."""
     from faster_coco_eval import COCO as FasterCOCO
@@ -81,7 +88,7 @@ def test_predict_on_the_validation_images_scores_what_eval_scores(short_run, sha
 
     from bigbatch.models.detectors import SCORE_THRESH
 
-    out, _ = short_run
+    out, shapes, _ = short_run
     annotations = shapes / "annotations" / "val.json"
     listing = tmp_path / "val.txt"  # the annotation file's order, which eval's records keep
     listing.write_text("".join(f"{shapes / 'val' / image['file_name']}\n"
