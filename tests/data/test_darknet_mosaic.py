@@ -11,7 +11,6 @@ pixel of its own colour."""
 from __future__ import annotations
 
 import itertools
-import threading
 
 import numpy as np
 import pytest
@@ -302,60 +301,3 @@ def test_a_bad_value_names_the_key(setting, message):
 def test_a_bad_cfg_value_names_the_line(tmp_path):
     with pytest.raises(UserError, match=r"net\.cfg:7: \[net\] mosaic: expected an integer between 0 and 1, not .2.$"):
         load_config(str(write_cfg(tmp_path, "mosaic=2\n")))
-
-
-@pytest.mark.parametrize("mosaic", [0.0, 0.5])
-def test_a_batch_made_in_threads_is_the_batch_made_one_by_one_from_the_global_rng(tmp_path, monkeypatch, mosaic):
-    """At 0 workers a batch's samples are made in the process's torch threads (``DetectionDataset.__getitems__``),
-    each drawing from a generator of its own seeded with the sample's seed: the same samples, bit for bit, as one
-    by one, and as the global RNG seeded with that seed gives them (the stream every run drew before); the pool's
-    threads did the work. A pipeline with torchvision's ColorJitter (global draws) stays one by one."""
-    from bigbatch.data.pipeline.loader import one_thread, torch_threads
-
-    records = write_records(tmp_path, painted_set())
-    threaded = DetectionDataset(records, train_transform("letterbox", SIZE, mosaic=mosaic, **DARKNET_AUGMENT))
-    assert threaded.transform.own_rng
-    keys = [(i % len(records), SIZE, 7000 + i) for i in range(12)]
-    makers: set[str] = set()
-    decode = DetectionDataset._sample
-    monkeypatch.setattr(DetectionDataset, "_sample",
-                        lambda self, index: makers.add(threading.current_thread().name) or decode(self, index))
-    with torch_threads(2):
-        (batch,) = one_thread(threaded.__getitems__(keys) for _ in [0])
-    assert makers and "MainThread" not in makers, makers  # the pool's threads (how many of them: the scheduler's)
-    makers.clear()
-    one_by_one = [threaded[key] for key in keys]
-    assert makers == {"MainThread"}
-    global_rng = DetectionDataset(records, train_transform("letterbox", SIZE, mosaic=mosaic, **DARKNET_AUGMENT))
-    global_rng.transform.own_rng = False  # every draw from torch's global generator, seeded per sample
-    from_global = [global_rng[key] for key in keys]
-    for made in (one_by_one, from_global):
-        for (image, target), (other_image, other_target) in zip(batch, made, strict=True):
-            assert torch.equal(image, other_image)
-            assert torch.equal(target["boxes"], other_target["boxes"])
-            assert torch.equal(target["labels"], other_target["labels"])
-    jittered = DetectionDataset(records, train_transform("letterbox", SIZE, color_jitter=0.4, **DARKNET_AUGMENT))
-    assert not jittered.transform.own_rng
-    makers.clear()
-    with torch_threads(2):
-        list(one_thread(jittered.__getitems__(keys) for _ in [0]))
-    assert makers == {"MainThread"}
-
-
-def test_the_flip_draws_as_torchvisions():
-    """``RandomHorizontalFlip`` (drawing from the sample's generator) flips the same samples, image and boxes, as
-    ``v2.RandomHorizontalFlip`` under the same global seed."""
-    from torchvision.transforms import v2
-
-    from bigbatch.data.transforms.det_transforms import RandomHorizontalFlip
-
-    image, target = painted_set(1)[0]
-    flips = 0
-    for seed in range(40):
-        with sample_rng(seed):
-            theirs = v2.RandomHorizontalFlip(0.5)(image, target)
-        with sample_rng(seed, own=True):
-            ours = RandomHorizontalFlip(0.5)(image, target)
-        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1]["boxes"], theirs[1]["boxes"])
-        flips += not torch.equal(ours[0], image)
-    assert 10 <= flips <= 30

@@ -24,11 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from bigbatch.data.pipeline.images import decode_rgb, error_reason
-from bigbatch.data.pipeline.loader import batch_threads, sample_threads
 from bigbatch.data.pipeline.order import sample_rng
 from bigbatch.data.pipeline.problems import DataIssues, none_readable
 
@@ -158,24 +157,8 @@ class DetectionDataset(Dataset):
             return image, target
         if sample_seed is None:
             return self._transformed(image, target, size)
-        with sample_rng(sample_seed, own=self._own_rng):
+        with sample_rng(sample_seed):
             return self._transformed(image, target, size)
-
-    @property
-    def _own_rng(self) -> bool:
-        """Whether the transform draws from each sample's own generator only (``TrainTransform.own_rng``)."""
-        return bool(getattr(self.transform, "own_rng", False))
-
-    def __getitems__(self, keys: Sequence[int | tuple[int, Any, int | None]]) -> list[tuple[Any, dict[str, Any]]]:
-        """A batch's samples. Made at 0 workers with several torch threads in the process (``loader.batch_threads``)
-        and a transform whose every draw is the sample's own (``_own_rng``), they are spread over that many
-        threads: each sample's values are its seed's, whichever thread makes it, so the batch is the one made one
-        by one. (Decoding and the transforms' work take a fifth of a small detector's step on 2 cores at 0
-        workers, one sample after another.)"""
-        threads = batch_threads() if self._own_rng and get_worker_info() is None else 1
-        if threads > 1 and len(keys) > 1:
-            return list(sample_threads(threads).map(self.__getitem__, keys))
-        return [self.__getitem__(key) for key in keys]
 
     def _transformed(self, image: tv_tensors.Image, target: dict[str, Any], size: Any) -> tuple[Any, dict[str, Any]]:
         """The transform's output, or, when the transform carries a mosaic that picks this sample, the mosaic of this

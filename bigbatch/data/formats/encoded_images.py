@@ -28,6 +28,7 @@ import math
 import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +42,7 @@ from bigbatch.data.pipeline import jpeg
 from bigbatch.data.pipeline.batch_slabs import shared_batch_tensor
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.images import error_reason
-from bigbatch.data.pipeline.loader import batch_threads, sample_threads
+from bigbatch.data.pipeline.loader import batch_threads
 from bigbatch.data.pipeline.order import sample_rng
 from bigbatch.data.pipeline.problems import DataIssues, none_readable
 
@@ -188,6 +189,18 @@ def batch_tensor(size: int, like: torch.Tensor) -> torch.Tensor:
             return huge_page_tensor(shape, like.dtype)
         return torch.empty(shape, dtype=like.dtype)
     return shared_batch_tensor(shape, like.dtype)
+
+
+_SAMPLE_THREADS: dict[int, ThreadPoolExecutor] = {}
+
+
+def sample_threads(count: int) -> ThreadPoolExecutor:
+    """The process's ``count`` threads for a batch's samples (made once), each with one torch thread."""
+    pool = _SAMPLE_THREADS.get(count)
+    if pool is None:
+        pool = _SAMPLE_THREADS[count] = ThreadPoolExecutor(count, "bigbatch-samples", initializer=torch.set_num_threads,
+                                                          initargs=(1,))
+    return pool
 
 
 Batch = tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]

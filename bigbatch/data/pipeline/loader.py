@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -193,18 +192,6 @@ def batch_threads() -> int:
     """The torch threads of the process whose batch is being made in this thread by ``one_thread`` (at 0 workers);
     1 anywhere else (in a DataLoader worker, outside a loader)."""
     return getattr(_making, "threads", 1)
-
-
-_SAMPLE_THREADS: dict[int, ThreadPoolExecutor] = {}
-
-
-def sample_threads(count: int) -> ThreadPoolExecutor:
-    """The process's ``count`` threads for a batch's samples (made once), each with one torch thread."""
-    pool = _SAMPLE_THREADS.get(count)
-    if pool is None:
-        pool = _SAMPLE_THREADS[count] = ThreadPoolExecutor(count, "bigbatch-samples", initializer=torch.set_num_threads,
-                                                          initargs=(1,))
-    return pool
 
 
 WORKER_ERROR = f"\n{UserError.__module__}.{UserError.__qualname__}: "

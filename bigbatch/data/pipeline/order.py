@@ -18,7 +18,6 @@ Each global batch is cut into ``world * subdivisions`` equal chunks in order; ch
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -115,35 +114,11 @@ def sample_seed(seed: int, step: int, index: int) -> int:
 
 
 @contextmanager
-def sample_rng(seed: int, own: bool = False) -> Iterator[None]:
-    """Inside, a sample's draws come from torch's CPU RNG seeded with ``seed`` (a ``sample_seed``).
+def sample_rng(seed: int) -> Iterator[None]:
+    """Inside, torch's CPU RNG is seeded with ``seed`` (a ``sample_seed``); after, it is back as it was.
 
-    By default the global generator is seeded, in a fork (after, it is back as it was): every draw of the block,
-    torchvision's transforms' included, is one stream. Only the CPU generator is touched: ``torch.manual_seed``
-    would also seed every accelerator's RNG (a call per sample, about 0.2 ms here, and on a CUDA machine it would
-    reseed the training's own dropout stream).
-
-    ``own``: the block's thread gets a generator of its own, seeded with ``seed`` (:func:`sample_generator`), and
-    the global one is not touched, so that several threads can each make a sample at once. Only for code whose
-    every draw passes ``generator=sample_generator()``: the same values as the default, as a fresh CPU generator
-    and the global one give the same stream for the same seed."""
-    if own:
-        before = getattr(_sample_thread, "generator", None)
-        _sample_thread.generator = torch.Generator().manual_seed(int(seed))
-        try:
-            yield
-        finally:
-            _sample_thread.generator = before
-        return
+    Only the CPU generator is touched: ``torch.manual_seed`` would also seed every accelerator's RNG (a call per
+    sample, about 0.2 ms here, and on a CUDA machine it would reseed the training's own dropout stream)."""
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(int(seed))
         yield
-
-
-_sample_thread = threading.local()
-
-
-def sample_generator() -> torch.Generator | None:
-    """The generator of the sample this thread is making in ``sample_rng(seed, own=True)``; None anywhere else,
-    which torch's functions take as the global generator."""
-    return getattr(_sample_thread, "generator", None)

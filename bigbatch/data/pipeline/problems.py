@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -75,13 +74,6 @@ class DataIssues:
         self._held: list[DataProblem] | None = None  # inside held(): the warnings not printed yet
         self._seen: set[DataProblem] = set()
         self._outcomes: Counter[tuple[str, str]] = Counter()  # (action, unit) -> count
-        self._lock = threading.Lock()  # a batch's samples may be made in several threads (DetectionDataset)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
 
     def report(self, path: str | os.PathLike, line: int | str | None, message: str, unit: str = "image",
                action: str = "skipped") -> None:
@@ -89,12 +81,11 @@ class DataIssues:
         problem = DataProblem(str(path), line, message)
         if self.strict:
             raise UserError(f"data: {problem}")
-        with self._lock:
-            if problem in self._seen:
-                return
-            self._seen.add(problem)
-            self.problems.append(problem)
-            self._outcomes[(action, unit)] += 1
+        if problem in self._seen:
+            return
+        self._seen.add(problem)
+        self.problems.append(problem)
+        self._outcomes[(action, unit)] += 1
         if self._held is not None:
             self._held.append(problem)
         else:
@@ -137,11 +128,10 @@ class DataIssues:
         that samples carry in ``target["data_problems"]``. A problem already known is not counted again."""
         for path, message in found:
             problem = DataProblem(str(path), None, message)
-            with self._lock:
-                if problem not in self._seen:
-                    self._seen.add(problem)
-                    self.problems.append(problem)
-                    self._outcomes[(action, unit)] += 1
+            if problem not in self._seen:
+                self._seen.add(problem)
+                self.problems.append(problem)
+                self._outcomes[(action, unit)] += 1
 
     def absorb_targets(self, targets: Sequence[dict[str, Any]]) -> None:
         """``absorb`` the problems carried by a batch's targets."""

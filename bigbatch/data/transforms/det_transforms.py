@@ -33,7 +33,6 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from bigbatch.data.pipeline.order import sample_generator
 from bigbatch.data.transforms.mosaic import Mosaic
 
 ResizeMode = Literal["shorter_side", "letterbox"]
@@ -138,12 +137,11 @@ class RandomRelativeCrop(v2.Transform):
 
     def sample_window(self, height: int, width: int) -> tuple[int, int, int, int]:
         """A random ``(top, left, crop_h, crop_w)`` inside an image of ``height x width``."""
-        frac = self.min_fraction + torch.rand(2, generator=sample_generator()) * (1.0 - self.min_fraction)
+        frac = self.min_fraction + torch.rand(2) * (1.0 - self.min_fraction)
         crop_h = min(height, max(1, int(height * float(frac[0]) + 0.5)))
         crop_w = min(width, max(1, int(width * float(frac[1]) + 0.5)))
-        generator = sample_generator()
-        top = int(torch.randint(height - crop_h + 1, (), generator=generator))
-        left = int(torch.randint(width - crop_w + 1, (), generator=generator))
+        top = int(torch.randint(height - crop_h + 1, ()))
+        left = int(torch.randint(width - crop_w + 1, ()))
         return top, left, crop_h, crop_w
 
     def keeps_a_box(self, boxes: tv_tensors.BoundingBoxes, window: tuple[int, int, int, int]) -> bool:
@@ -154,7 +152,7 @@ class RandomRelativeCrop(v2.Transform):
         return bool((sides >= self.min_size).all(dim=1).any())
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
-        if self.p < 1.0 and float(torch.rand((), generator=sample_generator())) >= self.p:
+        if self.p < 1.0 and float(torch.rand(())) >= self.p:
             return {"window": None}
         height, width = _canvas_size(flat_inputs)
         boxes = _boxes(flat_inputs)
@@ -186,9 +184,8 @@ class RandomFixedCrop(RandomRelativeCrop):
 
     def sample_window(self, height: int, width: int) -> tuple[int, int, int, int]:
         crop_h, crop_w = min(height, self.size), min(width, self.size)
-        generator = sample_generator()
-        top = int(torch.randint(height - crop_h + 1, (), generator=generator))
-        left = int(torch.randint(width - crop_w + 1, (), generator=generator))
+        top = int(torch.randint(height - crop_h + 1, ()))
+        left = int(torch.randint(width - crop_w + 1, ()))
         return top, left, crop_h, crop_w
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
@@ -200,27 +197,11 @@ class RandomFixedCrop(RandomRelativeCrop):
         if boxes is None or len(boxes) == 0:
             return {"window": self.sample_window(height, width)}
         boxes = F.convert_bounding_box_format(boxes, new_format=tv_tensors.BoundingBoxFormat.XYXY)
-        pick = int(torch.randint(len(boxes), (), generator=sample_generator()))
-        x1, y1, x2, y2 = (float(v) for v in boxes[pick])
+        x1, y1, x2, y2 = (float(v) for v in boxes[int(torch.randint(len(boxes), ()))])
         crop_h, crop_w = min(height, self.size), min(width, self.size)
         top = min(max(0, round((y1 + y2 - crop_h) / 2)), height - crop_h)
         left = min(max(0, round((x1 + x2 - crop_w) / 2)), width - crop_w)
         return {"window": (top, left, crop_h, crop_w)}
-
-
-class RandomHorizontalFlip(v2.Transform):
-    """``v2.RandomHorizontalFlip(p)`` drawing from the sample's generator (``order.sample_generator``): one
-    ``U(0, 1)`` a call, a flip of the image and its boxes below ``p``, the draw and the rule torchvision's."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        super().__init__()
-        self.p = p
-
-    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
-        return {"flip": float(torch.rand((), generator=sample_generator())) < self.p}
-
-    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        return F.horizontal_flip(inpt) if params["flip"] else inpt
 
 
 class DarknetJitter(v2.Transform):
@@ -239,9 +220,7 @@ class DarknetJitter(v2.Transform):
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         height, width = _canvas_size(flat_inputs)
         dw, dh = self.jitter * width, self.jitter * height
-        generator = sample_generator()
-        left, right, top, bottom = (int(float(torch.empty(()).uniform_(-d, d, generator=generator)))
-                                    for d in (dw, dw, dh, dh))
+        left, right, top, bottom = (int(float(torch.empty(()).uniform_(-d, d))) for d in (dw, dw, dh, dh))
         return {"window": (top, left, max(1, height - top - bottom), max(1, width - left - right))}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
@@ -250,9 +229,8 @@ class DarknetJitter(v2.Transform):
 
 def rand_scale(s: float) -> float:
     """Darknet's ``rand_scale``: ``u ~ U[1, s]``, then ``u`` or ``1 / u`` with even odds."""
-    generator = sample_generator()
-    u = 1.0 + float(torch.rand((), generator=generator)) * (s - 1.0)
-    return u if float(torch.rand((), generator=generator)) < 0.5 else 1.0 / u
+    u = 1.0 + float(torch.rand(())) * (s - 1.0)
+    return u if float(torch.rand(())) < 0.5 else 1.0 / u
 
 
 _HSV_CHANNEL_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(3, 1, 1)  # R, G, B in hsv_to_rgb's closed form
@@ -296,7 +274,7 @@ class DarknetColor(v2.Transform):
         self.hue, self.saturation, self.exposure = hue, saturation, exposure
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
-        hue = float(torch.empty(()).uniform_(-self.hue, self.hue, generator=sample_generator())) if self.hue else 0.0
+        hue = float(torch.empty(()).uniform_(-self.hue, self.hue)) if self.hue else 0.0
         return {"hue": hue, "saturation": rand_scale(self.saturation), "exposure": rand_scale(self.exposure)}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
@@ -349,9 +327,6 @@ class TrainTransform:
         if color_jitter:
             # before the letterbox, so the padding stays grey 114
             before.append(v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter))
-        self.own_rng = not color_jitter
-        """Whether every draw passes ``generator=sample_generator()`` (torchvision's ColorJitter draws from the global
-        generator): then ``DetectionDataset`` may make a batch's samples in several threads."""
         each_image = list(before)  # a mosaic's images: these, then its own jitter window
         if jitter:
             before.append(DarknetJitter(jitter))
@@ -359,7 +334,7 @@ class TrainTransform:
         self.before = v2.Compose(before) if before else None
         fixed_crop = [RandomFixedCrop(crop_size, min_size=min_box_size)] if crop_size else []
         after: list[v2.Transform] = list(fixed_crop)
-        after += [RandomHorizontalFlip(flip)] if flip else []
+        after += [v2.RandomHorizontalFlip(flip)] if flip else []
         after += [clamp_and_sanitize(min_box_size), v2.ToDtype(torch.float32, scale=True)]
         color = DarknetColor(hue, saturation, exposure) if hue or saturation != 1.0 or exposure != 1.0 else None
         if color is not None:

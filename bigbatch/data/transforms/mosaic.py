@@ -52,8 +52,6 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from bigbatch.data.pipeline.order import sample_generator
-
 Sample = tuple[tv_tensors.Image, dict[str, Any]]
 Stage = Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]]
 
@@ -67,9 +65,8 @@ def draw_cut(height: int, width: int) -> tuple[int, int]:
     (AlexeyAB ``load_data_detection``)."""
     low_y, high_y = height * MIN_OFFSET_PERCENT // 100, height * (100 - MIN_OFFSET_PERCENT) // 100
     low_x, high_x = width * MIN_OFFSET_PERCENT // 100, width * (100 - MIN_OFFSET_PERCENT) // 100
-    generator = sample_generator()
-    cut_x = int(torch.randint(low_x, high_x + 1, (), generator=generator))
-    cut_y = int(torch.randint(low_y, high_y + 1, (), generator=generator))
+    cut_x = int(torch.randint(low_x, high_x + 1, ()))
+    cut_y = int(torch.randint(low_y, high_y + 1, ()))
     return cut_y, cut_x
 
 
@@ -111,7 +108,7 @@ def quadrant(k: int, size: tuple[int, int], cut: tuple[int, int]) -> tuple[int, 
 
 def _side_offset(d: int) -> int:
     """``int(U(-d, d))``: Darknet's ``rand_precalc_random(-d, d, r)`` stored in an int (truncated towards zero)."""
-    return int(float(torch.rand((), generator=sample_generator())) * 2 * d - d)
+    return int(float(torch.rand(())) * 2 * d - d)
 
 
 def _shift(offset: int, out: int, side: int, limit: int) -> int:
@@ -127,11 +124,10 @@ def draw_piece(k: int, image_size: tuple[int, int], size: tuple[int, int], cut: 
     (oh, ow), (h, w), (cut_y, cut_x) = image_size, size, cut
     dw, dh = int(ow * jitter), int(oh * jitter)
     pleft, pright, ptop, pbot = (_side_offset(d) for d in (dw, dw, dh, dh))
-    flipped = flip > 0 and float(torch.rand((), generator=sample_generator())) < flip
+    flipped = flip > 0 and float(torch.rand(())) < flip
     # the offsets as seen on the stretched, flipped image (Darknet swaps pleft and pright after a flip)
     left, right = (pright, pleft) if flipped else (pleft, pright)
-    # "move each 2nd image to the corner": the outer sides keep no offset
-    if float(torch.rand((), generator=sample_generator())) < 0.5:
+    if float(torch.rand(())) < 0.5:  # "move each 2nd image to the corner": the outer sides keep no offset
         if k % 2 == 0:
             left, right = 0, right + left
         else:
@@ -239,11 +235,11 @@ class Mosaic:
 
     def chosen(self) -> bool:
         """Whether this sample is a mosaic: probability ``p`` (no draw at 0 or 1)."""
-        return self.p >= 1.0 or (self.p > 0.0 and float(torch.rand((), generator=sample_generator())) < self.p)
+        return self.p >= 1.0 or (self.p > 0.0 and float(torch.rand(())) < self.p)
 
     def partners(self, count: int) -> list[int]:
         """The dataset indices of quadrants 1-3, uniform over ``count`` records (with replacement)."""
-        return [int(i) for i in torch.randint(count, (PIECES - 1,), generator=sample_generator())]
+        return [int(i) for i in torch.randint(count, (PIECES - 1,))]
 
     def __call__(self, samples: Sequence[Sample], size: int | None = None) -> Sample:
         size = self.size if size is None else size
