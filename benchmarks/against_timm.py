@@ -52,6 +52,7 @@ import json
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -142,14 +143,20 @@ def profile_split(raw: Path) -> tuple[dict[str, float], list[tuple[float, str]]]
     return seconds, sorted(((value, where) for where, value in other.items()), reverse=True)[:5]
 
 
+LAST_CPU_SECONDS = [0.0]
+"""The CPU time of the last command ``timed`` ran, its DataLoader workers' included."""
+
+
 def timed(command: list[str], env: dict[str, str], cwd: Path, log: Path) -> float:
     if PY_SPY:
         command = [*PY_SPY, "record", "--idle", "--threads", "--format", "raw", "--rate", "100", "--nonblocking",
                    "-o", str(log.with_name("profile.txt")), "--", *command]
-    start = time.perf_counter()
+    start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("w") as out:
         done = subprocess.run(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its waited-for children: its workers
+    LAST_CPU_SECONDS[0] = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     if done.returncode != 0:
         sys.exit(f"{' '.join(command[:3])} ... failed (exit {done.returncode}); its output: {log}")
     return seconds
@@ -217,24 +224,31 @@ if channels_last:
 x, y = torch.randn(micro, 3, size, size), torch.randint(0, classes, (micro,))
 for _ in range(2):
     torch.nn.functional.cross_entropy(model(x), y).backward()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 for _ in range(steps):
     torch.nn.functional.cross_entropy(model(x), y).backward()
-print(steps * x.shape[0] / (time.perf_counter() - start))
+wall = time.perf_counter() - start
+print(steps * x.shape[0] / wall, (time.process_time() - cpu) / wall)
 """
-"""timm's ResNet-18 forward + backward alone on one micro-batch's shapes, ``steps`` passes after 2 of warm-up."""
+"""timm's ResNet-18 forward + backward alone on one micro-batch's shapes, ``steps`` passes after 2 of warm-up: images/s
+and the cores it kept busy (the process's CPU time over the wall time)."""
 
 
-def fwd_bwd_rate(threads: int, tuned: bool, steps: int = 8) -> float:
-    """images/s of the forward + backward alone in a fresh process: glibc's malloc and contiguous tensors, or
-    (``tuned``) the kept-freed malloc settings and channels-last, bigbatch's settings and the tuned peer's."""
+def fwd_bwd_rate(threads: int, tuned: bool, steps: int = 8) -> tuple[float, float]:
+    """images/s of the forward + backward alone in a fresh process, and the cores it kept busy: glibc's malloc and
+    contiguous tensors, or (``tuned``) the kept-freed malloc settings and channels-last, bigbatch's settings and the
+    tuned peer's.
+
+    With workers, the cores bound a trainer too: the model's CPU time (images / rate x cores) and the workers'
+    decoding share the machine's cores, so no trainer's wall time is under their sum over the cores."""
     env = thread_env(threads, CHECKOUT)
     if tuned:
         env["GLIBC_TUNABLES"] = KEEP_FREED_TUNABLES
     done = subprocess.run([sys.executable, "-c", FWD_BWD, str(threads), "1" if tuned else "0", str(steps),
                            str(CLASSES), str(MICRO), str(SIZE)],
                           env=env, capture_output=True, text=True, check=True)
-    return float(done.stdout.split()[-1])
+    rate, cores = (float(v) for v in done.stdout.split()[-2:])
+    return rate, cores
 
 
 def load() -> str:
@@ -304,7 +318,8 @@ def main() -> None:
                     rates[name].append(images / seconds)
                     walls[name].append(seconds)
                     print(f"  workers {workers} round {r} {name}: {images} images in {seconds:.1f} s, "
-                          f"{images / seconds:.1f} img/s (load before {before}, after {load()})", flush=True)
+                          f"{images / seconds:.1f} img/s, {LAST_CPU_SECONDS[0] / seconds:.2f} cores busy "
+                          f"(load before {before}, after {load()})", flush=True)
                     if PY_SPY:
                         split, other = profile_split(out / "profile.txt")
                         print("    main thread, s: " + ", ".join(f"{phase} {value:.1f}" for phase, value in
@@ -324,12 +339,13 @@ def main() -> None:
                       f"{statistics.median(walls[peer]) / statistics.median(walls['bigbatch']):.2f} "
                       f"(rounds {', '.join(f'{v:.2f}' for v in wall)})", flush=True)
         if args.fwd_bwd:
-            floors: dict[str, list[float]] = {"glibc, contiguous": [], "kept-freed, channels-last": []}
+            floors: dict[str, list[tuple[float, float]]] = {"glibc, contiguous": [], "kept-freed, channels-last": []}
             for _ in range(3):
                 for name in floors:
                     floors[name].append(fwd_bwd_rate(args.threads, name.startswith("kept")))
             print("forward + backward alone, a fresh process each (median of 3): " + ", ".join(
-                f"{name} {statistics.median(values):.1f} img/s ({', '.join(f'{v:.1f}' for v in values)})"
+                f"{name} {statistics.median(r for r, _ in values):.1f} img/s "
+                f"({', '.join(f'{r:.1f} on {c:.2f} cores' for r, c in values)})"
                 for name, values in floors.items()), flush=True)
 
 
