@@ -318,8 +318,9 @@ def main() -> None:
                     rates[name].append(images / seconds)
                     walls[name].append(seconds)
                     print(f"  workers {workers} round {r} {name}: {images} images in {seconds:.1f} s, "
-                          f"{images / seconds:.1f} img/s, {LAST_CPU_SECONDS[0] / seconds:.2f} cores busy "
-                          f"(load before {before}, after {load()})", flush=True)
+                          f"{images / seconds:.1f} img/s"
+                          f"{'' if PY_SPY else f', {LAST_CPU_SECONDS[0] / seconds:.2f} cores busy'} "
+                          f"(load before {before}, after {load()})", flush=True)  # py-spy: its own CPU, not the side's
                     if PY_SPY:
                         split, other = profile_split(out / "profile.txt")
                         print("    main thread, s: " + ", ".join(f"{phase} {value:.1f}" for phase, value in
