@@ -106,6 +106,8 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str,
     folder, made = root / name, root / f"{name}.result.json"
     with FileLock(str(root / f"{name}.lock")):
         if not made.is_file():
+            if folder.exists():
+                pytest.fail(f"{folder}: an earlier worker's making of it failed (its own error says why)")
             folder.mkdir()
             result = make(folder)
             made.write_text(json.dumps({"args": [str(a) for a in result.args], "returncode": result.returncode,
