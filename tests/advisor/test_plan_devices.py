@@ -89,7 +89,10 @@ def test_the_table_with_steps_from_a_run_its_recommendation_and_advisor_json(tmp
     for row in data["rows"]:
         assert row["step"] == pytest.approx(row["compute"] + row["grad_sync"] + row["wait"] + row["bn_sync"]
                                             + row["update"] + row["data"])  # data.workers 0: the data wait adds
-        assert (row["wait"] == 0) == (row["devices"] == 1)  # measured on the pair, for several devices
+        # the pair's measured wait on several devices (what the all-reduce alone does not explain: 0 or more, 0.0
+        # when the all-reduce explains all of it on a quiet machine), none on one
+        assert row["wait"] == (data["measurement"]["pair"]["wait_s"] if row["devices"] > 1 else 0.0)
+        assert row["wait"] >= 0.0
         assert row["wall_s"] == pytest.approx(row["steps"] * row["step"])
         assert row["cost"] == pytest.approx(2.5 * row["devices"] * row["wall_s"] / 3600)
     best = data["rows"][data["recommended"]]
