@@ -449,3 +449,38 @@ def test_distort_hsv_is_the_kernels_saturation_then_hue_then_exposure(seed: int)
     expected = (adjust_hue(adjust_saturation(image, saturation), hue) * exposure).clamp(0, 1)
     torch.testing.assert_close(distort_hsv(image, hue, saturation, exposure), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(distort_hsv(image, 0.0, 1.0, exposure), (image * exposure).clamp(0, 1))
+
+
+@pytest.mark.parametrize("options", [dict(jitter=0.3, hue=0.1, saturation=1.5, exposure=1.5),
+                                     dict(jitter=0.2), dict(flip=0.0, hue=0.05), dict(min_box_size=3.0)])
+def test_the_direct_steps_after_the_resize_equal_the_v2_chain(options: dict):
+    """TrainTransform calls torchvision's kernels directly for an image and a dict of boxes: the same samples, bit for
+    bit and draw for draw, as its v2 chain, with boxes leaving the image, degenerate boxes and per-box entries."""
+    generator = torch.Generator().manual_seed(7)
+    transform = train_transform("letterbox", 48, **options)
+    chain = train_transform("letterbox", 48, **options)
+    chain.direct = False
+    for seed in range(24):
+        h, w = (int(v) for v in torch.randint(20, 90, (2,), generator=generator))
+        image = tv_tensors.Image(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator))
+        n = seed % 5
+        corners = torch.rand(n, 2, generator=generator) * torch.tensor([w, h]) * 1.2 - 5
+        sides = torch.rand(n, 2, generator=generator) * torch.tensor([w, h]) * (0.5 if seed % 3 else 0.01)
+        boxes = torch.cat([corners, corners + sides], dim=1)
+        target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)),
+                  "labels": torch.arange(n), "iscrowd": torch.zeros(n, dtype=torch.int64),
+                  "area": (sides[:, 0] * sides[:, 1]), "image_id": seed, "data_problems": ["a note"]}
+        outputs = []
+        for each in (transform, chain):
+            torch.manual_seed(seed)
+            pixels, out = each(image, target)
+            outputs.append((pixels, out, torch.rand(())))
+        (pixels, out, after), (pixels_v2, out_v2, after_v2) = outputs
+        assert type(pixels) is type(pixels_v2) is tv_tensors.Image and pixels.dtype == torch.float32
+        assert torch.equal(pixels.view(torch.int32), pixels_v2.view(torch.int32))
+        assert list(out) == list(out_v2)
+        assert out["boxes"].canvas_size == out_v2["boxes"].canvas_size == (48, 48)
+        for key in ("boxes", "labels", "iscrowd", "area"):
+            assert type(out[key]) is type(out_v2[key]) and torch.equal(out[key], out_v2[key]), key
+        assert out["image_id"] == seed and out["data_problems"] == ["a note"]
+        assert torch.equal(after, after_v2)  # the same draws were taken

@@ -320,6 +320,33 @@ def clamp_and_sanitize(min_size: float = 1.0) -> v2.Compose:
     ])
 
 
+def _image_and_boxes(image: Any, target: Any) -> bool:
+    """Whether a sample is a ``tv_tensors.Image`` and a dict whose only TVTensor is its ``boxes`` (XYXY, unrotated),
+    with one entry per box in each per-box tensor: what :meth:`TrainTransform._after_directly` takes."""
+    if not isinstance(image, tv_tensors.Image) or not isinstance(target, dict):
+        return False
+    boxes = target.get("boxes")
+    if not isinstance(boxes, tv_tensors.BoundingBoxes) or boxes.format != tv_tensors.BoundingBoxFormat.XYXY:
+        return False
+    for key, value in target.items():
+        if key != "boxes" and _holds_tv_tensor(value):
+            return False
+        if key in PER_BOX_KEYS and isinstance(value, torch.Tensor) and (value.ndim == 0
+                                                                         or value.shape[0] != boxes.shape[0]):
+            return False
+    return True
+
+
+def _holds_tv_tensor(value: Any) -> bool:
+    if isinstance(value, tv_tensors.TVTensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tv_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tv_tensor(v) for v in value)
+    return False
+
+
 def resize_transform(resize: ResizeMode, size: int, max_size: int | None = None) -> v2.Transform:
     """The geometric resize of a pipeline: :class:`ResizeShorterSide` or :class:`Letterbox`."""
     if resize == "shorter_side":
@@ -363,6 +390,9 @@ class TrainTransform:
         # the colours make the uint8 image float32 in their own pass, as v2.ToDtype would before them
         after.append(color if color is not None else v2.ToDtype(torch.float32, scale=True))
         self.after = v2.Compose(after)
+        # the same steps without v2's per-sample dispatch, where the sample is an image and a dict of boxes
+        self.direct = not crop_size
+        self.flip, self.min_box_size, self.color = flip, min_box_size, color
         self.mosaic: Mosaic | None = None  # data.mosaic: the dataset makes a sample it picks of four images
         if mosaic:
             self.mosaic = Mosaic(mosaic, size, mosaic_bound, jitter, flip,
@@ -381,11 +411,31 @@ class TrainTransform:
         size = self.size if size is None else size
         if self.before is not None:
             image, target = self.before(image, target)
-        if self.jitter:  # Darknet stretches the jittered window to the input (letter_box=0)
+        direct = self.direct and _image_and_boxes(image, target)
+        if self.jitter and direct:  # v2.Resize's kernels, called without its dispatch
+            image, target = F.resize(image, [size, size]), {**target, "boxes": F.resize(target["boxes"], [size, size])}
+        elif self.jitter:  # Darknet stretches the jittered window to the input (letter_box=0)
             image, target = v2.Resize((size, size))(image, target)
         else:
             image, target = resize_transform(self.resize, size, self.max_size_for(size))(image, target)
-        return self.after(image, target)
+        return self._after_directly(image, target) if direct else self.after(image, target)
+
+    def _after_directly(self, image: tv_tensors.Image, target: Target) -> tuple[Any, Target]:
+        """:attr:`after` (flip, clamp + sanitize, float32 and the colours) by the torchvision kernels its transforms
+        call, in its order and with its draws, but without v2's dispatch over the sample's tree for each transform,
+        which took more time than the kernels at 128 px (``tests/data/test_det_transforms.py`` compares the two)."""
+        boxes = target["boxes"]
+        if self.flip and not bool(torch.rand(1) >= self.flip):  # v2's _RandomApplyTransform draw
+            image, boxes = F.horizontal_flip(image), F.horizontal_flip(boxes)
+        boxes, valid = F.sanitize_bounding_boxes(F.clamp_bounding_boxes(boxes, clamping_mode="hard"),
+                                                 min_size=self.min_box_size)
+        target = {**target, "boxes": boxes}
+        for key in PER_BOX_KEYS:
+            if isinstance(target.get(key), torch.Tensor):
+                target[key] = target[key].as_subclass(torch.Tensor)[valid]
+        if self.color is not None:
+            return self.color.transform(image, self.color.make_params([image])), target
+        return F.to_dtype(image, torch.float32, scale=True), target
 
 
 def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
