@@ -454,7 +454,9 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize` (boxes under ``min_box_size`` pixels
     dropped with their labels); ``v2.ToDtype(float32, scale=True)``. Darknet's options: with ``jitter``,
     :class:`DarknetJitter` after the colour jitter, and the window stretched to ``size x size`` in place of the
-    resize; with ``hue``, ``saturation`` or ``exposure``, :class:`DarknetColor` on the float image, last.
+    resize; with ``hue``, ``saturation`` or ``exposure``, :class:`DarknetColor` last, in place of the ``ToDtype`` (it
+    makes the uint8 image float32 in its own pass, as ``ToDtype`` would). For an image and a dict of XYXY boxes the
+    steps after the resize run as torchvision's kernels, without v2's dispatch: the same samples.
 
     With ``mosaic`` (a probability), the transform carries a :class:`~bigbatch.data.transforms.mosaic.Mosaic` (its
     ``mosaic`` attribute), with which the training dataset makes a sample of four images, ``size x size``: AlexeyAB's
