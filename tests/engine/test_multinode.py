@@ -365,6 +365,7 @@ def uninterrupted(tmp_path: Path, subdivisions: int) -> dict:
     return weights(tmp_path / "uninterrupted")
 
 
+@pytest.mark.slow  # make test-slow: 50 s, most of it the rendezvous waiting out the lost node (20 s, then 10 s)
 def test_a_node_lost_mid_run_leaves_the_other_to_finish_on_one_process(tmp_path):
     """Two agents of one process join; before step 7 the agent of the worker of global rank 1 is lost with its worker
     (SIGKILL, as a machine dies). The other worker's collective fails, its agent restarts it: the rendezvous takes the
