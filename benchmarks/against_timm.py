@@ -41,8 +41,21 @@ the kept-freed malloc settings and channels-last (what bigbatch and the tuned pe
 that model and layout takes less per image, so the second over a side's images/s bounds what any trainer can
 gain over that side.
 
+``--floor`` adds a side that is a lower bound of any trainer's whole command: a fresh process that imports timm and
+torch, builds the model (channels-last, the kept-freed malloc settings) and does the run's model work and nothing
+else: the same training steps (8 forward and backward passes of 32 x 3 x 128 x 128 each, then an SGD step) and the
+same evaluation forward passes, on tensors already in memory: no file read, no decode, no augmentation, no
+checkpoint, no log. It runs in the rounds like the other sides. Beside it, bigbatch's input pipeline alone (its
+training loader at 0 workers over the run's training images, in one process) is timed once for its CPU seconds:
+whatever the workers, those seconds are spent on the same cores as the model's, so bigbatch's whole command takes at
+least the floor's wall time plus the pipeline's CPU seconds over the cores. The peers' wall times over that sum
+bound what bigbatch can reach against them.
+
+``--precision bf16`` trains in mixed precision on every side: bigbatch ``precision=bf16``, both peers ``--amp
+--amp-dtype bfloat16`` (torch's autocast on the CPU), the floors under the same autocast.
+
     python benchmarks/against_timm.py --timm-repo DIR [--workers 0 1 2] [--rounds 2] [--threads 2]
-        [--peers timm [timm-tuned]] [--compile MODE] [--images 1600] [--fwd-bwd]
+        [--peers timm [timm-tuned]] [--compile MODE] [--precision fp32|bf16] [--images 1600] [--fwd-bwd] [--floor]
 """
 
 from __future__ import annotations
@@ -198,13 +211,19 @@ def run_timm(src: Path, data: Path, workers: int, threads: int, epochs: int, out
     return seconds, epochs * (train_images // MICRO) * MICRO  # timm's training loader drops the last partial batch
 
 
-def run_bigbatch(data: Path, workers: int, threads: int, epochs: int, out: Path,
-                 compile_mode: str = "false") -> tuple[float, int]:
-    sets = [f"data.path={data}", "data.name=folder", f"data.size={SIZE}", "model.name=timm/resnet18",
+def bigbatch_sets(data: Path, workers: int, epochs: int, compile_mode: str = "false",
+                  precision: str = "fp32") -> list[str]:
+    """The ``--set`` overrides of bigbatch's side: the work above, on the ``digits`` recipe's other defaults."""
+    return [f"data.path={data}", "data.name=folder", f"data.size={SIZE}", "model.name=timm/resnet18",
             f"batch={MICRO * ACCUM}", f"subdivisions={ACCUM}", f"epochs={epochs}", f"data.workers={workers}",
             f"optim.lr={LR}", f"optim.ref_batch={MICRO * ACCUM}", "schedule.warmup=[]", "data.preprocessing=standard",
             "data.standard.scale=[0.1,1.0]", "eval.every=1 epoch", "checkpoint.every=1 epoch", "eval.batch=32",
-            f"model.compile={compile_mode}"]
+            f"model.compile={compile_mode}", f"precision={precision}"]
+
+
+def run_bigbatch(data: Path, workers: int, threads: int, epochs: int, out: Path,
+                 compile_mode: str = "false", precision: str = "fp32") -> tuple[float, int]:
+    sets = bigbatch_sets(data, workers, epochs, compile_mode, precision)
     command = [sys.executable, "-m", "bigbatch", "train", "digits", "--out", str(out / "run"), "--set", *sets]
     seconds = timed(command, thread_env(threads, CHECKOUT), out, out / "log.txt")
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -216,17 +235,22 @@ FWD_BWD = """
 import sys, time, timm, torch
 threads, channels_last, steps = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 classes, micro, size = (int(v) for v in sys.argv[4:7])
+bf16 = sys.argv[7] == "bf16"
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 model = timm.create_model("resnet18", num_classes=classes).train()
 if channels_last:
     model = model.to(memory_format=torch.channels_last)
 x, y = torch.randn(micro, 3, size, size), torch.randint(0, classes, (micro,))
+def pass_():
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
 for _ in range(2):
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+    pass_()
 start, cpu = time.perf_counter(), time.process_time()
 for _ in range(steps):
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+    pass_()
 wall = time.perf_counter() - start
 print(steps * x.shape[0] / wall, (time.process_time() - cpu) / wall)
 """
@@ -234,7 +258,7 @@ print(steps * x.shape[0] / wall, (time.process_time() - cpu) / wall)
 and the cores it kept busy (the process's CPU time over the wall time)."""
 
 
-def fwd_bwd_rate(threads: int, tuned: bool, steps: int = 8) -> tuple[float, float]:
+def fwd_bwd_rate(threads: int, tuned: bool, steps: int = 8, precision: str = "fp32") -> tuple[float, float]:
     """images/s of the forward + backward alone in a fresh process, and the cores it kept busy: glibc's malloc and
     contiguous tensors, or (``tuned``) the kept-freed malloc settings and channels-last, bigbatch's settings and the
     tuned peer's.
@@ -245,10 +269,80 @@ def fwd_bwd_rate(threads: int, tuned: bool, steps: int = 8) -> tuple[float, floa
     if tuned:
         env["GLIBC_TUNABLES"] = KEEP_FREED_TUNABLES
     done = subprocess.run([sys.executable, "-c", FWD_BWD, str(threads), "1" if tuned else "0", str(steps),
-                           str(CLASSES), str(MICRO), str(SIZE)],
+                           str(CLASSES), str(MICRO), str(SIZE), precision],
                           env=env, capture_output=True, text=True, check=True)
     rate, cores = (float(v) for v in done.stdout.split()[-2:])
     return rate, cores
+
+
+FLOOR = """
+import sys
+import timm, torch
+threads, steps, evals, val, classes, micro, accum, size = (int(v) for v in sys.argv[1:9])
+bf16 = sys.argv[9] == "bf16"
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+model = timm.create_model("resnet18", num_classes=classes).to(memory_format=torch.channels_last)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x = torch.randn(micro, 3, size, size).contiguous(memory_format=torch.channels_last)
+y = torch.randint(0, classes, (micro,))
+autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+for epoch in range(evals):
+    model.train()
+    for step in range(steps // evals):
+        for _ in range(accum):
+            with autocast():
+                loss = torch.nn.functional.cross_entropy(model(x), y) / accum
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad(), autocast():
+        for start in range(0, val, micro):
+            model(x[:min(micro, val - start)])
+"""
+"""The least of any trainer's whole command on this work (``--floor``): imports, the model, the training steps'
+forward, backward and SGD update, and the evaluations' forward passes, on tensors already in memory."""
+
+
+def run_floor(threads: int, epochs: int, images: int, val: int, out: Path, precision: str) -> tuple[float, int]:
+    steps = epochs * (images // (MICRO * ACCUM))
+    env = thread_env(threads, CHECKOUT)
+    env["GLIBC_TUNABLES"] = KEEP_FREED_TUNABLES
+    command = [sys.executable, "-c", FLOOR, str(threads), str(steps), str(epochs), str(val), str(CLASSES),
+               str(MICRO), str(ACCUM), str(SIZE), precision]
+    return timed(command, env, out, out / "log.txt"), steps * MICRO * ACCUM
+
+
+PIPELINE = """
+import math, sys, time
+from bigbatch.data.pipeline.bench import images_in
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import order_of
+from bigbatch.engine.preflight import load_checked
+from bigbatch.tasks import build_task
+images = int(sys.argv[1])
+cfg = load_checked("digits", sys.argv[2:])
+task = build_task(cfg)
+order = order_of(task.train_set, cfg.batch, cfg.seed, 1)
+steps = 1 + math.ceil(images / cfg.batch)
+stream = batches_by_step(task.train_set, order, 0, steps, 0, 1, cfg.subdivisions, 0, task.sample_keys)
+next(stream)
+start, cpu, read = time.perf_counter(), time.process_time(), 0
+for micro_batches in stream:
+    read += images_in(micro_batches)
+print(read, time.perf_counter() - start, time.process_time() - cpu)
+"""
+"""bigbatch's training loader alone at 0 workers (its batches decoded by the training process's threads), as ``bigbatch
+data bench`` reads it, after one untimed step: images read, wall seconds and CPU seconds."""
+
+
+def pipeline_cpu(data: Path, threads: int, images: int) -> tuple[float, float]:
+    """bigbatch's input pipeline alone over ``images`` training images: wall and CPU seconds, scaled to ``images``."""
+    done = subprocess.run([sys.executable, "-c", PIPELINE, str(images), *bigbatch_sets(data, 0, 1)],
+                          env=thread_env(threads, CHECKOUT), capture_output=True, text=True, check=True)
+    read, wall, cpu = (float(v) for v in done.stdout.split()[-3:])
+    return wall * images / read, cpu * images / read
 
 
 def load() -> str:
@@ -270,7 +364,13 @@ def main() -> None:
                              "--torchcompile with --compile)")
     parser.add_argument("--compile", default="false", choices=["false", "default", "max-autotune"],
                         help="bigbatch's model.compile, and --torchcompile for the tuned peer when not false")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: every side in mixed precision (bigbatch precision=bf16, the peers --amp "
+                             "--amp-dtype bfloat16)")
     parser.add_argument("--fwd-bwd", action="store_true", help="also time the model's forward and backward alone")
+    parser.add_argument("--floor", action="store_true",
+                        help="add the whole-command lower bound as a side (the model's work alone, in a fresh process) "
+                             "and time bigbatch's input pipeline alone")
     parser.add_argument("--py-spy", type=Path, help="profile each side's command with this py-spy (slower: for "
                         "where the time goes, not for the ratios)")
     parser.add_argument("--timm-channels-last", action="store_true",
@@ -292,20 +392,32 @@ def main() -> None:
         (tmp / "timm-src").mkdir()
         src, described = timm_source(args.timm_repo, tmp / "timm-src")
         data = write_folder(tmp / "folder", args.images, args.val)
-        plain = ("--channels-last",) if args.timm_channels_last else ()
-        tuned = ("--channels-last",) + (() if args.compile == "false" else ("--torchcompile", "inductor"))
+        amp = ("--amp", "--amp-dtype", "bfloat16") if args.precision == "bf16" else ()
+        plain = (("--channels-last",) if args.timm_channels_last else ()) + amp
+        tuned = ("--channels-last",) + (() if args.compile == "false" else ("--torchcompile", "inductor")) + amp
         peers = {"timm": (plain, args.timm_keep_freed), "timm-tuned": (tuned, True)}
         peers = {name: peers[name] for name in args.peers}
         for name, (extra, kept) in peers.items():
             print(f"peer {name}: {described} {' '.join(extra)}"
                   f"{' with malloc keeping freed memory' if kept else ''}", flush=True)
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, installed timm "
-              f"{timm.__version__}; bigbatch model.compile={args.compile}; {args.images} training JPEGs, "
+              f"{timm.__version__}; bigbatch model.compile={args.compile}; precision {args.precision}; "
+              f"{args.images} training JPEGs, "
               f"{args.epochs} epochs, {args.threads} torch threads on both sides, {args.rounds} rounds", flush=True)
         sides = {name: (lambda w, out, extra=extra, kept=kept:
                         run_timm(src, data, w, args.threads, args.epochs, out, extra, kept))
                  for name, (extra, kept) in peers.items()}
-        sides["bigbatch"] = lambda w, out: run_bigbatch(data, w, args.threads, args.epochs, out, args.compile)
+        sides["bigbatch"] = lambda w, out: run_bigbatch(data, w, args.threads, args.epochs, out, args.compile,
+                                                        args.precision)
+        train_images = args.epochs * (args.images // (MICRO * ACCUM)) * MICRO * ACCUM
+        if args.floor:
+            sides["floor"] = lambda w, out: run_floor(args.threads, args.epochs, args.images, args.val, out,
+                                                      args.precision)
+            pipeline = [pipeline_cpu(data, args.threads, train_images) for _ in range(3)]
+            pipeline_seconds = statistics.median(cpu for _, cpu in pipeline)
+            print(f"bigbatch's input pipeline alone over {train_images} training images, 0 workers (3 runs): CPU "
+                  f"{', '.join(f'{cpu:.1f}' for _, cpu in pipeline)} s, wall "
+                  f"{', '.join(f'{wall:.1f}' for wall, _ in pipeline)} s", flush=True)
         for workers in args.workers:
             rates: dict[str, list[float]] = {name: [] for name in sides}
             walls: dict[str, list[float]] = {name: [] for name in sides}
@@ -331,6 +443,17 @@ def main() -> None:
             print(f"workers {workers}: " + ", ".join(
                 f"{name} {statistics.median(rates[name]):.1f} img/s {statistics.median(walls[name]):.1f} s"
                 for name in sides), flush=True)
+            if args.floor:
+                bound = [floor + pipeline_seconds / args.threads for floor in walls["floor"]]
+                print(f"workers {workers}: bigbatch takes at least the floor plus its pipeline's CPU over "
+                      f"{args.threads} cores, {statistics.median(bound):.1f} s (rounds "
+                      f"{', '.join(f'{v:.1f}' for v in bound)}); against it bigbatch is at "
+                      f"{statistics.median(walls['bigbatch']) / statistics.median(bound):.2f}x", flush=True)
+                for peer in peers:
+                    most = [t / b for b, t in zip(bound, walls[peer], strict=True)]
+                    print(f"workers {workers}: the most bigbatch can reach against {peer}: "
+                          f"{statistics.median(walls[peer]) / statistics.median(bound):.2f}x "
+                          f"(rounds {', '.join(f'{v:.2f}' for v in most)})", flush=True)
             for peer in peers:
                 ratio = statistics.median(rates["bigbatch"]) / statistics.median(rates[peer])
                 speed = [b / t for b, t in zip(rates["bigbatch"], rates[peer], strict=True)]
@@ -343,7 +466,8 @@ def main() -> None:
             floors: dict[str, list[tuple[float, float]]] = {"glibc, contiguous": [], "kept-freed, channels-last": []}
             for _ in range(3):
                 for name in floors:
-                    floors[name].append(fwd_bwd_rate(args.threads, name.startswith("kept")))
+                    floors[name].append(fwd_bwd_rate(args.threads, name.startswith("kept"),
+                                                     precision=args.precision))
             print("forward + backward alone, a fresh process each (median of 3): " + ", ".join(
                 f"{name} {statistics.median(r for r, _ in values):.1f} img/s "
                 f"({', '.join(f'{r:.1f} on {c:.2f} cores' for r, c in values)})"
