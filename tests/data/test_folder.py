@@ -252,14 +252,15 @@ def test_a_huge_page_tensor_is_memory_of_its_own_that_its_views_keep():
     assert torch.equal(view.flatten(), torch.arange(15, 45, dtype=torch.float32))
 
 
-@pytest.mark.parametrize("crop", ["fast", "exact", "eval"])
+@pytest.mark.parametrize("crop", ["fast", "exact", "eval", "standard", "standard-eval"])
 def test_at_0_workers_a_batch_spread_over_threads_equals_one_made_one_by_one(tmp_path, monkeypatch, crop):
     """With several torch threads in the process, a batch made at 0 workers has its samples after the first decoded
     and finished in threads of its own (``sample_threads``): the same values, labels and problems as with one,
     a PNG and a truncated JPEG among them (made one by one, the truncated one replaced by the next)."""
+    from bigbatch.config.data_keys import StandardAugment
     from bigbatch.data.pipeline.loader import batches_by_step
     from bigbatch.data.pipeline.order import GlobalBatchOrder
-    from bigbatch.data.transforms.crops import InceptionEvalCrop
+    from bigbatch.data.transforms.crops import InceptionEvalCrop, StandardEvalCrop, StandardTrainCrop
 
     photos = write_photo_folder(tmp_path / "set")
     paths = sorted(str(p) for p in (photos / "train").rglob("*") if p.is_file())
@@ -268,7 +269,9 @@ def test_at_0_workers_a_batch_spread_over_threads_equals_one_made_one_by_one(tmp
     samples = [(path, n % 3) for n, path in enumerate(paths)]
     assert any(p.endswith(".png") for p in paths)
     preprocess = {"fast": InceptionTrainCrop(64, fast=True), "exact": InceptionTrainCrop(64),
-                  "eval": InceptionEvalCrop(64, fast=True)}[crop]
+                  "eval": InceptionEvalCrop(64, fast=True),
+                  "standard": StandardTrainCrop(64, StandardAugment(color_jitter=0.4, interpolation="random"), True),
+                  "standard-eval": StandardEvalCrop(64, fast=True)}[crop]
     order = GlobalBatchOrder(len(samples), 8, seed=1)
     keys = lambda step, indices: [(index, 1000 * step + index) for index in indices]  # noqa: E731
     spread = []

@@ -15,8 +15,8 @@ set none of whose images can be decoded is one error naming the set.
 
 At 0 workers, in a process with several torch threads, a batch's samples are spread over that many threads
 (``EncodedImages._threaded_rest``) where the preprocessing can make its draws ahead of its work
-(``planned_finish``: the Inception crops): one thread makes every draw in the samples' order, the others decode and
-finish; the same values as one by one.
+(``planned_finish``: the Inception and standard crops): one thread makes every draw in the samples' order, the
+others decode and finish; the same values as one by one.
 """
 
 from __future__ import annotations

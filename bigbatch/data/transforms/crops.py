@@ -101,14 +101,25 @@ class StandardTrainCrop:
         return self.size, self.size
 
     def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.planned_finish()(crop, out)
+
+    def planned_finish(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        """``finish`` with its draws made now, in its order (the interpolation where it is ``random``, the flip, the
+        colour jitter's order and factors): the work, which draws nothing, may run in another thread
+        (``EncodedImages``' threaded batches)."""
         chosen = self.augment.interpolation
         mode = INTERPOLATIONS[int(torch.randint(2, ()))] if chosen == "random" else TF.InterpolationMode[chosen.upper()]
-        image = TF.resize(crop, [self.size, self.size], interpolation=mode, antialias=True)
-        if torch.rand(1).item() < self.augment.hflip:
-            image = TF.horizontal_flip(image)
-        if self.jitter is not None:
-            image = self.jitter(image)
-        return into(_normalised(image), out)
+        flip = torch.rand(1).item() < self.augment.hflip
+        jitter = None if self.jitter is None else self.jitter.make_params([])  # its draws take nothing of the image
+
+        def finish(crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+            image = TF.resize(crop, [self.size, self.size], interpolation=mode, antialias=True)
+            if flip:
+                image = TF.horizontal_flip(image)
+            if jitter is not None:
+                image = self.jitter.transform(image, jitter)
+            return into(_normalised(image), out)
+        return finish
 
 
 class StandardEvalCrop:
@@ -126,3 +137,6 @@ class StandardEvalCrop:
     def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         image = TF.center_crop(TF.resize(crop, self.resized, antialias=True), [self.size, self.size])
         return into(_normalised(image), out)
+
+    def planned_finish(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        return self.finish  # draws nothing
