@@ -52,6 +52,11 @@ least the floor's wall time plus the pipeline's CPU seconds over the cores. The 
 bound what bigbatch can reach against them. A looser bound assumes that the pipeline could run in every core-second
 the floor leaves idle (its single-threaded imports', and whatever the model's threads leave between their parallel
 regions): the floor's CPU seconds plus the pipeline's, over the cores, or the floor's wall time where that is more.
+A third side, "fed floor", does the floor's model work on the batches of bigbatch's own training loader at the run's
+workers (one loader for the whole run) and nothing else of a trainer (no evaluation loader, checkpoint, log or
+telemetry): with workers, the cost of their decoding beside the model's threads is in it as measured, not as the
+share of the cores the bounds above grant it. A peer's wall time over it is the most bigbatch can reach against that
+peer with its input pipeline and this model as they are.
 
 ``--precision bf16`` trains in mixed precision on every side: bigbatch ``precision=bf16``, both peers ``--amp
 --amp-dtype bfloat16`` (torch's autocast on the CPU), the floors under the same autocast.
@@ -316,6 +321,55 @@ def run_floor(threads: int, epochs: int, images: int, val: int, out: Path, preci
     return timed(command, env, out, out / "log.txt"), steps * MICRO * ACCUM
 
 
+FED_FLOOR = """
+import sys
+import timm, torch
+from bigbatch.data.pipeline.loader import batches_by_step
+from bigbatch.data.pipeline.order import order_of
+from bigbatch.engine.preflight import load_checked
+from bigbatch.tasks import build_task
+threads, steps, evals, val = (int(v) for v in sys.argv[1:5])
+bf16 = sys.argv[5] == "bf16"
+cfg = load_checked("digits", sys.argv[6:])
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+task = build_task(cfg)
+model = timm.create_model("resnet18", num_classes=task.num_classes).to(memory_format=torch.channels_last)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+held = torch.randn(cfg.eval.batch, 3, cfg.data.size, cfg.data.size).contiguous(memory_format=torch.channels_last)
+autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+order = order_of(task.train_set, cfg.batch, cfg.seed, 1)
+stream = batches_by_step(task.train_set, order, 0, steps, 0, 1, cfg.subdivisions, cfg.data.workers, task.sample_keys)
+for step, micro_batches in enumerate(stream, start=1):
+    model.train()
+    for images, labels, _ in micro_batches:
+        with autocast():
+            loss = torch.nn.functional.cross_entropy(
+                model(images.contiguous(memory_format=torch.channels_last)), labels) / len(micro_batches)
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if step % (steps // evals) == 0:
+        model.eval()
+        with torch.no_grad(), autocast():
+            for start in range(0, val, cfg.eval.batch):
+                model(held[:min(cfg.eval.batch, val - start)])
+"""
+"""The floor fed by bigbatch's input pipeline (``--floor``, at each worker count): the floor's model work on the
+batches of bigbatch's own training loader at the run's workers (one loader for the whole run), and nothing else of a
+trainer: no evaluation loader, checkpoint, log or telemetry."""
+
+
+def run_fed_floor(data: Path, workers: int, threads: int, epochs: int, images: int, val: int, out: Path,
+                  precision: str) -> tuple[float, int]:
+    steps = epochs * (images // (MICRO * ACCUM))
+    env = thread_env(threads, CHECKOUT)
+    env["GLIBC_TUNABLES"] = KEEP_FREED_TUNABLES
+    command = [sys.executable, "-c", FED_FLOOR, str(threads), str(steps), str(epochs), str(val), precision,
+               *bigbatch_sets(data, workers, epochs)]
+    return timed(command, env, out, out / "log.txt"), steps * MICRO * ACCUM
+
+
 PIPELINE = """
 import math, sys, time
 from bigbatch.data.pipeline.bench import images_in
@@ -415,6 +469,8 @@ def main() -> None:
         if args.floor:
             sides["floor"] = lambda w, out: run_floor(args.threads, args.epochs, args.images, args.val, out,
                                                       args.precision)
+            sides["fed floor"] = lambda w, out: run_fed_floor(data, w, args.threads, args.epochs, args.images,
+                                                              args.val, out, args.precision)
             pipeline = [pipeline_cpu(data, args.threads, train_images) for _ in range(3)]
             pipeline_seconds = statistics.median(cpu for _, cpu in pipeline)
             print(f"bigbatch's input pipeline alone over {train_images} training images, 0 workers (3 runs): CPU "
@@ -459,6 +515,15 @@ def main() -> None:
                           for floor, cpu in zip(walls["floor"], cpus["floor"], strict=True)]
                 print(f"workers {workers}: with the pipeline packed into the floor's idle cores, at least "
                       f"{statistics.median(packed):.1f} s (rounds {', '.join(f'{v:.1f}' for v in packed)})", flush=True)
+                fed = walls["fed floor"]
+                print(f"workers {workers}: the floor fed by bigbatch's pipeline at {workers} workers takes "
+                      f"{statistics.median(fed):.1f} s; against it bigbatch is at "
+                      f"{statistics.median(walls['bigbatch']) / statistics.median(fed):.2f}x", flush=True)
+                for peer in peers:
+                    most_fed = [t / f for f, t in zip(fed, walls[peer], strict=True)]
+                    print(f"workers {workers}: with bigbatch's pipeline, the most bigbatch can reach against {peer}: "
+                          f"{statistics.median(walls[peer]) / statistics.median(fed):.2f}x "
+                          f"(rounds {', '.join(f'{v:.2f}' for v in most_fed)})", flush=True)
                 for peer in peers:
                     most = [t / b for b, t in zip(bound, walls[peer], strict=True)]
                     most_packed = [t / b for b, t in zip(packed, walls[peer], strict=True)]
