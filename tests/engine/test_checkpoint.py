@@ -91,11 +91,15 @@ def test_the_background_writer_keeps_the_order_and_hands_over_the_first_error():
     writer.wait()
     assert done == ["a", "b"]
 
+    queued = threading.Event()
+
     def fails():
+        queued.wait(HANG_GUARD_S)  # fails only once the next job is queued behind it (else submit would raise)
         raise OSError("disk full")
 
     writer.submit(fails)
-    writer.submit(lambda: done.append("after the failure"))  # queued behind it, or refused if it failed already
+    writer.submit(lambda: done.append("after the failure"))  # queued behind the failing write
+    queued.set()
     with pytest.raises(OSError, match="disk full"):
         writer.wait()
     assert "after the failure" not in done
