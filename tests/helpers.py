@@ -117,20 +117,41 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str,
 
 
 def free_port() -> int:
+    """A port free now. Only for what must be told a port before anything binds it (several torchrun agents
+    meeting at one address): another process may take it before it is bound again. Where this process can hold the
+    port itself, it should (``run_spawned``'s store, torchrun's ``--standalone``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """In a ``run_spawned`` worker: join the Gloo group of ``world`` processes through the store ``run_spawned``
+    holds on ``port``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=HANG_GUARD_S))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=HANG_GUARD_S))
+
+
 def run_spawned(worker: Callable[[int, int, str], None], world: int, out_dir: Path,
                 timeout_s: float = HANG_GUARD_S) -> list:
-    """Run ``worker(rank, port, out_dir)`` in ``world`` spawned processes (they join a Gloo group on ``port``) and
-    return what each wrote to ``out_dir/rank<r>.pt``; fail the test if they do not finish within ``timeout_s`` (a
-    hang guard). Workers still running when this returns or raises (a failed rank, pytest-timeout) are killed."""
+    """Run ``worker(rank, port, out_dir)`` in ``world`` spawned processes (they join a Gloo group through the store
+    this process holds on ``port``: ``join_gloo``) and return what each wrote to ``out_dir/rank<r>.pt``; fail the
+    test if they do not finish within ``timeout_s`` (a hang guard). Workers still running when this returns or
+    raises (a failed rank, pytest-timeout) are killed. The store's port is the one the kernel gave it, bound from
+    the start, so no other process can take it in between."""
+    from datetime import timedelta
+
     import torch
+    import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(worker, args=(free_port(), str(out_dir)), nprocs=world, join=False,
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=HANG_GUARD_S))
+    ctx = mp.start_processes(worker, args=(store.port, str(out_dir)), nprocs=world, join=False,
                              start_method="spawn")
     try:
         deadline = time.monotonic() + timeout_s
@@ -183,10 +204,15 @@ def torchrun(out, *overrides: str, processes: int = 2, config: str = "digits",
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), *standalone(),
                "-m", "bigbatch", "train", config, "--out", str(out), "--set", *common, *overrides]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def standalone() -> list[str]:
+    """torchrun's arguments for one agent on this machine: ``--standalone`` (its store on a port the kernel gives
+    it, held from the start; the launch users type) with the hang guard's timeouts (``rendezvous_conf``)."""
+    return ["--standalone", "--rdzv-conf", rendezvous_conf()]
 
 
 # --- several torchrun agents on this machine, as on several machines -------------------------------------------------

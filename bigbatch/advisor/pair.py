@@ -34,9 +34,9 @@ host each process has its own device and the two agree; on a CPU host they share
 
 from __future__ import annotations
 
+import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -111,12 +111,6 @@ def pair_layout(batch: int, largest_micro_batch: int) -> tuple[int, int]:
     return batch, micro
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _DdpReadings:
     """Micro-batch hooks that read DDP's timing of the previous synchronising iteration: torch sets it at the
     forward of the next synchronising micro-batch, so it is read after that micro-batch's backward."""
@@ -165,43 +159,54 @@ def _worker(rank: int, job: dict[str, Any]) -> None:
     the job's folder."""
     import torch.distributed as dist
 
-    from bigbatch.advisor.session import Session, batchnorm_sizes
     from bigbatch.floor.distributed import setup
 
-    for key in ("TORCHELASTIC_USE_AGENT_STORE", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
+    for key in ("GROUP_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(key, None)
+    # The pair meets in the store measure_pair holds, as torchrun's workers meet in their agent's.
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(job["port"]), RANK=str(rank), WORLD_SIZE=str(PAIR),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True")
     if not torch.cuda.is_available():
         torch.set_num_threads(job["threads"])
     proc = setup()
     try:
-        steps = job["steps"]
-        total = steps + 2  # a warm-up, the measured steps, and one whose forward hands DDP's timing of the last
-        session = Session(validate_config(job["config"]), proc, job["batch"], job["micro"], total)
-        readings = _DdpReadings(session.parts.step, session.subdivisions)
-        times = []
-        batches = session.loader(0, total)
-        for step in range(total):
-            measured = session.step(step, batches, readings)
-            if 1 <= step <= steps and measured is not None:
-                times.append(measured)
-        del batches
-        model = session.parts.model
-        gradient_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        all_reduce_s = _timed_all_reduce(gradient_numel, 5, proc.device)
-        small_s = _timed_all_reduce(2, 50, proc.device)
-        bn_layers, _ = batchnorm_sizes(model)
-        result = {
-            "ddp": [readings.by_iteration[s] for s in range(1, steps + 1) if s in readings.by_iteration],
-            "times": times, "all_reduce_s": all_reduce_s, "small_s": small_s, "subdivisions": session.subdivisions,
-            "bn_layers": bn_layers, "bn_sync": session.cfg.norm.sync != "none",
-            "device": torch.cuda.get_device_name(proc.device) if proc.device.type == "cuda" else "cpu",
-        }
+        result = _measure(job, proc)
         Path(job["out"], f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     finally:
+        # DDP freed before its process group goes: a DDP left alive until the interpreter's exit can abort a Gloo
+        # process ("terminate called without an active exception", as the trainer found; 3 of 14 pairs failed so
+        # before this, 0 of 12 after). _measure's session is gone with its frame; the collection catches any cycle.
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _measure(job: dict[str, Any], proc: Any) -> dict[str, Any]:
+    """This process's readings of the pair's steps (``_worker``)."""
+    from bigbatch.advisor.session import Session, batchnorm_sizes
+
+    steps = job["steps"]
+    total = steps + 2  # a warm-up, the measured steps, and one whose forward hands DDP's timing of the last
+    session = Session(validate_config(job["config"]), proc, job["batch"], job["micro"], total)
+    readings = _DdpReadings(session.parts.step, session.subdivisions)
+    times = []
+    batches = session.loader(0, total)
+    for step in range(total):
+        measured = session.step(step, batches, readings)
+        if 1 <= step <= steps and measured is not None:
+            times.append(measured)
+    del batches
+    model = session.parts.model
+    gradient_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    all_reduce_s = _timed_all_reduce(gradient_numel, 5, proc.device)
+    small_s = _timed_all_reduce(2, 50, proc.device)
+    bn_layers, _ = batchnorm_sizes(model)
+    return {
+        "ddp": [readings.by_iteration[s] for s in range(1, steps + 1) if s in readings.by_iteration],
+        "times": times, "all_reduce_s": all_reduce_s, "small_s": small_s, "subdivisions": session.subdivisions,
+        "bn_layers": bn_layers, "bn_sync": session.cfg.norm.sync != "none",
+        "device": torch.cuda.get_device_name(proc.device) if proc.device.type == "cuda" else "cpu",
+    }
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -242,9 +247,14 @@ def measure_pair(cfg: RunConfig, largest_micro_batch: int, steps: int) -> PairMe
     """Two processes of this machine (``python -m bigbatch.advisor.pair RANK JOB``), ``min(steps, 9)`` measured steps
     each after a warm-up (module docstring); ``RuntimeError`` naming the failure where one fails (the other is then
     stopped)."""
+    import torch.distributed as dist
+
     batch, micro = pair_layout(cfg.batch, largest_micro_batch)
+    # The pair's store, held here from the start on a port the kernel gives it (as torchrun's agent holds its
+    # workers'): a port picked free and bound later by a rank could be taken by another process in between.
+    store = dist.TCPStore("127.0.0.1", 0, PAIR, is_master=True, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="bigbatch-pair-") as out:
-        job = {"port": _free_port(), "config": cfg.model_dump(mode="json"), "batch": batch, "micro": micro,
+        job = {"port": store.port, "config": cfg.model_dump(mode="json"), "batch": batch, "micro": micro,
                "steps": max(1, min(steps, DDP_SAMPLED - 1)), "threads": max(1, torch.get_num_threads() // PAIR),
                "out": out}
         job_file = Path(out, "job.json")

@@ -3,8 +3,6 @@ records' means over every process's micro-batches."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,8 +10,8 @@ import torch.distributed as dist
 from bigbatch.floor.distributed import global_means
 from tests.helpers import (
     COMMON,
-    HANG_GUARD_S,
     assert_same_weights,
+    join_gloo,
     run_main,
     run_spawned,
     torchrun,
@@ -77,8 +75,7 @@ def _means(items: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _global_means_worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(ITEMS),
-                            timeout=timedelta(seconds=HANG_GUARD_S))
+    join_gloo(rank, len(ITEMS), port)
     try:
         torch.save(global_means(_means(ITEMS[rank]), len(ITEMS[rank])), f"{out_dir}/rank{rank}.pt")
     finally:

@@ -8,8 +8,6 @@ to hold every gradient, so one synchronisation = one call).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.data.pipeline.loader import TensorImages
 from bigbatch.engine.step import attempt_step
 from bigbatch.tasks.classification import ClassificationTask
-from tests.helpers import HANG_GUARD_S, run_spawned
+from tests.helpers import join_gloo, run_spawned
 
 WORLD = 2
 SUBDIVISIONS = 4
@@ -61,8 +59,7 @@ def _val_set() -> TensorImages:
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=HANG_GUARD_S))
+    join_gloo(rank, WORLD, port)
     try:
         model = DistributedDataParallel(_model(), bucket_cap_mb=64)
         calls = {"n": 0}

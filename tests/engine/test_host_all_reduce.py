@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from bigbatch.floor import host_all_reduce
 from bigbatch.floor.host_all_reduce import HostAllReduce
-from tests.helpers import HANG_GUARD_S, ROOT, run_spawned
+from tests.helpers import HANG_GUARD_S, ROOT, join_gloo, run_spawned
 
 WORLD = 3
 CALLS = 100
@@ -36,8 +36,7 @@ def _inputs(rank: int) -> list[torch.Tensor]:
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=HANG_GUARD_S))
+    join_gloo(rank, WORLD, port)
     try:
         channel = host_all_reduce.channel_for()
         result = {"made": channel is not None, "same_object": host_all_reduce.channel_for() is channel,

@@ -7,8 +7,6 @@ the tests compare them with a plain ``nn.BatchNorm2d`` run here on the concatena
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,7 +15,7 @@ from torch import nn
 from bigbatch.floor import host_all_reduce
 from bigbatch.floor.host_all_reduce import HostAllReduce
 from bigbatch.largebatch.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
-from tests.helpers import HANG_GUARD_S, run_spawned
+from tests.helpers import join_gloo, run_spawned
 
 WORLD = 2
 C, H, W = 4, 3, 3
@@ -133,8 +131,7 @@ def _one_value_error(rank: int, group) -> str:
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=HANG_GUARD_S))
+    join_gloo(rank, WORLD, port)
     try:
         result = {}
         for transport in TRANSPORTS:

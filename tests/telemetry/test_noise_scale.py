@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import math
-from datetime import timedelta
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch.engine.step import attempt_step
 from bigbatch.largebatch.precision import LossScaler
 from bigbatch.telemetry.noise_scale import GradientNorms, MicroBatchGradients, NoiseScale, batch_sizes
-from tests.helpers import HANG_GUARD_S, count_host_transfers, run_spawned
+from tests.helpers import count_host_transfers, join_gloo, run_spawned
 
 SCALE = 1024.0
 
@@ -297,8 +296,7 @@ def _ddp_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tor
 
 def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=HANG_GUARD_S))
+    join_gloo(rank, WORLD, port)
     try:
         model = DistributedDataParallel(_ddp_model())
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
