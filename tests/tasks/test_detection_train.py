@@ -15,7 +15,7 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from tests.helpers import HANG_GUARD_S, clean_env, free_port, once_per_session, run_cli, run_main
+from tests.helpers import HANG_GUARD_S, clean_env, once_per_session, run_cli, run_main, standalone
 
 IMAGES = 500
 SHORT = ["steps=100", "optim.lr=0.005", "schedule.warmup=[{kind: linear, length: 20, start_factor: 0.02}]",
@@ -182,8 +182,8 @@ def test_evaluation_sharded_over_two_processes_equals_one(shapes, tmp_path):
     from tests.helpers import ROOT
 
     out = tmp_path / "two"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), "-m", "bigbatch", "train", "shapes-detect", "--out", str(out),
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *standalone(),
+               "-m", "bigbatch", "train", "shapes-detect", "--out", str(out),
                "--set", f"data.path={shapes}", "steps=2", "eval.every=2", "eval.batch=1", "log.tensorboard=false",
                "norm.sync=bigbatch"]
     result = subprocess.run(command, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
