@@ -170,10 +170,14 @@ class Growth(NamedTuple):
     """The steps the samples span."""
 
     @property
+    def long_enough(self) -> bool:
+        """Enough samples over enough steps to call a trend (``STEADY_SAMPLES``, ``STEADY_STEPS``)."""
+        return self.samples >= STEADY_SAMPLES and self.steps >= STEADY_STEPS
+
+    @property
     def steady(self) -> bool:
         """A steady rise: a line explains most of it, over enough samples and steps (``STEADY_*``)."""
-        return (self.per_1000 > 0 and self.r2 >= STEADY_R2 and self.samples >= STEADY_SAMPLES
-                and self.steps >= STEADY_STEPS)
+        return self.per_1000 > 0 and self.r2 >= STEADY_R2 and self.long_enough
 
 
 def memory_growth(path: Path, after_step: int, column: str = "rss_mib", since: int = 0) -> Growth | None:

@@ -195,7 +195,9 @@ def test_the_run_reports_memory_growth_after_the_first_evaluation(tmp_path, caps
                  "steps=8"]) == 0
     growth = [r for r in records(out) if r.get("event") == "memory_growth"]
     assert len(growth) == 1 and growth[0]["samples"] >= 3 and isinstance(growth[0]["steady"], bool)
-    assert "MiB of RSS per 1,000 steps" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "MiB of RSS per 1,000 steps" in said
+    assert "steps: too short to tell a trend (that takes 20 samples over 200 steps)" in said  # 8 steps: not a trend
 
 
 JETSON_MEMINFO = """MemTotal:        7859256 kB

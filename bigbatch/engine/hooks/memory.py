@@ -12,6 +12,8 @@ from bigbatch.floor import run_files
 from bigbatch.registry import HOOKS
 from bigbatch.state_schema import Schema, Whole
 from bigbatch.telemetry.memory import (
+    STEADY_SAMPLES,
+    STEADY_STEPS,
     MemoryLimitExceeded,
     MemorySampler,
     memory_growth,
@@ -72,7 +74,7 @@ class MemoryLog(Hook):
         if self.sampler.meminfo is not None:
             columns["unified_gpu_mib"] = "the GPU's share of RAM (NvMapMemUsed)"
         fields: dict[str, float | int | bool] = {}
-        parts, flagged = [], []
+        parts, flagged, short_spans = [], [], []
         for column, what in columns.items():
             growth = memory_growth(self.sampler.path, self.first_eval, column, self.sampler.first_row)
             if growth is None:
@@ -86,6 +88,8 @@ class MemoryLog(Hook):
             else:
                 fields["unified_gpu_steady"] = steady
             parts.append(f"{per_1000:+.1f} MiB of {what}")
+            if not growth.long_enough:
+                short_spans.append(growth.steps)
             if steady:
                 flagged.append(what)
         if not parts:
@@ -94,6 +98,9 @@ class MemoryLog(Hook):
         since = (f"after the first evaluation (step {self.first_eval})" if self.first_eval >= self.started else
                  f"since this process resumed the run (step {self.started})")
         message = f"memory {since}: {' and '.join(parts)} per 1,000 steps over {samples} samples"
+        if short_spans and len(short_spans) == len(parts):  # a short run's few samples: the allocator settling
+            message += (f" and {short_spans[0]:g} steps: too short to tell a trend (that takes {STEADY_SAMPLES} "
+                        f"samples over {STEADY_STEPS} steps)")
         if flagged:
             message += (f" - a steady rise of {' and '.join(flagged)} (a leak, or a cache that keeps growing): "
                         "watch memory.csv")
