@@ -1,5 +1,6 @@
-import sys
+"""``python -m bigbatch``: the same entry point as the installed ``bigbatch`` script."""
 
-from bigbatch.cli import main
+if __name__ == "__main__":
+    from bigbatch.entry import run
 
-sys.exit(main())
+    run()

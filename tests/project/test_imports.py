@@ -145,7 +145,7 @@ LAYERS = (
     ("bigbatch.data", "bigbatch.models", "bigbatch.largebatch", "bigbatch.tasks", "bigbatch.telemetry"),
     ("bigbatch.engine",),
     ("bigbatch.darknet", "bigbatch.report", "bigbatch.inference", "bigbatch.advisor"),
-    ("bigbatch.cli", "bigbatch.__main__"),
+    ("bigbatch.cli", "bigbatch.entry", "bigbatch.__main__"),
 )
 """The floors of the package, bottom to top (docs/architecture.md, "The floors"): a module imports from its own
 floor and the floors below it, never from one above."""
