@@ -45,13 +45,15 @@ gain over that side.
 torch, builds the model (channels-last, the kept-freed malloc settings) and does the run's model work and nothing
 else: the same training steps (8 forward and backward passes of 32 x 3 x 128 x 128 each, then an SGD step) and the
 same evaluation forward passes, on tensors already in memory: no file read, no decode, no augmentation, no
-checkpoint, no log. It runs in the rounds like the other sides. Beside it, bigbatch's input pipeline alone (its
-training loader at 0 workers over the run's training images, in one process) is timed once for its CPU seconds:
-whatever the workers, those seconds are spent on the same cores as the model's, so bigbatch's whole command takes at
-least the floor's wall time plus the pipeline's CPU seconds over the cores. The peers' wall times over that sum
-bound what bigbatch can reach against them. A looser bound assumes that the pipeline could run in every core-second
-the floor leaves idle (its single-threaded imports', and whatever the model's threads leave between their parallel
-regions): the floor's CPU seconds plus the pipeline's, over the cores, or the floor's wall time where that is more.
+checkpoint, no log. It ends as bigbatch's command does, without the interpreter's teardown of modules and objects
+(``bigbatch/entry.py``; the peers' ``train.py`` pays it). It runs in the rounds like the other sides. Beside it,
+bigbatch's input pipeline alone (its training loader at 0 workers over the run's training images, in one process) is
+timed once for its CPU seconds: whatever the workers, those seconds are spent on the same cores as the model's, so
+bigbatch's whole command takes at least the floor's wall time plus the pipeline's CPU seconds over the cores. The
+peers' wall times over that sum bound what bigbatch can reach against them. A looser bound assumes that the pipeline
+could run in every core-second the floor leaves idle (its single-threaded imports', and whatever the model's threads
+leave between their parallel regions): the floor's CPU seconds plus the pipeline's, over the cores, or the floor's
+wall time where that is more.
 A third side, "fed floor", does the floor's model work on the batches of bigbatch's own training loader at the run's
 workers (one loader for the whole run) and nothing else of a trainer (no evaluation loader, checkpoint, log or
 telemetry): with workers, the cost of their decoding beside the model's threads is in it as measured, not as the
@@ -307,9 +309,13 @@ for epoch in range(evals):
     with torch.no_grad(), autocast():
         for start in range(0, val, micro):
             model(x[:min(micro, val - start)])
+from bigbatch.entry import exit_now
+exit_now(0)
 """
 """The least of any trainer's whole command on this work (``--floor``): imports, the model, the training steps'
-forward, backward and SGD update, and the evaluations' forward passes, on tensors already in memory."""
+forward, backward and SGD update, and the evaluations' forward passes, on tensors already in memory; it ends as
+bigbatch's command does (``bigbatch/entry.py``: without the interpreter's teardown, about 1 s), so that it stays
+under bigbatch's time."""
 
 
 def run_floor(threads: int, epochs: int, images: int, val: int, out: Path, precision: str) -> tuple[float, int]:
@@ -354,10 +360,12 @@ for step, micro_batches in enumerate(stream, start=1):
         with torch.no_grad(), autocast():
             for start in range(0, val, cfg.eval.batch):
                 model(held[:min(cfg.eval.batch, val - start)])
+from bigbatch.entry import exit_now
+exit_now(0)
 """
 """The floor fed by bigbatch's input pipeline (``--floor``, at each worker count): the floor's model work on the
 batches of bigbatch's own training loader at the run's workers (one loader for the whole run), and nothing else of a
-trainer: no evaluation loader, checkpoint, log or telemetry."""
+trainer: no evaluation loader, checkpoint, log or telemetry. It ends as the floor does."""
 
 
 def run_fed_floor(data: Path, workers: int, threads: int, epochs: int, images: int, val: int, out: Path,
