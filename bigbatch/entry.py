@@ -3,9 +3,11 @@
 A process that has loaded torch spends about a second at exit in the interpreter's finalization: it tears down every
 module and frees every object one by one (0.48 s for ``import torch`` alone, 0.99 s with torchvision and timm, 1.05-1.16
 s after a training run, on the project's 2-core machine; ``docs/benchmarks.md``). Nothing a command wrote depends on
-it. So :func:`exit_now` does, in the interpreter's order, the parts of an exit that can matter and then ``os._exit``:
+it. So :func:`exit_now` does the parts of an exit that can matter, in the interpreter's order and with its own calls,
+and then ``os._exit``:
 
-1. wait for every thread that is not a daemon, as the interpreter does before anything else;
+1. ``threading``'s exit hooks (they tell the idle workers of a ``concurrent.futures`` pool to stop: a pool of the
+   decoding's, never shut down, is still there), then wait for every thread that is not a daemon;
 2. run the ``atexit`` callbacks: logging's flush, ``weakref.finalize`` objects (temporary folders), multiprocessing's
    end of its children (DataLoader workers), TensorBoard's and coverage's writers;
 3. flush ``stdout`` and ``stderr``; where the reader of a pipe has left (``bigbatch ... | head``), the status is 1,
@@ -39,9 +41,7 @@ def exit_now(code: int) -> NoReturn:
     the interpreter's teardown of modules and objects; the usual ``sys.exit`` where :func:`watched`."""
     if watched():
         sys.exit(code)
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # what the interpreter calls first at exit: threading's exit hooks, then the joins
     atexit._run_exitfuncs()  # what the interpreter calls at exit; it clears the callbacks, so none runs twice
     for stream in (sys.stdout, sys.stderr):
         try:

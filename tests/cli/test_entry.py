@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import HANG_GUARD_S, ROOT, bigbatch_command, run_cli
+from tests.helpers import HANG_GUARD_S, ROOT, bigbatch_command, run_cli, write_photo_folder
 
 SCRIPT = textwrap.dedent("""
     import atexit, os, sys, threading
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     marks = Path(sys.argv[1])
@@ -41,6 +42,8 @@ SCRIPT = textwrap.dedent("""
         (marks / "thread").write_text("ran")
 
     threading.Thread(target=late).start()
+    pool = ThreadPoolExecutor(1)  # its worker idles, never shut down: threading's exit hook tells it to stop
+    pool.submit(int).result()
     {setup}
     for row in range(2000):  # more than a pipe's buffer of 8 KiB: written only as the exit flushes stdout
         print(f"row {{row}}")
@@ -98,6 +101,16 @@ def test_a_watched_process_keeps_the_interpreter_s_exit(tmp_path, watcher):
     done, marks = run_script(tmp_path, *flags, setup=setup)
     assert done.returncode == 0, done.stderr
     assert {"atexit", "thread"} <= marks and "os._exit" not in marks
+
+
+def test_a_command_that_leaves_the_decoding_threads_idle_ends(tmp_path):
+    """At 0 workers the region decode's pool of sample threads (``encoded_images.sample_threads``) outlives the
+    command, its workers idle and not daemons: the exit must tell them to stop before it waits for them."""
+    folder = write_photo_folder(tmp_path / "photos")
+    done = run_cli("data", "bench", "digits", "--images", "24", "--set", "data.name=folder", f"data.path={folder}",
+                   "data.size=64", "data.preprocessing=standard", "data.workers=0", "batch=8", "subdivisions=1")
+    assert done.returncode == 0, done.stderr
+    assert "images/s" in done.stdout
 
 
 def test_an_error_s_status_and_line_come_through(tmp_path):
