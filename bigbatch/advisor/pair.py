@@ -272,12 +272,24 @@ def measure_pair(cfg: RunConfig, largest_micro_batch: int, steps: int) -> PairMe
         finally:  # interrupted (Ctrl-C): the pair goes too
             _stop(procs)
         if failed is not None:
-            tail = [line for line in logs[failed].read_text(encoding="utf-8", errors="replace").splitlines()
-                    if line.strip()]
+            log = logs[failed].read_text(encoding="utf-8", errors="replace")
             raise RuntimeError(f"the two-process measurement failed (process {failed}): "
-                               f"{tail[-1].strip() if tail else f'exit status {procs[failed].returncode}'}")
+                               f"{failure_line(log) or f'exit status {procs[failed].returncode}'}")
         results = [json.loads(Path(out, f"rank{r}.json").read_text(encoding="utf-8")) for r in range(PAIR)]
     return summarise(results, batch, micro)
+
+
+def failure_line(log: str) -> str | None:
+    """The line of a failed rank's log that says why: the exception that ends its last Python traceback, where it
+    has one (a line that a library printed after it, such as Gloo's ``terminate called without an active
+    exception`` as the process went down, is not the reason); else the log's last line; ``None`` for an empty log."""
+    lines = [line.rstrip() for line in log.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if starts:
+        after = [line for line in lines[starts[-1] + 1:] if not line[0].isspace()]
+        if after:
+            return after[0]
+    return lines[-1].strip() if lines else None
 
 
 def _wait_all(procs: list[subprocess.Popen]) -> int | None:

@@ -197,3 +197,18 @@ def test_batch_max_advisor_without_an_advisor_file_is_one_line_naming_the_key(tm
     assert line == (f"error: batch.max: advisor: no {tmp_path / 'run' / 'advisor.json'}; bigbatch plan CONFIG "
                     "--devices N,N,... --out DIR writes DIR/advisor.json")
     assert not (tmp_path / "run").exists()  # refused before any work
+
+
+@pytest.mark.fast
+def test_a_failed_rank_is_reported_by_its_python_error_not_by_what_went_down_after_it():
+    from bigbatch.advisor.pair import failure_line
+
+    log = ("measuring...\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+           "    raise KeyError\nKeyError: 'lr'\n\n"
+           "During handling of the above exception, another exception occurred:\n\n"
+           "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
+           "RuntimeError: the optimizer has no lr\n[W gloo] a warning\nterminate called without an active exception\n")
+    assert failure_line(log) == "RuntimeError: the optimizer has no lr"
+    assert failure_line("loading\nKilled\n") == "Killed"
+    assert failure_line("Traceback (most recent call last):\n  File \"x.py\", line 1\n") == "File \"x.py\", line 1"
+    assert failure_line("\n \n") is None
