@@ -39,9 +39,10 @@ def watched() -> bool:
 def exit_now(code: int) -> NoReturn:
     """Leave with exit status ``code`` after the threads, the ``atexit`` callbacks and the standard streams, without
     the interpreter's teardown of modules and objects; the usual ``sys.exit`` where :func:`watched`."""
-    if watched():
+    shutdown = getattr(threading, "_shutdown", None)  # the interpreter's own calls (CPython); elsewhere, its exit
+    if watched() or shutdown is None or not hasattr(atexit, "_run_exitfuncs"):
         sys.exit(code)
-    threading._shutdown()  # what the interpreter calls first at exit: threading's exit hooks, then the joins
+    shutdown()  # what the interpreter calls first at exit: threading's exit hooks, then the joins
     atexit._run_exitfuncs()  # what the interpreter calls at exit; it clears the callbacks, so none runs twice
     for stream in (sys.stdout, sys.stderr):
         try:
