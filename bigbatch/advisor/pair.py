@@ -314,4 +314,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 if __name__ == "__main__":
+    from bigbatch.floor.process_exit import exit_now
+
     _worker(int(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text(encoding="utf-8")))
+    exit_now(0)  # as a run's processes end: without the interpreter's teardown

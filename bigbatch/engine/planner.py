@@ -219,9 +219,10 @@ def measure(cfg: RunConfig, micro_batch: int, per_device: int | None = None) -> 
         raise RuntimeError(f"measuring micro-batch {micro_batch} failed: {last}")
     data = json.loads(stdout.strip().splitlines()[-1])
     if data.pop("device") == "cpu":
-        # the kernel's high-water mark over the whole process, its exit included: there the libraries' static
-        # destructors fault in pages of their code (the digits recipe's run: 130 MiB of file-backed RSS), which a run
-        # reaches at its end too; ru_maxrss from wait4 is the larger of the process's and its reaped children's
+        # the kernel's high-water mark over the whole process, its exit included (ru_maxrss from wait4: the larger
+        # of the process's and its reaped children's). The measuring process ends as a run does (floor/
+        # process_exit.py): without the interpreter's teardown or the libraries' static destructors, which fault in
+        # pages of their code (130 MiB of file-backed RSS after the digits recipe's run) where they run
         data["peak_bytes"] = max(data["peak_bytes"], usage.ru_maxrss * 1024)
     return Measurement(**data, workers_bytes=workers_peak)
 
@@ -345,4 +346,7 @@ def _main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from bigbatch.floor.process_exit import exit_now
+
     _main(sys.argv[1:])
+    exit_now(0)  # as the run it measures ends: without the interpreter's teardown

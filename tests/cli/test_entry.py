@@ -1,5 +1,6 @@
-"""The entry point's exit (``bigbatch/entry.py``): without the interpreter's teardown, but after the threads, the
-``atexit`` callbacks and the standard streams; the usual exit where a tracer, a profiler or development mode watches.
+"""The exit of the ``bigbatch`` command (``bigbatch/entry.py``, ``floor/process_exit.py``): without the interpreter's
+teardown, but after the threads, the ``atexit`` callbacks and the output streams, Python's and the C library's; the
+usual exit where a tracer, a profiler, a native CUDA tool or development mode watches.
 
 Each test runs a fresh interpreter: what is tested is how that process ends. The teardown's mark is a cycle of
 objects whose ``__del__`` writes a file: only the interpreter's finalization collects it (the control test shows that
@@ -47,6 +48,8 @@ SCRIPT = textwrap.dedent("""
     {setup}
     for row in range(2000):  # more than a pipe's buffer of 8 KiB: written only as the exit flushes stdout
         print(f"row {{row}}")
+    import ctypes
+    ctypes.CDLL(None).printf(b"from C\\n")  # through the C library's buffer: flushed by its exit, or by ours
     {entry}
 """)
 
@@ -56,14 +59,18 @@ def block_buffered() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
 
 
-def run_script(tmp_path: Path, *python_flags: str, setup: str = "",
-               entry: str = "from bigbatch.entry import exit_now; exit_now(0)",
-               ) -> tuple[subprocess.CompletedProcess, set[str]]:
+EXIT_NOW = "from bigbatch.floor.process_exit import exit_now; exit_now({code})"
+ROWS = [f"row {row}" for row in range(2000)] + ["from C"]
+
+
+def run_script(tmp_path: Path, *python_flags: str, setup: str = "", entry: str = EXIT_NOW.format(code=0),
+               env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
     marks = tmp_path / "marks"
     marks.mkdir()
     script = tmp_path / "script.py"
     script.write_text(SCRIPT.format(setup=setup, entry=entry), encoding="utf-8")
-    done = subprocess.run([sys.executable, *python_flags, str(script), str(marks)], cwd=ROOT, env=block_buffered(),
+    done = subprocess.run([sys.executable, *python_flags, str(script), str(marks)], cwd=ROOT,
+                          env={**block_buffered(), **(env or {})},
                           capture_output=True, text=True, timeout=HANG_GUARD_S)
     return done, {path.name for path in marks.iterdir()}
 
@@ -74,6 +81,7 @@ def test_the_interpreter_s_own_exit_tears_the_cycle_down(tmp_path):
     done, marks = run_script(tmp_path, entry="sys.exit(0)")
     assert done.returncode == 0, done.stderr
     assert marks == {"teardown", "atexit", "thread"}
+    assert done.stdout.splitlines() == ROWS
 
 
 @pytest.mark.fast
@@ -81,7 +89,26 @@ def test_the_entry_point_skips_the_teardown_but_not_the_threads_atexit_or_output
     done, marks = run_script(tmp_path)
     assert done.returncode == 0, done.stderr
     assert marks == {"atexit", "thread", "os._exit"}
-    assert done.stdout.splitlines() == [f"row {row}" for row in range(2000)]
+    assert done.stdout.splitlines() == ROWS  # Python's buffer, then the C library's
+
+
+@pytest.mark.fast
+def test_the_status_given_is_the_status_left(tmp_path):
+    done, marks = run_script(tmp_path, entry=EXIT_NOW.format(code=3))
+    assert done.returncode == 3 and "os._exit" in marks
+
+
+@pytest.mark.fast
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail: disk full)")
+def test_output_that_cannot_be_written_is_one_error_line_and_status_120(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("print('lost')\n" + EXIT_NOW.format(code=0) + "\n", encoding="utf-8")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=block_buffered(), stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 120
+    assert done.stderr.startswith("error: writing <stdout>: ") and "No space left" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_the_command_s_output_and_status_come_through_the_entry_point():
@@ -93,12 +120,13 @@ def test_the_command_s_output_and_status_come_through_the_entry_point():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("watcher", ["dev-mode", "tracer", "profiler"])
+@pytest.mark.parametrize("watcher", ["dev-mode", "tracer", "profiler", "cuda-tool"])
 def test_a_watched_process_keeps_the_interpreter_s_exit(tmp_path, watcher):
     flags = ("-X", "dev") if watcher == "dev-mode" else ()
-    setup = {"dev-mode": "", "tracer": "sys.settrace(lambda *a: None)",
-             "profiler": "import cProfile; cProfile.Profile().enable()"}[watcher]
-    done, marks = run_script(tmp_path, *flags, setup=setup)
+    setup = {"tracer": "sys.settrace(lambda *a: None)",
+             "profiler": "import cProfile; cProfile.Profile().enable()"}.get(watcher, "")
+    env = {"CUDA_INJECTION64_PATH": str(tmp_path / "tool.so")} if watcher == "cuda-tool" else None
+    done, marks = run_script(tmp_path, *flags, setup=setup, env=env)
     assert done.returncode == 0, done.stderr
     assert {"atexit", "thread"} <= marks and "os._exit" not in marks
 
@@ -128,6 +156,21 @@ def test_python_m_bigbatch_runs_the_command_once():
                           cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0 and done.stdout == "", done.stderr
     assert bigbatch_command("x")[1:3] == ["-m", "bigbatch"]
+
+
+@pytest.mark.fast
+def test_a_broken_pipe_that_is_not_stdout_s_keeps_its_traceback(tmp_path):
+    """Only a reader of ``stdout`` that left is status 1 without a word: a broken pipe of the command's own (a
+    connection to a child, a FIFO) is an error like any other, with its traceback."""
+    script = tmp_path / "script.py"
+    script.write_text("import bigbatch.cli\n"
+                      "def main():\n    raise BrokenPipeError(32, 'a pipe of the command')\n"
+                      "bigbatch.cli.main = main\n"
+                      "from bigbatch.entry import run\nrun()\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "BrokenPipeError: [Errno 32] a pipe of the command" in done.stderr
 
 
 @pytest.mark.parametrize("buffering", ["block", "line"])
