@@ -46,7 +46,7 @@ torch, builds the model (channels-last, the kept-freed malloc settings) and does
 else: the same training steps (8 forward and backward passes of 32 x 3 x 128 x 128 each, then an SGD step) and the
 same evaluation forward passes, on tensors already in memory: no file read, no decode, no augmentation, no
 checkpoint, no log. It ends as bigbatch's command does, without the interpreter's teardown of modules and objects
-(``bigbatch/entry.py``; the peers' ``train.py`` pays it). It runs in the rounds like the other sides. Beside it,
+(``bigbatch/floor/process_exit.py``; the peers' ``train.py`` pays it). It runs in the rounds like the other sides. Beside it,
 bigbatch's input pipeline alone (its training loader at 0 workers over the run's training images, in one process) is
 timed once for its CPU seconds: whatever the workers, those seconds are spent on the same cores as the model's, so
 bigbatch's whole command takes at least the floor's wall time plus the pipeline's CPU seconds over the cores. The
@@ -309,12 +309,12 @@ for epoch in range(evals):
     with torch.no_grad(), autocast():
         for start in range(0, val, micro):
             model(x[:min(micro, val - start)])
-from bigbatch.entry import exit_now
+from bigbatch.floor.process_exit import exit_now
 exit_now(0)
 """
 """The least of any trainer's whole command on this work (``--floor``): imports, the model, the training steps'
 forward, backward and SGD update, and the evaluations' forward passes, on tensors already in memory; it ends as
-bigbatch's command does (``bigbatch/entry.py``: without the interpreter's teardown, about 1 s), so that it stays
+bigbatch's command does (``bigbatch/floor/process_exit.py``: without the interpreter's teardown, about 1 s), so that it stays
 under bigbatch's time."""
 
 
@@ -360,7 +360,7 @@ for step, micro_batches in enumerate(stream, start=1):
         with torch.no_grad(), autocast():
             for start in range(0, val, cfg.eval.batch):
                 model(held[:min(cfg.eval.batch, val - start)])
-from bigbatch.entry import exit_now
+from bigbatch.floor.process_exit import exit_now
 exit_now(0)
 """
 """The floor fed by bigbatch's input pipeline (``--floor``, at each worker count): the floor's model work on the
