@@ -44,21 +44,21 @@ gain over that side.
 ``--floor`` adds a side that is a lower bound of any trainer's whole command: a fresh process that imports timm and
 torch, builds the model (channels-last, the kept-freed malloc settings) and does the run's model work and nothing
 else: the same training steps (8 forward and backward passes of 32 x 3 x 128 x 128 each, then an SGD step) and the
-same evaluation forward passes, on tensors already in memory: no file read, no decode, no augmentation, no
-checkpoint, no log. It ends as bigbatch's command does, without the interpreter's teardown of modules and objects
-(``bigbatch/floor/process_exit.py``; the peers' ``train.py`` pays it). It runs in the rounds like the other sides. Beside it,
-bigbatch's input pipeline alone (its training loader at 0 workers over the run's training images, in one process) is
-timed once for its CPU seconds: whatever the workers, those seconds are spent on the same cores as the model's, so
-bigbatch's whole command takes at least the floor's wall time plus the pipeline's CPU seconds over the cores. The
-peers' wall times over that sum bound what bigbatch can reach against them. A looser bound assumes that the pipeline
-could run in every core-second the floor leaves idle (its single-threaded imports', and whatever the model's threads
-leave between their parallel regions): the floor's CPU seconds plus the pipeline's, over the cores, or the floor's
-wall time where that is more.
-A third side, "fed floor", does the floor's model work on the batches of bigbatch's own training loader at the run's
-workers (one loader for the whole run) and nothing else of a trainer (no evaluation loader, checkpoint, log or
-telemetry): with workers, the cost of their decoding beside the model's threads is in it as measured, not as the
-share of the cores the bounds above grant it. A peer's wall time over it is the most bigbatch can reach against that
-peer with its input pipeline and this model as they are.
+same evaluation forward passes, on tensors already in memory: no file read, no decode, no augmentation, no checkpoint,
+no log. It starts and ends as bigbatch's command does: Python's garbage collector held back through its imports
+(``bigbatch/floor/collector.py``), and no teardown of modules and objects at its exit
+(``bigbatch/floor/process_exit.py``); the peers' ``train.py`` pays both. It runs in the rounds like the other sides.
+Beside it, bigbatch's input pipeline alone (its training loader at 0 workers over the run's training images, in one
+process) is timed once for its CPU seconds: whatever the workers, those seconds are spent on the same cores as the
+model's, so bigbatch's whole command takes at least the floor's wall time plus the pipeline's CPU seconds over the
+cores. The peers' wall times over that sum bound what bigbatch can reach against them. A looser bound assumes that the
+pipeline could run in every core-second the floor leaves idle (its single-threaded imports', and whatever the model's
+threads leave between their parallel regions): the floor's CPU seconds plus the pipeline's, over the cores, or the
+floor's wall time where that is more. A third side, "fed floor", does the floor's model work on the batches of
+bigbatch's own training loader at the run's workers (one loader for the whole run) and nothing else of a trainer (no
+evaluation loader, checkpoint, log or telemetry): with workers, the cost of their decoding beside the model's threads
+is in it as measured, not as the share of the cores the bounds above grant it. A peer's wall time over it is the most
+bigbatch can reach against that peer with its input pipeline and this model as they are.
 
 ``--precision bf16`` trains in mixed precision on every side: bigbatch ``precision=bf16``, both peers ``--amp
 --amp-dtype bfloat16`` (torch's autocast on the CPU), the floors under the same autocast.
@@ -286,6 +286,8 @@ def fwd_bwd_rate(threads: int, tuned: bool, steps: int = 8, precision: str = "fp
 
 FLOOR = """
 import sys
+from bigbatch.floor import collector
+collector.hold()
 import timm, torch
 threads, steps, evals, val, classes, micro, accum, size = (int(v) for v in sys.argv[1:9])
 bf16 = sys.argv[9] == "bf16"
@@ -296,6 +298,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 x = torch.randn(micro, 3, size, size).contiguous(memory_format=torch.channels_last)
 y = torch.randint(0, classes, (micro,))
 autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+collector.settle()
 for epoch in range(evals):
     model.train()
     for step in range(steps // evals):
@@ -313,9 +316,10 @@ from bigbatch.floor.process_exit import exit_now
 exit_now(0)
 """
 """The least of any trainer's whole command on this work (``--floor``): imports, the model, the training steps'
-forward, backward and SGD update, and the evaluations' forward passes, on tensors already in memory; it ends as
-bigbatch's command does (``bigbatch/floor/process_exit.py``: without the interpreter's teardown, about 1 s), so that it stays
-under bigbatch's time."""
+forward, backward and SGD update, and the evaluations' forward passes, on tensors already in memory; it starts and
+ends as bigbatch's command does (``bigbatch/floor/collector.py``: no full collection through the imports, about 0.6 s;
+``bigbatch/floor/process_exit.py``: without the interpreter's teardown, about 1 s), so that it stays under bigbatch's
+time."""
 
 
 def run_floor(threads: int, epochs: int, images: int, val: int, out: Path, precision: str) -> tuple[float, int]:
@@ -329,6 +333,8 @@ def run_floor(threads: int, epochs: int, images: int, val: int, out: Path, preci
 
 FED_FLOOR = """
 import sys
+from bigbatch.floor import collector
+collector.hold()
 import timm, torch
 from bigbatch.data.pipeline.loader import batches_by_step
 from bigbatch.data.pipeline.order import order_of
@@ -346,6 +352,7 @@ held = torch.randn(cfg.eval.batch, 3, cfg.data.size, cfg.data.size).contiguous(m
 autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
 order = order_of(task.train_set, cfg.batch, cfg.seed, 1)
 stream = batches_by_step(task.train_set, order, 0, steps, 0, 1, cfg.subdivisions, cfg.data.workers, task.sample_keys)
+collector.settle()
 for step, micro_batches in enumerate(stream, start=1):
     model.train()
     for images, labels, _ in micro_batches:
@@ -365,7 +372,7 @@ exit_now(0)
 """
 """The floor fed by bigbatch's input pipeline (``--floor``, at each worker count): the floor's model work on the
 batches of bigbatch's own training loader at the run's workers (one loader for the whole run), and nothing else of a
-trainer: no evaluation loader, checkpoint, log or telemetry. It ends as the floor does."""
+trainer: no evaluation loader, checkpoint, log or telemetry. It starts and ends as the floor does."""
 
 
 def run_fed_floor(data: Path, workers: int, threads: int, epochs: int, images: int, val: int, out: Path,

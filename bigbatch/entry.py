@@ -1,5 +1,6 @@
 """The ``bigbatch`` command's entry point: run :func:`bigbatch.cli.main`, then leave without Python's finalization
-(``floor/process_exit.py``: about a second of every command that loads torch).
+(``floor/process_exit.py``: about a second of every command that loads torch), with Python's garbage collector held
+back through the start-up (``floor/collector.py``: 0.6 s of every command that loads timm).
 
 An exception that leaves :func:`bigbatch.cli.main` (a bug, with its traceback) takes the interpreter's usual exit. A
 ``BrokenPipeError`` where the reader of ``stdout`` has gone (``bigbatch ... | head``) is status 1 without a traceback
@@ -13,6 +14,7 @@ import select
 import sys
 from typing import NoReturn
 
+from bigbatch.floor import collector
 from bigbatch.floor.process_exit import exit_now
 
 
@@ -37,6 +39,7 @@ def reader_left() -> int:
 
 def run() -> NoReturn:
     """``bigbatch ...`` (the installed script) and ``python -m bigbatch ...``."""
+    collector.hold()  # no full collection through the imports (floor/collector.py); the trainer settles it
     from bigbatch.cli import main
 
     try:

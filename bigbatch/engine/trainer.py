@@ -48,7 +48,7 @@ from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.run_dir import keep_model_files
 from bigbatch.engine.state import Best, TrainingState
 from bigbatch.engine.step import Interrupted, TrainStep
-from bigbatch.floor import distributed, files, run_files
+from bigbatch.floor import collector, distributed, files, run_files
 from bigbatch.largebatch.optim import set_lr
 from bigbatch.tasks import build_task
 
@@ -115,6 +115,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     micro_batch_hooks = MeasuredBy(controller, train_step, run.hooks) if controller.measures else run.hooks
 
     # --- the loop ---------------------------------------------------------------------------
+    collector.settle()  # the command's start-up is over: its objects are frozen out of the run's collections
     run.model.train()
     progress.attach(run.model)  # a controller that measures the gradients (AdaScale) hooks the parameters
     try:
@@ -151,6 +152,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     # here, 0 of 20 when it was freed first). The collection catches any reference cycle that would keep it.
     result = TrainResult(out_dir, progress.step, metrics, state.best, outcome.memory, task.report(metrics))
     del run, state, parts, train_step, events, progress
+    if proc.world > 1:
+        collector.thaw()  # the wrapper was built before the start-up's objects were frozen (floor/collector.py)
     gc.collect()
     distributed.teardown()
     return result
