@@ -1,6 +1,6 @@
 """The ``bigbatch`` command's entry point: run :func:`bigbatch.cli.main`, then leave without Python's finalization
 (``floor/process_exit.py``: about a second of every command that loads torch), with Python's garbage collector held
-back through the start-up (``floor/collector.py``: 0.6 s of every command that loads timm).
+back through the start-up (``floor/collector.py``: 0.4-0.6 s of every command that loads torch and torchvision).
 
 An exception that leaves :func:`bigbatch.cli.main` (a bug, with its traceback) takes the interpreter's usual exit. A
 ``BrokenPipeError`` where the reader of ``stdout`` has gone (``bigbatch ... | head``) is status 1 without a traceback

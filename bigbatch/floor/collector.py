@@ -5,18 +5,19 @@ grown by a quarter since the last such collection (CPython 3.11, ``Modules/gcmod
 long_lived_total / 4``, looked at every 10th collection of the middle generation, itself every 10th of the youngest,
 itself every 700 net allocations). Importing torch, torchvision and timm makes about 380,000 tracked objects that all
 stay alive, so the imports alone set off six full collections, each scanning everything imported so far and freeing
-almost nothing (0-550 objects): 0.6 s of ``import timm`` on the project's 2-core machine, and of every command that
-loads it (``docs/benchmarks.md``).
+almost nothing (0-550 objects): 0.6 s of ``import timm`` on the project's 2-core machine, and 0.4-0.6 s of every
+command that loads torch and torchvision (``docs/benchmarks.md``, "The start-up's garbage collections").
 
 - :func:`hold`, the command's entry point, before anything else is imported: the youngest generation is collected
   every 100,000 net allocations instead of every 700 (the older ones follow it), so that a start-up sets off no full
   collection. Collections still run, about 1/140 as often: a command that never reaches :func:`settle` still frees its
-  cyclic garbage, with at most that many allocations more of it waiting.
+  cyclic garbage, only later.
 - :func:`settle`, the trainer, before its first step: every object alive then goes to the permanent generation
   (``gc.freeze``), which later collections skip, and the thresholds go back to what they were. The run's collections
-  then scan only what the run itself makes. DataLoader workers forked after it leave the frozen objects' pages shared
-  (the collector no longer writes to their headers; Python's ``gc.freeze`` documentation). :func:`thaw` gives them
-  back to the collector (a run of several processes, whose DDP wrapper must be freed before its process group goes).
+  then scan only what the run itself makes, and the collector of a DataLoader worker forked after it no longer writes
+  to the frozen objects (fewer of the parent's pages copied: Python's ``gc.freeze`` documentation). :func:`thaw` gives
+  them back to the collector (a run of several processes, whose DDP wrapper must be freed before its process group
+  goes).
 
 Only where :func:`hold` ran: a library caller's process (``train()`` from a notebook, the tests) keeps its collector as
 it is, since an object frozen is never collected, even once it is garbage.
