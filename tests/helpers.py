@@ -274,13 +274,14 @@ def processes_naming(text: str) -> list[int]:
 
 
 def listening_ports() -> set[int]:
-    """The TCP ports (IPv4 and IPv6) on which some socket is in LISTEN, from /proc/net/tcp and tcp6."""
-    ports = set()
+    """The TCP ports (IPv4 and IPv6) on which a socket of this user is in LISTEN, from /proc/net/tcp and tcp6: another
+    user's server that happens to take a port the test freed is not the test's."""
+    ports, uid = set(), os.getuid()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError), open(table) as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
-                if fields[3] == "0A":  # TCP_LISTEN
+                if fields[3] == "0A" and int(fields[7]) == uid:  # TCP_LISTEN, the socket's owner
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
