@@ -253,3 +253,21 @@ def test_a_detection_set_none_of_whose_images_decodes_is_one_line_naming_it(tmp_
     assert main(["train", "shapes-detect", "--out", str(tmp_path / "run"), "--set", *settings]) == 2
     one_error(capsys, f"error: data: none of the 3 images of the training set under {tmp_path / 'coco' / 'images'} "
                       "can be decoded (the first tried, ")
+
+
+@pytest.mark.parametrize("text, says", [('[1, 2]', "expected a COCO annotation file"),
+                                        ('{"images": [', "not valid JSON"),
+                                        ("[" * 100_000 + "]" * 100_000, "nested too deeply")])
+@pytest.mark.parametrize("command", ["show", "train"])
+def test_a_broken_training_annotation_file_is_one_line_when_the_set_is_counted_too(tmp_path, capsys, text, says,
+                                                                                   command):
+    """``show`` counts the training images (``counts.images_in_annotations``) with the same checked reader as training:
+    it once parsed the file unchecked (a traceback on a list, a broken or a deeply nested file)."""
+    settings = coco_set(tmp_path / "coco", "truncated")
+    broken = tmp_path / "coco" / "broken.json"
+    broken.write_text(text)
+    settings[1] = f"data.train={{images: {tmp_path / 'coco' / 'images'}, annotations: {broken}}}"
+    args = [command, "shapes-detect", "--set", *settings] + (["--out", str(tmp_path / "run")] if command == "train"
+                                                               else [])
+    assert main(args) == 2
+    one_error(capsys, f"error: data", f"{broken}", says)

@@ -260,6 +260,12 @@ def test_bad_annotations_name_their_file_and_line(shapes, coco_only, tmp_path):
     assert f"{coco / 'annotations' / 'train.json'}:2: not valid JSON" in error_line(
         convert(coco, "--to", "yolo", "--out", out))
 
+    for text, says in [("[" * 100_000 + "]" * 100_000, "nested too deeply"), ("[" + "1" * 5000 + "]", "digits")]:
+        (coco / "annotations" / "train.json").write_text(text)
+        line = error_line(convert(coco, "--to", "yolo", "--out", out))
+        assert line.startswith(f"error: SRC: {coco / 'annotations' / 'train.json'}: not a COCO annotation file"), line
+        assert says in line
+
     yolo = Path(shutil.copytree(shapes, tmp_path / "yolo"))
     label = yolo / "train" / "000001.txt"
     label.write_text((label.read_text().splitlines() or [""])[0] + "\n7 0.5 0.5 0.1 0.1\n")

@@ -97,6 +97,10 @@ def read_annotation_file(path: Path, key: str = "data") -> dict[str, Any]:
         raise UserError(f"{key}: cannot read annotation file {path}: {error}") from None
     except json.JSONDecodeError as error:
         raise UserError(f"{key}: {path}:{error.lineno}: not valid JSON ({error.msg}, column {error.colno})") from None
+    except ValueError as error:  # a number of more than 4,300 digits
+        raise UserError(f"{key}: {path}: not a COCO annotation file ({error})") from None
+    except RecursionError:
+        raise UserError(f"{key}: {path}: not a COCO annotation file (its JSON is nested too deeply)") from None
     expected = "a COCO annotation file: an object with 'images', 'annotations' and 'categories' lists"
     if not isinstance(data, dict):
         raise UserError(f"{key}: {path}: expected {expected}")

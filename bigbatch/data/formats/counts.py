@@ -9,7 +9,6 @@ contract); these helpers serve the formats' ``count``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,10 +24,13 @@ class DataNotAtHand(UserError):
 
 
 def images_in_annotations(path: Path, data: DataConfig, key: str) -> int:
-    """The image count of a COCO annotation file (before any image is checked), or :func:`train_images_given`."""
+    """The image count of a COCO annotation file (before any image is checked), or :func:`train_images_given`. The
+    file is read as every annotation file is (``coco.read_annotation_file``: a regular file, its size bounded, its
+    JSON checked), so that a broken one is the same one-line error here, before any work, as when training reads it."""
     if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            return len(json.load(f).get("images", []))
+        from bigbatch.data.formats.coco import read_annotation_file  # coco.py imports this module
+
+        return len(read_annotation_file(path, key)["images"])
     return train_images_given(path, data, key)
 
 
