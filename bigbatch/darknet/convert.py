@@ -19,8 +19,9 @@ What it writes (``--out``, new or empty): COCO as ``data shapes`` lays it out; Y
 ``NAME.coco-ids.json``: the COCO ids YOLO labels cannot hold, the categories (id, name, supercategory, in label
 order) and each image's id by its path in the set, so that COCO -> YOLO -> COCO gives the file's ids back. ``NAME``
 is the source folder's name (a YOLO source: its names file's). Reading a YOLO set, the ids file beside its names
-file (``shapes.names``: ``shapes.coco-ids.json``) gives the ids; without one, images are numbered 1, 2, ... in list
-order and categories class index + 1 (the ``yolo`` format's numbering).
+file (``shapes.names``: ``shapes.coco-ids.json``) gives the ids; without one, images are numbered 0, 1, ... in list
+order and categories class index + 1 (the ``yolo`` format's numbering, so that the detections a run on the YOLO set
+saves score against the converted file).
 
 - Boxes: COCO's ``[x, y, w, h]`` and YOLO's normalised ``<class> <xc> <yc> <w> <h>`` (six decimals, as Darknet's
   ``voc_label.py`` writes them) stand for the same pixel box within a millionth of the image's side; COCO boxes are
@@ -406,7 +407,8 @@ def _yolo_source(layout: str, root: Path, names_file: Path, names: list[str], li
         start = Path(os.path.commonpath([os.path.dirname(p) for p in paths])) if paths else root
         items, owner = [], {}
         for record in records:
-            image_id = image_ids.get(_posix(record.path, root))
+            # without an ids file, the ``yolo`` format's own id: the image's position in its list (0, 1, ...)
+            image_id = record.image_id if ids is None else image_ids.get(_posix(record.path, root))
             if image_id is not None and image_id in owner:
                 raise UserError(f"SRC: {names_file.with_name(names_file.stem + IDS_SUFFIX)}: image id {image_id} is "
                                 f"both {owner[image_id]}'s and {record.path}'s")
@@ -575,7 +577,9 @@ def write_yolo(source: Source, writer: Writer, layout: str) -> str:
 
 
 def _image_ids(items: list[Item]) -> list[int]:
-    """Each image's COCO id: the one it came with, else the next after the largest (1, 2, ... for none)."""
+    """Each image's COCO id: the one it came with, else the next after the largest (1, 2, ... for none: a YOLO set's
+    images come with their position in its list, a COCO set's with their ids; only those an ids file leaves out have
+    none)."""
     ids, following = [], max((i.image_id for i in items if i.image_id is not None), default=0) + 1
     for item in items:
         if item.image_id is None:

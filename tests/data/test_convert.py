@@ -122,8 +122,9 @@ def test_coco_to_yolo_and_back_keeps_every_box_and_the_ids(shapes, tmp_path):
 
 @pytest.mark.fast
 def test_a_darknet_set_to_coco_and_back(shapes, tmp_path):
-    """A YOLO set without an ids file: images numbered 1, 2, ... in list order, categories class index + 1; boxes those
-    of the generator's COCO files; back in YOLO, the same label values."""
+    """A YOLO set without an ids file: images numbered 0, 1, ... in list order, as the ``yolo`` format numbers them
+    (so that a run's saved detections score against the converted file), categories class index + 1; boxes those of
+    the generator's COCO files; back in YOLO, the same label values."""
     coco, back = tmp_path / "coco", tmp_path / "yolo"
     result = convert(shapes / "shapes.data", "--to", "coco", "--out", coco)
     assert result.returncode == 0, result.stderr
@@ -133,12 +134,17 @@ def test_a_darknet_set_to_coco_and_back(shapes, tmp_path):
         listed = (shapes / f"{split}.txt").read_text().split()
         assert image_entries(converted) == [(n, Path(line).name, image["width"], image["height"])
                                             for n, (line, image) in enumerate(zip(listed, original["images"],
-                                                                                  strict=True), 1)]
-        renumbered = {**original, "images": [{**image, "id": n} for n, image in enumerate(original["images"], 1)],
-                      "annotations": [{**a, "image_id": a["image_id"] - original["images"][0]["id"] + 1,
+                                                                                  strict=True))]
+        renumbered = {**original, "images": [{**image, "id": n} for n, image in enumerate(original["images"])],
+                      "annotations": [{**a, "image_id": a["image_id"] - original["images"][0]["id"],
                                        "category_id": CATEGORY_IDS.index(a["category_id"]) + 1}
                                       for a in original["annotations"]]}
         assert largest_box_difference(converted, renumbered) < 1e-3
+    cfg = load_config("shapes-detect", ["data.name=yolo", f"data.path={shapes / 'shapes.data'}",
+                                        "data.annotations=null"])
+    _, val, _ = load_yolo_format(cfg, DataIssues(strict=True))  # the ids a run's --save-detections writes
+    assert {Path(r.path).name: r.image_id for r in val} == {
+        image["file_name"]: image["id"] for image in coco_file(coco, "val")["images"]}
     same = tmp_path / "same"  # the folder of both formats, --to coco: read as YOLO, as the .data file is
     assert convert(shapes, "--to", "coco", "--out", same).returncode == 0
     assert all(coco_file(same, split) == coco_file(coco, split) for split in SPLITS)
@@ -193,7 +199,7 @@ def test_the_ultralytics_layout_is_written_and_read(shapes, tmp_path):
     assert result.returncode == 0, result.stderr
     val = coco_file(tmp_path / "own-coco", "val")
     assert [(c["id"], c["name"]) for c in val["categories"]] == list(enumerate(CLASSES, 1))
-    assert [image["id"] for image in val["images"]] == list(range(1, len(val["images"]) + 1))
+    assert [image["id"] for image in val["images"]] == list(range(len(val["images"])))
 
     # and Ultralytics' layout to Darknet's: the generator's files again
     darknet = tmp_path / "darknet"
