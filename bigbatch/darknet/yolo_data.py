@@ -397,6 +397,7 @@ def load(cfg: RunConfig, issues: DataIssues, rank: int = 0
         raise UserError(f"data.path: the validation images of {data.path} have other class names than the training")
     if data.classes is not None:
         train, names = _subset(train, names, data.classes)
+        train = [r for r in train if len(r.labels)]  # training drops images without boxes, as before the subset
         val, _ = _subset(val, val_names, data.classes)
     found = validation_annotations(data)
     if found is None:

@@ -20,11 +20,14 @@ from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from bigbatch.config import load_config
+from bigbatch.darknet.yolo_data import load as load_yolo_format
 from bigbatch.darknet.yolo_data import load_yolo, read_darknet_data, read_names, yolo_label_path
 from bigbatch.data.formats.coco import coco_ground_truth, load_coco
 from bigbatch.data.formats.detection import DetectionDataset, DetectionRecord
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
+from bigbatch.tasks.detection import DetectionTask
 from tests.helpers import DARKNET_DATA
 
 CATEGORIES = [{"id": 3, "name": "dog"}, {"id": 7, "name": "cat"}, {"id": 1, "name": "bird"}]
@@ -201,6 +204,21 @@ def test_yolo_folder_normalised_centres_become_pixel_xyxy(tmp_path, layout):
     assert truth["categories"] == [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
     assert [(a["category_id"], a["bbox"], a["area"]) for a in truth["annotations"]] == [
         (1, [80, 30, 40, 40], 1600), (2, [40, 50, 20, 50], 1000)]
+
+
+def test_a_yolo_class_subset_leaves_training_images_without_its_classes_out(tmp_path):
+    """Training drops images without boxes after ``data.classes`` too (as the ``coco`` format does); a subset with no
+    box in the training set is the one-line error of an empty set, not a run on images without boxes."""
+    for split in ("train", "val"):
+        write_yolo_folder(tmp_path / "set" / split)  # a.jpg: a cat and a dog; sub/b.png: no label file
+    (tmp_path / "set" / "train" / "labels" / "a.txt").write_text("0 0.5 0.5 0.2 0.4\n")  # a cat only
+    settings = ["data.name=yolo", f"data.path={tmp_path / 'set'}", "data.annotations=null"]
+    train, val, names = load_yolo_format(load_config("shapes-detect", [*settings, "data.classes=[cat]"]), DataIssues())
+    assert list(names) == ["cat"] and [Path(r.path).name for r in train] == ["a.jpg"]
+    train, val, names = load_yolo_format(load_config("shapes-detect", [*settings, "data.classes=[dog]"]), DataIssues())
+    assert train == [] and len(val) == 2  # validation keeps every image: none is dropped from the evaluation
+    with pytest.raises(UserError, match="the training set holds no usable image with a box"):
+        DetectionTask.from_config(load_config("shapes-detect", [*settings, "data.classes=[dog]"]))
 
 
 def test_yolo_darknet_data_file_resolves_paths_like_darknet(tmp_path, monkeypatch):
