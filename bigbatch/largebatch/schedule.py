@@ -216,8 +216,9 @@ def _warmup(phases: list[WarmupPhase], base: float, plan: BatchPlan) -> tuple[Ca
         elif phase.kind == "constant":
             pieces.append((start, length, lambda u, f=phase.factor: f))
             previous_end_factor = phase.factor
-        else:  # power: Darknet's burn_in counts the update being made from 1
-            pieces.append((start, length, lambda u, n=length, p=phase.power: ((u + 1) / n) ** p))
+        else:  # power: Darknet's burn_in counts the update being made from 1, (batch_num / burn_in) ** power < 1;
+            # a length of no whole number of steps (epochs, images) leaves a last step with u + 1 > n: held at 1
+            pieces.append((start, length, lambda u, n=length, p=phase.power: min((u + 1) / n, 1.0) ** p))
             previous_end_factor = 1.0
         start += length
 

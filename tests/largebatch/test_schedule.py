@@ -204,6 +204,17 @@ def test_cold_constant_phase_then_linear_from_it_then_power_phase():
     assert [lr(t) for t in range(10)] == pytest.approx([0.1 * min((t + 1) / 8, 1) ** 2 for t in range(10)])
 
 
+@pytest.mark.parametrize("length", ["4.5", "2 epochs", "1000 images"])
+def test_a_power_warmup_of_no_whole_number_of_steps_never_passes_the_target(length):
+    """Darknet's burn-in factor, (batch_num / burn_in) ** power, stays under 1; a length in epochs or images (11.23
+    steps for 2 epochs of digits) once gave its last step ((u + 1) / n) ** p > 1: 0.13 for a target of 0.1."""
+    warmup = f"[{{kind: power, length: {length}, power: 4}}, {{kind: constant, length: 1.5, factor: 1.0}}]"
+    _, _, lr = schedule_of("digits", "steps=20", "schedule.decay.kind=constant", f"schedule.warmup={warmup}")
+    rates = [lr(t) for t in range(20)]
+    assert max(rates) == pytest.approx(0.1) and all(b >= a for a, b in zip(rates, rates[1:], strict=False))
+    assert rates[0] < 0.001
+
+
 def test_linear_warmup_from_a_start_lr_in_epochs():
     # 2 epochs of 1437 images at batch 256 = 11.23 steps
     _, _, lr = schedule_of("digits", "steps=30", "schedule.warmup=[{kind: linear, length: 2 epochs, start_lr: 0.02}]")
