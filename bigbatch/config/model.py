@@ -55,8 +55,10 @@ class ModelConfig(PartSection):
     """Normalisation layers of ``small_cnn``; torchvision models with a ``norm_layer`` argument take it too."""
     width: int = Field(32, gt=0)
     """Channels of the first ``small_cnn`` stage (doubled at each of the next two)."""
-    dropout: float = Field(0.0, ge=0, lt=1)
-    """Dropout before the classifier (``small_cnn``; torchvision models that take a ``dropout`` argument)."""
+    dropout: float | None = Field(None, ge=0, lt=1)
+    """Dropout before the classifier (``small_cnn``; timm's ``drop_rate``; torchvision models that take a ``dropout``
+    argument). Unset: the model's own (torchvision's Inception v3 0.5, GoogLeNet 0.2; ``small_cnn`` and timm's 0);
+    0: none, whatever the model's default."""
     memory_format: Literal["auto", "channels_last", "contiguous"] = "auto"
     """How the model's 4-D tensors are laid out in memory: ``channels_last`` (NHWC: oneDNN's and cuDNN's faster
     convolutions; timm's ``--channels-last``), ``contiguous`` (NCHW, torch's default); ``auto``: channels-last for

@@ -61,7 +61,7 @@ def build_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3, s
 
 
 def small_cnn(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-    return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm, dropout=cfg.dropout)
+    return SmallCNN(num_classes, in_channels=in_channels, width=cfg.width, norm=cfg.norm, dropout=cfg.dropout or 0.0)
 
 
 def torchvision_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
@@ -75,12 +75,14 @@ def torchvision_classifier(cfg: ModelConfig, num_classes: int, in_channels: int 
         raise UserError(f"model.aux_logits: {cfg.name} has no auxiliary head (those that do: {', '.join(AUX_HEADS)})")
     if cfg.norm != "batch":  # the torchvision default; other norms need a norm_layer argument
         kwargs["norm_layer"] = functools.partial(norm_layer, cfg.norm)
-    if cfg.dropout:
+    if cfg.dropout is not None:  # 0 too: Inception v3's own is 0.5
         kwargs["dropout"] = cfg.dropout
     try:
         return torchvision.models.get_model(cfg.name, **kwargs)
     except TypeError as e:
-        for argument, key, expected in (("norm_layer", "norm", "'batch'"), ("dropout", "dropout", "0")):
+        if cfg.dropout == 0 and "dropout" in str(e):  # none asked of a model without dropout: what it is
+            return torchvision_classifier(cfg.model_copy(update={"dropout": None}), num_classes, in_channels)
+        for argument, key, expected in (("norm_layer", "norm", "'batch'"), ("dropout", "dropout", "unset or 0")):
             if argument in kwargs and argument in str(e):
                 raise UserError(f"model.{key}: {cfg.name} takes no {argument} argument; expected {expected}") from None
         raise

@@ -33,7 +33,7 @@ def timm_classifier(cfg: ModelConfig, num_classes: int, in_channels: int = 3) ->
     import timm
 
     kwargs: dict = {"pretrained": False, "num_classes": num_classes, "in_chans": in_channels}
-    if cfg.dropout:
+    if cfg.dropout is not None:
         kwargs["drop_rate"] = cfg.dropout
     if cfg.norm != "batch":  # a plain function: timm unpacks a functools.partial's keywords and drops its arguments
         def configured_norm(channels: int, **factory: Any) -> nn.Module:

@@ -20,6 +20,7 @@ from bigbatch.largebatch.norm import (
     configure_batchnorm,
     momentum_from_half_life,
     momentum_per_update,
+    updates_per_step,
 )
 from bigbatch.models.small_cnn import SmallCNN
 from bigbatch.tasks.classification import ClassificationTask
@@ -301,3 +302,20 @@ def test_warmup_steps_of_each_schedule_preset():
     assert warmup_steps(two_phases, plan) == math.ceil(2 * 118287 / 256 + 1000 / 256)
     darknet = load_config("digits", ["schedule.preset=darknet", "schedule.darknet.burn_in=1000"])
     assert warmup_steps(darknet, plan) == 1000
+
+
+def test_the_inception_recipe_decays_its_running_statistics_as_the_tpu_code_does():
+    """The reference (tensorflow/tpu's inception_v3.py) updates each moving average once a step with decay 0.996
+    (BATCH_NORM_DECAY); the recipe's 32 micro-batches update it 32 times, which together must decay by 0.996. Left to
+    torchvision's own momentum (0.1 an update) they decayed by 0.9 ** 32 = 0.03 a step. Its dropout is TF-slim's
+    inception_v3's, keep probability 0.8."""
+    from bigbatch.batching import make_plan
+    from bigbatch.config import load_config
+    from bigbatch.models import build_model
+
+    cfg = load_config("inception-v3-tpu", ["data.path=/data/imagenet"])
+    run_plan = make_plan(cfg, 1, 1_281_167)
+    per_update = bn_momentum(cfg.norm, run_plan)
+    assert (1 - per_update) ** updates_per_step(cfg.norm, run_plan) == pytest.approx(0.996, rel=1e-12)
+    model = build_model(cfg.model, 10, size=299)
+    assert [m.p for m in model.modules() if isinstance(m, nn.Dropout)] == [0.2]
