@@ -166,7 +166,8 @@ class SectionReader:
     def anchors(self, num: int) -> list[float]:
         """``anchors``: ``2 * num`` positive numbers, read as Darknet's parse_yolo reads them, which bigbatch follows
         with a warning: only the first ``2 * num`` items count, missing ones are 0.5 (make_yolo_layer's), and an item
-        is read up to its first character that is not part of a number (``atof``: ``"45    61"`` is 45)."""
+        is read up to its first character that is not part of a number (``atof``: ``"45x"`` is 45; spaces inside a line
+        are already gone, ``text.py``)."""
         items = self.items("anchors")
         if items is None:
             raise self.error("anchors", f"missing: expected {2 * num} numbers, w,h for each of num={num} anchors")
@@ -184,8 +185,7 @@ class SectionReader:
                 match = LEADING_NUMBER.match(item)
                 if match is None:
                     raise self.error("anchors", f"expected a number > 0, not {item!r}")
-                self.warn("anchors", f"{item!r} read as {match.group(0)}, as Darknet's atof reads it (a comma "
-                                     "missing?)")
+                self.warn("anchors", f"{item!r} read as {match.group(0)}, as Darknet's atof reads it")
                 item = match.group(0)
             values.append(self._number("anchors", item, None, None, 0))
         return values + [0.5] * max(0, missing)

@@ -3,7 +3,15 @@
 One reader for the ``.cfg`` (``recipe.py``, ``cfg.py``) and the ``.data`` file (``yolo_data.py``), as Darknet
 reads both (``read_option`` in src/option_list.c, ``read_cfg`` in src/parser.c): each line is stripped; an empty
 line, or one starting with ``#`` or ``;``, is skipped; in a ``.cfg``, ``[name]`` starts a section; every other line
-is ``key=value``, both sides stripped. A key given twice keeps its first value, as Darknet's ``option_find``
+is ``key=value``, both sides stripped.
+
+In a ``.cfg``, stripping is Darknet's ``strip`` (src/utils.c), which deletes every space, tab, ``\r`` and ``\n`` of
+the line, not only those at its ends: ``anchors = 61,45    61,45`` is read as ``61,4561,45``, and ``[ yolo ]`` as
+``[yolo]``. Where that joins two characters of a key or of one comma-separated item (``45    61`` read as
+``4561``), ``warnings`` gets one line saying so. A ``.data`` file's lines are stripped at their ends only: its values
+are paths, and a path with a space, which Darknet's ``read_data_cfg`` would mangle, is read as written. (Other
+whitespace at a line's ends, Python's ``str.strip``, is also dropped, as before.) Errors quote a line as written,
+ends stripped. A key given twice keeps its first value, as Darknet's ``option_find``
 reads the first (``warnings`` gets one line naming both lines). In a ``.cfg``, a ``#`` after a value starts a comment
 (``layers = 180 ###P6``: Darknet's ``atoi`` stops there), also noted in ``warnings``. Lines are numbered from 1, as
 given.
@@ -17,6 +25,7 @@ read a ``.cfg`` file (lines split on ``\n``, as Darknet and editors count them).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -43,24 +52,28 @@ def read_keyed_sections(lines: Iterable[str], where: str, expected: str = "key=v
     warnings = [] if warnings is None else warnings
     found: list[KeyedSection] = [] if sections else [KeyedSection("", {}, 0, {})]
     for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
+        written = raw.strip()
+        line = DARKNET_SPACE.sub("", written) if sections else written  # a .cfg: Darknet's strip (src/utils.c)
         if not line or line[0] in "#;":
             continue
         if sections and line.startswith("["):
             if not line.endswith("]"):
-                raise UserError(f"{where}:{number}: malformed section header {line!r}")
+                raise UserError(f"{where}:{number}: malformed section header {written!r}")
             found.append(KeyedSection(line[1:-1].strip(), {}, number, {}))
             continue
         key, sep, value = line.partition("=")
         if not sep:
-            raise UserError(f"{where}:{number}: expected {expected}, got {line!r}")
+            raise UserError(f"{where}:{number}: expected {expected}, got {written!r}")
         if not found:
             raise UserError(f"{where}:{number}: option {key.strip()!r} before any [section]")
         key, value = key.strip(), value.strip()
         hash_ = comment = ""
         if sections:  # a .cfg; a .data file's values are paths, which may hold a '#'
-            value, hash_, comment = value.partition("#")
+            value, hash_, _ = value.partition("#")
             value = value.strip()
+            comment = written.partition("#")[2].strip() if hash_ else ""  # quoted as written
+        if sections and line != written:
+            _joined(written, found[-1].name, where, number, warnings)
         if hash_:
             warnings.append(f"{where}:{number}: {key}: the comment after the value ({'#' + comment}) is ignored, "
                             f"as Darknet ignores it; read as {value!r}")
@@ -72,6 +85,26 @@ def read_keyed_sections(lines: Iterable[str], where: str, expected: str = "key=v
             section.options[key] = value
         section.key_lines.setdefault(key, []).append(number)
     return found
+
+
+DARKNET_SPACE = re.compile("[ \t\r\n]")
+"""The characters Darknet's ``strip`` (src/utils.c) deletes from every line of a ``.cfg``, wherever they are."""
+
+JOINED = re.compile(r"[^ \t\r\n,][ \t\r\n]+[^ \t\r\n,]")
+"""Spaces between two characters that are not commas: deleting them joins two words (``45    61`` -> ``4561``)."""
+
+
+def _joined(written: str, section: str, where: str, number: int, warnings: list[str]) -> None:
+    """One warning for each key or comma-separated item of the line ``written`` that Darknet's ``strip`` joins."""
+    key, _, value = written.partition("=")
+    value = value.partition("#")[0]  # the comment after a value is ignored, and says so itself
+    key_name = DARKNET_SPACE.sub("", key)
+    pieces = [key.strip()] + [item.strip() for item in value.split(",")]
+    for piece in pieces:
+        if JOINED.search(piece):
+            warnings.append(f"{where}:{number}: [{section}] {key_name}: {piece!r} is read as "
+                            f"{DARKNET_SPACE.sub('', piece)!r}: Darknet's strip deletes every space and tab in a "
+                            "line, and so does bigbatch (a comma missing?)")
 
 
 def read_options(lines: Iterable[str], where: str, expected: str = "key=value", sections: bool = False

@@ -30,7 +30,7 @@ from bigbatch.darknet.activations import ACTIVATIONS, activation
 from bigbatch.darknet.layers.conv import ConvBlock
 from bigbatch.darknet.shapes import Shape
 from bigbatch.errors import UserError
-from tests.helpers import DARKNET_DATA, SMALL, net_header
+from tests.helpers import DARKNET_DATA, SMALL, STOCK_CFGS, net_header
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -673,6 +673,27 @@ def test_ignored_keys_are_reported_once(tmp_path):
     assert yolo.beta_nms == 0.5 and yolo.masked_anchors == ((1, 2), (3, 4)) and yolo.filters == 14
 
 
+def test_spaces_inside_a_cfg_line_are_deleted_as_darknets_strip_deletes_them(tmp_path):
+    """Darknet's read_cfg calls strip (src/utils.c), which deletes every space and tab of a line: an item with a
+    missing comma is two numbers joined, a header or key with spaces inside is read without them."""
+    text = (net_header(8, 8, 3) + "learning rate = 0.5\n" + CONV.replace("[convolutional]", "[ conv olutional ]")
+            + YOLO.replace("anchors=1,2, 3,4", "anchors = 1 , 2  3 ,\t4 ,5  ").replace("num=2", "num = 2 "))
+    path = write_cfg(tmp_path, text)
+    cfg = read_darknet_cfg(path)
+    assert [layer.section for layer in cfg.layers[:1]] == ["convolutional"]
+    assert cfg.yolo_layers[0].masked_anchors == ((1, 23), (4, 5))  # "2  3" is 23, as Darknet reads it
+    assert "learningrate" in cfg.net.options  # unknown to Darknet as written, and warned about
+    assert any("[net] learningrate: 'learning rate' is read as 'learningrate'" in w for w in cfg.warnings)
+    assert sum("is read as" in w for w in cfg.warnings) == 2  # "1 , 2" and ",\t4 ,5" join nothing
+
+
+def test_the_stock_cfg_with_a_missing_comma_reads_the_anchor_darknet_reads():
+    """AlexeyAB's cspx-p7-mish_hp.cfg writes ``61,45    61,45``: Darknet's anchor is 4561, not 45."""
+    cfg = read_darknet_cfg(Path(STOCK_CFGS) / "alexeyab" / "cspx-p7-mish_hp.cfg")
+    for yolo in cfg.yolo_layers:
+        assert yolo.anchors[3] == (61.0, 4561.0) and yolo.anchors[4] == (45.0, 48.0)
+
+
 def test_yolo_keys_are_stored(tmp_path):
     keys = """random=1.25
 scale_x_y=1.05
@@ -716,7 +737,9 @@ truth_thresh=1"""
                                                                     "the last 1 are Darknet's default, 0.5"),
     (CONV + YOLO.replace("anchors=1,2, 3,4", "anchors=1,2, 3,4, 5,6"), 20, "[yolo] anchors: 6 numbers; Darknet reads "
                                                                            "the first 4"),
-    (CONV + YOLO.replace("anchors=1,2, 3,4", "anchors=1,2  3,4"), 20, "[yolo] anchors: '2  3' read as 2"),
+    (CONV + YOLO.replace("anchors=1,2, 3,4", "anchors=1,2  3,4"), 20, "[yolo] anchors: '2  3' is read as '23': "
+                                                                       "Darknet's strip deletes every space"),
+    (CONV + YOLO.replace("anchors=1,2, 3,4", "anchors=1,2x, 3,4"), 20, "[yolo] anchors: '2x' read as 2"),
     (CONV + YOLO.replace("mask=0,1", "mask=0,2"), 19, "[yolo] mask: index 2 is not below num=2: Darknet reads an "
                                                       "undefined anchor"),
 ])
