@@ -59,7 +59,7 @@ class DecayConfig(PartSection):
     power: float = Field(1.0, gt=0)
     """poly: (1 - progress) ** power."""
     center: Length | None = None
-    """sigmoid: 1 / (1 + exp(gamma * (t - center))), Darknet's ``sig`` policy."""
+    """sigmoid: 1 / (1 + exp(gamma * (t - center))), Darknet's ``sigmoid`` policy."""
     start: Length | None = None
     """cosine, poly: where the decay starts (default: the end of the warmup)."""
     end: Length | None = None
@@ -91,7 +91,8 @@ class DarknetScheduleConfig(Section):
     step: Annotated[int, Steps(minimum=1)] = Field(1, gt=0)
     scale: float = Field(1.0, gt=0)
     gamma: Annotated[float, PerStep(on="policy", rules=(("exp", POWER), ("sig", SLOPE)))] = 1.0
-    """exp: lr * gamma ** batch_num; sig: lr / (1 + exp(gamma * (batch_num - step)))."""
+    """exp: lr * gamma ** batch_num; sig: lr / (1 + exp(gamma * (batch_num - step))), Darknet's ``sigmoid`` policy
+    (src/network.c get_current_rate; a ``.cfg`` names it ``policy=sigmoid``, as Darknet's get_policy reads it)."""
     max_batches: Annotated[int, Steps(minimum=1)] | None = Field(None, gt=0)
     """poly: the horizon (default: the run's steps); sgdr: the first cycle's default."""
     learning_rate_min: float = Field(1e-5, ge=0)

@@ -32,6 +32,16 @@ MOSAIC_PROBABILITY = 0.5
 (``if (random_gen() % 2 == 0) use_mixup = 0``)."""
 
 
+CFG_POLICIES = {"constant": "constant", "step": "step", "steps": "steps", "exp": "exp", "poly": "poly",
+                "sigmoid": "sig", "sgdr": "sgdr"}
+"""The ``[net]`` policies bigbatch trains, as Darknet's ``get_policy`` (src/parser.c) names them, each with its
+``schedule.darknet.policy``: Darknet's ``sigmoid``, lr / (1 + exp(gamma * (batch_num - step))) (``get_current_rate``,
+src/network.c), is the YAML's ``sig``. ``sig`` in a ``.cfg`` is refused: Darknet does not know it."""
+
+UNSUPPORTED_POLICIES = frozenset({"random"})
+"""Darknet's other policy (``get_policy``): lr * uniform(0, 1) ** power, drawn each update; not built."""
+
+
 def _number(path: Path, line: int, key: str, value: str, kind: type) -> Any:
     number = parse_number(value, kind)
     if kind is int and number is None:
@@ -59,11 +69,13 @@ def net_recipe(path: Path) -> dict[str, Any]:
     batch = get("batch", 1, int)
     subdivisions = get("subdivisions", 1, int)
     policy = net.get("policy", "constant")
-    if policy not in ("constant", "step", "steps", "exp", "poly", "sig", "sgdr"):
-        raise UserError(f"config: {path}:{line}: [net] policy: {policy!r} is not supported "
-                        "(expected constant, step, steps, exp, poly, sig or sgdr)")
+    if policy not in CFG_POLICIES:
+        what = ("is Darknet's, not supported by bigbatch" if policy in UNSUPPORTED_POLICIES else
+                "is not a Darknet policy (Darknet's get_policy warns and trains at a constant rate)")
+        raise UserError(f"config: {path}:{line}: [net] policy: {policy!r} {what}; expected one of "
+                        f"{', '.join(CFG_POLICIES)}")
     darknet: dict[str, Any] = {
-        "policy": policy,
+        "policy": CFG_POLICIES[policy],
         "burn_in": get("burn_in", 0, int),
         "power": get("power", 4.0),
         "step": get("step", 1, int),
