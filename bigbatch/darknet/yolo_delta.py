@@ -24,8 +24,8 @@ applied. A prediction decodes as ``x = (i + o_x) / W``, ``w = exp(o_w) a_w / in_
    shape IoU (``iou_thresh_kind``) exceeds ``iou_thresh`` as well. A responsible slot gets:
 
    - objectness ``m obj_normalizer (1 - o_obj)`` (``m`` the truth class's multiplier, ``max(counters) /
-     counter`` capped at ``max_delta``, from ``counters_per_class``; 1 without it); with ``objectness_smooth``
-     only where the delta is still 0;
+     counter`` capped at ``max_delta``, from ``counters_per_class``, each counter at least 1; 1 without it); with
+     ``objectness_smooth`` only where the delta is still 0;
    - classes (delta_yolo_class): the slot's first truth sets every class, ``y_c - o_c`` (``y`` one-hot, or
      ``y (1 - eps) + eps / 2`` with ``label_smooth_eps``; its own class times ``m cls_normalizer`` with
      counters; ``focal_loss``: ``(y_c - o_c) alpha g``, ``alpha = 0.5``, ``g = -(1 - p)(2 p log p + p - 1)``,
@@ -71,11 +71,12 @@ PJREDDIE_VALUES = {"scale_x_y": 1.0, "iou_normalizer": 1.0, "obj_normalizer": 1.
 
 
 def class_multipliers(spec: Yolo) -> Tensor | None:
-    """AlexeyAB's get_classes_multipliers: ``max(counters) / counter_c``, capped at ``max_delta``; None without
-    ``counters_per_class``."""
+    """AlexeyAB's get_classes_multipliers (src/parser.c): ``max(counters) / counter_c``, capped at ``max_delta``,
+    each counter first raised to at least 1 (``if (counters_per_class[i] < 1) counters_per_class[i] = 1``, so a
+    class counted 0 times has multiplier ``max(counters)``, not inf); None without ``counters_per_class``."""
     if spec.counters_per_class is None:
         return None
-    counters = torch.tensor(spec.counters_per_class, dtype=torch.float64)
+    counters = torch.tensor(spec.counters_per_class, dtype=torch.float64).clamp(min=1)
     return (counters.max() / counters).clamp(max=spec.max_delta)
 
 

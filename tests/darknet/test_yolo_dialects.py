@@ -129,6 +129,26 @@ def test_two_truths_share_a_slot():
     assert shared == {c.name for c in YOLO_DELTA_CASES}
 
 
+def test_a_class_counted_zero_times_is_counted_once_as_get_classes_multipliers_does(tmp_path):
+    """AlexeyAB's get_classes_multipliers raises each counter below 1 to 1 before max / counter: a 0 (or a
+    negative count) gives finite deltas, those of a 1."""
+    spec = replace(read_darknet_cfg(ROOT / STOCK_CFGS / "alexeyab" / "yolov3-tiny.cfg").yolo_layers[0],
+                   counters_per_class=(0, 4, 20) + (10,) * 77, max_delta=1e9)
+    expected = [20.0, 5.0, 1.0] + [2.0] * 77  # max(1, 4, 20, 10) / max(1, counter), written out
+    assert yolo_delta.class_multipliers(spec).tolist() == expected
+    assert yolo_delta.class_multipliers(replace(spec, max_delta=3.0)).tolist() == [3.0, 3.0, 1.0] + [2.0] * 77
+    case = next(c for c in YOLO_DELTA_CASES if c.fork == "alexeyab")
+    boxes, labels, valid = truth_tensors()
+    for layer, x, _, _ in case_layers(case, tmp_path):
+        zero = tuple(0 if c == int(labels[0, 0]) else 5 for c in range(layer.classes))
+        one = tuple(max(c, 1) for c in zero)
+        size = (case.size, case.size)
+        got = layer_delta(x, replace(layer, counters_per_class=zero), boxes, labels, valid, size, case.fork)
+        assert torch.isfinite(got).all()
+        assert torch.equal(got, layer_delta(x, replace(layer, counters_per_class=one), boxes, labels, valid, size,
+                                            case.fork))
+
+
 RULES = {  # key: the value that turns the rule off
     "truth_thresh": 1.0, "iou_thresh": 1.0, "objectness_smooth": 0, "focal_loss": 0, "counters_per_class": None,
     "label_smooth_eps": 0.0, "max_delta": float("inf"), "scale_x_y": 1.0, "iou_normalizer": 1.0,
