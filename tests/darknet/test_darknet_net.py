@@ -694,6 +694,18 @@ def test_the_stock_cfg_with_a_missing_comma_reads_the_anchor_darknet_reads():
         assert yolo.anchors[3] == (61.0, 4561.0) and yolo.anchors[4] == (45.0, 48.0)
 
 
+@pytest.mark.parametrize(("keys", "classes", "values"), [("", 1, 7 * 7 * (2 * 2 + 1)),
+                                                          ("classes=3\n", 3, 7 * 7 * (2 * 2 + 3))])
+def test_a_detection_layer_without_classes_has_one_as_parse_detection_reads_it(tmp_path, keys, classes, values):
+    """Both forks' parse_detection: ``option_find_int(options, "classes", 1)``; its input is side * side *
+    ((1 + coords) * num + classes) values."""
+    text = (net_header(14, 14, 3) + "\n[maxpool]\nsize=2\nstride=2\n\n[connected]\n"
+            f"output={values}\nactivation=linear\n\n[detection]\n{keys}coords=1\nnum=2\nside=7\n")
+    cfg = read_darknet_cfg(write_cfg(tmp_path, text))
+    assert cfg.layers[-1].kind == "detection" and cfg.layers[-1].classes == classes
+    DarknetNetwork(cfg)  # the connected layer's outputs fit the head
+
+
 def test_yolo_keys_are_stored(tmp_path):
     keys = """random=1.25
 scale_x_y=1.05

@@ -42,7 +42,7 @@ class Region(LayerSpec):
 @dataclass(frozen=True, kw_only=True)
 class Detection(LayerSpec):
     kind = "detection"
-    classes: int = 20
+    classes: int = 1
     coords: int = 1
     num: int = 1
     side: int = 7
@@ -100,7 +100,8 @@ def region_shape(cfg: DarknetCfg, layer: Region, x: Shape, outputs: list[Shape])
 
 
 def parse_detection(s: SectionReader, common: dict[str, Any]) -> Detection:
-    return Detection(**common, classes=s.integer("classes", 20, 0), coords=s.integer("coords", 1, 0),
+    """parse_detection's keys and defaults (both forks' src/parser.c): classes 1, coords 1, num 1, side 7."""
+    return Detection(**common, classes=s.integer("classes", 1, 0), coords=s.integer("coords", 1, 0),
                      num=s.integer("num", 1, 1), side=s.integer("side", 7, 1), softmax=s.flag("softmax"),
                      sqrt=s.flag("sqrt"))
 
