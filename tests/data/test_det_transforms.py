@@ -3,6 +3,7 @@ samples: boxes stay inside the image with positive area and aligned with their l
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from torchvision import tv_tensors
@@ -133,16 +134,49 @@ def test_letterbox_landscape_scale_and_centred_pad():
 
 
 def test_letterbox_odd_padding_goes_to_the_bottom():
-    # 300 x 100 -> 320: scale 16 / 15, h = 106.67 -> 107, pad 213 = 106 top + 107 bottom
-    image, target = sample(100, 300, [[0, 0, 300, 100], [150, 50, 225, 75]], value=9)
+    # 300 x 99 -> 320: h = 99 * 320 // 300 = 105 (105.6 truncated, as Darknet), pad 215 = 107 top + 108 bottom
+    image, target = sample(99, 300, [[0, 0, 300, 99], [150, 50, 225, 75]], value=9)
     out, t = geometry_only("letterbox", 320)(image, target)
     assert out.shape == (3, 320, 320)
-    # y' = y * 107 / 100 + 106; x' = x * 320 / 300
-    expected = torch.tensor([[0.0, 106.0, 320.0, 213.0], [160.0, 159.5, 240.0, 186.25]])
+    # y' = y * 105 / 99 + 107; x' = x * 320 / 300
+    expected = torch.tensor([[0.0, 107.0, 320.0, 212.0], [160.0, 50 * 105 / 99 + 107, 240.0, 75 * 105 / 99 + 107]])
     torch.testing.assert_close(plain(t["boxes"]), expected)
     pixels = to_uint8(out)
-    assert torch.all(pixels[:, :106] == PAD_VALUE) and torch.all(pixels[:, 213:] == PAD_VALUE)
-    assert torch.all(pixels[:, 106:213] == 9)
+    assert torch.all(pixels[:, :107] == PAD_VALUE) and torch.all(pixels[:, 212:] == PAD_VALUE)
+    assert torch.all(pixels[:, 107:212] == 9)
+
+
+def darknet_letterbox(im_h: int, im_w: int, w: int, h: int) -> tuple[int, int, int, int]:
+    """Darknet's letterbox_image (src/image.c) line for line: (new_h, new_w, dy, dx); C's int division of
+    non-negative ints is Python's //, its float division float32."""
+    new_w, new_h = im_w, im_h
+    if np.float32(w) / np.float32(im_w) < np.float32(h) / np.float32(im_h):
+        new_w = w
+        new_h = (im_h * w) // im_w
+    else:
+        new_h = h
+        new_w = (im_w * h) // im_h
+    return new_h, new_w, (h - new_h) // 2, (w - new_w) // 2
+
+
+def test_letterbox_geometry_is_darknets_truncating_letterbox_image():
+    """333 x 501 at 416: Darknet's new_h = 333 * 416 / 501 = 276 (276.5, truncated), top (416 - 276) / 2 = 70."""
+    assert letterbox_geometry(333, 501, 416) == (276, 416, 70, 0)
+    assert letterbox_geometry(501, 333, 416) == (416, 276, 0, 70)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3000):
+        h, w = (int(v) for v in torch.randint(1, 2000, (2,), generator=gen))
+        size = 32 * int(torch.randint(5, 30, (), generator=gen))
+        new_h, new_w, top, left = darknet_letterbox(h, w, size, size)
+        if min(new_h, new_w) == 0:  # Darknet's resize to nothing: bigbatch keeps one pixel
+            new_h, new_w = max(1, new_h), max(1, new_w)
+            top, left = (size - new_h) // 2, (size - new_w) // 2
+        assert letterbox_geometry(h, w, size) == (new_h, new_w, top, left), (h, w, size)
+    image, target = sample(333, 501, [[0, 0, 501, 333]], value=5)
+    out, t = eval_transform("letterbox", 416)(image, target)
+    assert t["image_region"] == (70, 0, 276, 416)
+    torch.testing.assert_close(plain(t["boxes"]), torch.tensor([[0.0, 70.0, 416.0, 346.0]]))
+    torch.testing.assert_close(boxes_to_original(plain(t["boxes"]), t), torch.tensor([[0.0, 0.0, 501.0, 333.0]]))
 
 
 def test_letterbox_size_follows_the_step_size():

@@ -9,9 +9,10 @@ clamp, sanitize) do all the box arithmetic; this module only chooses the output 
   ``scale = min(short_target / min(h, w), max_size / max(h, w))``, each side ``int(side * scale + 0.5)``.
   ``v2.Resize(size, max_size=...)`` truncates (``int()``) and requires ``max_size > size``, so the size is
   computed here (in exact rational arithmetic) and v2 resizes to an explicit ``(h, w)``.
-- letterbox for square-input detectors (Darknet ``letterbox_image``): ``scale = size / max(h, w)``, each
-  side ``int(side * scale + 0.5)``, centred on a ``size x size`` canvas (``left = (size - new_w) // 2``,
-  the odd pixel goes right / bottom, as Darknet's integer division), padded with grey 114 (as YOLOv5/8).
+- letterbox for square-input detectors (Darknet ``letterbox_image``, src/image.c): the longer side becomes
+  ``size``, the shorter ``side * size // longer`` (C's integer division: truncated), centred on a
+  ``size x size`` canvas (``left = (size - new_w) // 2``, the odd pixel goes right / bottom, as Darknet's
+  integer division), padded with grey 114 (as YOLOv5/8).
 - random crop (detectron2 ``RandomCrop("relative_range")``, see :class:`RandomRelativeCrop`).
 - AlexeyAB Darknet's mosaic of four images (``data/transforms/mosaic.py``), which the training transform carries for the
   dataset (it needs three more records).
@@ -28,6 +29,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -63,11 +65,16 @@ def shorter_side_size(height: int, width: int, short: int, max_size: int | None 
 
 
 def letterbox_geometry(height: int, width: int, size: int) -> tuple[int, int, int, int]:
-    """``(new_h, new_w, top, left)``: ``scale = size / max(h, w)``, sides ``int(side * scale + 0.5)``, and
-    the offsets of the resized image centred on ``size x size`` (``(size - new) // 2``, Darknet's
-    ``letterbox_image``)."""
-    scale = Fraction(size, max(height, width))
-    new_h, new_w = max(1, _round(height * scale)), max(1, _round(width * scale))
+    """``(new_h, new_w, top, left)`` as Darknet's ``letterbox_image`` (src/image.c) computes them for a
+    ``size x size`` input: if ``(float)size / w < (float)size / h`` (float32), ``new_w = size`` and
+    ``new_h = h * size / w`` in C's integer division (truncated), else ``new_h = size`` and ``new_w = w * size / h``;
+    the offsets centre it, ``(size - new) / 2`` truncated. A side is at least 1 pixel (Darknet would make it 0).
+    E.g. 333 x 501 (h x w) at 416: ``new_h = 138528 // 501 = 276`` (276.5 truncated), ``top = 70``."""
+    if np.float32(size) / np.float32(width) < np.float32(size) / np.float32(height):
+        new_h, new_w = height * size // width, size
+    else:
+        new_h, new_w = size, width * size // height
+    new_h, new_w = max(1, new_h), max(1, new_w)
     return new_h, new_w, (size - new_h) // 2, (size - new_w) // 2
 
 
