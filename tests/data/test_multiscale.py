@@ -43,9 +43,38 @@ def test_darknet_draw_follows_rand_scale():
 def test_the_first_period_and_the_last_steps_run_at_the_largest():
     ms = MultiScale(DarknetDraw(320), every=10, seed=0, stop=1000, final=100)
     sizes = [ms.size_at(s) for s in range(1000)]
-    assert sizes[:10] == [480] * 10 and sizes[900:] == [480] * 100
-    assert len(set(sizes[10:900])) > 4
+    assert sizes[:10] == [480] * 10 and sizes[910:] == [480] * 90  # Darknet's 90: iterations 910..999
+    assert len(set(sizes[10:910])) > 4
     assert MultiScale([96, 128], every=1, seed=0, stop=10, final=0).size_at(9) in (96, 128)
+
+
+def darknet_forced_largest(max_batches: int, every: int = 10, last: int = 100) -> set[int]:
+    """AlexeyAB's train_detector loop (src/detector.c), the iterations it trains at the largest size: at each pass,
+    ``if (count++ % 10 == 0)`` it decides, the largest when ``avg_loss < 0`` (the first pass) or
+    ``get_current_iteration(net) > net.max_batches - 100``; the iteration is the updates done before the pass."""
+    forced, count, largest = set(), 0, False
+    for iteration in range(max_batches):  # while (get_current_iteration(net) < net.max_batches)
+        if count % every == 0:
+            largest = count == 0 or iteration > max_batches - last
+        count += 1
+        if largest:
+            forced.add(iteration)
+    return forced
+
+
+@pytest.mark.parametrize(("stop", "every", "final"), [(1000, 10, 100), (1005, 10, 100), (1001, 10, 100),
+                                                       (999, 10, 100), (95, 10, 100), (100, 10, 100),
+                                                       (250, 7, 30), (12, 1, 5)])
+def test_the_largest_size_is_decided_at_a_periods_top_as_darknets_loop(stop, every, final):
+    """The steps at the largest size are Darknet's, the first period aside (bigbatch's step = Darknet's iteration
+    at the top of the pass): none switch inside a period, and 1,000 steps end with 90 at the largest, not 100."""
+    ms = MultiScale(ListDraw([32, 64]), every=every, seed=0, stop=stop, final=final)
+    forced = {step for step in range(stop) if step < every or (step // every) * every > stop - final}
+    assert forced == darknet_forced_largest(stop, every, final)  # the rule restated, against the loop
+    start = ms.final_start()
+    assert set(range(every)) | set(range(start, stop)) == darknet_forced_largest(stop, every, final)
+    assert all(ms.size_at(step) == 64 for step in range(start, stop))
+    assert all(ms.size_at(step) == ms.size_at(step - step % every) for step in range(stop))
 
 
 def test_list_draw_is_uniform_over_the_list():
@@ -108,5 +137,5 @@ def test_show_lists_the_sizes_a_run_can_take(tmp_path):
                      "data.max_size=null", f"data.path={tmp_path / 'not-written'}")
     assert shown.returncode == 0, shown.stderr
     assert ("multi-scale     256, 288, 320, 352, 384, 416, 448, 480 (Darknet's rule, a new size every 10 steps; "
-            "the first 10 and the last 100 at 480)") in shown.stdout
+            "the first 10 and the last 90 at 480)") in shown.stdout  # 1,200 steps: Darknet's 1110..1199
     assert not (tmp_path / "not-written").exists()

@@ -14,9 +14,16 @@ Two ways to draw a size, every ``every`` steps (Darknet: 10):
 
 Either way :class:`MultiScale` gives
 
-    size_at(step) = largest                    for period k = step // every = 0, and for the last ``final``
-                                               steps of the run (Darknet: 100, "to calc rolling mean/variance")
+    size_at(step) = largest                    for period k = step // every = 0, and for a period whose first
+                                               step k * every > stop - final (Darknet: 100, "to calc rolling
+                                               mean/variance")
                     draw(rng(seed, k))         otherwise
+
+as AlexeyAB's ``train_detector`` decides it: only at the top of a period (``count++ % 10 == 0``), the largest when
+``get_current_iteration(net) > net.max_batches - 100``. Darknet's iteration there is the number of updates done,
+which is bigbatch's ``step`` (counted from 0), and ``max_batches`` is ``stop``. So a run of 1,000 steps ends with 90
+steps at the largest size (periods 910..999), not 100, and a ``stop - final`` that is not a multiple of ``every``
+never changes the size inside a period (1,005 steps: from step 910 on, 95 steps).
 
 The first period runs at the largest size, so the allocator reserves the peak memory up front (a later,
 larger size would otherwise fragment or exceed what the planner measured). The draw of period ``k``
@@ -105,8 +112,8 @@ class ListDraw:
 
 
 class MultiScale:
-    """The input size of each step: a new draw every ``every`` steps; the largest in the first period and in the
-    last ``final`` steps before ``stop`` (the run's steps; unset: no end rule)."""
+    """The input size of each step: a new draw every ``every`` steps; the largest in the first period and in each
+    period that starts after step ``stop - final`` (``stop``: the run's steps; unset: no end rule)."""
 
     def __init__(self, draw: DarknetDraw | ListDraw | Sequence[int], every: int = 10, seed: int = 0,
                  stop: int | None = None, final: int = 0):
@@ -128,10 +135,17 @@ class MultiScale:
             raise ValueError(f"step must be >= 0, got {step}")
         return step // self.every
 
+    def final_start(self) -> int | None:
+        """The first step of the run's final stretch at the largest size (None without ``stop``): the first
+        multiple of ``every`` above ``stop - final`` (Darknet: ``iteration > max_batches - 100`` at a period's top)."""
+        if self.stop is None:
+            return None
+        return max(0, ((self.stop - self.final) // self.every + 1) * self.every)
+
     def size_at(self, step: int) -> int:
         """The input size at optimizer step ``step`` (counted from 0); see the module docstring."""
         k = self.period(step)
-        if k == 0 or (self.stop is not None and step >= self.stop - self.final):
+        if k == 0 or (self.stop is not None and k * self.every > self.stop - self.final):
             return self.largest
         return self.draw(np.random.default_rng([self.seed, k, _SALT]))
 
@@ -142,7 +156,8 @@ def describe(cfg: RunConfig, steps: int) -> str | None:
     settings = cfg.data.multiscale
     if not cfg.data.is_detection or settings.sizes is None:
         return None
-    sizes = draw_for(settings.sizes, cfg.data.size, settings.range).sizes
+    draw = draw_for(settings.sizes, cfg.data.size, settings.range)
+    final = MultiScale(draw, settings.every, stop=steps, final=settings.final).final_start()
     rule = "Darknet's rule" if settings.sizes == "auto" else "drawn uniformly"
-    return (f"multi-scale     {', '.join(map(str, sizes))} ({rule}, a new size every {settings.every} steps; the "
-            f"first {settings.every} and the last {min(settings.final, steps)} at {max(sizes)})")
+    return (f"multi-scale     {', '.join(map(str, draw.sizes))} ({rule}, a new size every {settings.every} steps; "
+            f"the first {settings.every} and the last {max(0, steps - final)} at {max(draw.sizes)})")
