@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bigbatch.config.data_keys import DATASET_KEYS
-from bigbatch.data.formats.counts import images_in_annotations, train_images_given
+from bigbatch.data.formats.counts import train_images_given
 from bigbatch.data.formats.detection import DetectionRecord, check_box
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.images import inspect_images
@@ -111,6 +111,15 @@ def read_annotation_file(path: Path, key: str = "data") -> dict[str, Any]:
             kind = type(data[name]).__name__
             raise UserError(f"{key}: {path}: '{name}' is a {kind}, not a list; expected {expected}")
     return data
+
+
+def images_in_annotations(path: Path, data: DataConfig, key: str) -> int:
+    """The image count of a COCO annotation file (before any image is checked), or :func:`train_images_given`. The
+    file is read as every annotation file is (``coco.read_annotation_file``: a regular file, its size bounded, its
+    JSON checked), so that a broken one is the same one-line error here, before any work, as when training reads it."""
+    if path.is_file():
+        return len(read_annotation_file(path, key)["images"])
+    return train_images_given(path, data, key)
 
 
 def categories_of(data: dict[str, Any], path: Path, key: str = "data") -> dict[int, str]:

@@ -1,7 +1,7 @@
-"""What dataset formats share: the training set's size read from a COCO annotation file, or from
-``data.train_images`` when the data is not at hand (``show``, ``schedule`` and ``scale`` plan before it is
-downloaded), and :class:`DataNotAtHand`, what a format's ``count`` raises when it can do neither: those commands then
-plan without the size (the epochs are unknown), and a run says it needs the data.
+"""What dataset formats share: the training set's size from ``data.train_images`` when the data is not at hand
+(``show``, ``schedule`` and ``scale`` plan before it is downloaded; a COCO file's count is
+``coco.images_in_annotations``), and :class:`DataNotAtHand`, what a format's ``count`` raises when it can do
+neither: those commands then plan without the size (the epochs are unknown), and a run says it needs the data.
 
 A dataset format is one module that registers itself in ``registry.DATASETS`` (see its docstring for the
 contract); these helpers serve the formats' ``count``.
@@ -21,17 +21,6 @@ if TYPE_CHECKING:
 class DataNotAtHand(UserError):
     """The training set cannot be counted: its data is not at hand and ``data.train_images`` is not set. The message
     names the key that would give the data."""
-
-
-def images_in_annotations(path: Path, data: DataConfig, key: str) -> int:
-    """The image count of a COCO annotation file (before any image is checked), or :func:`train_images_given`. The
-    file is read as every annotation file is (``coco.read_annotation_file``: a regular file, its size bounded, its
-    JSON checked), so that a broken one is the same one-line error here, before any work, as when training reads it."""
-    if path.is_file():
-        from bigbatch.data.formats.coco import read_annotation_file  # coco.py imports this module
-
-        return len(read_annotation_file(path, key)["images"])
-    return train_images_given(path, data, key)
 
 
 def train_images_given(path: Path | None, data: DataConfig, key: str = "data.path") -> int:

@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from bigbatch.config.data_keys import DATASET_KEYS
-from bigbatch.data.formats.counts import images_in_annotations
+from bigbatch.data.formats.coco import images_in_annotations
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.errors import UserError
 from bigbatch.floor.processes import process_exists
