@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
+from bigbatch.data.formats.encoded_images import STAND_IN
 from bigbatch.data.pipeline.loader import eval_batches
 from bigbatch.data.pipeline.order import sample_seed
 from bigbatch.data.pipeline.problems import DataIssues
@@ -123,7 +124,8 @@ class ClassificationTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch_size: int, rank: int = 0, world: int = 1, progress: bool = False
                  ) -> dict[str, float]:
-        """Top-1, top-5 and mean loss over the validation set, each image counted once."""
+        """Top-1, top-5 and mean loss over the validation set, each readable image counted once (an unreadable one,
+        reported, is not scored: the image standing in for it carries ``STAND_IN``)."""
         was_training = model.training
         model.eval()
         k = min(5, self.num_classes)
@@ -131,6 +133,11 @@ class ClassificationTask:
         totals = torch.zeros(4, dtype=torch.float64)  # images, top1 hits, top5 hits, loss sum
         for batch in eval_batches(self.val_set, batch_size, rank, world, progress=progress):
             images, labels = batch[0], batch[1]
+            scored = labels != STAND_IN  # an image standing in for an unreadable one is not scored twice
+            if not scored.all():
+                if not scored.any():
+                    continue
+                images, labels = images[scored], labels[scored]
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             logits = model(images)
             topk = logits.topk(k, dim=1).indices

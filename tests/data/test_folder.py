@@ -289,3 +289,38 @@ def test_at_0_workers_a_batch_spread_over_threads_equals_one_made_one_by_one(tmp
     assert any(problems for _, _, problems in runs[1])
     for (images, labels, problems), (theirs, their_labels, their_problems) in zip(runs[1], runs[2], strict=True):
         assert torch.equal(images, theirs) and torch.equal(labels, their_labels) and problems == their_problems
+
+
+def test_an_unreadable_validation_image_is_not_scored_and_its_stand_in_not_twice(tmp_path, photos):
+    """A validation set scores each readable image once: the next readable image stands in for an unreadable one (a
+    batch keeps its size) with the label ``STAND_IN``, and the evaluation leaves it out; the training set's stand-ins
+    keep their own labels. It once scored the stand-in twice, with its own label, and said the full count."""
+    from bigbatch.data.formats.encoded_images import STAND_IN
+    from bigbatch.tasks.classification import ClassificationTask
+
+    root = Path(shutil.copytree(photos, tmp_path / "set"))
+    for split in ("train", "val"):
+        bad = root / split / "china" / "001.jpg"
+        bad.write_bytes(bad.read_bytes()[:300])
+    cfg = load_config("digits", ["data.name=folder", f"data.path={root}", *TINY])
+    task = ClassificationTask.from_config(cfg)
+    val = task.val_set
+    bad_index = next(i for i, (path, _) in enumerate(val.samples) if path.endswith("china/001.jpg"))
+    assert val[bad_index][1] == STAND_IN and val[bad_index + 1][1] == val.samples[bad_index + 1][1]
+    train_set = task.train_set
+    bad_train = next(i for i, (path, _) in enumerate(train_set.samples) if path.endswith("china/001.jpg"))
+    assert train_set[bad_train][1] == train_set.samples[bad_train + 1][1]
+
+    class Constant(torch.nn.Module):  # says the stand-in's class for every image
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(3))
+
+        def forward(self, x):
+            return self.bias.expand(len(x), 3) + torch.nn.functional.one_hot(
+                torch.full((len(x),), val.samples[bad_index + 1][1]), 3)
+
+    metrics = task.evaluate(Constant(), batch_size=4)
+    labels = [label for i, (_, label) in enumerate(val.samples) if i != bad_index]
+    assert metrics["images"] == len(val.samples) - 1
+    assert metrics["top1"] == pytest.approx(100 * labels.count(val.samples[bad_index + 1][1]) / len(labels))

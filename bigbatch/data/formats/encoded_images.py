@@ -206,6 +206,10 @@ def sample_threads(count: int) -> ThreadPoolExecutor:
 Batch = tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]
 """``(images, labels, problems)``: a collated batch of ``EncodedImages``."""
 
+STAND_IN = -100
+"""The label of an image that stands in for an unreadable one in a validation set (``EncodedImages.scored``): torch's
+``cross_entropy`` ignores it by default, and ``ClassificationTask.evaluate`` leaves it out."""
+
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
 """What PIL and torchvision raise for a file that is not a readable image."""
 
@@ -223,8 +227,11 @@ class EncodedImages(Dataset, ABC):
     augments = True
     """Keys carry a per-sample seed (``ClassificationTask.sample_keys``)."""
 
-    def __init__(self, preprocess: CropFirst, issues: DataIssues, name: str = "the set") -> None:
-        self.preprocess, self.issues = preprocess, issues
+    def __init__(self, preprocess: CropFirst, issues: DataIssues, name: str = "the set", scored: bool = False) -> None:
+        """``scored``: a validation set, whose stand-ins carry the label :data:`STAND_IN` instead of their own, so
+        that the evaluation leaves them out (each image is scored once, an unreadable one not at all); a training
+        set's stand-ins train with their own labels."""
+        self.preprocess, self.issues, self.scored = preprocess, issues, scored
         self.name = name  # the set in a message: "the training set /data/train"
         self._unreadable: set[int] = set()
         self._first_unreadable: tuple[str, str] | None = None  # (where, problem) of the first image found unreadable
@@ -342,7 +349,7 @@ class EncodedImages(Dataset, ABC):
                 problem = f"unreadable image ({error_reason(error)}{self.origin(i)})"
             else:
                 self.issues.replaced(found)
-                return image, self.label(i), found
+                return image, STAND_IN if self.scored and i != index else self.label(i), found
             self._unreadable.add(i)
             self._first_unreadable = self._first_unreadable or (self.where(i), problem)
             found.append((self.where(i), f"{problem}; the next readable sample is used instead"))

@@ -169,8 +169,8 @@ class FolderImages(EncodedImages):
     """``(path, label)`` samples: image files."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], preprocess: CropFirst, issues: DataIssues,
-                 name: str = "the set") -> None:
-        super().__init__(preprocess, issues, name)
+                 name: str = "the set", scored: bool = False) -> None:
+        super().__init__(preprocess, issues, name, scored)
         self.samples = list(samples)
 
     def __len__(self) -> int:
@@ -208,7 +208,8 @@ def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, list[str]]:
                 issues.report(path, None, problem)
     chosen = preprocessing(data)
     return (FolderImages(train, chosen.train, issues, f"the training set {split_dir(data, 'train')}"),
-            FolderImages(val, chosen.eval, issues, f"the validation set {split_dir(data, 'val')}"), classes)
+            FolderImages(val, chosen.eval, issues, f"the validation set {split_dir(data, 'val')}", scored=True),
+            classes)
 
 
 def train_images(cfg: RunConfig) -> int:

@@ -220,8 +220,8 @@ class ShardImages(EncodedImages):
     """The samples of one split of the shards: each image's bytes read at its offset in its shard (keys, samples,
     bad images and ``collate``: ``EncodedImages``)."""
 
-    def __init__(self, index: SplitIndex, preprocess: CropFirst, issues: DataIssues) -> None:
-        super().__init__(preprocess, issues, shard_set_name(index))
+    def __init__(self, index: SplitIndex, preprocess: CropFirst, issues: DataIssues, scored: bool = False) -> None:
+        super().__init__(preprocess, issues, shard_set_name(index), scored)
         self.index = index
         self._files: OrderedDict[int, io.FileIO] = OrderedDict()  # shard -> its open file, this process's
         self._pid = os.getpid()
@@ -310,7 +310,7 @@ def load(cfg: RunConfig) -> tuple[TrainShards, ShardImages, list[str]]:
     issues = DataIssues(strict=cfg.data.strict)
     chosen = preprocessing(cfg.data)
     train = TrainShards(index.train, chosen.train, issues)
-    val = ShardImages(index.val, chosen.eval, issues)
+    val = ShardImages(index.val, chosen.eval, issues, scored=True)
     if cfg.data.strict:
         for dataset in (train, val):
             with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
