@@ -3,7 +3,8 @@
 The layout (``load_weights_upto``/``save_weights_upto`` in src/parser.c, pjreddie and AlexeyAB), little-endian:
 
     int32 major, minor, revision
-    seen: uint64 if major * 10 + minor >= 2 and major < 1000 and minor < 1000, else int32   (images trained on)
+    seen (images trained on): uint64 if major * 10 + minor >= 2, else uint32          (AlexeyAB, the default)
+                              uint64 if that and major < 1000 and minor < 1000, else int32    (pjreddie)
     then float32 values, for each layer with weights in order, as its kind saves them (its module's
     ``darknet_tensors``, in ``layers/``); a [convolutional] layer:
         biases[n]                                   (the BN shift when batch_normalize)
@@ -12,9 +13,15 @@ The layout (``load_weights_upto``/``save_weights_upto`` in src/parser.c, pjreddi
 
 A file's size is therefore fixed by the cfg: ``20 + 4 * values`` bytes (16 with a 32-bit ``seen``); any other size
 is refused with both sizes, before anything is read, so that memory never exceeds the network's own size whatever
-the file holds. Only a regular file is read (not a FIFO, which would block, nor a device such as ``/dev/zero``). A
-32-bit ``seen`` is read as Darknet reads it: an ``int`` stored into its ``size_t`` (a negative value wraps modulo
-2**64). The values themselves are taken as they are, NaN and infinity included, as Darknet takes them. Written files
+the file holds. Only a regular file is read (not a FIFO, which would block, nor a device such as ``/dev/zero``).
+
+The header is read by the rule of one fork's ``load_weights_upto``, the ``dialect`` of :func:`read_weights`
+(``alexeyab`` by default, bigbatch's default dialect, which its commands read every file with; ``gradient`` reads as
+``alexeyab``): AlexeyAB's reads a 64-bit
+``seen`` whenever ``major * 10 + minor >= 2`` and a 32-bit one as a ``uint32_t``; pjreddie's adds ``major < 1000 &&
+minor < 1000`` to the test and reads a 32-bit one as an ``int`` stored into its ``size_t`` (a negative value wraps
+modulo 2**64). ``major * 10 + minor`` is computed in C ``int``s, wrapping at 32 bits as they do on the machines Darknet
+runs on. The values themselves are taken as they are, NaN and infinity included, as Darknet takes them. Written files
 carry major 0, minor 2, revision 5 (Darknet's own) and a 64-bit ``seen``.
 """
 
@@ -100,11 +107,25 @@ def class_free_layers(cfg: DarknetCfg) -> int:
     return 0 if last is None else last.index
 
 
-def header_bytes(major: int, minor: int) -> int:
-    """The header's size for a file of version ``major.minor``: 20 bytes (a uint64 ``seen``) when
-    ``major * 10 + minor >= 2 and major < 1000 and minor < 1000`` (``load_weights_upto`` in src/parser.c), else 16
-    (an int32 ``seen``)."""
-    return HEADER_BYTES if major * 10 + minor >= 2 and major < 1000 and minor < 1000 else 16
+DIALECTS = ("alexeyab", "pjreddie", "gradient")
+"""The ``model.darknet_dialect`` values a header is read under; ``gradient`` is AlexeyAB's Darknet's."""
+
+
+def _c_int(value: int) -> int:
+    """``value`` as a 32-bit C ``int`` holds it (two's complement: wrapping modulo 2**32)."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
+def header_bytes(major: int, minor: int, dialect: str = "alexeyab") -> int:
+    """The header's size for a file of version ``major.minor`` under ``dialect``: 20 bytes (a uint64 ``seen``) when
+    ``major * 10 + minor >= 2`` (AlexeyAB's ``load_weights_upto``, src/parser.c), and also ``major < 1000 and
+    minor < 1000`` (pjreddie's), else 16 (a 32-bit ``seen``). ``major * 10 + minor`` wraps as a C ``int``."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect: expected one of {', '.join(DIALECTS)}, got {dialect!r}")
+    wide = _c_int(_c_int(major * 10) + minor) >= 2
+    if dialect == "pjreddie":
+        wide = wide and major < 1000 and minor < 1000
+    return HEADER_BYTES if wide else 16
 
 
 def layer_boundaries(network: DarknetNetwork) -> dict[int, int]:
@@ -120,21 +141,23 @@ def layer_boundaries(network: DarknetNetwork) -> dict[int, int]:
     return boundaries
 
 
-def read_weights(network: DarknetNetwork, path: str | Path) -> int:
+def read_weights(network: DarknetNetwork, path: str | Path, dialect: str = "alexeyab") -> int:
     """Load the ``.weights`` file at ``path`` into ``network`` (parameters and BN running statistics, bit for bit);
-    -> ``seen``, the number of images it was trained on. A file that is not a regular file, or whose size does not
-    fit ``network``, is one ``UserError`` and ``network`` is left as it was."""
-    return read_weights_upto(network, path, partial=False)[0]
+    -> ``seen``, the number of images it was trained on, its header read as the Darknet of ``dialect`` reads it (the
+    module docstring). A file that is not a regular file, or whose size does not fit ``network``, is one
+    ``UserError`` and ``network`` is left as it was."""
+    return read_weights_upto(network, path, partial=False, dialect=dialect)[0]
 
 
 def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool = True,
-                      first_layers: int | None = None) -> tuple[int, int]:
+                      first_layers: int | None = None, dialect: str = "alexeyab") -> tuple[int, int]:
     """:func:`read_weights`, also from a file of the first layers only (``partial``), as Darknet's
     ``load_weights_upto`` reads a ``.conv.N`` backbone file that ``darknet partial`` wrote: its size must be the
     header plus the values of the first ``n`` layers, and those layers are loaded, the others left as they are.
     ``first_layers``: load only the first ``first_layers`` layers from a file that holds at least their values (and
     more: another network's, whose first layers are these). -> (``seen``, ``n``: the layers loaded, all of them for a
-    whole file)."""
+    whole file). ``dialect``: whose rule reads the header (:func:`header_bytes`)."""
+    header_bytes(0, 2, dialect)  # validates the dialect
     path = Path(path)
     tensors = weight_tensors(network)
     count = sum(t.numel() for t in tensors)
@@ -162,7 +185,7 @@ def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool =
             if size < 12:
                 raise _wrong_size(path, network, HEADER_BYTES, size)
             major, minor, _revision = struct.unpack("<3i", _read_exactly(f, 12, path))
-            header = header_bytes(major, minor)
+            header = header_bytes(major, minor, dialect)
             if (major > 1000 or minor > 1000) and any(layer.kind == "connected" for layer in network.cfg.layers):
                 raise UserError(f"{path}: version {major}.{minor}: an old file whose [connected] weights Darknet "
                                 "transposes on load; not supported by bigbatch")
@@ -175,9 +198,9 @@ def read_weights_upto(network: DarknetNetwork, path: str | Path, partial: bool =
                 raise _wrong_size(path, network, header, size, boundaries if partial else None)
             else:
                 count, layers = values_in_file, boundaries[values_in_file]
-            # Darknet stores a 32-bit seen into its size_t: *net->seen = iseen (a negative int wraps modulo 2**64)
-            wide = header == HEADER_BYTES
-            (seen,) = struct.unpack("<Q" if wide else "<i", _read_exactly(f, header - 12, path))
+            # a 32-bit seen: AlexeyAB's is a uint32_t; pjreddie's an int stored into its size_t (-1 is 2**64 - 1)
+            narrow = "<i" if dialect == "pjreddie" else "<I"
+            (seen,) = struct.unpack("<Q" if header == HEADER_BYTES else narrow, _read_exactly(f, header - 12, path))
             values = np.empty(count, dtype="<f4")
             _read_exactly(f, 4 * count, path, into=memoryview(values).cast("B"))
             if first_layers is None and f.read(1):

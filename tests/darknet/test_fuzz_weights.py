@@ -2,11 +2,12 @@
 real file (written by ``write_weights``) either load cleanly or stop with one ``UserError`` line, never another
 exception; memory stays bounded whatever the file says; the network is untouched by a refused file.
 
-The oracle is the format written out independently of the reader (``load_weights_upto`` in Darknet's
-src/parser.c): three int32 ``major, minor, revision``; a uint64 ``seen`` when ``(major * 10 + minor) >= 2 &&
-major < 1000 && minor < 1000``, else an int32 that Darknet stores into its ``size_t`` (so a negative one wraps);
-then exactly the network's float32 values. A file of that size must load, bit for bit, with that ``seen``; a file
-of any other size must be refused.
+The oracle is the format written out independently of the reader (``load_weights_upto`` in AlexeyAB's
+src/parser.c, the default dialect): three int32 ``major, minor, revision``; a uint64 ``seen`` when
+``(major * 10 + minor) >= 2`` (in C ints, which wrap at 32 bits), else a ``uint32_t``; then exactly the network's
+float32 values. (pjreddie's rule, ``&& major < 1000 && minor < 1000`` and an ``int`` stored into a ``size_t``, is
+checked by ``read_weights(..., dialect="pjreddie")`` on the same files.) A file of that size must load, bit for bit,
+with that ``seen``; a file of any other size must be refused.
 
 What the fuzz found (fixed in ``bigbatch/darknet/weights.py``): a 32-bit ``seen`` that is negative (an old
 header followed by ``00 00 00 80``) was returned negative, and ``bigbatch export --darknet-weights`` then stopped
@@ -44,16 +45,28 @@ FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def expected_load(raw: bytes) -> tuple[int, bytes] | None:
+def c_int(value: int) -> int:
+    """A C int's value after ``value`` is computed in it (32-bit two's complement)."""
+    return struct.unpack("<i", struct.pack("<I", value & 0xFFFFFFFF))[0]
+
+
+def expected_load(raw: bytes, dialect: str = "alexeyab") -> tuple[int, bytes] | None:
     """Darknet's reading of ``raw`` for the small network: (seen, the values' bytes), or None if its size is wrong."""
     if len(raw) < 12:
         return None
     major, minor = struct.unpack_from("<ii", raw)
-    wide = (major * 10 + minor) >= 2 and major < 1000 and minor < 1000
+    wide = c_int(c_int(major * 10) + minor) >= 2
+    if dialect == "pjreddie":
+        wide = wide and major < 1000 and minor < 1000
     body = 20 if wide else 16
     if len(raw) != body + 4 * VALUES:
         return None
-    seen = struct.unpack_from("<Q", raw, 12)[0] if wide else struct.unpack_from("<i", raw, 12)[0] % 2**64
+    if wide:
+        seen = struct.unpack_from("<Q", raw, 12)[0]
+    elif dialect == "pjreddie":
+        seen = struct.unpack_from("<i", raw, 12)[0] % 2**64  # an int stored into a size_t
+    else:
+        seen = struct.unpack_from("<I", raw, 12)[0]  # a uint32_t
     return seen, raw[body:]
 
 
@@ -79,21 +92,24 @@ def small(tmp_path_factory) -> tuple[Path, DarknetNetwork, bytes]:
 
 
 def check(network: DarknetNetwork, path: Path, raw: bytes) -> None:
-    """Load ``raw`` (written at ``path``): exactly what Darknet would load, or one UserError and nothing changed."""
+    """Load ``raw`` (written at ``path``) under each fork's header rule: exactly what that Darknet would load, or one
+    UserError and nothing changed."""
     path.write_bytes(raw)
-    before = network_bytes(network)
-    expected = expected_load(raw)
-    try:
-        seen = read_weights(network, path)
-    except UserError as error:
-        message = str(error)
-        assert message and "\n" not in message, message
-        assert message.startswith(f"{path}: "), message
-        assert expected is None, f"a well-sized file was refused: {message}"
-        assert network_bytes(network) == before, "a refused file changed the network"
-        return
-    assert expected is not None, f"a file of {len(raw)} bytes was loaded"
-    assert (seen, network_bytes(network)) == expected  # bit for bit: NaN and infinity are loaded as Darknet loads them
+    for dialect in ("alexeyab", "pjreddie"):
+        before = network_bytes(network)
+        expected = expected_load(raw, dialect)
+        try:
+            seen = read_weights(network, path, dialect=dialect)
+        except UserError as error:
+            message = str(error)
+            assert message and "\n" not in message, message
+            assert message.startswith(f"{path}: "), message
+            assert expected is None, f"a well-sized file was refused ({dialect}): {message}"
+            assert network_bytes(network) == before, "a refused file changed the network"
+            continue
+        assert expected is not None, f"a file of {len(raw)} bytes was loaded ({dialect})"
+        # bit for bit: NaN and infinity are loaded as Darknet loads them
+        assert (seen, network_bytes(network)) == expected, dialect
 
 
 # ----------------------------------------------------------------------------- mutations of a real file
@@ -173,10 +189,29 @@ def test_the_oracle_reads_the_real_file_and_both_headers(small):
     assert read_weights(network, folder / "good-again.weights") == 123_456_789
     old = struct.pack("<iiii", 0, 1, 0, -5) + good[20:]
     check(network, folder / "old.weights", old)
-    assert read_weights(network, folder / "old.weights") == 2**64 - 5
+    assert read_weights(network, folder / "old.weights") == 2**32 - 5  # AlexeyAB's uint32_t
+    assert read_weights(network, folder / "old.weights", dialect="pjreddie") == 2**64 - 5  # an int into a size_t
     for raw in (good[:-4], good + b"\0" * 4, good[:12]):
         with pytest.raises(UserError, match="but the network of .* takes 316 "):
             read_weights(network, folder / "bad.weights") if (folder / "bad.weights").write_bytes(raw) else None
+
+
+def test_a_version_past_1000_has_a_64_bit_seen_in_alexeyabs_rule_and_a_32_bit_one_in_pjreddies(small):
+    """AlexeyAB's load_weights_upto reads ``seen`` as 64 bits whenever ``major * 10 + minor >= 2``; pjreddie's only
+    with ``major < 1000 && minor < 1000`` too. Version 0.1000 with each header: each fork loads its own."""
+    folder, network, good = small
+    wide = struct.pack("<iiiQ", 0, 1000, 0, 2**40 + 7) + good[20:]
+    narrow = struct.pack("<iiii", 0, 1000, 0, -2) + good[20:]
+    (folder / "wide.weights").write_bytes(wide)
+    (folder / "narrow.weights").write_bytes(narrow)
+    assert read_weights(network, folder / "wide.weights") == 2**40 + 7
+    assert read_weights(network, folder / "narrow.weights", dialect="pjreddie") == 2**64 - 2
+    with pytest.raises(UserError, match="316 "):
+        read_weights(network, folder / "wide.weights", dialect="pjreddie")
+    with pytest.raises(UserError, match="316 "):
+        read_weights(network, folder / "narrow.weights")
+    with pytest.raises(ValueError, match="dialect"):
+        read_weights(network, folder / "wide.weights", dialect="darknet")
 
 
 # ----------------------------------------------------------------------------- bounded memory, files that are not files
@@ -270,11 +305,12 @@ def test_export_of_a_bad_weights_file_is_one_error_line_and_writes_nothing(small
 
 
 def test_export_converts_an_old_file_with_a_negative_seen_as_darknet_reads_it(small, tmp_path):
-    """Found by the fuzz: a 32-bit ``seen`` of -5 was returned as -5 and export's write_weights raised ValueError."""
+    """Found by the fuzz: a 32-bit ``seen`` of -5 was returned as -5 and export's write_weights raised ValueError.
+    Export reads as AlexeyAB's Darknet: the 32 bits are a uint32_t, 2**32 - 5."""
     folder, _, good = small
     old = tmp_path / "old.weights"
     old.write_bytes(struct.pack("<iiii", 0, 1, 0, -5) + good[20:])
     out = tmp_path / "out.weights"
     result = run_main("export", str(folder / "small.cfg"), "--weights", str(old), "--darknet-weights", str(out))
     assert result.returncode == 0, result.stderr
-    assert out.read_bytes() == struct.pack("<iiiQ", 0, 2, 5, 2**64 - 5) + good[20:]
+    assert out.read_bytes() == struct.pack("<iiiQ", 0, 2, 5, 2**32 - 5) + good[20:]
