@@ -161,7 +161,8 @@ def class_mapping(categories: dict[int, str], classes: list[str] | None, path: P
 
 class AnnotatedImage:
     """An image entry of an annotation file with its annotations: ``file_name`` as the file gives it, ``path`` that
-    name in the images folder; boxes XYXY (checked and clipped), labels, areas, crowd regions (as given)."""
+    name in the images folder; boxes XYXY (checked and clipped), labels, areas, crowd regions (as given), and
+    ``truth``: every other annotation as given (``(xyxy, label, area)``), the evaluation's ground truth."""
 
     def __init__(self, file_name: str, path: str, width: int, height: int):
         self.file_name, self.path, self.width, self.height = file_name, path, width, height
@@ -171,6 +172,7 @@ class AnnotatedImage:
         self.crowd_boxes: list[tuple[float, ...]] = []
         self.crowd_labels: list[int] = []
         self.crowd_areas: list[float] = []
+        self.truth: list[tuple[tuple[float, ...], int, float]] = []
 
 
 def _images(data: dict[str, Any], images_dir: Path, path: Path, issues: DataIssues
@@ -228,6 +230,8 @@ def _gather(data: dict[str, Any], images: dict[int, AnnotatedImage], skipped_ima
             image.crowd_labels.append(label_of[category_id])
             image.crowd_areas.append(w * h if area is None else area)
             continue
+        if w >= 0 and h >= 0:  # as pycocotools scores the file: unclipped; outside the image or of no size, missed
+            image.truth.append((xyxy, label_of[category_id], w * h if area is None else area))
         box, problem = check_box(xyxy, image.width, image.height)
         if problem is not None:
             issues.report(path, where, f"bbox {list(bbox)}: {problem}", unit="box",
@@ -254,7 +258,8 @@ def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike,
     """``(records, class names)`` of a COCO set, in the order of the file's ``images``; the names carry each
     label's category id in this file (``ClassNames.category_ids``).
 
-    ``keep_empty``: keep images without (remaining) training boxes (validation: yes, training: no).
+    ``keep_empty``: keep images without (remaining) training boxes (validation: yes, training: no); such a set's
+    records carry the file's own boxes as the evaluation's ground truth (``DetectionRecord.truth``).
     """
     path = Path(annotation_file)
     data = read_annotation_file(path)
@@ -277,9 +282,17 @@ def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike,
             areas=np.array(image.areas, np.float32),
             crowd_boxes=np.array(image.crowd_boxes, np.float32).reshape(-1, 4),
             crowd_labels=np.array(image.crowd_labels, np.int64), crowd_areas=np.array(image.crowd_areas, np.float32),
+            truth=file_truth(image) if keep_empty else None,
         ))
     category_of = {label: category_id for category_id, label in label_of.items()}  # label -> the file's id
     return records, ClassNames(names, [category_of[label] for label in range(len(names))])
+
+
+def file_truth(image: AnnotatedImage) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An image entry's annotations as the file gives them (``AnnotatedImage.truth``), as ``DetectionRecord.truth``."""
+    return (np.array([box for box, _, _ in image.truth], np.float64).reshape(-1, 4),
+            np.array([label for _, label, _ in image.truth], np.int64),
+            np.array([area for _, _, area in image.truth], np.float64))
 
 
 def load_coco_splits(splits: list[tuple[Path, Path]], classes: list[str] | None, issues: DataIssues
@@ -299,8 +312,8 @@ def coco_ground_truth(records: list[DetectionRecord], class_names: list[str],
                       category_ids: list[int] | None = None) -> dict[str, Any]:
     """A COCO-format ground truth of ``records``: category id = ``category_ids[label]`` (default label + 1),
     boxes back to [x, y, w, h], each record's ``areas``, crowd regions with ``iscrowd=1``, annotation ids 1, 2,
-    ... (COCOeval treats id 0 as "unmatched"). Works for records of any loader (YOLO records: box areas, no
-    crowd)."""
+    ... (COCOeval treats id 0 as "unmatched"). The objects are a record's ``truth`` where it has one (a COCO file's
+    own boxes), else its training boxes. Works for records of any loader (YOLO records: box areas, no crowd)."""
     ids = category_ids_of(class_names, category_ids)
     annotations: list[dict[str, Any]] = []
 
@@ -312,7 +325,7 @@ def coco_ground_truth(records: list[DetectionRecord], class_names: list[str],
             })
 
     for record in records:
-        add(record, record.boxes, record.labels, record.areas, 0)
+        add(record, *(record.truth or (record.boxes, record.labels, record.areas)), 0)
         add(record, record.crowd_boxes, record.crowd_labels, record.crowd_areas, 1)
     return {
         "info": {"description": "bigbatch ground truth"},

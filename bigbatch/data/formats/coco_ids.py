@@ -29,7 +29,13 @@ from pathlib import Path, PurePath, PurePosixPath
 
 import numpy as np
 
-from bigbatch.data.formats.coco import AnnotatedImage, annotated_images, categories_of, read_annotation_file
+from bigbatch.data.formats.coco import (
+    AnnotatedImage,
+    annotated_images,
+    categories_of,
+    file_truth,
+    read_annotation_file,
+)
 from bigbatch.data.formats.detection import DetectionRecord
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
@@ -168,4 +174,4 @@ def _with_objects(record: DetectionRecord, image_id: int, image: AnnotatedImage,
                            boxes=theirs[kept], labels=their_labels[kept],
                            areas=np.array([image.areas[j] for j in kept], np.float32),
                            crowd_boxes=crowd, crowd_labels=crowd_labels,
-                           crowd_areas=np.array(image.crowd_areas, np.float32))
+                           crowd_areas=np.array(image.crowd_areas, np.float32), truth=file_truth(image))

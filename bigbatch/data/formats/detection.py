@@ -70,6 +70,10 @@ class DetectionRecord:
     crowd_boxes: np.ndarray = field(default_factory=_empty_boxes)
     crowd_labels: np.ndarray = field(default_factory=_empty_labels)
     crowd_areas: np.ndarray | None = None
+    truth: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    """The evaluation's ground truth when it is not the training boxes: ``(boxes, labels, areas)``, float64 XYXY as
+    an annotation file gives them (COCO: unclipped, and boxes training skips, as outside the image or of no size,
+    kept), so that pycocotools on the file scores a results file as bigbatch does. None: the training boxes."""
 
     def __post_init__(self) -> None:
         self.boxes = np.asarray(self.boxes, np.float32).reshape(-1, 4)
