@@ -8,6 +8,7 @@ as Darknet's ``parse_net_options`` reads it (same defaults):
                                      here it is taken as the global batch, as on one GPU)
     learning_rate, momentum, decay-> optim (SGD; Darknet's update equals torch's SGD with
                                      weight_decay = decay on the mean loss), ref_batch = batch
+    adam (B1, B2, eps)            -> refused when not 0 (:data:`ADAM_REFUSED`), once the network is read
     burn_in, power, policy, steps, scales, step, scale, gamma, max_batches, learning_rate_min, sgdr_cycle,
     sgdr_mult                     -> schedule.darknet (preset ``darknet``); steps = max_batches
 
@@ -40,6 +41,21 @@ src/network.c), is the YAML's ``sig``. ``sig`` in a ``.cfg`` is refused: Darknet
 
 UNSUPPORTED_POLICIES = frozenset({"random"})
 """Darknet's other policy (``get_policy``): lr * uniform(0, 1) ** power, drawn each update; not built."""
+
+
+ADAM_REFUSED = ("Darknet's Adam (its GPU build's adam_update_gpu) is not an optimizer bigbatch has: it adds "
+                "decay * w to the gradient (optim.name adamw decays apart from it) and updates [convolutional] layers "
+                "only; set adam=0 to train with SGD (momentum, decay), or give a YAML config")
+"""Why ``[net] adam=1`` is refused rather than trained. Darknet (AlexeyAB's GPU build; both forks' CPU builds
+have no Adam and train SGD; pjreddie's GPU build also applies it to ``[connected]`` layers) updates each parameter
+``w`` of a ``[convolutional]`` layer (weights, biases, BN scales) with ``d = -B (g + decay w)``, ``g`` the mean
+loss's gradient, ``B = batch * subdivisions``: ``m = B1 m + (1 - B1) d``, ``v = B2 v + (1 - B2) d^2``,
+``w += lr (m / (1 - B1^t)) / (sqrt(v / (1 - B2^t)) + eps)``, ``t`` the iteration (blas_kernels.cu
+``adam_update_gpu`` and ``adam_kernel``, convolutional_kernels.cu). That is torch's
+``Adam(lr, betas=(B1, B2), eps=eps / B, weight_decay=decay)`` (L2 decay inside the gradient) on the convolutions'
+parameters, with every other layer (``[connected]``, ``[local]``, ...) still on SGD with momentum; bigbatch's
+optimizers have no Adam with the decay in the gradient (``adamw`` decouples it) and one optimizer for all the
+parameters, so the cfg is refused, not trained as SGD in silence."""
 
 
 def _number(path: Path, line: int, key: str, value: str, kind: type) -> Any:
@@ -135,6 +151,9 @@ def darknet_config(path: Path) -> dict[str, Any]:
     recipe = net_recipe(path)
     cfg = read_darknet_cfg(path)
     net = cfg.net
+    adam = net.options.get("adam")
+    if adam is not None and _number(path, net.lines["adam"], "adam", adam, int):  # Darknet: if (net->adam)
+        raise UserError(f"config: {path}:{net.lines['adam']}: [net] adam: {adam!r}: {ADAM_REFUSED}")
     for key in ("width", "height"):
         if not getattr(net, key):
             raise UserError(f"config: {path}:{net.line}: [net] {key}: missing; expected the input size")

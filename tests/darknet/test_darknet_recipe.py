@@ -47,3 +47,20 @@ def test_a_policy_darknet_does_not_know_is_one_line_naming_the_valid_ones(tmp_pa
 def test_the_random_policy_is_darknets_and_refused(tmp_path):
     with pytest.raises(UserError, match=r"\[net\] policy: 'random' is Darknet's, not supported by bigbatch"):
         load_config(str(write_cfg(tmp_path, "policy=random\n")), [])
+
+
+@pytest.mark.parametrize("value", ["1", "2", "-1"])
+def test_adam_is_refused_in_one_line_naming_its_line_not_trained_as_sgd(tmp_path, value):
+    """parse_net_options trains Adam for any adam != 0 (AlexeyAB's GPU build: L2 decay inside the gradient, the
+    convolutions only), which no bigbatch optimizer computes: refused, not SGD in silence."""
+    path = write_cfg(tmp_path, f"adam={value}\nB1=0.8\n")
+    with pytest.raises(UserError) as error:
+        load_config(str(path), [])
+    message = str(error.value)
+    assert message.startswith(f"config: {path}:9: [net] adam: {value!r}: Darknet's Adam") and "\n" not in message
+    assert "set adam=0 to train with SGD" in message
+
+
+def test_adam_0_trains_sgd_as_without_it(tmp_path):
+    cfg = load_config(str(write_cfg(tmp_path, "adam=0\n")), [])
+    assert cfg.optim.name == "sgd" and cfg.optim.momentum == 0.9
