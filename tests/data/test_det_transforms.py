@@ -1,6 +1,8 @@
 """Detection transforms on hand-computed cases, detectron2's resize rule, and properties over random
 samples: boxes stay inside the image with positive area and aligned with their labels."""
 
+import math
+import struct
 from fractions import Fraction
 
 import numpy as np
@@ -15,6 +17,7 @@ from bigbatch.data.transforms.det_transforms import (
     DarknetJitter,
     RandomFixedCrop,
     RandomRelativeCrop,
+    alexeyab_window,
     boxes_to_original,
     clamp_and_sanitize,
     distort_hsv,
@@ -445,6 +448,100 @@ def test_darknet_jitter_moves_each_side_and_pads_black():
         out, out_target = transform(image, target)
         assert out.shape[-2:] == (64, 64)  # stretched, not letterboxed (Darknet's letter_box=0)
         assert (plain(out_target["boxes"]) <= 64).all()
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32 (one C float operation: the double result, rounded, is the float one)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def darknet_window(oh: int, ow: int, jitter: float, resize: float, draws) -> tuple[int, int, int, int]:
+    """AlexeyAB's load_data_detection (src/data.c), letter_box=0 and no mosaic, written out in C's order with each
+    float operation rounded to float32 and each int conversion truncated: (top, left, height, width)."""
+    r1, r2, r3, r4, rr1, rr2 = (f32(d) for d in draws)
+    jitter, resize = f32(jitter), f32(resize)
+    dw, dh = math.trunc(f32(ow * jitter)), math.trunc(f32(oh * jitter))
+    resize_down = resize if resize <= 1.0 else f32(1 / resize)
+    min_rdw = math.trunc(f32(f32(ow * f32(1 - f32(1 / resize_down))) / 2))
+    min_rdh = math.trunc(f32(f32(oh * f32(1 - f32(1 / resize_down))) / 2))
+    resize_up = resize if resize >= 1.0 else f32(1 / resize)
+    max_rdw = math.trunc(f32(f32(ow * f32(1 - f32(1 / resize_up))) / 2))
+    max_rdh = math.trunc(f32(f32(oh * f32(1 - f32(1 / resize_up))) / 2))
+
+    def rand_precalc_random(low: float, high: float, part: float) -> float:
+        low, high = min(low, high), max(low, high)
+        return f32(f32(part * f32(high - low)) + low)
+
+    pleft, pright = (math.trunc(rand_precalc_random(-dw, dw, r)) for r in (r1, r2))
+    ptop, pbot = (math.trunc(rand_precalc_random(-dh, dh, r)) for r in (r3, r4))
+    if resize < 1:
+        max_rdw = max_rdh = 0
+    pleft = math.trunc(f32(pleft + rand_precalc_random(min_rdw, max_rdw, rr1)))
+    pright = math.trunc(f32(pright + rand_precalc_random(min_rdw, max_rdw, rr2)))
+    ptop = math.trunc(f32(ptop + rand_precalc_random(min_rdh, max_rdh, rr1)))
+    pbot = math.trunc(f32(pbot + rand_precalc_random(min_rdh, max_rdh, rr2)))
+    swidth, sheight = ow - pleft - pright, oh - ptop - pbot
+    if swidth <= 0 or sheight <= 0 or ow - pleft <= 0 or oh - ptop <= 0:
+        swidth, sheight, pleft, ptop = ow, oh, 0, 0
+    return ptop, pleft, sheight, swidth
+
+
+def test_alexeyab_resize_window_extremes_by_hand():
+    """500 x 375 (w x h), jitter .3, resize 1.5: dw = 150, dh = 112; the zoom moves a side by
+    int(500 * (1 - 1.5) / 2) = -125 .. int(500 * (1 - 1 / 1.5) / 2) = 83 (-93 .. 62 vertically)."""
+    assert alexeyab_window(375, 500, 0.3, 1.5, [0.0] * 6) == (-112 - 93, -150 - 125, 375 + 2 * 205, 500 + 2 * 275)
+    assert alexeyab_window(375, 500, 0.3, 1.5, [1.0] * 6) == (112 + 62, 150 + 83, 375 - 2 * 174, 500 - 2 * 233)
+    # resize below 1 zooms out only: -int(500 * (1 / 0.75 - 1) / 2) = -83 .. 0
+    assert alexeyab_window(375, 500, 0.0, 0.75, [0.5, 0.5, 0.5, 0.5, 0.0, 1.0]) == (-62, -83, 375 + 62, 500 + 83)
+    # int pleft += float: the sum truncated, not each part: left = int(6 + -2.7001) = 3, not 6 + int(-2.7001) = 4
+    assert alexeyab_window(100, 100, 0.3, 1.5, [0.6, 0.5, 0.5, 0.5, 0.5439, 0.5]) == (-2, 3, 106, 101)
+    # a window of no width is the whole image ("invalid resize")
+    assert alexeyab_window(100, 100, 0.45, 3.0, [1.0] * 6) == (0, 0, 100, 100)
+
+
+@pytest.mark.parametrize(("jitter", "resize"), [(0.3, 1.5), (0.2, 1.5), (0.0, 1.5), (0.3, 0.75), (0.3, 1.0),
+                                                (0.45, 2.5), (0.1, 1.1)])
+def test_alexeyab_window_is_data_c_over_random_draws(jitter, resize):
+    """Against the transcription above (float32 by rounding each double result), over random sizes and draws; the
+    window's sides stay within the jitter plus the zoom, left and top moved by one zoom draw, right and bottom by
+    the other."""
+    generator = torch.Generator().manual_seed(int(resize * 100 + jitter * 10))
+    for _ in range(2000):
+        oh, ow = (int(v) for v in torch.randint(1, 1500, (2,), generator=generator))
+        draws = torch.rand(6, generator=generator, dtype=torch.float64).tolist()
+        window = alexeyab_window(oh, ow, jitter, resize, draws)
+        assert window == darknet_window(oh, ow, jitter, resize, draws), (oh, ow, draws)
+        top, left, height, width = window
+        if (height, width) != (oh, ow) or (top, left) != (0, 0):
+            zoom_out = ow * (1 - max(resize, 1 / resize)) / 2  # <= 0
+            zoom_in = ow * (1 - 1 / resize) / 2 if resize > 1 else 0.0
+            assert zoom_out - jitter * ow - 1 < left < zoom_in + jitter * ow + 1
+            right = ow - left - width
+            assert zoom_out - jitter * ow - 1 < right < zoom_in + jitter * ow + 1
+
+
+def test_darknet_jitter_with_resize_zooms_and_stretches_to_the_input():
+    """train_transform's jitter_resize: AlexeyAB's window (zoomed in and out), stretched to size x size; without it,
+    the jitter's draws are those it always made."""
+    image, target = sample(100, 200, [[20, 20, 180, 80]], value=200)
+    zoom = DarknetJitter(0.0, 1.5)
+    windows = set()
+    for seed in range(60):
+        torch.manual_seed(seed)
+        top, left, h, w = zoom.make_params([image, target["boxes"]])["window"]
+        assert -50 <= left <= 33 and -25 <= top <= 16  # int(200 * -0.5 / 2) .. int(200 / 6), likewise 100
+        windows.add((h > 100, w > 200))
+        assert abs(h / 100 - w / 200) < 0.03  # one draw moves left and top, another right and bottom: a zoom
+    assert windows == {(True, True), (False, False)}  # in and out
+    transform = train_transform("letterbox", 64, flip=0.0, jitter=0.3, jitter_resize=1.5)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        out, out_target = transform(image, target)
+        assert out.shape[-2:] == (64, 64) and (plain(out_target["boxes"]) <= 64).all()
+    torch.manual_seed(3)
+    plain_window = DarknetJitter(0.3).make_params([image, target["boxes"]])["window"]
+    torch.manual_seed(3)
+    assert DarknetJitter(0.3, 1.0).make_params([image, target["boxes"]])["window"] == plain_window
 
 
 def test_darknet_color_scales_value_and_saturation_and_keeps_grey_grey():

@@ -26,6 +26,8 @@ together with their boxes (``area`` is not recomputed after a crop or a resize).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -216,21 +218,76 @@ class RandomFixedCrop(RandomRelativeCrop):
         return {"window": (top, left, crop_h, crop_w)}
 
 
-class DarknetJitter(v2.Transform):
-    """Darknet's jitter crop (``load_data_detection`` in pjreddie's ``src/data.c``): each side of the image moves by
-    an integer drawn in ``(-jitter * side, jitter * side)`` (``int pleft = rand_uniform(-dw, dw)``, likewise right, top,
-    bottom), inwards or outwards; outside the image is black (``get_pixel_extend``). The window is then stretched to
-    the network's input (Darknet's ``letter_box=0``): :class:`TrainTransform` follows it with a plain resize. Boxes
-    are shifted, clipped and dropped as by :func:`clamp_and_sanitize`."""
+def _precalc(low: np.float32, high: np.float32, part: np.float32) -> np.float32:
+    """AlexeyAB's ``rand_precalc_random`` (src/utils.c): ``part * (max - min) + min`` in float32, the bounds
+    swapped when ``max < min``."""
+    if high < low:
+        low, high = high, low
+    return part * (high - low) + low
 
-    def __init__(self, jitter: float) -> None:
+
+def alexeyab_window(height: int, width: int, jitter: float, resize: float, draws: Sequence[float]
+                    ) -> tuple[int, int, int, int]:
+    """The crop window ``(top, left, height, width)`` of AlexeyAB's ``load_data_detection`` (src/data.c,
+    ``letter_box=0``, no mosaic) for an ``height x width`` image, line for line in C's float32 and its truncating
+    int conversions, with ``draws = (r1, r2, r3, r4, resize_r1, resize_r2)`` in [0, 1]:
+
+        dw = (int)(ow * jitter),  dh likewise
+        min_rdw = (int)(ow * (1 - 1 / resize_down) / 2)   (resize_down = min(resize, 1 / resize): <= 0)
+        max_rdw = (int)(ow * (1 - 1 / resize_up) / 2)     (resize_up = max(resize, 1 / resize): >= 0)
+        pleft  = (int)(r1 * 2 dw - dw),  pright with r2, ptop with r3 (dh), pbot with r4
+        pleft  = (int)(pleft + R(min_rdw, max_rdw, resize_r1)),  ptop with resize_r1 (min_rdh, max_rdh),
+        pright, pbot likewise with resize_r2                  (R(a, b, r) = r * (b - a) + a, float)
+
+    where ``max_rdw`` is 0 when ``resize < 1`` (only a zoom out). So each side moves by the jitter and then by a
+    zoom of up to ``resize`` in or out, the left and top sides by one draw, the right and bottom by another. A
+    window of no width or height, or that starts past the image (``ow - pleft <= 0``), is the whole image."""
+    f32, ow, oh = np.float32, np.float32(width), np.float32(height)
+    r1, r2, r3, r4, resize_r1, resize_r2 = (f32(d) for d in draws)
+    dw, dh = int(ow * f32(jitter)), int(oh * f32(jitter))
+    resize_down = resize_up = f32(resize)
+    if resize_down > 1.0:
+        resize_down = f32(1) / resize_down
+    min_rdw, min_rdh = (int(side * (f32(1) - f32(1) / resize_down) / f32(2)) for side in (ow, oh))
+    if resize_up < 1.0:
+        resize_up = f32(1) / resize_up
+    max_rdw, max_rdh = (int(side * (f32(1) - f32(1) / resize_up) / f32(2)) for side in (ow, oh))
+    pleft, pright = int(_precalc(f32(-dw), f32(dw), r1)), int(_precalc(f32(-dw), f32(dw), r2))
+    ptop, pbot = int(_precalc(f32(-dh), f32(dh), r3)), int(_precalc(f32(-dh), f32(dh), r4))
+    high_w, high_h = (f32(0), f32(0)) if resize < 1 else (f32(max_rdw), f32(max_rdh))  # "downsize only"
+    pleft = int(f32(pleft) + _precalc(f32(min_rdw), high_w, resize_r1))  # int += float: the sum, truncated
+    pright = int(f32(pright) + _precalc(f32(min_rdw), high_w, resize_r2))
+    ptop = int(f32(ptop) + _precalc(f32(min_rdh), high_h, resize_r1))
+    pbot = int(f32(pbot) + _precalc(f32(min_rdh), high_h, resize_r2))
+    swidth, sheight = width - pleft - pright, height - ptop - pbot
+    if swidth <= 0 or sheight <= 0 or width - pleft <= 0 or height - ptop <= 0:  # "invalid resize"
+        return 0, 0, height, width
+    return ptop, pleft, sheight, swidth
+
+
+class DarknetJitter(v2.Transform):
+    """Darknet's jitter crop (``load_data_detection`` in ``src/data.c``): each side of the image moves by an integer
+    drawn in ``(-jitter * side, jitter * side)``, inwards or outwards; outside the image is black
+    (``get_pixel_extend``). The window is then stretched to the network's input (Darknet's ``letter_box=0``):
+    :class:`TrainTransform` follows it with a plain resize. Boxes are shifted, clipped and dropped as by
+    :func:`clamp_and_sanitize`.
+
+    Without ``resize`` (1, the default), the draw is pjreddie's (``int pleft = rand_uniform(-dw, dw)``, ``dw = jitter
+    * side``). With AlexeyAB's ``[yolo] resize`` (e.g. 1.5: a random zoom of up to 1.5 in or out; below 1, out
+    only), the window is AlexeyAB's, jitter and zoom together: :func:`alexeyab_window`, from six uniform draws."""
+
+    def __init__(self, jitter: float, resize: float = 1.0) -> None:
         super().__init__()
         if not 0.0 <= jitter < 0.5:
             raise ValueError(f"jitter must be in [0, 0.5), got {jitter}")
-        self.jitter = jitter
+        if not (math.isfinite(resize) and resize > 0):
+            raise ValueError(f"resize must be a finite number > 0, got {resize}")
+        self.jitter, self.resize = jitter, resize
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         height, width = _canvas_size(flat_inputs)
+        if self.resize != 1.0:
+            return {"window": alexeyab_window(height, width, self.jitter, self.resize, torch.rand(6).tolist())}
         dw, dh = self.jitter * width, self.jitter * height
         left, right, top, bottom = (int(float(torch.empty(()).uniform_(-d, d))) for d in (dw, dw, dh, dh))
         return {"window": (top, left, max(1, height - top - bottom), max(1, width - left - right))}
@@ -372,7 +429,7 @@ class TrainTransform:
                  max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
                  crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
                  crop_size: int | None = None, jitter: float = 0.0, hue: float = 0.0, saturation: float = 1.0,
-                 exposure: float = 1.0, mosaic: float = 0.0, mosaic_bound: bool = False):
+                 exposure: float = 1.0, mosaic: float = 0.0, mosaic_bound: bool = False, jitter_resize: float = 1.0):
         if max_size is not None and max_size_ratio is not None:
             raise ValueError("give max_size or max_size_ratio, not both")
         resize_transform(resize, size)  # validates the mode
@@ -385,9 +442,9 @@ class TrainTransform:
             # before the letterbox, so the padding stays grey 114
             before.append(v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter))
         each_image = list(before)  # a mosaic's images: these, then its own jitter window
-        if jitter:
-            before.append(DarknetJitter(jitter))
-        self.jitter = jitter
+        if jitter or jitter_resize != 1.0:
+            before.append(DarknetJitter(jitter, jitter_resize))
+        self.jitter = jitter or jitter_resize != 1.0  # a window to stretch to the input
         self.before = v2.Compose(before) if before else None
         fixed_crop = [RandomFixedCrop(crop_size, min_size=min_box_size)] if crop_size else []
         after: list[v2.Transform] = list(fixed_crop)
@@ -449,7 +506,8 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
                     max_size_ratio: float | None = None, flip: float = 0.5, crop: bool | float = False,
                     crop_prob: float = 0.5, color_jitter: float = 0.0, min_box_size: float = 1.0,
                     crop_size: int | None = None, jitter: float = 0.0, hue: float = 0.0, saturation: float = 1.0,
-                    exposure: float = 1.0, mosaic: float = 0.0, mosaic_bound: bool = False) -> TrainTransform:
+                    exposure: float = 1.0, mosaic: float = 0.0, mosaic_bound: bool = False,
+                    jitter_resize: float = 1.0) -> TrainTransform:
     """The training pipeline, a callable ``(image, target, size=None) -> (image, target)``.
 
     In order: :class:`RandomRelativeCrop` with probability ``crop_prob`` (``crop``: ``False`` none,
@@ -459,11 +517,12 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     (fixed, detectron2) or ``size * max_size_ratio`` (MegDet 1333 / 800, scaling with the size), or
     ``"letterbox"`` to ``size x size``; with ``crop_size``, :class:`RandomFixedCrop` (MegDet's 800 x 800);
     ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize` (boxes under ``min_box_size`` pixels
-    dropped with their labels); ``v2.ToDtype(float32, scale=True)``. Darknet's options: with ``jitter``,
-    :class:`DarknetJitter` after the colour jitter, and the window stretched to ``size x size`` in place of the
-    resize; with ``hue``, ``saturation`` or ``exposure``, :class:`DarknetColor` last, in place of the ``ToDtype`` (it
-    makes the uint8 image float32 in its own pass, as ``ToDtype`` would). For an image and a dict of XYXY boxes the
-    steps after the resize run as torchvision's kernels, without v2's dispatch: the same samples.
+    dropped with their labels); ``v2.ToDtype(float32, scale=True)``. Darknet's options: with ``jitter`` (and
+    ``jitter_resize``, AlexeyAB's ``[yolo] resize``; not applied to a mosaic's images), :class:`DarknetJitter`
+    after the colour jitter, and the window stretched to ``size x size`` in place of the resize; with ``hue``,
+    ``saturation`` or ``exposure``, :class:`DarknetColor` last, in place of the ``ToDtype`` (it makes the uint8
+    image float32 in its own pass, as ``ToDtype`` would). For an image and a dict of XYXY boxes the steps after
+    the resize run as torchvision's kernels, without v2's dispatch: the same samples.
 
     With ``mosaic`` (a probability), the transform carries a :class:`~bigbatch.data.transforms.mosaic.Mosaic` (its
     ``mosaic`` attribute), with which the training dataset makes a sample of four images, ``size x size``: AlexeyAB's
@@ -471,7 +530,8 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     own jitter window, flip and Darknet colours; the mosaic through the fixed-size crop and the clamp + sanitize.
     """
     return TrainTransform(resize, size, max_size, max_size_ratio, flip, crop, crop_prob, color_jitter,
-                          min_box_size, crop_size, jitter, hue, saturation, exposure, mosaic, mosaic_bound)
+                          min_box_size, crop_size, jitter, hue, saturation, exposure, mosaic, mosaic_bound,
+                          jitter_resize)
 
 
 class EvalTransform:
