@@ -105,8 +105,8 @@ def test_the_trainer_settles_a_held_start_up_and_only_then(tmp_path):
         before = gc.get_threshold()
         from bigbatch.cli import main
         assert main(["train", "digits", "--out", sys.argv[2], "--set", *{settings!r}]) == 0
-        print(json.dumps({{"held": collector.held(), "frozen": gc.get_freeze_count(), "threshold": gc.get_threshold()[0],
-                          "before": before[0]}}))
+        print(json.dumps({{"held": collector.held(), "frozen": gc.get_freeze_count(),
+                          "threshold": gc.get_threshold()[0], "before": before[0]}}))
     """)
     results = {}
     for mode in ("held", "free"):

@@ -270,4 +270,4 @@ def test_a_broken_training_annotation_file_is_one_line_when_the_set_is_counted_t
     args = [command, "shapes-detect", "--set", *settings] + (["--out", str(tmp_path / "run")] if command == "train"
                                                                else [])
     assert main(args) == 2
-    one_error(capsys, f"error: data", f"{broken}", says)
+    one_error(capsys, "error: data", f"{broken}", says)
