@@ -5,6 +5,13 @@ the image's width W and height H (Darknet's ``scripts/voc_label.py``). It become
 ``x1 = (xc - w / 2) * W, x2 = (xc + w / 2) * W``, and the same for y with H; the image size comes from
 the image header (PIL reads it without decoding the image).
 
+The image is the one shown: its stored pixels turned by their EXIF Orientation tag (1-8, read with the header:
+``images.inspect_oriented``), W and H its size as shown (swapped for 5-8). Darknet (AlexeyAB's, built with OpenCV:
+``load_image_mat_cv``, ``src/image_opencv.cpp``) and Ultralytics (``cv2.imdecode``; ``exif_size`` in
+``ultralytics/data/utils.py``) load images with OpenCV, which turns them so (``ApplyExifOrientation``), and label
+tools show them so: a label line describes the turned image. The record carries the orientation
+(``DetectionRecord.orientation``) and the dataset turns the decoded pixels by it.
+
 Sources:
 - a Darknet ``.data`` file (``classes=``, ``train=``, ``valid=``, ``names=``; other keys ignored): train and
   valid name a text file listing image paths, or a folder. Relative paths are tried from the current
@@ -56,7 +63,7 @@ from bigbatch.data.formats.counts import train_images_given
 from bigbatch.data.formats.detection import EDGE_TOLERANCE, DetectionRecord, check_box
 from bigbatch.data.formats.shapes import own_annotation_file
 from bigbatch.data.pipeline.files import BadLine, read_lines
-from bigbatch.data.pipeline.images import inspect_images
+from bigbatch.data.pipeline.images import inspect_oriented_images
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS
@@ -317,11 +324,13 @@ def load_yolo(source: str | os.PathLike, issues: DataIssues, keep_empty: bool, s
 def yolo_records(paths: list[str], num_classes: int, issues: DataIssues, keep_empty: bool,
                  decode: bool | None = None) -> list[DetectionRecord]:
     """The records of the images at ``paths`` with the boxes of their label files (Darknet's rule,
-    :func:`yolo_label_path`); ``image_id`` is the image's index in ``paths``. ``decode``: decode every image (default:
-    in strict mode), else read their headers only."""
+    :func:`yolo_label_path`), each of the image as shown (its EXIF orientation read with its header, the size and
+    boxes of the turned image); ``image_id`` is the image's index in ``paths``. ``decode``: decode every image
+    (default: in strict mode), else read their headers only."""
     decode = issues.strict if decode is None else decode
     records = []
-    for image_id, (path, (size, problem)) in enumerate(zip(paths, inspect_images(paths, decode=decode), strict=True)):
+    inspected = inspect_oriented_images(paths, decode=decode)
+    for image_id, (path, (size, orientation, problem)) in enumerate(zip(paths, inspected, strict=True)):
         if problem is not None:
             issues.report(path, None, problem)
             continue
@@ -331,7 +340,7 @@ def yolo_records(paths: list[str], num_classes: int, issues: DataIssues, keep_em
             continue
         records.append(DetectionRecord(path=path, width=width, height=height, image_id=image_id,
                                        boxes=np.array(found[0], np.float32).reshape(-1, 4),
-                                       labels=np.array(found[1], np.int64)))
+                                       labels=np.array(found[1], np.int64), orientation=orientation))
     return records
 
 
@@ -361,7 +370,7 @@ def _subset(records: list[DetectionRecord], names: list[str], classes: list[str]
         keep = np.array([int(label) in new_label for label in r.labels], dtype=bool)
         labels = np.array([new_label[int(label)] for label in r.labels[keep]], np.int64)
         kept.append(DetectionRecord(path=r.path, width=r.width, height=r.height, image_id=r.image_id,
-                                    boxes=r.boxes[keep], labels=labels))
+                                    boxes=r.boxes[keep], labels=labels, orientation=r.orientation))
     return kept, classes
 
 

@@ -15,6 +15,13 @@ against the file with pycocotools as bigbatch scores it:
   medium / large ranges are the file's. The file's crowd regions (``iscrowd: 1``) join the ground truth as in the
   ``coco`` format (detections on them are ignored); a labelled box on one is that region.
 
+Orientation: a COCO file describes an image's stored pixels (its ``width`` and ``height``, its boxes, as pycocotools
+reads them); a YOLO record the image as shown, its stored pixels turned by their EXIF orientation
+(``DetectionRecord.orientation``, ``darknet/yolo_data.py``). The two are compared in the shown image: the entry's size
+with the record's stored size, the file's boxes and crowd regions turned (``images.boxes_to_displayed``) to be matched
+with the labelled boxes and to become the training boxes; the evaluation's ground truth (``truth`` and the crowd
+regions) keeps the file's own, on the stored pixels, where a results file is scored.
+
 Anything else (an image the file lacks, a class it does not name, a box without its annotation, an annotation of a
 class in use without its box) means the two do not describe the same set, and a results file could not be scored
 against the file as bigbatch scores it: one ``UserError`` naming the key, the file, the first mismatches and their
@@ -37,6 +44,7 @@ from bigbatch.data.formats.coco import (
     read_annotation_file,
 )
 from bigbatch.data.formats.detection import DetectionRecord
+from bigbatch.data.pipeline.images import boxes_to_displayed
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 
@@ -111,9 +119,12 @@ def _match_images(records: list[DetectionRecord], images: dict[int, AnnotatedIma
         elif len(hits) > 1:
             names = ", ".join(f"{images[i].file_name!r} (id {i})" for i in hits[:SHOWN])
             problems.append(f"{record.path} matches several image entries: {names}")
-        elif (images[image_id].width, images[image_id].height) != (record.width, record.height):
+        elif (images[image_id].width, images[image_id].height) != record.stored_size:
             entry = images[image_id]
-            problems.append(f"{record.path} is {record.width}x{record.height}, its entry {entry.file_name!r} (id "
+            width, height = record.stored_size
+            shown = "" if record.orientation == 1 else (f" stored ({record.width}x{record.height} as shown, EXIF "
+                                                        f"orientation {record.orientation})")
+            problems.append(f"{record.path} is {width}x{height}{shown}, its entry {entry.file_name!r} (id "
                             f"{image_id}) says {entry.width}x{entry.height}")
             image_id = None
         elif image_id in owner:
@@ -146,25 +157,30 @@ def _pairs(boxes: np.ndarray, labels: np.ndarray, others: np.ndarray, other_labe
 
 def _with_objects(record: DetectionRecord, image_id: int, image: AnnotatedImage, class_names: list[str],
                   problems: list[str]) -> DetectionRecord:
-    """``record`` with the file's image id, the boxes and areas of its annotations and its image's crowd regions."""
+    """``record`` with the file's image id, the boxes and areas of its annotations and its image's crowd regions.
+
+    The file's boxes are turned to the record's shown image (``record.orientation``) to be matched and trained on; the
+    crowd regions and the ground truth (``truth``) stay as the file gives them, on the stored pixels."""
     boxes = record.boxes.astype(np.float64)
     labels = record.labels
-    theirs = np.array(image.boxes, np.float64).reshape(-1, 4)
+    stored = (image.width, image.height)
+    theirs = boxes_to_displayed(np.array(image.boxes, np.float64).reshape(-1, 4), record.orientation, stored)
     their_labels = np.array(image.labels, np.int64)
     crowd = np.array(image.crowd_boxes, np.float64).reshape(-1, 4)
     crowd_labels = np.array(image.crowd_labels, np.int64)
     pairs = _pairs(boxes, labels, theirs, their_labels)
     rest = sorted(set(range(len(boxes))) - {i for i, _ in pairs})
-    clipped_crowd = np.clip(crowd, 0, [image.width, image.height, image.width, image.height])
+    clipped_crowd = boxes_to_displayed(np.clip(crowd, 0, [*stored, *stored]), record.orientation, stored)
     on_crowd = {rest[i] for i, _ in _pairs(boxes[rest], labels[rest], clipped_crowd, crowd_labels)}
     entry = f"entry {image.file_name!r} (id {image_id})"
+    shown = "" if record.orientation == 1 else f" on the image as shown (EXIF orientation {record.orientation})"
     for i in rest:
         if i not in on_crowd:
             box = ", ".join(f"{v:g}" for v in np.round(boxes[i], 2))
-            problems.append(f"{record.path}: its {class_names[labels[i]]} box [{box}] (x1, y1, x2, y2) has no "
+            problems.append(f"{record.path}: its {class_names[labels[i]]} box [{box}] (x1, y1, x2, y2){shown} has no "
                             f"annotation in {entry}")
     for j in sorted(set(range(len(theirs))) - {j for _, j in pairs}):
-        x1, y1, x2, y2 = theirs[j]
+        x1, y1, x2, y2 = image.boxes[j]  # as the file gives it
         box = ", ".join(f"{v:g}" for v in np.round([x1, y1, x2 - x1, y2 - y1], 2))
         problems.append(f"{record.path}: the {class_names[their_labels[j]]} annotation [{box}] (x, y, w, h) of "
                         f"{entry} has no labelled box")
@@ -174,4 +190,5 @@ def _with_objects(record: DetectionRecord, image_id: int, image: AnnotatedImage,
                            boxes=theirs[kept], labels=their_labels[kept],
                            areas=np.array([image.areas[j] for j in kept], np.float32),
                            crowd_boxes=crowd, crowd_labels=crowd_labels,
-                           crowd_areas=np.array(image.crowd_areas, np.float32), truth=file_truth(image))
+                           crowd_areas=np.array(image.crowd_areas, np.float32), truth=file_truth(image),
+                           orientation=record.orientation)

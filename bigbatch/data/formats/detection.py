@@ -3,7 +3,14 @@ dataset that decodes a record into ``(image, target)``.
 
 Shared conventions: ``image`` is a ``tv_tensors.Image`` uint8 [3, H, W]; ``target`` holds ``boxes``
 (``tv_tensors.BoundingBoxes`` float32 [N, 4], XYXY pixels, ``canvas_size=(H, W)``), ``labels`` (int64 [N],
-contiguous 0..C-1), ``image_id`` (int, the COCO id for COCO data) and ``orig_size`` ((H, W) as decoded).
+contiguous 0..C-1), ``image_id`` (int, the COCO id for COCO data), ``orig_size`` ((H, W) as decoded and turned) and
+``orientation`` (the record's EXIF orientation, applied to the pixels: 1 for none).
+
+EXIF orientation (``DetectionRecord.orientation``): the ``yolo`` format's records describe an image as shown, its
+stored pixels turned by their EXIF Orientation tag, as Darknet and Ultralytics decode it (OpenCV's ``imread``) and
+label it; the dataset decodes the stored pixels and turns them (``images.orient``), so that boxes and pixels agree. The
+evaluation's ground truth stays in stored pixels (``truth``), those a COCO file describes; a detection on the turned
+image goes back to them by ``images.boxes_to_stored(boxes, target["orientation"], target["orig_size"][::-1])``.
 
 Bad data never crashes a run. Each problem is reported once with its file (and line) and the image or box
 is skipped (``problems.DataIssues``); with ``strict`` the first problem raises a ``UserError`` instead, which the
@@ -27,7 +34,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from bigbatch.data.pipeline.images import decode_rgb, error_reason
+from bigbatch.data.pipeline.images import boxes_to_stored, decode_rgb, error_reason, orient, oriented_size
 from bigbatch.data.pipeline.order import sample_rng
 from bigbatch.data.pipeline.problems import DataIssues, none_readable
 
@@ -52,12 +59,13 @@ def box_areas(boxes: np.ndarray) -> np.ndarray:
 
 @dataclass
 class DetectionRecord:
-    """One image as loaded: its file, size and training boxes (float32 [N, 4] XYXY pixels, int64 labels).
+    """One image as loaded: its file, size and training boxes (float32 [N, 4] XYXY pixels, int64 labels), all of the
+    image as the dataset decodes it: its stored pixels turned by ``orientation``.
 
     ``areas`` are the COCO ``area`` values of the boxes (segment areas; box areas when absent), used only
     by the evaluation ground truth for its small/medium/large ranges. ``crowd_*`` hold COCO ``iscrowd=1``
     regions: never training boxes, they are "ignore" regions of the evaluation ground truth, as in COCO's
-    own evaluation.
+    own evaluation; like ``truth``, they lie on the stored pixels.
     """
 
     path: str
@@ -71,11 +79,18 @@ class DetectionRecord:
     crowd_labels: np.ndarray = field(default_factory=_empty_labels)
     crowd_areas: np.ndarray | None = None
     truth: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    """The evaluation's ground truth when it is not the training boxes: ``(boxes, labels, areas)``, float64 XYXY as
-    an annotation file gives them (COCO: unclipped, and boxes training skips, as outside the image or of no size,
-    kept), so that pycocotools on the file scores a results file as bigbatch does. None: the training boxes."""
+    """The evaluation's ground truth when it is not the training boxes: ``(boxes, labels, areas)``, float64 XYXY on
+    the stored pixels, as an annotation file gives them (COCO: unclipped, and boxes training skips, as outside the
+    image or of no size, kept), so that pycocotools on the file scores a results file as bigbatch does. None: the
+    training boxes, taken back to the stored pixels when ``orientation`` turns them (set so here)."""
+    orientation: int = 1
+    """The EXIF Orientation (1-8) the stored pixels are turned by to give this image (``images.orient``); ``width``
+    and ``height`` are then the turned image's (swapped for 5-8). 1: the stored pixels as they are (every ``coco``
+    record: a COCO file describes the stored pixels, as pycocotools reads it)."""
 
     def __post_init__(self) -> None:
+        if self.orientation not in range(1, 9):
+            raise ValueError(f"orientation must be an EXIF orientation 1-8, not {self.orientation!r}")
         self.boxes = np.asarray(self.boxes, np.float32).reshape(-1, 4)
         self.labels = np.asarray(self.labels, np.int64).reshape(-1)
         self.crowd_boxes = np.asarray(self.crowd_boxes, np.float32).reshape(-1, 4)
@@ -87,6 +102,14 @@ class DetectionRecord:
             self.crowd_areas = np.asarray(self.crowd_areas, np.float32)
         if not len(self.boxes) == len(self.labels) == len(self.areas):
             raise ValueError("boxes, labels and areas differ in length")
+        if self.truth is None and self.orientation != 1:  # a turn moves a box, never changes its area
+            self.truth = (boxes_to_stored(self.boxes.astype(np.float64), self.orientation, (self.width, self.height)),
+                          self.labels.copy(), self.areas.astype(np.float64))
+
+    @property
+    def stored_size(self) -> tuple[int, int]:
+        """``(width, height)`` of the stored pixels (a COCO file's image entry gives these)."""
+        return oriented_size((self.width, self.height), self.orientation)
 
 
 def check_box(box: Sequence[float], width: int, height: int) -> tuple[tuple[float, ...] | None, str | None]:
@@ -132,7 +155,8 @@ class DetectionDataset(Dataset):
     and the global RNG is left untouched. A transform with a ``mosaic`` (``data.mosaic``, ``data/transforms/mosaic.py``)
     makes the samples it picks of this record and three others, drawn under that same seed.
 
-    An image that cannot be decoded is reported once (per process) and replaced by the next readable one
+    A record's stored pixels are decoded and turned by its ``orientation`` (``images.orient``), and must then have
+    its size. An image that cannot be decoded is reported once (per process) and replaced by the next readable one
     (wrapping around); the substitute's target carries ``substitute_for``, the requested record's image_id,
     so that an evaluation can leave it out, and ``data_problems``, the ``(path, message)`` of each image it
     stands for, so that the training process counts problems a DataLoader worker found
@@ -183,7 +207,7 @@ class DetectionDataset(Dataset):
                 continue
             record = self.records[i]
             try:
-                pixels = decode_rgb(record.path)
+                pixels = orient(decode_rgb(record.path), record.orientation)
             except RuntimeError as error:
                 problem = f"corrupt image: {error_reason(error)}"
             else:
@@ -193,7 +217,9 @@ class DetectionDataset(Dataset):
                     if found:
                         target["data_problems"] = found
                     return image, target
-                problem = f"decodes to {pixels.shape[2]}x{pixels.shape[1]}, expected {record.width}x{record.height}"
+                turned = "" if record.orientation == 1 else f" as shown (EXIF orientation {record.orientation})"
+                problem = (f"decodes to {pixels.shape[2]}x{pixels.shape[1]}{turned}, expected "
+                           f"{record.width}x{record.height}")
             self._unreadable.add(i)
             self._first_unreadable = self._first_unreadable or (record.path, problem)
             found.append((record.path, f"{problem}; the next readable sample is used instead"))
@@ -209,6 +235,7 @@ class DetectionDataset(Dataset):
             "labels": torch.tensor(record.labels),
             "image_id": record.image_id,
             "orig_size": (height, width),
+            "orientation": record.orientation,
         }
         if substitute_for is not None:
             target["substitute_for"] = substitute_for
