@@ -27,6 +27,11 @@ saves score against the converted file).
   ``voc_label.py`` writes them) stand for the same pixel box within a millionth of the image's side; COCO boxes are
   written with ``BOX_DECIMALS`` decimals. Each box is checked and clipped as the loaders check it
   (``detection.check_box``: over the edge by at most 1 px, clipped silently).
+- EXIF orientation: the image files are carried unchanged, but a COCO file describes an image's stored pixels (its
+  width, height and boxes, as pycocotools reads them) and a YOLO label the image as shown, the stored pixels turned by
+  their EXIF Orientation tag (``darknet/yolo_data.py``). Each image's orientation is read with its header and its
+  boxes carried between the two (``images.boxes_to_displayed``, ``boxes_to_stored``; width and height swapped for
+  5-8), so that COCO -> YOLO -> COCO gives the file's boxes back and the YOLO set trains on the same objects.
 - Crowd regions (``iscrowd: 1``): YOLO labels have no crowd flag, and a crowd region written as a box would be trained
   on as one object, which bigbatch never does with COCO data: they are left out, and their count printed.
 - Images without boxes: an empty label file in YOLO; an image entry without annotations in COCO. A YOLO image without
@@ -72,7 +77,12 @@ from bigbatch.darknet.yolo_data import (
 from bigbatch.data.formats.coco import annotated_images, categories_of, class_mapping, read_annotation_file
 from bigbatch.data.formats.shapes import yolo_line
 from bigbatch.data.pipeline.files import open_regular, read_lines, read_regular
-from bigbatch.data.pipeline.images import inspect_images
+from bigbatch.data.pipeline.images import (
+    boxes_to_displayed,
+    boxes_to_stored,
+    inspect_oriented_images,
+    oriented_size,
+)
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
 
@@ -97,8 +107,9 @@ kernel's ``protected_hardlinks`` (a file of another owner), the most links an in
 @dataclass
 class Item:
     """One image of a split: its file (absolute), its name in the split (a relative POSIX path), its size, its boxes
-    (float [N, 4] XYXY pixels, checked and clipped) and labels, its COCO id (None: none known) and its path in the
-    source set (for the ids file)."""
+    (float [N, 4] XYXY pixels, checked and clipped) and labels, its COCO id (None: none known), its path in the
+    source set (for the ids file) and its EXIF orientation; size and boxes are the stored pixels', as a COCO file gives
+    them (a YOLO label's turned back)."""
 
     source: str
     name: str
@@ -107,6 +118,7 @@ class Item:
     boxes: np.ndarray
     labels: np.ndarray
     image_id: int | None = None
+    orientation: int = 1
 
 
 @dataclass
@@ -268,9 +280,12 @@ def read_coco(root: Path, issues: DataIssues) -> Source:
             items.append(Item(image.path, name, image.width, image.height,
                               np.array(image.boxes, np.float64).reshape(-1, 4), np.array(image.labels, np.int64),
                               image_id))
-        for item, (size, problem) in zip(items, inspect_images([i.source for i in items]), strict=True):
-            if problem is None and size != (item.width, item.height):
-                problem = f"image is {size[0]}x{size[1]} but {annotation_file} says {item.width}x{item.height}"
+        for item, (size, orientation, problem) in zip(items, inspect_oriented_images([i.source for i in items]),
+                                                      strict=True):
+            if problem is None:
+                size, item.orientation = oriented_size(size, orientation), orientation  # the stored size
+                if size != (item.width, item.height):
+                    problem = f"image is {size[0]}x{size[1]} but {annotation_file} says {item.width}x{item.height}"
             if problem is not None:
                 issues.report(item.source, None, problem)
         splits[split] = items
@@ -413,8 +428,9 @@ def _yolo_source(layout: str, root: Path, names_file: Path, names: list[str], li
                 raise UserError(f"SRC: {names_file.with_name(names_file.stem + IDS_SUFFIX)}: image id {image_id} is "
                                 f"both {owner[image_id]}'s and {record.path}'s")
             owner[image_id] = record.path
-            items.append(Item(record.path, _posix(record.path, start), record.width, record.height,
-                              record.boxes.astype(np.float64), record.labels, image_id))
+            stored = boxes_to_stored(record.boxes.astype(np.float64), record.orientation, (record.width, record.height))
+            items.append(Item(record.path, _posix(record.path, start), *record.stored_size, stored, record.labels,
+                              image_id, record.orientation))
         splits[split] = items
     return Source("yolo", layout, _file_stem(root.name if names_file.suffix in (".yaml", ".yml") else names_file.stem),
                   categories, splits, notes=notes)
@@ -557,8 +573,10 @@ def write_yolo(source: Source, writer: Writer, layout: str) -> str:
     for split, entries in planned.items():
         for item, image, label in entries:
             writer.image(image, item.source)
-            lines = [yolo_line(int(c), [x1, y1, x2 - x1, y2 - y1], item.width, item.height) + "\n"
-                     for (x1, y1, x2, y2), c in zip(item.boxes.tolist(), item.labels.tolist(), strict=True)]
+            width, height = oriented_size((item.width, item.height), item.orientation)  # the image as shown
+            shown = boxes_to_displayed(item.boxes, item.orientation, (item.width, item.height))
+            lines = [yolo_line(int(c), [x1, y1, x2 - x1, y2 - y1], width, height) + "\n"
+                     for (x1, y1, x2, y2), c in zip(shown.tolist(), item.labels.tolist(), strict=True)]
             writer.text(label, "".join(lines))
             if item.image_id is not None:
                 ids[image] = item.image_id

@@ -30,6 +30,7 @@ from bigbatch.data.pipeline.images import (
 )
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
+from tests.helpers import run_main
 
 ORIENTATIONS = range(1, 9)
 STORED = (100, 50)  # width, height of the stored pixels: a landscape sensor read
@@ -257,3 +258,75 @@ def test_a_coco_file_of_turned_yolo_images_is_matched_as_shown_and_scored_as_sto
         take_coco_ids(records, ["thing"], turned, "data.annotations", DataIssues())
     assert f"{paths[4]} is 100x50 stored (50x100 as shown, EXIF orientation 5), its entry '5.jpg' (id 14) says " \
            "50x100" in str(error.value)
+
+
+# ----------------------------------------------------------------------------- data convert
+
+
+def coco_set(root: Path) -> dict[str, tuple[int, int, int, int]]:
+    """A COCO set of one photo of each orientation a split, boxed on its stored pixels; returns each file's box."""
+    boxes = {}
+    for split in ("train", "val"):
+        images, annotations = [], []
+        for n in ORIENTATIONS:
+            path = photo(root / split / f"{n}.jpg", n, seed=n)
+            x1, y1, x2, y2 = boxes[f"{split}/{n}.jpg"] = bright_box(stored_by_pil(path))
+            images.append({"id": n, "file_name": f"{n}.jpg", "width": STORED[0], "height": STORED[1]})
+            annotations.append({"id": n, "image_id": n, "category_id": 1, "iscrowd": 0,
+                                "bbox": [x1, y1, x2 - x1, y2 - y1], "area": float((x2 - x1) * (y2 - y1))})
+        (root / "annotations").mkdir(parents=True, exist_ok=True)
+        (root / "annotations" / f"{split}.json").write_text(json.dumps(
+            {"images": images, "annotations": annotations, "categories": [{"id": 1, "name": "thing"}]}))
+    return boxes
+
+
+def test_convert_turns_the_boxes_between_the_stored_pixels_and_the_image_shown(tmp_path):
+    source, yolo, back = tmp_path / "photos", tmp_path / "yolo", tmp_path / "back"
+    boxes = coco_set(source)
+    result = run_main("data", "convert", str(source), "--to", "yolo", "--out", str(yolo))
+    assert result.returncode == 0, result.stderr
+    for name in boxes:  # each label: the object where PIL shows it, of the size shown
+        shown = shown_by_pil(yolo / name)
+        assert (yolo / name).read_bytes() == (source / name).read_bytes()  # the image file unchanged
+        assert (yolo / name).with_suffix(".txt").read_text() == yolo_line(bright_box(shown), shown.shape[1],
+                                                                          shown.shape[0])
+    records, _ = load_yolo(yolo / "photos.data", DataIssues(), keep_empty=True, split="valid")
+    for record, (image, target) in zip(records, DetectionDataset(records), strict=True):
+        x1, y1, x2, y2 = (round(v) for v in target["boxes"][0].tolist())
+        assert image[:, y1:y2, x1:x2].float().mean() > 240, record.path  # the same object trained on
+
+    result = run_main("data", "convert", str(yolo), "--to", "coco", "--out", str(back))
+    assert result.returncode == 0, result.stderr
+    for split in ("train", "val"):
+        data = json.loads((back / "annotations" / f"{split}.json").read_text())
+        original = json.loads((source / "annotations" / f"{split}.json").read_text())
+        assert [(i["id"], i["file_name"], i["width"], i["height"]) for i in data["images"]] == \
+               [(i["id"], i["file_name"], i["width"], i["height"]) for i in original["images"]]
+        np.testing.assert_allclose([a["bbox"] for a in data["annotations"]],
+                                   [a["bbox"] for a in original["annotations"]], atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- evaluation against the COCO file
+
+
+@pytest.mark.xfail(strict=True, reason="tasks/detection.py's detect() leaves a detection on the turned image: it must "
+                                       "map each back with images.boxes_to_stored(boxes, target['orientation'], "
+                                       "target['orig_size'][::-1]) after boxes_to_original")
+def test_a_results_file_of_turned_yolo_images_scores_against_the_coco_file_as_bigbatch_scores_it(tmp_path):
+    from bigbatch.config import load_config
+    from bigbatch.tasks.detection import DetectionTask
+    from tests.tasks.test_results_ids import GroundTruthDetector, pycocotools_stats
+
+    source, yolo = tmp_path / "photos", tmp_path / "yolo"
+    coco_set(source)
+    assert run_main("data", "convert", str(source), "--to", "yolo", "--out", str(yolo)).returncode == 0
+    file = source / "annotations" / "val.json"
+    task = DetectionTask.from_config(load_config("shapes-detect", [
+        "data.name=yolo", f"data.path={yolo / 'photos.data'}", f"data.annotations={file}"]))
+    truth = [a["bbox"] for a in task.ground_truth["annotations"]]
+    np.testing.assert_allclose(truth, [a["bbox"] for a in json.loads(file.read_text())["annotations"]])
+
+    metrics, detections = task.predict(GroundTruthDetector(task, 4), 4)  # each image's labelled box, detected
+    task.save_predictions(tmp_path / "d.json", detections)
+    stats = pycocotools_stats(file, tmp_path / "d.json")
+    assert metrics["mAP"] == pytest.approx(stats[0], abs=1e-6) and stats[0] == pytest.approx(1.0)
