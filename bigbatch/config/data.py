@@ -40,8 +40,8 @@ class DataConfig(PartSection):
     parts = DATASETS
     builtin_keys = DATASET_KEYS
     layout = ("name", "size", "max_size", "resize", "path", "train", "val", "annotations", "classes", "strict",
-              "train_images", "shapes_images", "flip", "crop", "jitter", "hue", "saturation", "exposure", "crop_size",
-              "color_jitter", "mosaic", "mosaic_bound", "multiscale", "workers")
+              "train_images", "shapes_images", "flip", "crop", "jitter", "jitter_resize", "hue", "saturation",
+              "exposure", "crop_size", "color_jitter", "mosaic", "mosaic_bound", "multiscale", "workers")
     """The order config.yaml has always written these keys in, the formats' own among the shared ones."""
 
     name: Annotated[str, registered(DATASETS)] = "digits"

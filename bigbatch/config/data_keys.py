@@ -99,6 +99,9 @@ AUGMENTATION: Fields = {
     "jitter": (Annotated[float, Field(ge=0, lt=0.5)], 0.0),
     # Darknet's jitter crop: each side moved in or out by up to jitter x the side (outside: black), the window then
     # stretched to size x size (Darknet's letter_box=0) in place of data.resize; 0: off
+    "jitter_resize": (Annotated[float, Field(gt=0, le=10)], 1.0),
+    # AlexeyAB's [yolo] resize: each side of the jitter window moved by a further random zoom of up to this, in or
+    # out (below 1: out only), with or without mosaic (data/transforms/zoom.py); 1: off
     "hue": (Annotated[float, Field(ge=0, le=0.5)], 0.0),
     # Darknet's hue shift, U(-hue, hue) turns of the colour circle
     "saturation": (Annotated[float, Field(ge=1)], 1.0),

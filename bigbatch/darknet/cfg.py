@@ -20,8 +20,7 @@ Where bigbatch is stricter than Darknet, it says so rather than guess:
   and that bigbatch does not implement (``binary``, ``xnor``, ``dontload``, ``weights_type``...) is refused, as
   are the recurrent layers; a key Darknet knows that changes nothing bigbatch builds (augmentation in ``[net]``,
   ``stream``, ``onlyforward``...) is collected in :attr:`DarknetCfg.ignored` as ``"section:key"``, for the caller
-  to list once; so is a ``[yolo]`` ``resize`` other than 1 (AlexeyAB's random zoom of the training crop), which
-  ``det_transforms.DarknetJitter`` computes but a run's data settings have no key for.
+  to list once.
 
 The freezing keys of every layer (``stopbackward``, ``train_only_bn``, ``dont_update``, ``burnin_update``) are read
 into each spec (integers >= 0; ``train_only_bn`` 0 or 1); what they freeze is ``freeze.py``'s.
@@ -171,8 +170,6 @@ def read_darknet_cfg(path: str | Path) -> DarknetCfg:
         s.rest(layer_kind.ignored, layer_kind.refused, ignored)
     if not layers:
         raise UserError(f"{path}:{sections[0].line}: [net]: the cfg has no layers after [net]")
-    if any(isinstance(layer, Yolo) and layer.resize != 1 for layer in layers):
-        ignored.append("yolo:resize")  # AlexeyAB's random zoom: DarknetJitter(resize=) has it; no run takes it yet
     if any(layer.kind == "yolo" for layer in layers):  # a detector uses them (data.mosaic, data.mosaic_bound)
         detector_keys = {f"{sections[0].name}:{k}" for k in NET_DETECTOR_KEYS}
         ignored = [key for key in ignored if key not in detector_keys]

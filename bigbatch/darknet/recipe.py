@@ -175,6 +175,8 @@ def darknet_config(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox", "jitter": last.jitter,
                             "hue": net.hue, "saturation": max(net.saturation, 1 / net.saturation),
                             "exposure": max(net.exposure, 1 / net.exposure), "flip": 0.5 if net.flip else 0.0}
+    if last.resize != 1:  # AlexeyAB's random zoom (detector.c: args.resize = l.resize, the last layer's)
+        data["jitter_resize"] = last.resize
     if net.mosaic:  # AlexeyAB turns a batch's mosaic off with even odds (load_data_detection): half the samples
         data["mosaic"] = MOSAIC_PROBABILITY
     if net.mosaic_bound:

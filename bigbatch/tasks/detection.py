@@ -89,7 +89,8 @@ class DetectionTask:
                                                                 flip=data.flip, crop=data.crop,
                                                                 color_jitter=data.color_jitter,
                                                                 crop_size=data.crop_size, jitter=data.jitter,
-                                                                hue=data.hue, saturation=data.saturation,
+                                                                jitter_resize=data.jitter_resize, hue=data.hue,
+                                                                saturation=data.saturation,
                                                                 exposure=data.exposure, mosaic=data.mosaic,
                                                                 mosaic_bound=data.mosaic_bound), issues,
                                  records_name("the training set", train_records))

@@ -18,7 +18,7 @@ from tests.helpers import FIXTURES
 BEFORE_PACKAGE_RUN = FIXTURES / "run-digits-before-config-package"
 
 
-ADDED_SINCE = {"  val: null\n": "  annotations: auto\n",
+ADDED_SINCE = {"  val: null\n": "  annotations: auto\n", "  jitter: 0.0\n": "  jitter_resize: 1.0\n",
                "  color_jitter: 0.0\n": "  mosaic: 0.0\n  mosaic_bound: false\n",
                "  preprocessing: inception\n": (
     "  darknet:\n    min_crop: 1.0\n    max_crop: 2.0\n    aspect: 1.0\n    angle: 0.0\n    hue: 0.0\n"
@@ -33,7 +33,8 @@ ADDED_SINCE = {"  val: null\n": "  annotations: auto\n",
     "  limit: null\n": "  keep_freed: true\n",
     "    max_batches: null\n": "    learning_rate_min: 1.0e-05\n    sgdr_cycle: null\n    sgdr_mult: 2\n"}
 """Keys added to the config since the run was written (after the line they follow), at their defaults:
-``data.annotations`` (a COCO file of a YOLO set's validation images); ``data.mosaic`` and ``data.mosaic_bound``
+``data.annotations`` (a COCO file of a YOLO set's validation images); ``data.jitter_resize`` (AlexeyAB's zoom);
+``data.mosaic`` and ``data.mosaic_bound``
 (detection augmentation); ``data.darknet``, Darknet's classifier augmentation (``data.preprocessing: darknet``);
 ``data.standard``, the keys of ``data.preprocessing: standard``; ``data.decode``; ``model.memory_format``;
 ``model.compile`` (torch.compile); ``model.darknet_dialect``; ``model.weights_from``, ``mismatched``, ``freeze``,

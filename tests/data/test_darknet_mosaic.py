@@ -93,16 +93,18 @@ def quadrant_of(plan, box: torch.Tensor) -> int:
     raise AssertionError(f"box {box.tolist()} lies in no quadrant")
 
 
-def test_boxes_follow_their_pixels_under_every_cut_shift_and_flip():
+@pytest.mark.parametrize("resize", [1.0, 1.5])
+def test_boxes_follow_their_pixels_under_every_cut_shift_and_flip(resize):
     """Over 150 mosaics of 4 images drawn from the painted set (jitter 0.3: windows in and out of the image, flips,
-    moves to the corner), with ``mosaic_bound``: every kept box lies in one quadrant and holds only its colour away
-    from its resampled edges, its colour appears nowhere else, and the boxes dropped are those cut under a pixel."""
+    moves to the corner; with AlexeyAB's ``resize`` 1.5 a zoom of each window too, some of them left empty and so
+    whole), with ``mosaic_bound``: every kept box lies in one quadrant and holds only its colour away from its
+    resampled edges, its colour appears nowhere else, and the boxes dropped are those cut under a pixel."""
     samples = painted_set()
     seen = {"flipped": 0, "padded": 0, "dropped": 0, "cut": 0, "kept": 0}
     for seed in range(150):
         torch.manual_seed(seed)
         chosen = [samples[int(i)] for i in torch.randint(len(samples), (4,))]
-        plan = draw_plan([s[0].shape[-2:] for s in chosen], (SIZE, SIZE), jitter=0.3, flip=0.5)
+        plan = draw_plan([s[0].shape[-2:] for s in chosen], (SIZE, SIZE), jitter=0.3, flip=0.5, resize=resize)
         image, raw = compose(chosen, plan, bound=True)
         image, target = clamp_and_sanitize()(image, raw)
         assert image.shape == (3, SIZE, SIZE) and image.dtype == torch.float32
@@ -133,7 +135,12 @@ def test_boxes_follow_their_pixels_under_every_cut_shift_and_flip():
                               for (top, left, h, w), s in zip((p.window for p in plan.pieces), chosen, strict=True))
         seen["dropped"] += int((~wide_enough & (sides > 0).all(dim=1)).sum())  # cut, not gone
         seen["kept"] += len(boxes)
+        seen["beyond the jitter"] = seen.get("beyond the jitter", 0) + sum(  # the zoom's windows only
+            not 0.4 * s[0].shape[-1] - 1 <= p.window[3] <= 1.6 * s[0].shape[-1] + 1
+            for p, s in zip(plan.pieces, chosen, strict=True))
+    zoomed = seen.pop("beyond the jitter")
     assert min(seen.values()) > 10, seen  # every case happened, many times
+    assert (zoomed > 10) if resize != 1.0 else zoomed == 0
 
 
 def test_without_mosaic_bound_boxes_reach_over_their_quadrant_only_as_darknet_lets_them():

@@ -38,6 +38,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from bigbatch.data.transforms.mosaic import Mosaic
+from bigbatch.data.transforms.zoom import precalc, zoomed_sides
 
 try:
     from bigbatch.data import _hsv  # csrc/hsv.c: distort_hsv in one pass
@@ -218,14 +219,6 @@ class RandomFixedCrop(RandomRelativeCrop):
         return {"window": (top, left, crop_h, crop_w)}
 
 
-def _precalc(low: np.float32, high: np.float32, part: np.float32) -> np.float32:
-    """AlexeyAB's ``rand_precalc_random`` (src/utils.c): ``part * (max - min) + min`` in float32, the bounds
-    swapped when ``max < min``."""
-    if high < low:
-        low, high = high, low
-    return part * (high - low) + low
-
-
 def alexeyab_window(height: int, width: int, jitter: float, resize: float, draws: Sequence[float]
                     ) -> tuple[int, int, int, int]:
     """The crop window ``(top, left, height, width)`` of AlexeyAB's ``load_data_detection`` (src/data.c,
@@ -245,20 +238,9 @@ def alexeyab_window(height: int, width: int, jitter: float, resize: float, draws
     f32, ow, oh = np.float32, np.float32(width), np.float32(height)
     r1, r2, r3, r4, resize_r1, resize_r2 = (f32(d) for d in draws)
     dw, dh = int(ow * f32(jitter)), int(oh * f32(jitter))
-    resize_down = resize_up = f32(resize)
-    if resize_down > 1.0:
-        resize_down = f32(1) / resize_down
-    min_rdw, min_rdh = (int(side * (f32(1) - f32(1) / resize_down) / f32(2)) for side in (ow, oh))
-    if resize_up < 1.0:
-        resize_up = f32(1) / resize_up
-    max_rdw, max_rdh = (int(side * (f32(1) - f32(1) / resize_up) / f32(2)) for side in (ow, oh))
-    pleft, pright = int(_precalc(f32(-dw), f32(dw), r1)), int(_precalc(f32(-dw), f32(dw), r2))
-    ptop, pbot = int(_precalc(f32(-dh), f32(dh), r3)), int(_precalc(f32(-dh), f32(dh), r4))
-    high_w, high_h = (f32(0), f32(0)) if resize < 1 else (f32(max_rdw), f32(max_rdh))  # "downsize only"
-    pleft = int(f32(pleft) + _precalc(f32(min_rdw), high_w, resize_r1))  # int += float: the sum, truncated
-    pright = int(f32(pright) + _precalc(f32(min_rdw), high_w, resize_r2))
-    ptop = int(f32(ptop) + _precalc(f32(min_rdh), high_h, resize_r1))
-    pbot = int(f32(pbot) + _precalc(f32(min_rdh), high_h, resize_r2))
+    pleft, pright = int(precalc(f32(-dw), f32(dw), r1)), int(precalc(f32(-dw), f32(dw), r2))
+    ptop, pbot = int(precalc(f32(-dh), f32(dh), r3)), int(precalc(f32(-dh), f32(dh), r4))
+    pleft, pright, ptop, pbot = zoomed_sides(height, width, resize, (pleft, pright, ptop, pbot), resize_r1, resize_r2)
     swidth, sheight = width - pleft - pright, height - ptop - pbot
     if swidth <= 0 or sheight <= 0 or width - pleft <= 0 or height - ptop <= 0:  # "invalid resize"
         return 0, 0, height, width
@@ -461,7 +443,8 @@ class TrainTransform:
         if mosaic:
             self.mosaic = Mosaic(mosaic, size, mosaic_bound, jitter, flip,
                                  before=v2.Compose(each_image) if each_image else None, color=color,
-                                 after=v2.Compose([*fixed_crop, clamp_and_sanitize(min_box_size)]))
+                                 after=v2.Compose([*fixed_crop, clamp_and_sanitize(min_box_size)]),
+                                 resize=jitter_resize)
 
     def max_size_for(self, size: int) -> int | None:
         """The cap on the longer side at shorter side ``size``: fixed ``max_size`` (detectron2 keeps 1333
@@ -518,7 +501,7 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     ``"letterbox"`` to ``size x size``; with ``crop_size``, :class:`RandomFixedCrop` (MegDet's 800 x 800);
     ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize` (boxes under ``min_box_size`` pixels
     dropped with their labels); ``v2.ToDtype(float32, scale=True)``. Darknet's options: with ``jitter`` (and
-    ``jitter_resize``, AlexeyAB's ``[yolo] resize``; not applied to a mosaic's images), :class:`DarknetJitter`
+    ``jitter_resize``, AlexeyAB's ``[yolo] resize``, also on each of a mosaic's images), :class:`DarknetJitter`
     after the colour jitter, and the window stretched to ``size x size`` in place of the resize; with ``hue``,
     ``saturation`` or ``exposure``, :class:`DarknetColor` last, in place of the ``ToDtype`` (it makes the uint8
     image float32 in its own pass, as ``ToDtype`` would). For an image and a dict of XYXY boxes the steps after

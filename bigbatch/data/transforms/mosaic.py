@@ -9,9 +9,11 @@ that ``[net] mosaic=1`` selects (``parse_net_options``: ``net->mixup = 3``), wit
   right, 2 bottom left, 3 bottom right.
 - each quadrant's image ``ow x oh`` is jitter-cropped as without mosaic: ``dw = int(ow * jitter)``,
   ``dh = int(oh * jitter)``, ``pleft, pright = int(U(-dw, dw))`` and ``ptop, pbot = int(U(-dh, dh))`` (each side
-  moved in, or out); it is flipped with even odds (``use_flip``); with even odds again the image is moved "to the
-  corner, so that most of it is visible": the offsets of its two outer sides (left and top for quadrant 0, right and
-  top for 1, ...; mirrored when it is flipped) are added to the opposite sides and set to 0. The window
+  moved in, or out), then, with ``[yolo] resize`` (``data.jitter_resize``), each side by a further zoom, as without
+  mosaic (``zoom.zoomed_sides``; a window left empty is the whole image); it is flipped with even odds
+  (``use_flip``); with even odds again the image is moved "to the corner, so that most of it is visible": the
+  offsets of its two outer sides (left and top for quadrant 0, right and top for 1, ...; mirrored when it is flipped)
+  are added to the opposite sides and set to 0. The window
   ``(pleft, ptop, ow - pleft - pright, oh - ptop - pbot)`` is cropped (outside the image: the image's mean colour,
   ``cv::mean``), stretched to ``w x h``, flipped, and its colour distorted (HSV).
 - the shifts skip the padded margin of the stretched image on the sides facing the cut, measured as Darknet measures
@@ -51,6 +53,8 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+
+from bigbatch.data.transforms.zoom import zoomed_sides
 
 Sample = tuple[tv_tensors.Image, dict[str, Any]]
 Stage = Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]]
@@ -117,13 +121,16 @@ def _shift(offset: int, out: int, side: int, limit: int) -> int:
 
 
 def draw_piece(k: int, image_size: tuple[int, int], size: tuple[int, int], cut: tuple[int, int], jitter: float,
-               flip: float) -> PiecePlan:
+               flip: float, resize: float = 1.0) -> PiecePlan:
     """The :class:`PiecePlan` of quadrant ``k`` for an image of ``image_size`` ``(oh, ow)`` in a mosaic of ``size``
-    ``(h, w)`` cut at ``cut``: the jitter window, the flip (probability ``flip``), the move to the corner (even odds)
-    and the shifts, as the module docstring's formulas."""
+    ``(h, w)`` cut at ``cut``: the jitter window (and ``resize``'s zoom), the flip (probability ``flip``), the move to
+    the corner (even odds) and the shifts, as the module docstring's formulas."""
     (oh, ow), (h, w), (cut_y, cut_x) = image_size, size, cut
     dw, dh = int(ow * jitter), int(oh * jitter)
     pleft, pright, ptop, pbot = (_side_offset(d) for d in (dw, dw, dh, dh))
+    if resize != 1.0:
+        zoom = torch.rand(2).tolist()
+        pleft, pright, ptop, pbot = zoomed_sides(oh, ow, resize, (pleft, pright, ptop, pbot), *zoom)
     flipped = flip > 0 and float(torch.rand(())) < flip
     # the offsets as seen on the stretched, flipped image (Darknet swaps pleft and pright after a flip)
     left, right = (pright, pleft) if flipped else (pleft, pright)
@@ -138,6 +145,8 @@ def draw_piece(k: int, image_size: tuple[int, int], size: tuple[int, int], cut: 
             top, bottom = ptop + pbot, 0
         ptop, pbot = top, bottom
     pleft, pright = (right, left) if flipped else (left, right)
+    if ow - pleft - pright <= 0 or oh - ptop - pbot <= 0 or ow - pleft <= 0 or oh - ptop <= 0:
+        pleft = pright = ptop = pbot = left = right = 0  # Darknet's "invalid resize": the whole image
     window = (ptop, pleft, oh - ptop - pbot, ow - pleft - pright)
     left_shift = _shift(left, w, ow, cut_x)
     right_shift = _shift(right, w, ow, w - cut_x)
@@ -149,11 +158,12 @@ def draw_piece(k: int, image_size: tuple[int, int], size: tuple[int, int], cut: 
     return PiecePlan(window, flipped, (src_top, src_left, height, width), dst_top, dst_left)
 
 
-def draw_plan(image_sizes: Sequence[tuple[int, int]], size: tuple[int, int], jitter: float, flip: float
-              ) -> MosaicPlan:
+def draw_plan(image_sizes: Sequence[tuple[int, int]], size: tuple[int, int], jitter: float, flip: float,
+              resize: float = 1.0) -> MosaicPlan:
     """The cut point, then each quadrant's :class:`PiecePlan` in order, drawn from torch's RNG."""
     cut = draw_cut(*size)
-    return MosaicPlan(size, cut, tuple(draw_piece(k, image_sizes[k], size, cut, jitter, flip) for k in range(PIECES)))
+    return MosaicPlan(size, cut, tuple(draw_piece(k, image_sizes[k], size, cut, jitter, flip, resize)
+                                       for k in range(PIECES)))
 
 
 def crop_with_mean(image: torch.Tensor, window: tuple[int, int, int, int]) -> torch.Tensor:
@@ -225,12 +235,14 @@ class Mosaic:
     (``crop_size``, then clip and drop the boxes under ``min_box_size``)."""
 
     def __init__(self, p: float, size: int, bound: bool = False, jitter: float = 0.0, flip: float = 0.5,
-                 before: Stage | None = None, color: v2.Transform | None = None, after: Stage | None = None):
+                 before: Stage | None = None, color: v2.Transform | None = None, after: Stage | None = None,
+                 resize: float = 1.0):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"mosaic probability must be in [0, 1], got {p}")
         if not 0.0 <= jitter < 0.5:
             raise ValueError(f"jitter must be in [0, 0.5), got {jitter}")
         self.p, self.size, self.bound, self.jitter, self.flip = p, size, bound, jitter, flip
+        self.resize = resize  # AlexeyAB's [yolo] resize: each image's window zoomed as without mosaic
         self.before, self.color, self.after = before, color, after
 
     def chosen(self) -> bool:
@@ -245,6 +257,7 @@ class Mosaic:
         size = self.size if size is None else size
         if self.before is not None:
             samples = [self.before(image, target) for image, target in samples]
-        plan = draw_plan([tuple(F.get_size(image)) for image, _ in samples], (size, size), self.jitter, self.flip)
+        plan = draw_plan([tuple(F.get_size(image)) for image, _ in samples], (size, size), self.jitter, self.flip,
+                         self.resize)
         image, target = compose(samples, plan, self.bound, self.color)
         return self.after(image, target) if self.after is not None else (image, target)
