@@ -84,6 +84,7 @@ def test_an_unknown_data_key_lists_every_key_in_the_written_order():
     after = written.index("color_jitter") + 1
     written[after:after] = ["mosaic", "mosaic_bound"]  # added since (ADDED_SINCE), as the next four
     written.insert(written.index("val") + 1, "annotations")
+    written.insert(written.index("jitter") + 1, "jitter_resize")
     assert listed == [*written, "darknet", "standard", "decode"]
 
 
