@@ -33,6 +33,7 @@ from bigbatch.batching import BatchPlan
 from bigbatch.config import RunConfig
 from bigbatch.data.formats.coco import category_ids_of, coco_ground_truth
 from bigbatch.data.formats.detection import DetectionDataset, records_name
+from bigbatch.data.pipeline.images import boxes_to_stored
 from bigbatch.data.pipeline.loader import eval_batches
 from bigbatch.data.pipeline.order import sample_seed
 from bigbatch.data.pipeline.problems import DataIssues
@@ -191,7 +192,10 @@ class DetectionTask:
             self.issues.absorb_targets(targets)
             outputs = model([image.to(device, non_blocking=True) for image in images])
             kept = [(t, o) for t, o in zip(targets, outputs, strict=True) if "substitute_for" not in t]
-            mapped = [{**o, "boxes": boxes_to_original(o["boxes"].float().cpu(), t)} for t, o in kept]
+            # to the original image, then (an EXIF-turned image of a YOLO set) to its stored pixels, a COCO file's
+            mapped = [{**o, "boxes": boxes_to_stored(boxes_to_original(o["boxes"].float().cpu(), t),
+                                                     t.get("orientation", 1), tuple(t["orig_size"])[::-1])}
+                      for t, o in kept]
             results += detections_to_coco([t["image_id"] for t, _ in kept], mapped, category_ids)
         model.train(was_training)
         return results

@@ -314,9 +314,6 @@ def test_convert_turns_the_boxes_between_the_stored_pixels_and_the_image_shown(t
 # ----------------------------------------------------------------------------- evaluation against the COCO file
 
 
-@pytest.mark.xfail(strict=True, reason="tasks/detection.py's detect() leaves a detection on the turned image: it must "
-                                       "map each back with images.boxes_to_stored(boxes, target['orientation'], "
-                                       "target['orig_size'][::-1]) after boxes_to_original")
 def test_a_results_file_of_turned_yolo_images_scores_against_the_coco_file_as_bigbatch_scores_it(tmp_path):
     from bigbatch.config import load_config
     from bigbatch.tasks.detection import DetectionTask

@@ -329,7 +329,8 @@ def coco_ground_truth(records: list[DetectionRecord], class_names: list[str],
         add(record, record.crowd_boxes, record.crowd_labels, record.crowd_areas, 1)
     return {
         "info": {"description": "bigbatch ground truth"},
-        "images": [{"id": r.image_id, "file_name": r.path, "width": r.width, "height": r.height} for r in records],
+        "images": [{"id": r.image_id, "file_name": r.path, "width": r.stored_size[0], "height": r.stored_size[1]}
+                   for r in records],  # the stored pixels' size, as the boxes (an EXIF-turned YOLO image's too)
         "annotations": annotations,
         "categories": [{"id": ids[label], "name": name} for label, name in enumerate(class_names)],
     }
