@@ -27,7 +27,8 @@ class MultiScaleConfig(Section):
     range: float = Field(1.4, ge=1, le=10)
     """``auto``: the range of the drawn scale (Darknet's ``random`` in the last ``[yolo]`` layer: 1 means 1.4)."""
     final: int = Field(100, ge=0)
-    """The last steps of the run at the largest size, as Darknet's last 100 (BatchNorm statistics settle at it)."""
+    """The periods that start within the run's last ``final`` steps are at the largest size, as Darknet's
+    ``iteration > max_batches - 100`` at a period's start (BatchNorm statistics settle at it)."""
 
 
 class DataConfig(PartSection):
