@@ -324,3 +324,28 @@ def test_an_unreadable_validation_image_is_not_scored_and_its_stand_in_not_twice
     labels = [label for i, (_, label) in enumerate(val.samples) if i != bad_index]
     assert metrics["images"] == len(val.samples) - 1
     assert metrics["top1"] == pytest.approx(100 * labels.count(val.samples[bad_index + 1][1]) / len(labels))
+
+
+@pytest.mark.parametrize("kind", ["truncated", "text"])
+def test_a_stand_ins_crop_depends_on_its_key_alone_not_on_what_the_process_found_before(tmp_path, photos, kind):
+    """The crop of the image standing in for an unreadable one is drawn from the sample's seed afresh: the same
+    whether this process tries the unreadable image now (a draw, then a failed decode) or already knows it (no
+    draw), so a resumed run, or a DataLoader worker with its own record, makes the same sample. It once drew the
+    stand-in's crop from what the failed try had left of the RNG: resume was not bit-identical with a bad file."""
+    good = sorted(str(p) for p in (photos / "train" / "china").glob("*.jpg"))[:2]
+    bad = tmp_path / "bad.jpg"
+    if kind == "truncated":  # the header reads (a crop is drawn), the body does not decode
+        data = Path(good[0]).read_bytes()
+        bad.write_bytes(data[:len(data) // 3])
+    else:
+        bad.write_text("not an image\n")
+    samples = [(str(bad), 0), (good[0], 0), (good[1], 0)]
+
+    def dataset() -> FolderImages:
+        return FolderImages(samples, InceptionTrainCrop(48, fast=True), DataIssues())
+
+    fresh = dataset()
+    first = fresh[(0, 12345)][0]
+    assert torch.equal(fresh[(0, 12345)][0], first)  # the bad image known now: no draw for it
+    assert torch.equal(dataset()[(0, 12345)][0], first)  # another process (a resume, a worker)
+    assert not torch.equal(fresh[(1, 999)][0], first)  # the control: another seed crops otherwise

@@ -255,10 +255,7 @@ class EncodedImages(Dataset, ABC):
     def __getitem__(self, key: int | tuple[int, int], out: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         index, seed = key if isinstance(key, tuple) else (key, None)
-        if seed is None:
-            return self._sample(int(index), out)
-        with sample_rng(seed):
-            return self._sample(int(index), out)
+        return self._sample(int(index), out, seed)
 
     def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> Batch:
         """A batch, collated as :meth:`collate` collates one (the same values): each sample is finished straight
@@ -336,15 +333,22 @@ class EncodedImages(Dataset, ABC):
             box, reduction = region_box(self.preprocess, *size)
             return data, box, reduction, self.preprocess.planned_finish()
 
-    def _sample(self, index: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
+    def _sample(self, index: int, out: torch.Tensor | None = None, seed: int | None = None
+                ) -> tuple[torch.Tensor, int, list[tuple[str, str]]]:
         """The image at ``index``, or the next readable one (wrapping around); the unreadable ones passed over are
-        reported once it is found. None readable: one error naming the set (``problems.none_readable``)."""
+        reported once it is found. None readable: one error naming the set (``problems.none_readable``).
+
+        With a ``seed``, each image tried draws its crop from the seed afresh (``sample_rng``): a stand-in's draws do
+        not depend on whether this process had already found the unreadable image (and skipped it without a draw)
+        or tried it now (a draw, then the failed decode), so a resumed run, or another number of workers, each
+        with its own record of unreadable images, makes the same sample."""
         count, found = len(self), []
         for i in itertools.chain(range(index, count), range(index)):
             if i in self._unreadable:
                 continue
             try:
-                image = decode_crop(self.source(i), self.preprocess, out)
+                with sample_rng(seed) if seed is not None else contextlib.nullcontext():
+                    image = decode_crop(self.source(i), self.preprocess, out)
             except DECODE_ERRORS as error:
                 problem = f"unreadable image ({error_reason(error)}{self.origin(i)})"
             else:
