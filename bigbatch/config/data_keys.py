@@ -138,6 +138,14 @@ ANNOTATIONS_AUTO = "auto"
 """``data.annotations``' default (``yolo``): the COCO file ``bigbatch data shapes`` wrote beside a set it generated, if
 any."""
 
+def no_class_subset(data: Any) -> None:
+    """A classification format's check: ``data.classes`` (a subset of a detection set's classes) is not one of its
+    keys, though every config has it; given, it would be left unread and the run train every class."""
+    if data.classes is not None:
+        raise ValueError(f"data.classes: used by the detection formats only, not by {data.name!r} (data.name): a "
+                         "classification set trains every class of its data; leave it out")
+
+
 DATASET_KEYS: dict[str, Fields] = {
     "folder": CLASSIFICATION,
     "shards": CLASSIFICATION,

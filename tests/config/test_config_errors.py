@@ -136,3 +136,13 @@ def test_each_optimizer_declares_its_own_keys():
     assert keys[:13] == ["name", "lr", "ref_batch", "scaling", "momentum", "nesterov", "weight_decay",
                          "no_decay_norm_bias", "eps", "betas", "rmsprop_decay", "trust_coefficient",
                          "momentum_correction"]
+
+
+@pytest.mark.parametrize("name, extra", [("digits", []), ("folder", ["data.path=/data/photos"]),
+                                         ("shards", ["data.path=/data/shards"])])
+def test_a_class_subset_is_refused_by_a_classification_format(name, extra):
+    """``data.classes`` is the detection formats' (a subset of a set's classes, by name); a classification format
+    never read it, so a run trained every class without a word."""
+    with pytest.raises(UserError, match=rf"^data\.classes: used by the detection formats only, not by '{name}'"):
+        load_config("digits", [f"data.name={name}", *extra, "data.classes=[a, b]"])
+    assert load_config("shapes-detect", ["data.classes=[circle, star]"]).data.classes == ["circle", "star"]
