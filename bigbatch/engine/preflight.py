@@ -28,7 +28,7 @@ def load_checked(source: str, overrides: list[str], reads_data: bool = True, nee
     from bigbatch.batching import require_length
     from bigbatch.config import load_config
     from bigbatch.floor import distributed
-    from bigbatch.telemetry.capacity import check_capacity
+    from bigbatch.telemetry.capacity import check_capacity, check_memory_limit
 
     cfg = load_config(source, overrides, run_dir)
     if needs_length:
@@ -38,6 +38,7 @@ def load_checked(source: str, overrides: list[str], reads_data: bool = True, nee
 
         check_data_given(cfg)
         _weights_given(cfg)
+        check_memory_limit(cfg)  # a command that runs the model (show, schedule and scale plan only)
     check_capacity(cfg, distributed.world_size_from_env())
     _host_all_reduce_switch(cfg)
     return cfg

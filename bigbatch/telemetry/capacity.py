@@ -140,6 +140,20 @@ def check_capacity(cfg: RunConfig, world: int = 1) -> None:
         check_parameters_fit(count, cfg.model.part().info.get("size_key", "model.name"), cfg.model.name, image)
 
 
+def check_memory_limit(cfg: RunConfig) -> None:
+    """Refuse a ``memory.limit`` that this process's RSS passes already, before any data or model: every micro-batch
+    would start over it, count as out of memory and double ``subdivisions`` until none is left."""
+    if cfg.memory.limit is None:
+        return
+    from bigbatch.config.values import parse_size
+    from bigbatch.telemetry.memory import rss_bytes
+
+    limit, used = parse_size(cfg.memory.limit), rss_bytes()
+    if limit <= used:
+        raise UserError(f"memory.limit: {format_bytes(limit)} is less than this process uses already, before any data "
+                        f"or model ({format_bytes(used)}): no micro-batch could start under it")
+
+
 def check_parameters_fit(count: int, key: str, what: str, image: int = 0) -> None:
     """Refuse (``UserError`` naming ``key``) ``count`` float32 parameters that, with ``image`` bytes of one input,
     cannot fit this machine's memory (the GPU's, when training runs on one)."""

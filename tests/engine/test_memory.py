@@ -34,12 +34,28 @@ def test_out_of_memory_doubles_subdivisions_and_loses_nothing(tmp_path):
     assert [e["step"] for e in events if "lr" in e] == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_run_that_cannot_fit_stops_with_one_error_line(tmp_path):
-    result = run_main("train", "digits", "--out", str(tmp_path / "r"), "--set", *SMALL, "steps=2", "memory.limit=1MiB")
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
+def test_a_run_that_cannot_fit_stops_with_one_error_line(tmp_path, monkeypatch, capsys):
+    """Every micro-batch over the limit (the RSS the limit reads made larger than it): subdivisions double until a
+    micro-batch of one image, then one error line."""
+    from bigbatch.cli import main
+    from bigbatch.engine.hooks import memory
+
+    monkeypatch.setattr(memory, "rss_bytes", lambda: 2 * 2**40)
+    assert main(["train", "digits", "--out", str(tmp_path / "r"), "--set", *SMALL, "steps=2", "memory.limit=1TiB"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: out of memory at step 0 with micro-batches of 1 image")
     assert "memory.limit" in lines[0]
+
+
+def test_a_limit_the_process_passes_before_any_work_is_refused_at_once(tmp_path):
+    """A limit under what the process uses before its data and model (torch alone is hundreds of MiB) could never be
+    met: one line naming the key, exit 2, nothing built or written (the run once built both, then failed as above)."""
+    result = run_main("train", "digits", "--out", str(tmp_path / "r"), "--set", *SMALL, "steps=2", "memory.limit=1MiB")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: memory.limit: 1.0 MiB is less than this process uses already")
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(("text", "size"), [("2GiB", 2 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
