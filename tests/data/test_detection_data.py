@@ -549,3 +549,24 @@ def test_records_and_dataset_pickle(dataset):
     copy = pickle.loads(pickle.dumps(dataset))  # DataLoader workers under spawn
     assert copy.records[0].path == dataset.records[0].path and os.path.isfile(copy.records[0].path)
     assert torch.equal(copy[0][0], dataset[0][0]) and torch.equal(copy[0][1]["boxes"], dataset[0][1]["boxes"])
+
+
+def test_a_phone_cameras_multi_picture_jpeg_is_read_as_its_first_picture(tmp_path):
+    """PIL names a JPEG with more pictures after the first (MPO: a phone's depth map or preview) ``MPO``; every
+    decoder reads its first picture, the photo. It was refused as an unsupported format, and the image skipped."""
+    photo = np.random.default_rng(3).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    root = tmp_path / "set"
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    Image.fromarray(photo).save(root / "images" / "a.jpg", format="MPO", save_all=True,
+                                append_images=[Image.new("RGB", (64, 48))])
+    (root / "labels" / "a.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (root / "classes.txt").write_text("thing\n")
+    with Image.open(root / "images" / "a.jpg") as opened:
+        assert opened.format == "MPO"
+        first = np.asarray(opened.convert("RGB"))
+    issues = DataIssues(strict=True)
+    records, _ = load_yolo(root, issues, keep_empty=False)
+    assert [(r.width, r.height) for r in records] == [(64, 48)] and not issues.problems
+    image, _ = DetectionDataset(records, issues=issues)[0]
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), first)

@@ -32,6 +32,9 @@ from bigbatch.data.pipeline.files import open_regular, read_regular
 
 T = TypeVar("T")
 DECODABLE = ("GIF", "JPEG", "PNG", "WEBP")  # the formats torchvision.io.decode_image reads (PIL's names)
+JPEG_KINDS = ("MPO",)
+"""What PIL names a JPEG with more pictures after the first (a phone camera's Multi-Picture Object: a depth map, a
+preview): a JPEG to every decoder, which reads its first picture, the photo."""
 ORIENTATION_TAG = 0x0112  # EXIF's Orientation (274), values 1-8 (Exif 2.32, after TIFF 6.0)
 TRANSPOSED = (5, 6, 7, 8)
 """The orientations shown with width and height swapped (Exif 2.32: the 0th row is the visual left or right side)."""
@@ -175,7 +178,7 @@ def _inspect(path: str, decode: bool, oriented: bool) -> tuple[tuple[int, int] |
             orientation = exif_orientation(image) if oriented else 1
     except (OSError, ValueError, Image.DecompressionBombError) as error:  # UnidentifiedImageError is an OSError
         return None, 1, f"unreadable image: {error}"
-    if fmt not in DECODABLE:
+    if fmt not in DECODABLE and fmt not in JPEG_KINDS:
         return None, 1, f"unsupported image format {fmt} (torchvision decodes {', '.join(DECODABLE)})"
     shown = oriented_size(size, orientation)
     if decode:
