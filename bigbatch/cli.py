@@ -538,22 +538,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 SCALE_MARK = b"by bigbatch scale"
-"""In the first line of a recipe ``scale --out`` wrote: such a file may be replaced by the next one."""
+"""In the first line of a recipe ``scale --out`` wrote (a label: what lets the next ``scale`` replace the file is
+its record, ``floor/written.py``)."""
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.batching import batch_layout
     from bigbatch.config import config_to_yaml
     from bigbatch.engine.preflight import load_checked, resolve_batch
-    from bigbatch.floor import distributed
+    from bigbatch.floor import distributed, written
     from bigbatch.floor.files import atomic_write
-    from bigbatch.floor.outputs import check_output_file, starts_with
+    from bigbatch.floor.outputs import check_output_file
     from bigbatch.largebatch.rescale import changes_table, rescale
 
     if args.batch <= 0:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")
     if args.out is not None:
-        check_output_file(args.out, "--out", ours=starts_with(SCALE_MARK, 200))
+        check_output_file(args.out, "--out", ours=written.is_ours,  # content proves nothing: its record does
+                          what="bigbatch did not write it, or it changed since: remove it or choose another path")
     world = distributed.world_size_from_env()
     cfg, _ = resolve_batch(load_checked(args.config, args.overrides, reads_data=False, needs_length=False), world)
     new, changes = rescale(cfg, args.batch, world)
@@ -562,7 +564,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if args.out is not None:
         text = (f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} {SCALE_MARK.decode()}\n"
                 + config_to_yaml(new))
-        atomic_write(args.out, lambda f: f.write(text), mode="w")
+        atomic_write(args.out, lambda f: f.write(text), mode="w", record=True)
         print(f"written to {args.out}")
     else:
         print()

@@ -3,8 +3,8 @@
 The weights evaluated are those that count (``largebatch.ema.counted_weights``: the EMA's when the run keeps one and
 ``ema.evaluate``, else the raw ones), with the checkpoint's config and any ``--set`` overrides. The record (the
 checkpoint, its step, which weights, the metrics) is written as JSON where :func:`eval_record_path` says; a detector's
-detections can also be saved as a COCO results file. Every output is checked before any work, and nothing bigbatch
-did not write is overwritten.
+detections can also be saved as a COCO results file, recorded as bigbatch's as it is written (``floor/written.py``).
+Every output is checked before any work, and nothing bigbatch did not write is overwritten.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from bigbatch.errors import UserError
-from bigbatch.floor import run_files
+from bigbatch.floor import run_files, written
 
 
 def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path | None = None) -> None:
@@ -35,7 +35,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     out = eval_record_path(path)
     probe_writable(out.parent, "eval")
     if save_detections is not None:
-        check_output_file(save_detections, "--save-detections", ours=is_results_file)
+        check_output_file(save_detections, "--save-detections", ours=is_results_file, what=NOT_OURS)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     run_dir = run_dir_of(path)
     kept = kept_overrides(run_dir, state["config"]) if run_dir is not None else []  # a run's cfg, kept in it
@@ -52,7 +52,8 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
           flush=True)
     metrics, predictions = task.predict(model, cfg.eval.batch, progress=True)
     if save_detections is not None:
-        task.save_predictions(save_detections, predictions)
+        with written.recorded(save_detections):  # the task's atomic write records the file it makes
+            task.save_predictions(save_detections, predictions)
         note = getattr(task, "predictions_note", "")  # how the saved categories are numbered
         print(f"{len(predictions)} detections written to {save_detections} ({task.prediction_format} format"
               f"{', ' + note if note else ''})")
@@ -63,15 +64,15 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     print(f"written to {out}")
 
 
+NOT_OURS = "bigbatch did not write it, or it changed since: remove it or choose another path"
+"""Why an existing ``--save-detections`` file is refused."""
+
+
 def is_results_file(path: Path) -> bool:
-    """Whether ``path`` is a COCO results file ``eval --save-detections`` wrote (``[]`` or a list of detections
-    starting with an ``image_id``): such a file may be replaced by the next one, anything else is the user's."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except OSError:
-        return False
-    return head == b"[]" or head.startswith(b'[{"image_id": ')
+    """Whether ``path`` is a COCO results file ``eval --save-detections`` wrote, unchanged since: its record
+    (``written.is_ours``) matches. Its content proves nothing: detectron2's and Ultralytics' results files start
+    ``[{"image_id": `` too. Such a file may be replaced by the next one; anything else is the user's."""
+    return written.is_ours(path)
 
 
 def eval_record_path(path: Path) -> Path:

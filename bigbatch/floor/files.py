@@ -18,29 +18,45 @@ from typing import IO, Any
 import torch
 
 from bigbatch.errors import UserError
+from bigbatch.floor import written
 
 
-def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb") -> None:
+def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb", record: bool = False) -> None:
     """Write ``path`` so that readers see the old file or the complete new one: ``write`` fills a temporary file
-    in the same folder, which is flushed, fsync'ed and renamed over ``path``; then the folder is fsync'ed."""
+    in the same folder, which is flushed, fsync'ed and renamed over ``path``; then the folder is fsync'ed.
+
+    ``record`` (or a write inside ``written.recorded(path)``): the file is recorded as bigbatch's (``written.py``),
+    the proof by which a later command may replace it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    record = record or written.wanted(path)
     # The temporary file is made new (O_EXCL): a file of that name that is not ours stops the write untouched.
     tmp = _temporary(path)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = os.open(tmp, (os.O_RDWR if record else os.O_WRONLY) | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
         raise _in_the_way(path, tmp) from None
+    made = digest = None
     try:
         with open(fd, mode) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+            if record:  # what was written, read back from the file itself
+                made = os.fstat(f.fileno())
+                digest = written.sha256_of_fd(f.fileno(), made.st_size)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()  # made above by this call
     _sync_folder(path.parent)
+    if made is not None:
+        try:
+            now = os.lstat(path)
+        except OSError:
+            return
+        if (now.st_dev, now.st_ino, now.st_size) == (made.st_dev, made.st_ino, made.st_size):  # still the file made
+            written.record(path, now, digest)
 
 
 def _temporary(path: Path) -> Path:

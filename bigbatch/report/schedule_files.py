@@ -1,8 +1,10 @@
 """``bigbatch schedule --csv`` and ``--png``: the learning rate of every step (and the global batch, under a batch
 schedule) as a CSV file and as a plot.
 
-Each file carries a mark of bigbatch's own (the CSV's header line, the PNG's ``Software`` text), by which the next
-``schedule`` knows it may replace the file: anything else at that path is the user's and is never overwritten.
+Each file is recorded as bigbatch's as it is written (``floor/written.py``: its path, inode, size, time and
+SHA-256), by which the next ``schedule`` knows it may replace it: anything else at that path, or the file changed
+since, is the user's and is never overwritten. Content proves nothing here (a CSV of the user's may start
+``step,lr``).
 """
 
 from __future__ import annotations
@@ -10,25 +12,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bigbatch.floor.outputs import starts_with
+from bigbatch.floor import written
 
 CSV_HEADER = b"step,lr\n"
 """The first line of a CSV ``schedule --csv`` wrote."""
 CSV_HEADER_BATCH = b"step,lr,batch\n"
 """The first line of one it wrote for a batch schedule."""
 SCHEDULE_PNG_MARK = b"bigbatch schedule"
-"""The ``Software`` text of a PNG ``schedule --png`` wrote: such a file may be replaced by the next one."""
+"""The ``Software`` text of a PNG ``schedule --png`` wrote (a label; the proof it is ours is its record)."""
 
 
 def is_schedule_csv(path: Path) -> bool:
-    """Whether ``path`` is a CSV ``schedule --csv`` wrote (it starts with :data:`CSV_HEADER` or
-    :data:`CSV_HEADER_BATCH`)."""
-    return any(starts_with(header, len(header))(path) for header in (CSV_HEADER, CSV_HEADER_BATCH))
+    """Whether ``path`` is a CSV ``schedule --csv`` wrote, unchanged since (``written.is_ours``; its header alone
+    proves nothing)."""
+    return written.is_ours(path)
 
 
 def is_schedule_png(path: Path) -> bool:
-    """Whether ``path`` is a PNG ``schedule --png`` wrote (:data:`SCHEDULE_PNG_MARK` in its first 4 KiB)."""
-    return starts_with(SCHEDULE_PNG_MARK)(path)
+    """Whether ``path`` is a PNG ``schedule --png`` wrote, unchanged since (``written.is_ours``; its ``Software``
+    text alone proves nothing)."""
+    return written.is_ours(path)
 
 
 def write_csv(path: Path, lrs: Sequence[float], batches: Sequence[int] | None = None) -> None:
@@ -41,7 +44,7 @@ def write_csv(path: Path, lrs: Sequence[float], batches: Sequence[int] | None = 
     else:
         header = CSV_HEADER_BATCH
         rows = "".join(f"{step},{lr!r},{batch}\n" for step, (lr, batch) in enumerate(zip(lrs, batches, strict=True)))
-    atomic_write(path, lambda f: f.write(header.decode() + rows), mode="w")
+    atomic_write(path, lambda f: f.write(header.decode() + rows), mode="w", record=True)
 
 
 def plot_png(path: Path, lrs: Sequence[float], title: str, batches: Sequence[int] | None = None) -> None:
@@ -69,5 +72,5 @@ def plot_png(path: Path, lrs: Sequence[float], title: str, batches: Sequence[int
         other.set_ylim(bottom=0)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100,
-                                             metadata={"Software": SCHEDULE_PNG_MARK.decode()}))
+                                             metadata={"Software": SCHEDULE_PNG_MARK.decode()}), record=True)
     plt.close(fig)

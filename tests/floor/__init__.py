@@ -1,0 +1,1 @@
+"""Tests of bigbatch/floor/: files, processes and the checks below everything else."""
