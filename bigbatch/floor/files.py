@@ -3,14 +3,18 @@
 Writing: a temporary file in the same folder, flushed and fsync'ed, then renamed over the target and the folder
 fsync'ed. A crash at any point leaves either the old or the new file, never a partial one. A second name for a file
 just written (``best.pt`` and ``last.pt`` at the same step) is a hard link made the same way (:func:`atomic_link`).
-Reading: ``torch.load(weights_only=True)``, with one line of ours for a file it refuses.
+Reading: ``torch.load(weights_only=True)``, with one line of ours for a file it refuses, after a check that no entry
+of a zip file expands (:func:`check_zip_entries`).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import re
+import stat
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -112,7 +116,11 @@ def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int] 
 def load_tensors(path: str | Path, key: str, mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` with one line of ours for a file it refuses or cannot read, instead
     of torch's multi-line message (which suggests ``weights_only=False``, i.e. running the file's code). ``mmap``:
-    the tensors stay in the file, mapped, until read (for a look at a checkpoint's small parts)."""
+    the tensors stay in the file, mapped, until read (for a look at a checkpoint's small parts).
+
+    A zip file (``torch.save``'s format) is first checked to hold only stored entries that fit in it
+    (:func:`check_zip_entries`): a compressed entry could expand to any size as it is loaded."""
+    check_zip_entries(path, key)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -134,3 +142,107 @@ def mismatch_detail(error: RuntimeError) -> str:
     """The first specific line of ``load_state_dict``'s error (a missing key, an unexpected one, a size)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[1] if len(lines) > 1 else lines[0]
+
+
+ZIP_MAGIC = b"PK\x03\x04"
+"""A local file header: what ``torch.load`` takes for a zip file (``torch.serialization._is_zipfile``)."""
+_END = struct.Struct("<4s4H2LH")  # end of central directory record
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
+_ENTRY = struct.Struct("<4s6H3L5H2L")  # central directory file header
+_LOCAL_HEADER = 30  # a local file header's fixed part; its name and extra field follow
+_MAX_TAIL = _END.size + 0xFFFF  # the end record and the longest archive comment
+_METHODS = {8: "DEFLATE", 9: "DEFLATE64", 12: "BZIP2", 14: "LZMA", 93: "ZSTD"}
+
+
+def check_zip_entries(path: str | Path, key: str) -> None:
+    """``UserError`` naming ``key`` and ``path`` unless the zip file ``path`` holds only stored entries that fit in
+    it; a file that is not a regular one, or no zip, is left to ``torch.load``.
+
+    ``torch.save`` writes a zip archive whose entries are stored, uncompressed (``data.pkl``, then one entry a
+    storage), so a checkpoint's tensors are never larger than the file. A zip reader would also inflate a DEFLATE
+    entry: a 390 KB file then holds a 400 MB tensor, allocated as it is loaded. This reads the central directory (the
+    end record, the ZIP64 one where present, then each entry's 46-byte header) in constant memory and refuses an
+    entry that is compressed, one whose sizes disagree or that ends past the file, one that does not begin after the
+    entry listed before it (out of the file's order, or sharing its bytes: ``torch.save`` lists them in order), and
+    entries whose sizes add up to more than the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return  # torch says why
+    with open(fd, "rb") as raw:
+        st = os.fstat(raw.fileno())
+        if not stat.S_ISREG(st.st_mode) or raw.read(len(ZIP_MAGIC)) != ZIP_MAGIC:
+            return
+        _check_zip(io.BufferedReader(raw, 1 << 16), st.st_size, Path(path), key)
+
+
+def _check_zip(f: io.BufferedReader, size: int, path: Path, key: str) -> None:
+    def refuse(why: str) -> UserError:
+        return UserError(f"{key}: {path} is not a readable torch file (a zip file torch.save did not write: {why})")
+
+    tail_at = max(0, size - _MAX_TAIL)
+    f.seek(tail_at)
+    tail = f.read(size - tail_at)
+    end_at = tail.rfind(b"PK\x05\x06")
+    if end_at < 0 or end_at + _END.size > len(tail):
+        raise refuse("it has no end of central directory record")
+    _, _, _, _, count, cd_size, cd_at, _ = _END.unpack_from(tail, end_at)
+    locator_at = end_at - _END64_LOCATOR.size
+    if locator_at >= 0 and tail[locator_at:locator_at + 4] == b"PK\x06\x07":
+        _, _, end64_at, _ = _END64_LOCATOR.unpack_from(tail, locator_at)
+        if end64_at + _END64.size > size:
+            raise refuse("its ZIP64 end record lies past the end of the file")
+        f.seek(end64_at)
+        record = f.read(_END64.size)
+        if record[:4] != b"PK\x06\x06":
+            raise refuse("its ZIP64 end record is missing")
+        count, cd_size, cd_at = _END64.unpack(record)[-3:]
+    if cd_at + cd_size > size:
+        raise refuse(f"its central directory ({cd_size:,} bytes at {cd_at:,}) lies past the end of the file "
+                     f"({size:,} bytes)")
+    f.seek(cd_at)
+    total = done = free_from = 0
+    while done < cd_size:
+        header = f.read(_ENTRY.size)
+        if len(header) < _ENTRY.size or header[:4] != b"PK\x01\x02":
+            raise refuse(f"its central directory breaks off at byte {cd_at + done:,}")
+        fields = _ENTRY.unpack(header)
+        method, packed, unpacked = fields[4], fields[8], fields[9]
+        name_len, extra_len, comment_len, offset = fields[10], fields[11], fields[12], fields[16]
+        name = f.read(name_len).decode("utf-8", "replace")
+        extra = f.read(extra_len)
+        f.seek(comment_len, io.SEEK_CUR)
+        done += _ENTRY.size + name_len + extra_len + comment_len
+        unpacked, packed, offset = _zip64_sizes(extra, unpacked, packed, offset)
+        shown = repr(name[:100])
+        if method != 0:
+            raise UserError(f"{key}: {path} holds a compressed entry ({shown}, {_METHODS.get(method, method)}): "
+                            f"torch.save stores its entries uncompressed, and bigbatch does not inflate a torch file "
+                            f"(a small one could expand to any size); save it again with torch.save")
+        if packed != unpacked or offset + packed > size:
+            raise refuse(f"its entry {shown} declares {unpacked:,} bytes, stored as {packed:,} at byte {offset:,} of "
+                         f"a file of {size:,}")
+        if offset < free_from:
+            raise refuse(f"its entry {shown} begins at byte {offset:,}, inside the entry listed before it")
+        free_from = offset + _LOCAL_HEADER + packed  # the next entry's local header begins no earlier
+        total += unpacked
+    if total > size:
+        raise refuse(f"its {count:,} entries declare {total:,} bytes, more than the file's {size:,} (entries "
+                     f"sharing bytes)")
+
+
+def _zip64_sizes(extra: bytes, unpacked: int, packed: int, offset: int) -> tuple[int, int, int]:
+    """The sizes and offset, each from the ZIP64 extra field (id 1) where its 32-bit field is 0xFFFFFFFF."""
+    at = 0
+    while at + 4 <= len(extra):
+        kind, length = struct.unpack_from("<2H", extra, at)
+        if kind == 1:
+            values = extra[at + 4:at + 4 + length]
+            wanted = [value == 0xFFFFFFFF for value in (unpacked, packed, offset)]
+            found = list(struct.unpack_from(f"<{len(values) // 8}Q", values)) if len(values) >= 8 else []
+            read = [found.pop(0) if need and found else None for need in wanted]
+            return tuple(new if new is not None else old  # type: ignore[return-value]
+                         for new, old in zip(read, (unpacked, packed, offset), strict=True))
+        at += 4 + length
+    return unpacked, packed, offset
