@@ -15,6 +15,13 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_written_records(tmp_path_factory):
+    """The records of the files bigbatch writes (``floor/written.py``) go to the session's own folder, for the test
+    process and every subprocess, never into the user's cache."""
+    os.environ["BIGBATCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("bigbatch-cache"))
+
+
 @pytest.fixture
 def no_training(monkeypatch):
     """Fail the test if training (any work past the checks) starts."""

@@ -60,7 +60,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     record = {"checkpoint": str(path), "step": state["step"], "split": "val", "weights": "ema" if use_ema else "raw",
               **metrics}
     print(task.report(metrics))
-    files.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
+    files.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w", record=True)
     print(f"written to {out}")
 
 
@@ -78,16 +78,12 @@ def is_results_file(path: Path) -> bool:
 def eval_record_path(path: Path) -> Path:
     """Where ``eval`` writes its record: ``eval-<name>.json`` in the run of ``checkpoints/<name>.pt``, else
     ``<checkpoint>.eval.json`` beside it. A file already there is replaced only if it is an earlier record of
-    ``eval`` (a JSON object naming a checkpoint); anything else is the user's and stops ``eval`` before any work."""
+    ``eval``, unchanged since (``written.is_ours``); anything else is the user's and stops ``eval`` before any
+    work."""
     in_run = path.parent.name == run_files.CHECKPOINTS
     out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
     if out.exists() or out.is_symlink():
-        try:
-            record = json.loads(out.read_text()) if out.is_file() and not out.is_symlink() else None
-            ours = isinstance(record, dict) and "checkpoint" in record
-        except (OSError, ValueError, TypeError):
-            ours = False
-        if not ours:
+        if not written.is_ours(out):  # its content proves nothing: any JSON object naming a checkpoint would pass
             raise UserError(f"eval: {out} exists and is not a record bigbatch eval wrote; bigbatch never overwrites "
                             f"a file it did not create: move it away first")
     return out

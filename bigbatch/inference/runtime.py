@@ -238,15 +238,15 @@ def evaluate_exported(path: Path, overrides: list[str], save_detections: Path | 
     (``inference/runtime.py``) on the validation set of the run's config it carries (``--set data...`` to point it
     elsewhere), through the same task code as a checkpoint."""
     from bigbatch.config import apply_overrides, validate_config
-    from bigbatch.engine.eval_checkpoint import eval_record_path, is_results_file
-    from bigbatch.floor import files
+    from bigbatch.engine.eval_checkpoint import NOT_OURS, eval_record_path, is_results_file
+    from bigbatch.floor import files, written
     from bigbatch.floor.outputs import check_output_file, probe_writable
     from bigbatch.tasks import build_task
 
     out = eval_record_path(path)
     probe_writable(out.parent, "eval")
     if save_detections is not None:
-        check_output_file(save_detections, "--save-detections", ours=is_results_file)
+        check_output_file(save_detections, "--save-detections", ours=is_results_file, what=NOT_OURS)
     model = load_exported(path, torch.device("cpu"))
     if model.origin.get("kind") != "run":
         raise UserError(f"eval: {path} was exported from a .cfg, not a run: it has no validation set to evaluate on "
@@ -256,9 +256,10 @@ def evaluate_exported(path: Path, overrides: list[str], save_detections: Path | 
     print(f"model    {model.source}; evaluating {len(task.val_set)} validation images", flush=True)
     metrics, predictions = task.predict(model.module, cfg.eval.batch, progress=True)
     if save_detections is not None and task.prediction_format is not None:
-        task.save_predictions(save_detections, predictions)
+        with written.recorded(save_detections):  # the task's atomic write records the file it makes
+            task.save_predictions(save_detections, predictions)
         print(f"{len(predictions)} detections written to {save_detections} ({task.prediction_format} format)")
     record = {"checkpoint": str(path), "split": "val", "runtime": model.source, **metrics}
     print(task.report(metrics))
-    files.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w")
+    files.atomic_write(out, lambda f: f.write(json.dumps(record, indent=2) + "\n"), mode="w", record=True)
     print(f"written to {out}")
