@@ -5,6 +5,8 @@ into a :class:`RunConfig` (every mistake one :class:`UserError`), and the YAML a
 from __future__ import annotations
 
 import copy
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +87,43 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file read (1 MiB): a resolved config is a few KB, the largest recipe under 10 KB. A run
+directory's ``config.yaml`` (``train --resume``, ``report``) is a file anyone may have handed over."""
+
+
+class NotAConfigFile(OSError):
+    """A config's name on something :func:`read_config_bytes` does not read: not a regular file, or too large."""
+
+
+def read_config_bytes(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of the config file ``path``, read only once it is known to be a regular file of at most ``limit``
+    bytes: opened without blocking (a FIFO's open waits for a writer forever; ``O_NONBLOCK`` does not) and checked
+    on the open descriptor (``fstat``: the file checked is the file read), so that neither a FIFO nor a link to
+    ``/dev/zero`` nor a huge file is read. ``OSError`` otherwise (:class:`NotAConfigFile` for these two refusals).
+    (``data/pipeline/files.py``'s ``read_regular`` does the same for a data set's files, a floor above.)"""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb", buffering=0) as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotAConfigFile(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise NotAConfigFile(f"{path} is {info.st_size:,} bytes, more than a config may be ({limit:,})")
+        raw = file.read(limit + 1)
+    if len(raw) > limit:  # grew since fstat
+        raise NotAConfigFile(f"{path} is more than {limit:,} bytes, more than a config may be")
+    return raw
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping; every mistake (not UTF-8, syntax, a malformed value) names the file and line."""
+    """Read a YAML mapping (:func:`read_config_bytes`: a regular file within :data:`MAX_CONFIG_BYTES`); every mistake
+    (not a regular file, too large, not UTF-8, syntax, a malformed value) names the file and line."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_config_bytes(Path(path))
+    except NotAConfigFile as e:
+        raise UserError(f"config: {e}; not read") from None
     except OSError as e:
-        raise UserError(f"config: cannot read {path}: {e.strerror}") from None
+        raise UserError(f"config: cannot read {path}: {e.strerror or e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
