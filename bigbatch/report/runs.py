@@ -13,6 +13,11 @@ a time, each curve keeps at most :data:`MAX_POINTS` points (evenly spread, the f
 and what the page sums up (the means, the best evaluation, the last record) is computed while reading.
 ``config.yaml`` is read by bigbatch's bounded YAML loader (``config.load_yaml``: no alias bomb).
 
+A run folder may come from anyone: each of its files is read only where its real path (links and ``..`` followed)
+lies inside the folder, so a link to a file elsewhere (``config.yaml -> ~/.ssh/id_rsa``) never puts that file's text
+on the page, and only as a regular file, opened without blocking (a FIFO does not hang the report); any other is
+a note, the file unread (:func:`_open_binary`).
+
 Where the run started again (a resume after Ctrl-C or a crash) is read from the run's own records of each start
 (``event: started`` / ``resumed``, with the world size); a run directory made before those records says it in
 ``memory.csv`` (its clock starts again at each start of the process) or, older still, in training records whose
@@ -22,8 +27,10 @@ step goes back.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -33,6 +40,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from bigbatch.config.loading import MAX_CONFIG_BYTES
+from bigbatch.data.pipeline.files import NotARegularFile, open_regular
 from bigbatch.errors import UserError
 from bigbatch.floor import run_files
 
@@ -64,8 +73,7 @@ MAX_KINDS = 64
 MAX_LINE = 256 * 1024
 """The longest line of ``metrics.jsonl`` read (characters; a bigbatch record is about 1 KB); a longer one is skipped
 as not a record."""
-MAX_CONFIG_BYTES = 1 << 20
-"""The largest ``config.yaml`` read (a resolved config is a few KB)."""
+# MAX_CONFIG_BYTES (config/loading.py, 1 MiB): the largest ``config.yaml`` read (a resolved config is a few KB).
 MAX_STEP = 2**53
 """Steps beyond this (in magnitude) are not a record's."""
 MAX_RESTARTS = 200
@@ -560,22 +568,41 @@ def read_run(path: Path) -> RunData:
     return run
 
 
-def _open(run: RunData, name: str, newline: str | None = "") -> TextIO | None:
-    """``name`` in the run, opened as text (``newline=""``: as the csv module reads), or None and a note."""
+def _open_binary(run: RunData, name: str) -> io.FileIO | None:
+    """``name`` in the run opened for reading, or None and a note: only where its real path lies inside the run's
+    folder (a link leading elsewhere is never opened), and only a regular file (``open_regular``: opened without
+    blocking, checked on the open descriptor)."""
+    real = Path(os.path.realpath(run.path / name))
+    if not real.is_relative_to(os.path.realpath(run.path)):
+        run.notes.append(f"{name} leads outside the run folder (a link?): not read")
+        return None
     try:
-        return open(run.path / name, encoding="utf-8", errors="replace", newline=newline)
+        return open_regular(real, limit=2**63 - 1, what=name)
+    except NotARegularFile:
+        run.notes.append(f"{name} is not a regular file: not read")
     except OSError as error:
         run.notes.append(f"{name} could not be read ({error.strerror or error})")
+    return None
+
+
+def _open(run: RunData, name: str, newline: str | None = "") -> TextIO | None:
+    """``name`` in the run (:func:`_open_binary`), as text (``newline=""``: as the csv module reads), or None and a
+    note."""
+    raw = _open_binary(run, name)
+    if raw is None:
         return None
+    return io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors="replace", newline=newline)
 
 
 def _read_advice(run: RunData) -> None:
     """``advisor.json``'s rows (module docstring); what cannot be read is a note."""
-    file = run.path / ADVISOR
-    if not file.is_file():
+    if not (run.path / ADVISOR).is_file():
+        return
+    f = _open_binary(run, ADVISOR)
+    if f is None:
         return
     try:
-        with open(file, "rb") as f:
+        with f:
             raw = f.read(MAX_ADVISOR_BYTES + 1)
         data = json.loads(raw) if len(raw) <= MAX_ADVISOR_BYTES else None
     except (OSError, ValueError, RecursionError):
@@ -618,8 +645,11 @@ def _read_config(run: RunData) -> None:
 
     if run_files.CONFIG in run.absent:
         return
+    f = _open_binary(run, run_files.CONFIG)
+    if f is None:
+        return
     try:
-        with open(run.path / run_files.CONFIG, "rb") as f:
+        with f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
         run.notes.append(f"config.yaml could not be read ({error.strerror or error})")
