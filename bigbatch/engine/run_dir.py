@@ -4,8 +4,10 @@
 
 - **Check** that the run can write there: the folder is made if absent (a bad ``--out``, such as a path under
   a file, a name too long, a read-only place or ``/proc/...``, is one ``error: --out: ...`` line, exit 2),
-  and an existing folder must be empty or a bigbatch run: a folder holding a file of the user's under a name
-  the run writes (``config.yaml``, ``metrics.jsonl``, ...) is refused, so nothing of theirs is overwritten.
+  and an existing folder must be empty or a run bigbatch wrote (:func:`is_bigbatch_run`: what only bigbatch
+  writes there, never a file a user may have, such as a ``config.yaml`` that reads as a config): any other folder
+  is refused, naming one of its files, so nothing of the user's is overwritten; in a run, the files a run rewrites
+  or appends to must be regular files (not links, which would lead the write elsewhere).
 - **Hold** it: an exclusive lock on ``.bigbatch.lock`` inside it, an OS record lock (``fcntl.lockf``) that the
   kernel releases when the process ends, however it ends, and that forked DataLoader workers do not inherit.
   A second ``train`` or ``--resume`` on a held folder stops at once: ``--out: DIR is in use by process PID``.
@@ -15,6 +17,9 @@
 - **Leave nothing** when the run stops before it wrote anything (a data or config error found after the folder
   was made): the lock file it made and the folders it made are removed again, so a folder of the user's is left
   as it was.
+
+A run directory is read as a folder anyone may have handed over: its files are read only where their real path
+(links and ``..`` followed) lies inside it (:func:`run_file`, :func:`kept_overrides`), and as regular files.
 
 Which run a folder holds: ``check_resumable`` (``--resume DIR``: a folder of a run with a checkpoint, held by no
 one) and ``holds_this_run`` (``--out DIR`` of a run with the same config: resumed, as ``torchrun --max-restarts``
@@ -30,6 +35,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,33 +108,105 @@ def _make(path: Path, key: str) -> list[Path]:
     return made
 
 
+REWRITTEN = (run_files.CONFIG, run_files.METRICS, run_files.MEMORY, run_files.UPDATES)
+"""The files at the top of a run directory that a run replaces, cuts back or appends to: in a run's folder each must
+be a regular file of its own, not a link (a write through it would land elsewhere) nor a FIFO or a device."""
+
+
 def _check_not_foreign(path: Path, key: str) -> None:
     """An existing folder is written into only when it is empty (but for a lock file a run left) or is a run of
-    bigbatch's: its ``config.yaml`` reads as a bigbatch config. Nothing of the user's is written beside, nor a
-    ``config.yaml`` of theirs overwritten."""
+    bigbatch's (:func:`is_bigbatch_run`). Nothing of the user's is written beside, nor a ``config.yaml`` or
+    ``metrics.jsonl`` of theirs overwritten."""
     if (path / LOCK_NAME).is_symlink():
         raise UserError(f"{key}: {path / LOCK_NAME} is a symbolic link, not bigbatch's lock file; choose another "
                         f"folder")
     held = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
-    if held and not _is_bigbatch_run(path):
+    if not held:
+        return
+    if not is_bigbatch_run(path):
         taken = [name for name in RUN_FILES if name in held]
         what = (f"already holds {path / taken[0]}, which the run would overwrite" if taken else
                 f"holds {path / held[0]}" + (f" and {len(held) - 1} more" if len(held) > 1 else ""))
         raise UserError(f"{key}: {path} is not a bigbatch run directory and {what}; choose a new or empty folder")
+    for name in REWRITTEN:
+        _refuse_other_than_regular(path / name, key)
 
 
-def _is_bigbatch_run(path: Path) -> bool:
-    """Whether ``path`` holds a run of bigbatch's: a ``config.yaml`` (a regular file) that reads as a valid config."""
-    config = path / run_files.CONFIG
-    if not config.is_file() or config.is_symlink():
+def is_bigbatch_run(path: Path) -> bool:
+    """Whether bigbatch wrote the folder ``path``, proven by what only bigbatch writes there, never by a file a user
+    may have of their own (a ``config.yaml`` that reads as a config, a ``metrics.jsonl``, a ``checkpoints/``
+    folder): its lock file (``.bigbatch.lock``, a regular file holding a PID: made by every ``train`` since the run
+    directory was locked, and kept once the run wrote anything), or, for a run written before that, a
+    ``checkpoints/last.pt`` inside it that is a bigbatch checkpoint (a dict of every part a resume needs,
+    ``checkpoint.RESUME_KEYS``, its tensors left in the file)."""
+    return _holds_lock_file(path) or _holds_checkpoint(path)
+
+
+def _holds_lock_file(path: Path) -> bool:
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return False
-    from bigbatch.config import load_config
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and _pid_in(fd) is not None
+    finally:
+        os.close(fd)
+
+
+def _holds_checkpoint(path: Path) -> bool:
+    last = last_checkpoint(path)
+    if last.is_symlink() or not last.is_file() or not _inside(path, last):
+        return False
+    from bigbatch.engine.checkpoint import RESUME_KEYS
+    from bigbatch.floor.files import load_tensors
 
     try:
-        load_config(str(config))
+        state = load_tensors(last, "checkpoint", mmap=True)
     except UserError:
         return False
-    return True
+    return (isinstance(state, dict) and all(key in state for key in RESUME_KEYS)
+            and isinstance(state["config"], dict) and type(state["step"]) is int)
+
+
+def _inside(folder: Path, path: Path) -> bool:
+    """Whether the real path of ``path`` (links and ``..`` followed) lies inside the real path of ``folder``: the
+    rule ``darknet/reading.py::find_named_file`` applies to the files a cfg names."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
+def run_file(run_dir: Path, name: str, key: str) -> Path | None:
+    """The file ``name`` of the run directory ``run_dir`` to read: its real path, once it is known to lie inside the
+    folder and to be a regular file; None where there is none. A file leading outside (a link to a file of someone
+    else's) or that is not a regular file (a FIFO, a device) is one ``UserError`` naming ``key``, never read."""
+    path = run_dir / name
+    if not os.path.lexists(path):
+        return None
+    if not _inside(run_dir, path):
+        raise UserError(f"{key}: {path} leads outside {run_dir} (a link?); a run directory's files are read only "
+                        f"from inside it: not read")
+    if not path.is_file():
+        raise UserError(f"{key}: {path} is not a regular file: not read")
+    return Path(os.path.realpath(path))
+
+
+def check_run_files(run_dir: Path, key: str = "--out") -> None:
+    """:func:`check_run_file` for each file a run rewrites (:data:`REWRITTEN`), before the first is written."""
+    for name in REWRITTEN:
+        check_run_file(run_dir, name, key)
+
+
+def check_run_file(run_dir: Path, name: str, key: str = "--out") -> None:
+    """Before a run replaces, cuts back or appends to ``run_dir/name``: nothing is there, or a regular file (not a
+    link) of a folder bigbatch wrote (:func:`is_bigbatch_run`); else one ``UserError`` naming ``key``, the file
+    untouched. ``hold_run_dir`` checks this before any work; the writers check again (``train`` may be called
+    without it)."""
+    path = run_dir / name
+    if not os.path.lexists(path):
+        return
+    _refuse_other_than_regular(path, key)
+    if not is_bigbatch_run(run_dir):
+        raise UserError(f"{key}: {run_dir} is not a bigbatch run directory and already holds {path}, which the run "
+                        f"would overwrite; choose a new or empty folder")
 
 
 def _lock(path: Path, key: str) -> tuple[int, bool]:
@@ -195,11 +273,32 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _read_pid(lock: Path) -> int | None:
+    """The PID in the lock file ``lock`` (read as a regular file, not through a link, at most a few bytes)."""
     try:
-        text = lock.read_text().strip()
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    try:
+        return _pid_in(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def _refuse_other_than_regular(path: Path, key: str) -> None:
+    """``UserError`` naming ``key`` where ``path`` is a link or something other than a regular file."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
+        kind = "a symbolic link" if path.is_symlink() else "not a regular file"
+        raise UserError(f"{key}: {path} is {kind}, not a file bigbatch wrote; not overwritten (choose another "
+                        f"folder)")
+
+
+def _pid_in(fd: int) -> int | None:
+    """The PID a lock file's descriptor holds (a number and a newline, as :func:`_lock` writes it), or None."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and len(text) < 20 else None
 
 
 def remove_stale_temporaries(checkpoints: Path) -> list[Path]:
@@ -244,7 +343,9 @@ def keep_model_files(run_dir: Path, cfg: RunConfig, model: Any) -> None:
 
 def kept_overrides(run_dir: Path, config: dict[str, Any]) -> list[str]:
     """``--set`` overrides that point a run's config (``config``, as saved) at the files the run directory kept
-    (:func:`keep_model_files`), for ``eval``, ``--resume`` and ``export`` of a run whose files were moved since."""
+    (:func:`keep_model_files`), for ``eval``, ``--resume`` and ``export`` of a run whose files were moved since. A
+    kept file that leads outside the run directory (a link to a file elsewhere) is one ``UserError`` naming its
+    key, never read (:func:`run_file`)."""
     from bigbatch.registry import MODELS
 
     model = config.get("model") if isinstance(config, dict) else None
@@ -252,18 +353,23 @@ def kept_overrides(run_dir: Path, config: dict[str, Any]) -> list[str]:
     if not isinstance(name, str) or name not in MODELS.names():
         return []  # the config's own check says what is wrong
     keeps = MODELS.get(name).info.get("keeps") or {}
+    kept = {key: run_file(run_dir, key, key) for key in keeps if os.path.lexists(run_dir / key)}
     # the path as a JSON string, which YAML reads back whatever it holds (": ", "#")
-    return [f"{key}={json.dumps(str((run_dir / key).resolve()))}" for key in keeps if (run_dir / key).is_file()]
+    return [f"{key}={json.dumps(str(path))}" for key, path in kept.items() if path is not None]
 
 
 def kept_run_files(run_dir: Path) -> list[str]:
     """:func:`kept_overrides` for the run's own ``config.yaml`` (``train --resume DIR``)."""
     from bigbatch.config import read_yaml
 
+    config = run_file(run_dir, run_files.CONFIG, "--resume")
+    if config is None:
+        return []  # loading the config says what is wrong
     try:
-        return kept_overrides(run_dir, read_yaml(run_dir / run_files.CONFIG))
+        saved = read_yaml(config)
     except UserError:
         return []  # loading the config says what is wrong with it
+    return kept_overrides(run_dir, saved)
 
 
 def run_dir_of(checkpoint: Path) -> Path | None:
@@ -314,8 +420,9 @@ def last_checkpoint(run_dir: Path) -> Path:
 
 
 def check_resumable(run_dir: Path) -> None:
-    """``--resume DIR``: a folder, not held by a run still going (looked at on rank 0 only), with a last checkpoint;
-    else one ``UserError`` saying which."""
+    """``--resume DIR``: a folder, not held by a run still going (looked at on rank 0 only), with a last checkpoint
+    (which, in a folder not otherwise proven bigbatch's, must be a bigbatch checkpoint) and a ``config.yaml`` inside
+    it; else one ``UserError`` saying which."""
     from bigbatch.floor import distributed
 
     if not run_dir.is_dir():
@@ -325,6 +432,13 @@ def check_resumable(run_dir: Path) -> None:
         raise UserError(f"--resume: {run_dir} is in use by {held_by}")
     if not last_checkpoint(run_dir).is_file():
         raise UserError(f"--resume: {run_dir} holds no checkpoints/last.pt")
+    run_file(run_dir, run_files.CONFIG, "--resume")  # read as the run's config: inside the folder, a regular file
+    for name in REWRITTEN:  # hold_run_dir checks these too, naming --out
+        _refuse_other_than_regular(run_dir / name, "--resume")
+    if not is_bigbatch_run(run_dir):  # what the checkpoint lacks, rather than hold_run_dir's "not a run directory"
+        from bigbatch.engine import checkpoint
+
+        checkpoint.load(last_checkpoint(run_dir), needs=checkpoint.RESUME_KEYS)
 
 
 def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
@@ -336,7 +450,8 @@ def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
     from bigbatch.config import flatten, load_config
 
     try:
-        saved = flatten(load_config(str(out_dir / run_files.CONFIG)).model_dump(mode="json"))
+        config = run_file(out_dir, run_files.CONFIG, "--out")
+        saved = flatten(load_config(str(config)).model_dump(mode="json")) if config is not None else {}
     except UserError:
         saved = {}
     wanted = flatten(cfg.model_dump(mode="json"))

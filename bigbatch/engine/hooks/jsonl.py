@@ -11,6 +11,7 @@ from typing import Any
 from bigbatch.engine.events import Record
 from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
+from bigbatch.engine.run_dir import check_run_file
 from bigbatch.floor import run_files
 from bigbatch.floor.outputs import keep_lines
 from bigbatch.registry import HOOKS
@@ -70,6 +71,7 @@ class JsonLines(Hook):
 
     def before_train(self, run: Run) -> None:
         path = run.out_dir / run_files.METRICS
+        check_run_file(run.out_dir, run_files.METRICS)  # cut back and appended to only in a folder bigbatch wrote
         highest = truncate_metrics(path, run.progress.step)
         self.file = open(path, "a", encoding="utf-8")
         run.events.event(run.progress.step, *segment_record(run, highest))

@@ -1,0 +1,210 @@
+"""The run directory (``engine/run_dir.py``) as a folder that may be anyone's: a folder is a run only by proof that
+bigbatch wrote it (its lock file, or an earlier version's bigbatch checkpoint), never because its ``config.yaml``
+reads as a config, so a user's project folder is refused and nothing in it is overwritten; and a run folder's own
+files are read only from inside it, as regular files, within a size bound (``--resume``, ``eval``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigbatch.config import load_config
+from bigbatch.engine.run_dir import LOCK_NAME, is_bigbatch_run
+from bigbatch.errors import UserError
+from tests.helpers import FIXTURES, ROOT, TINY, run_main
+
+FORMAT1_RUN = FIXTURES / "run-format1"
+"""A run directory of an earlier version: config.yaml, metrics.jsonl and checkpoints/last.pt, no lock file."""
+pytestmark = pytest.mark.fast
+
+DIGITS = ROOT / "bigbatch" / "configs" / "digits.yaml"
+
+
+def contents(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under ``folder``: a file's bytes, a link's target, a folder's name."""
+    found: dict[str, bytes | str] = {}
+    for path in sorted(folder.rglob("*")):
+        name = str(path.relative_to(folder))
+        found[name] = (f"-> {os.readlink(path)}" if path.is_symlink() else path.read_bytes() if path.is_file()
+                       else "folder")
+    return found
+
+
+def one_error(result, *expected: str) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    err = result.stderr
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def copy_of_format1(tmp_path: Path, name: str = "run") -> Path:
+    run = tmp_path / name
+    shutil.copytree(FORMAT1_RUN, run)  # never write into tests/fixtures
+    return run
+
+
+# --- 1. a folder is a run only by proof that bigbatch wrote it ----------------------------------------------------
+
+
+def test_a_project_folder_whose_config_yaml_is_a_recipe_is_refused_and_left_as_it_was(tmp_path, no_training):
+    """The review's case: proj/ holds the digits recipe as config.yaml, notes and a metrics.jsonl of the user's;
+    ``train proj/config.yaml --out proj`` took it for a run (its config.yaml reads as a config), replaced the recipe
+    with the resolved config (its comments and epochs gone) and dropped the user's line from metrics.jsonl."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "config.yaml").write_bytes(DIGITS.read_bytes())
+    (proj / "notes.txt").write_text("my notes\n")
+    (proj / "metrics.jsonl").write_text('{"mine": 1}\n')
+    before = contents(proj)
+    result = run_main("train", str(proj / "config.yaml"), "--out", str(proj), "--set", "steps=2", *TINY)
+    one_error(result, f"error: --out: {proj} is not a bigbatch run directory and already holds {proj / 'config.yaml'}, "
+                      "which the run would overwrite")
+    assert contents(proj) == before, "nothing written, nothing removed (no lock file either)"
+
+
+def test_a_config_yaml_beside_a_checkpoint_of_another_tool_is_no_proof(tmp_path, no_training):
+    """A folder of another tool's: a config.yaml bigbatch reads as a config, and a torch checkpoint that is not
+    bigbatch's (it lacks a resume's parts)."""
+    other = tmp_path / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "config.yaml").write_bytes(DIGITS.read_bytes())
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 3, "config": {}}, other / "checkpoints" / "last.pt")
+    before = contents(other)
+    assert not is_bigbatch_run(other)
+    one_error(run_main("train", "digits", "--out", str(other), "--set", *TINY), f"--out: {other} is not a bigbatch run")
+    assert contents(other) == before
+
+
+def test_a_run_is_proven_by_its_lock_file_or_an_earlier_versions_checkpoint(tmp_path):
+    """What makes a folder a run: the lock file every run keeps (a regular file holding a PID), or, in a folder of an
+    earlier version (no lock file), a bigbatch checkpoint; not a lock file that is a link, nor one of other text."""
+    old = copy_of_format1(tmp_path, "old")
+    assert not (old / LOCK_NAME).exists() and is_bigbatch_run(old)
+    (old / "checkpoints" / "last.pt").unlink()
+    assert not is_bigbatch_run(old), "config.yaml and metrics.jsonl alone prove nothing"
+    (old / LOCK_NAME).write_text("12345\n")
+    assert is_bigbatch_run(old)
+    (old / LOCK_NAME).write_text("my lock, not a PID\n")
+    assert not is_bigbatch_run(old)
+    (old / LOCK_NAME).unlink()
+    (old / LOCK_NAME).symlink_to(FIXTURES / "run-format1" / "config.yaml")
+    assert not is_bigbatch_run(old)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "checkpoints").symlink_to(FORMAT1_RUN / "checkpoints")  # an earlier run's checkpoint, elsewhere
+    assert not is_bigbatch_run(linked)
+
+
+def test_an_earlier_versions_run_is_still_a_run_under_out(tmp_path, no_training):
+    """run-format1 (no lock file) given as --out with another config: recognised as a run by its checkpoint, so the
+    message is the other config's, not "not a bigbatch run directory"."""
+    run = copy_of_format1(tmp_path)
+    before = contents(run)
+    one_error(run_main("train", "digits", "--out", str(run), "--set", *TINY),
+              f"--out: {run} already holds a run of another config")
+    assert contents(run) == before
+
+
+def test_a_run_whose_metrics_jsonl_is_a_link_is_refused_before_any_work(tmp_path, no_training):
+    """In a run of bigbatch's, a log that is a link would lead the run's appends to the file it names."""
+    run = copy_of_format1(tmp_path)
+    theirs = tmp_path / "theirs.jsonl"
+    theirs.write_text('{"mine": 1}\n')
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(theirs)
+    one_error(run_main("train", "--resume", str(run), "--set", "steps=6"),
+              f"--resume: {run / 'metrics.jsonl'} is a symbolic link, not a file bigbatch wrote")
+    assert theirs.read_text() == '{"mine": 1}\n'
+
+
+def test_train_itself_never_replaces_a_users_config_yaml(tmp_path):
+    """``engine.trainer.train`` called without the CLI's checks (a script of the user's): a folder holding a
+    config.yaml that no run of bigbatch's wrote is refused where the config would be written, the file untouched."""
+    from bigbatch.engine.trainer import train
+
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "config.yaml").write_bytes(DIGITS.read_bytes())
+    with pytest.raises(UserError, match=r"is not a bigbatch run directory and already holds .*config\.yaml"):
+        train(load_config("digits", [*TINY, "steps=1"]), users)
+    assert (users / "config.yaml").read_bytes() == DIGITS.read_bytes()
+    assert sorted(p.name for p in users.iterdir()) == ["config.yaml"]
+
+
+# --- 2. --resume reads the run's config.yaml as a regular file, bounded -------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "a file past the bound"])
+def test_a_resumed_runs_config_yaml_is_read_only_as_a_bounded_regular_file(tmp_path, kind, no_training):
+    """``train --resume DIR`` read DIR/config.yaml whole, whatever it was: a FIFO hung, a link to /dev/zero read until
+    memory ran out. A regular file past the bound (1 MiB, a config is a few KB) is refused before it is read."""
+    run = copy_of_format1(tmp_path)
+    config = run / "config.yaml"
+    text = config.read_text()
+    config.unlink()
+    if kind == "fifo":
+        os.mkfifo(config)
+        expected = f"--resume: {config} is not a regular file"
+    elif kind == "link to /dev/zero":
+        config.symlink_to("/dev/zero")
+        expected = f"--resume: {config} leads outside {run}"
+    else:
+        config.write_text(text + "#" * (1 << 20) + "\n")  # a valid config, a long comment after it
+        expected = f"config: {config} is {config.stat().st_size:,} bytes, more than a config may be (1,048,576)"
+    one_error(run_main("train", "--resume", str(run), "--set", "steps=6"), expected)
+    assert not (run / LOCK_NAME).exists()
+
+
+# --- 3. a run folder's files are read only from inside it ---------------------------------------------------------
+
+SECRET = "password swordfish-SECRET x\nmore secret\n"
+
+
+def test_a_kept_cfg_that_leads_outside_the_run_is_not_read(tmp_path, no_training):
+    """A Darknet run keeps its network as DIR/model.cfg and ``--resume`` reads it; a model.cfg that is a link to a
+    file outside the run was read, and the cfg parser's error quoted the file's first line."""
+    secret = tmp_path / "secret.cfg"
+    secret.write_text(SECRET)
+    run = copy_of_format1(tmp_path, "evil")
+    (run / "config.yaml").write_text("name: x\ntask: detection\nbatch: 8\nsteps: 2\nmodel:\n  name: darknet\n"
+                                     "  cfg: yolov3-tiny-shapes.cfg\ndata:\n  name: shapes\n  size: 64\n")
+    (run / "model.cfg").symlink_to("../secret.cfg")
+    result = run_main("train", "--resume", str(run))
+    one_error(result, f"error: model.cfg: {run / 'model.cfg'} leads outside {run}")
+    assert "swordfish" not in result.stdout + result.stderr
+    assert secret.read_text() == SECRET
+
+
+def test_a_resumed_runs_config_yaml_leading_outside_is_not_read(tmp_path, no_training):
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("password: swordfish\n")
+    run = copy_of_format1(tmp_path)
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").symlink_to(secret)
+    result = run_main("train", "--resume", str(run))
+    one_error(result, f"error: --resume: {run / 'config.yaml'} leads outside {run}")
+    assert "swordfish" not in result.stdout + result.stderr and "password" not in result.stderr
+
+
+def test_a_kept_file_linked_inside_the_run_is_read(tmp_path):
+    """The rule is where a file's real path lies, not whether it is a link: a kept cfg that is a link to a file inside
+    the run folder is read (its real path), as ``darknet/reading.py`` reads a link that stays inside its folders."""
+    from bigbatch.engine.run_dir import kept_overrides
+
+    run = tmp_path / "run"
+    (run / "kept").mkdir(parents=True)
+    (run / "kept" / "net.cfg").write_text("[net]\n")
+    (run / "model.cfg").symlink_to("kept/net.cfg")
+    darknet = {"model": {"name": "darknet"}}
+    assert kept_overrides(run, darknet) == [f'model.cfg="{(run / "kept" / "net.cfg").resolve()}"']
+    (tmp_path / "outside.cfg").write_text("[net]\n")
+    (run / "model.cfg").unlink()
+    (run / "model.cfg").symlink_to("../outside.cfg")
+    with pytest.raises(UserError, match="^model.cfg: .* leads outside"):
+        kept_overrides(run, darknet)
