@@ -30,13 +30,22 @@ class Reached:
     noise_scale: float | None
 
 
+MAX_LINE = 1 << 20
+"""The longest ``metrics.jsonl`` line read (a record is a few hundred bytes); a longer one is skipped unread."""
+
+
 def _records(path: Path) -> list[dict]:
+    """The step records of ``metrics.jsonl``, line by line, each line read only up to :data:`MAX_LINE` bytes."""
     records = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with path.open("rb") as f:
+        while line := f.readline(MAX_LINE + 1):
+            if len(line) > MAX_LINE:  # skip the rest of an overlong line, unread
+                while (rest := f.readline(MAX_LINE)) and not rest.endswith(b"\n"):
+                    pass
+                continue
             try:
-                record = json.loads(line)
-            except ValueError:  # a line cut by a killed run
+                record = json.loads(line.decode("utf-8", errors="replace"))
+            except (ValueError, RecursionError):  # a line cut by a killed run; nested too deeply
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int):
                 records.append(record)
@@ -50,12 +59,18 @@ def _number(value: object) -> float | None:
 def reached(run: Path, target: float) -> Reached:
     """The first step of ``run`` at which its loss was at most ``target`` (``UserError`` naming ``--from`` or
     ``--target-loss`` where the run has no such record)."""
-    metrics, config = run / run_files.METRICS, run / run_files.CONFIG
-    if not metrics.is_file() or not config.is_file():
+    from bigbatch.config.loading import read_config_bytes
+    from bigbatch.engine.run_dir import run_file
+
+    # each read only from inside the run and from a regular file (a link out of it, a FIFO: one error line)
+    metrics, config = run_file(run, run_files.METRICS, "--from"), run_file(run, run_files.CONFIG, "--from")
+    if metrics is None or config is None:
         raise UserError(f"--from: {run} is not a bigbatch run directory (it needs config.yaml and metrics.jsonl)")
     try:
-        batch = yaml.safe_load(config.read_text(encoding="utf-8")).get("batch")
-    except (yaml.YAMLError, AttributeError, UnicodeDecodeError):
+        batch = yaml.safe_load(read_config_bytes(config).decode("utf-8")).get("batch")
+    except OSError as error:
+        raise UserError(f"--from: {config}: {error}") from None
+    except (yaml.YAMLError, AttributeError, UnicodeDecodeError, RecursionError):
         batch = None
     if not isinstance(batch, int) or batch < 1:
         raise UserError(f"--from: {config} has no fixed global batch (an adaptive batch has no one batch its "

@@ -157,6 +157,34 @@ def test_a_run_without_evaluations_counts_its_training_loss_and_an_adaptive_batc
         reached(run, 0.5)
 
 
+
+@pytest.mark.fast
+def test_a_runs_files_are_read_only_from_inside_it_and_only_as_regular_files(tmp_path):
+    """``plan --from RUN`` reads ``config.yaml`` and ``metrics.jsonl`` as every reader of a run folder does: a link
+    leading out of the run, or a FIFO, is one error line and never read (it once read both unchecked); an overlong
+    metrics line is skipped unread."""
+    import os
+
+    from bigbatch.advisor.from_run import MAX_LINE, reached
+    from bigbatch.errors import UserError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("batch: 32\n")
+    (run / "config.yaml").symlink_to(secret)
+    (run / "metrics.jsonl").write_text("x" * (MAX_LINE + 10) + "\n" + json.dumps({"step": 3, "lr": 0.1, "loss": 0.2})
+                                       + "\n")
+    with pytest.raises(UserError, match=r"^--from: .*config\.yaml leads outside"):
+        reached(run, 0.5)
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").write_text("name: digits\nbatch: 32\n")
+    assert reached(run, 0.5).steps == 3
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")
+    with pytest.raises(UserError, match=r"^--from: .*metrics\.jsonl is not a regular file"):
+        reached(run, 0.5)
+
 ADVISOR_MAX = "batch={mode: adaptive, base: 32, max: advisor, grow: true}"
 
 
