@@ -64,6 +64,15 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     print(f"written to {out}")
 
 
+def _run_record(out: Path) -> bool:
+    """Whether ``out``, ``eval-<name>.json`` of a run folder, is a regular file (not a link) of a folder bigbatch
+    wrote (``run_dir.is_bigbatch_run``): its name in such a folder is bigbatch's, as ``config.yaml``'s is, also in a
+    copy of the run (whose files no record of ``written.py`` names)."""
+    from bigbatch.engine.run_dir import is_bigbatch_run
+
+    return out.is_file() and not out.is_symlink() and is_bigbatch_run(out.parent)
+
+
 NOT_OURS = "bigbatch did not write it, or it changed since: remove it or choose another path"
 """Why an existing ``--save-detections`` file is refused."""
 
@@ -78,12 +87,12 @@ def is_results_file(path: Path) -> bool:
 def eval_record_path(path: Path) -> Path:
     """Where ``eval`` writes its record: ``eval-<name>.json`` in the run of ``checkpoints/<name>.pt``, else
     ``<checkpoint>.eval.json`` beside it. A file already there is replaced only if it is an earlier record of
-    ``eval``, unchanged since (``written.is_ours``); anything else is the user's and stops ``eval`` before any
-    work."""
+    ``eval``, unchanged since (``written.is_ours``), or ``eval-<name>.json`` in a folder bigbatch wrote (a run, or a
+    copy of one); anything else is the user's and stops ``eval`` before any work."""
     in_run = path.parent.name == run_files.CHECKPOINTS
     out = path.parent.parent / f"eval-{path.stem}.json" if in_run else path.with_suffix(".eval.json")
     if out.exists() or out.is_symlink():
-        if not written.is_ours(out):  # its content proves nothing: any JSON object naming a checkpoint would pass
+        if not (written.is_ours(out) or in_run and _run_record(out)):  # its content proves nothing
             raise UserError(f"eval: {out} exists and is not a record bigbatch eval wrote; bigbatch never overwrites "
                             f"a file it did not create: move it away first")
     return out
