@@ -11,7 +11,7 @@
   read by the family's own loader (``registry.ModelInfo.start_weights``).
 
 A tensor loads when the model has one of the same name and shape. Names are matched after the wrappers that training
-and saving add are taken off (``module.`` of DDP, ``_orig_mod.`` of ``torch.compile``), and after the one prefix
+and saving add are taken off their start (``module.`` of DDP, ``_orig_mod.`` of ``torch.compile``), and after the one prefix
 that makes the most names agree (a bare torchvision detector's keys against bigbatch's ``detector.*``, a Darknet
 network's against ``network.*``). A tensor of another shape (a head for another class count) is refused by
 ``model.mismatched: error`` (the default), one line naming the first ones with both shapes, or keeps the new layer's
@@ -155,10 +155,14 @@ def _safetensors(path: Path) -> dict[str, Tensor]:
 
 
 def unwrapped(name: str) -> str:
-    """``name`` without the prefixes training adds (:data:`WRAPPERS`), wherever they stand."""
-    for prefix in WRAPPERS:
-        name = name.replace(prefix, "")
-    return name
+    """``name`` without the prefixes training adds (:data:`WRAPPERS`) at its start, as often and in whatever order
+    they stand there (``module._orig_mod.``); the same words inside a name are the model's own (timm's
+    ``se_module.``, ``context_module.``)."""
+    while True:
+        prefix = next((prefix for prefix in WRAPPERS if name.startswith(prefix)), None)
+        if prefix is None:
+            return name
+        name = name[len(prefix):]
 
 
 def matched_names(theirs: list[str], ours: list[str]) -> dict[str, str]:

@@ -250,3 +250,27 @@ def test_a_freeze_past_the_last_layer_is_one_line(tmp_path):
         freeze_groups(DarknetDetector(network), SimpleNamespace(freeze=99, name="darknet"), None)
     groups = freeze_groups(DarknetDetector(network), SimpleNamespace(freeze=3, name="darknet"), 5)
     assert groups[0].until == 5 and {name.split(".")[2] for name in groups[0].names} == {"0", "2"}  # 1: a maxpool
+
+
+def test_only_the_leading_wrappers_are_taken_off_a_name(tmp_path):
+    """``module.`` inside a name (timm's ``se_module``, ``context_module``) is the model's own: a squeeze-excitation
+    ResNet's state dict, saved under DDP and ``torch.compile`` wrappers, loads every tensor into the same network
+    (legacy_seresnet18's ``layer1.0.se_module.fc1.weight`` became ``layer1.0.se_fc1.weight`` and kept its random
+    initialisation)."""
+    import timm
+
+    from bigbatch.engine.start_weights import unwrapped
+
+    assert unwrapped("module._orig_mod.module.layer1.0.se_module.fc1.weight") == "layer1.0.se_module.fc1.weight"
+    assert unwrapped("_orig_mod.module.context_module.weight") == "context_module.weight"
+    torch.manual_seed(0)
+    source = timm.create_model("legacy_seresnet18", num_classes=10)
+    state = source.state_dict()
+    assert any(".se_module." in k for k in state)
+    torch.save({"state_dict": {f"module._orig_mod.{k}": v for k, v in state.items()}}, tmp_path / "se.pth")
+    torch.manual_seed(1)
+    model = timm.create_model("legacy_seresnet18", num_classes=10)
+    started = load_weights_file(model, tmp_path / "se.pth")
+    assert started.missing == [] and started.unused == [] and len(started.loaded) == len(state)
+    got = model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in state.items())
