@@ -6,7 +6,8 @@
   ``model.weights_from`` chooses its EMA weights (``ema``, the default: where the run kept an EMA) or its raw ones;
 - a state dict (``.pth``, ``.pt``, ``.bin``: read with ``torch.load(weights_only=True)``, which never unpickles code;
   ``.safetensors``: read by safetensors), bare or under one of the keys its writers use (``state_dict``, ``model``,
-  ``module``: timm's, torchvision's, detectron2's and MMEngine's files);
+  ``module``: timm's, torchvision's, detectron2's and MMEngine's files); of a file that holds EMA weights beside them
+  (timm's ``state_dict_ema``, ``model_ema``), ``model.weights_from`` chooses as for a run;
 - a Darknet ``.weights`` or ``.conv.N`` file, for a Darknet network: a flat stream of values matched by position,
   read by the family's own loader (``registry.ModelInfo.start_weights``).
 
@@ -38,7 +39,10 @@ WRAPPERS = ("module.", "_orig_mod.")
 """Prefixes training adds to every name: DDP's ``module.``, ``torch.compile``'s ``_orig_mod.``."""
 CONTAINER_KEYS = ("state_dict", "model", "module", "state_dict_ema", "model_ema")
 """Keys under which a saved file holds its state dict (timm's checkpoints, detectron2's ``model``, MMEngine's
-``state_dict``), looked for in this order when the file is not a state dict itself."""
+``state_dict``), looked for in this order when the file is not a state dict itself (``model.weights_from`` chooses
+between the raw and the EMA ones: :func:`_chosen_entry`)."""
+EMA_KEYS = ("state_dict_ema", "model_ema")
+"""The keys of :data:`CONTAINER_KEYS` that hold EMA weights (timm's ``train.py``; its older checkpoints')."""
 MAX_LISTED = 6
 """Names listed in a message or the printed summary before "and N more"."""
 
@@ -131,13 +135,28 @@ def read_state(path: Path, weights_from: str = "ema") -> tuple[dict[str, Tensor]
     if not isinstance(state, dict):
         raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors), but a {type(state).__name__}")
     if not _tensors_only(state):
-        inner = next((key for key in CONTAINER_KEYS if isinstance(state.get(key), dict)
-                      and _tensors_only(state[key])), None)
-        if inner is None:
+        held = [key for key in CONTAINER_KEYS if isinstance(state.get(key), dict) and _tensors_only(state[key])]
+        if not held:
             raise UserError(f"model.weights: {path} holds no state dict (a dict of tensors, or one under "
                             f"{', '.join(CONTAINER_KEYS)})")
-        return state[inner], f"the state dict under {inner!r}"
+        return _chosen_entry(state, held, weights_from)
     return state, "a state dict"
+
+
+def _chosen_entry(state: dict, held: list[str], weights_from: str) -> tuple[dict[str, Tensor], str]:
+    """The state dict ``model.weights_from`` chooses among a saved file's entries (``held``): ``ema``, the EMA's
+    (:data:`EMA_KEYS`) where the file has one, as timm's ``load_checkpoint(use_ema=True)`` prefers it, else the raw;
+    ``raw``, the raw (``state_dict``, ``model``, ``module``), else the EMA's."""
+    ema = [key for key in held if key in EMA_KEYS]
+    raw = [key for key in held if key not in EMA_KEYS]
+    if weights_from == "ema":
+        key = (ema or raw)[0]
+        note = "" if ema else "; the file holds no EMA"
+    else:
+        key = (raw or ema)[0]
+        note = "" if raw else "; the file holds no raw weights"
+    kind = "the EMA state dict" if key in EMA_KEYS else ("the raw state dict" if ema else "the state dict")
+    return state[key], f"{kind} under {key!r}{note}"
 
 
 def _tensors_only(state: dict) -> bool:

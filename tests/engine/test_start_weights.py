@@ -274,3 +274,29 @@ def test_only_the_leading_wrappers_are_taken_off_a_name(tmp_path):
     assert started.missing == [] and started.unused == [] and len(started.loaded) == len(state)
     got = model.state_dict()
     assert all(torch.equal(got[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize("ema_key", ["state_dict_ema", "model_ema"])
+def test_weights_from_chooses_between_a_timm_checkpoints_raw_and_ema_state_dicts(tmp_path, ema_key):
+    """A timm training checkpoint holds both ``state_dict`` and ``state_dict_ema`` (``model_ema`` in older ones):
+    ``model.weights_from: ema`` (the default) takes the EMA, as timm's own ``load_checkpoint(use_ema=True)`` does,
+    ``raw`` the raw weights; the line says which entry loaded. A file with one of them loads it either way."""
+    from timm.models import load_checkpoint
+
+    raw, ema = classifier("timm/resnet10t", 10, seed=1), classifier("timm/resnet10t", 10, seed=2)
+    path = tmp_path / "model_best.pth.tar"
+    torch.save({"epoch": 5, "arch": "resnet10t", "state_dict": raw.state_dict(), ema_key: ema.state_dict()}, path)
+    reference = classifier("timm/resnet10t", 10, seed=3)
+    load_checkpoint(reference, str(path))  # timm's default: use_ema=True
+    for weights_from, expected in (("ema", reference.state_dict()), ("raw", raw.state_dict())):
+        model = classifier("timm/resnet10t", 10, seed=4)
+        started = load_weights_file(model, path, weights_from=weights_from)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items()), weights_from
+        entry = ema_key if weights_from == "ema" else "state_dict"
+        assert f"under {entry!r}" in started.line(), started.line()
+    assert all(torch.equal(reference.state_dict()[k], v) for k, v in ema.state_dict().items())
+    torch.save({"epoch": 5, "state_dict": raw.state_dict()}, tmp_path / "raw_only.pth")
+    model = classifier("timm/resnet10t", 10, seed=4)
+    started = load_weights_file(model, tmp_path / "raw_only.pth")
+    assert "under 'state_dict'" in started.source and "holds no EMA" in started.source
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in raw.state_dict().items())
