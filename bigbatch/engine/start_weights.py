@@ -12,12 +12,13 @@
   read by the family's own loader (``registry.ModelInfo.start_weights``).
 
 A tensor loads when the model has one of the same name and shape. Names are matched after the wrappers that training
-and saving add are taken off their start (``module.`` of DDP, ``_orig_mod.`` of ``torch.compile``), and after the one prefix
-that makes the most names agree (a bare torchvision detector's keys against bigbatch's ``detector.*``, a Darknet
-network's against ``network.*``). A tensor of another shape (a head for another class count) is refused by
-``model.mismatched: error`` (the default), one line naming the first ones with both shapes, or keeps the new layer's
-initialisation with ``reinit``. The model's tensors the file does not hold keep their initialisation too ("missing");
-a file that matches none of them is refused.
+and saving add are taken off their start (``module.`` of DDP, ``_orig_mod.`` of ``torch.compile``), and after the one
+prefix, of any depth, that makes the most names agree with tensors of the same shape (a bare torchvision detector's
+keys against bigbatch's ``detector.*``, an ImageNet ``resnet50``'s against a Faster R-CNN's
+``detector.backbone.body.*``, a Darknet network's against ``network.*``: :func:`matched_names`). A tensor of another
+shape (a head for another class count) is refused by ``model.mismatched: error`` (the default), one line naming the
+first ones with both shapes, or keeps the new layer's initialisation with ``reinit``. The model's tensors the file
+does not hold keep their initialisation too ("missing"); a file that matches none of them is refused.
 
 The outcome is printed ("loaded K of M tensors; reinitialised: ...; missing: ...") and recorded as the event
 ``weights`` in ``metrics.jsonl``.
@@ -184,29 +185,50 @@ def unwrapped(name: str) -> str:
         name = name[len(prefix):]
 
 
-def matched_names(theirs: list[str], ours: list[str]) -> dict[str, str]:
-    """{our name: their name}: names equal after :func:`unwrapped`, and after the one prefix (added to theirs, or
-    taken off them) under which most names agree."""
+def matched_names(theirs: list[str] | dict[str, Tensor], ours: list[str] | dict[str, Tensor]) -> dict[str, str]:
+    """{our name: their name}: names equal after :func:`unwrapped`, and after the one prefix, added to theirs or taken
+    off them, under which most agree.
+
+    The prefixes tried are every one that makes a name agree: a leading run of dotted parts of one of our names that
+    one of theirs completes (``detector.backbone.body.`` for a torchvision ``resnet50`` file in a Faster R-CNN), or of
+    one of theirs whose rest is one of our names (``network.`` of a Darknet detector's checkpoint in a bare network),
+    and the empty one. Given tensors (dicts), a prefix scores the names it maps onto a tensor of the same shape, then
+    the names it maps (a head of another class count is still matched, to be refused or reinitialised); without,
+    the names it maps. The best score wins; of equal ones the empty prefix, then the shorter, then one added before
+    one taken off, then the first in sorted order, so the choice never depends on the order of either list."""
     plain = {unwrapped(name): name for name in theirs}
     ours_set = set(ours)
-    best = {key: name for key, name in plain.items() if key in ours_set}
-    for strip, names in ((False, ours), (True, list(plain))):  # a prefix of ours that theirs lack, or of theirs
-        prefixes = {".".join(name.split(".")[:i]) + "." for name in names for i in (1, 2) if name.count(".") >= i}
-        for prefix in sorted(prefixes):
-            if strip:
-                mapping = {key[len(prefix):]: name for key, name in plain.items()
-                           if key.startswith(prefix) and key[len(prefix):] in ours_set}
-            else:
-                mapping = {prefix + key: name for key, name in plain.items() if prefix + key in ours_set}
-            if len(mapping) > len(best):
-                best = mapping
-    return best
+    shapes = isinstance(theirs, dict) and isinstance(ours, dict)
+
+    def same_shape(our: str, their: str) -> bool:
+        return not shapes or tuple(theirs[their].shape) == tuple(ours[our].shape)
+
+    completes: dict[str, list[str]] = {}  # the prefix added: our name = prefix + their (unwrapped) name
+    for name in ours_set:
+        for i, char in enumerate(name):
+            if char == "." and name[i + 1:] in plain:
+                completes.setdefault(name[:i + 1], []).append(name[i + 1:])
+    taken_off: dict[str, list[str]] = {}  # the prefix taken off: their (unwrapped) name = prefix + our name
+    for key in plain:
+        for i, char in enumerate(key):
+            if char == "." and key[i + 1:] in ours_set:
+                taken_off.setdefault(key[:i + 1], []).append(key)
+    candidates = [(0, "", {key: plain[key] for key in plain if key in ours_set})]
+    candidates += [(1, prefix, {prefix + key: plain[key] for key in keys}) for prefix, keys in completes.items()]
+    candidates += [(2, prefix, {key[len(prefix):]: plain[key] for key in keys}) for prefix, keys in taken_off.items()]
+
+    def rank(candidate: tuple[int, str, dict[str, str]]) -> tuple:
+        way, prefix, mapping = candidate
+        same = sum(same_shape(our, their) for our, their in mapping.items())
+        return -same, -len(mapping), len(prefix), way, prefix
+
+    return min(candidates, key=rank)[2]
 
 
 def load_by_name(model: nn.Module, state: dict[str, Tensor], path: str, source: str, mismatched: str) -> Started:
     """Load the tensors of ``state`` into ``model`` by name (see the module docstring); -> what loaded."""
     ours = model.state_dict()
-    mapping = matched_names(list(state), list(ours))
+    mapping = matched_names(state, ours)
     if not mapping:
         theirs = listed(sorted(state)[:MAX_LISTED])
         raise UserError(f"model.weights: {path} ({source}) matches none of the model's {len(ours)} tensors by name "

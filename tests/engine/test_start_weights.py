@@ -300,3 +300,47 @@ def test_weights_from_chooses_between_a_timm_checkpoints_raw_and_ema_state_dicts
     started = load_weights_file(model, tmp_path / "raw_only.pth")
     assert "under 'state_dict'" in started.source and "holds no EMA" in started.source
     assert all(torch.equal(model.state_dict()[k], v) for k, v in raw.state_dict().items())
+
+
+def test_an_imagenet_resnet50_state_dict_starts_a_detectors_backbone(tmp_path):
+    """torchvision's ``resnet50()`` state dict (what its ``weights_backbone`` loads) into bigbatch's
+    ``fasterrcnn_resnet50_fpn``, whose backbone lies under ``detector.backbone.body.``, three dotted parts deep: every
+    backbone tensor (BatchNorm statistics included) is the file's, bit for bit; the ImageNet ``fc`` is not used; the
+    FPN and heads keep their initialisation. Before, only prefixes of one or two parts were tried: "matches none"."""
+    import torchvision
+
+    from bigbatch.models.detectors import build_detector
+
+    torch.manual_seed(0)
+    source = torchvision.models.resnet50()
+    with torch.no_grad():  # statistics unlike a fresh BatchNorm's, so that a tensor left alone cannot pass as loaded
+        for module in source.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.normal_()
+                module.running_var.uniform_(1, 2)
+                module.num_batches_tracked.fill_(7)
+    state = source.state_dict()
+    torch.save(state, tmp_path / "resnet50.pth")
+    detector = build_detector("fasterrcnn_resnet50_fpn", 5, min_size=128, max_size=160)
+    fresh = {k: v.clone() for k, v in detector.state_dict().items()}
+    started = load_weights_file(detector, tmp_path / "resnet50.pth")
+    body = "detector.backbone.body."
+    got = detector.state_dict()
+    backbone = [k for k in got if k.startswith(body)]
+    assert len(backbone) == len(state) - 2 and sorted(started.loaded) == sorted(backbone)
+    assert all(torch.equal(got[k], state[k[len(body):]]) for k in backbone)
+    assert started.unused == ["fc.weight", "fc.bias"] and started.reinitialised == []
+    assert all(torch.equal(got[k], fresh[k]) for k in got if not k.startswith(body))
+    assert f"loaded {len(backbone)} of {len(got)} tensors" in started.line()
+
+
+def test_the_prefix_chosen_is_the_one_that_matches_most_tensors_of_the_same_shape():
+    """Of two prefixes mapping as many names, the one whose tensors have the same shapes wins; of equal scores, the
+    empty prefix, then the shorter, whatever the order of the names."""
+    t = torch.zeros
+    ours = {"a.x.weight": t(3), "b.c.x.weight": t(5)}
+    assert matched_names({"x.weight": t(5)}, ours) == {"b.c.x.weight": "x.weight"}
+    assert matched_names({"x.weight": t(3)}, ours) == {"a.x.weight": "x.weight"}
+    assert matched_names(["x.weight"], dict(reversed(ours.items()))) == {"a.x.weight": "x.weight"}
+    assert matched_names({"m.x.weight": t(2)}, {"x.weight": t(2), "q.m.x.weight": t(2)}) == {
+        "q.m.x.weight": "m.x.weight"}
