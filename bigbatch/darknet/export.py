@@ -7,6 +7,9 @@
     SOURCE = a ``.cfg``: the network as written, freshly initialised as Darknet does (seeded, ``--seed``), or with
              ``--weights IN.weights`` (or a state dict) loaded: a conversion; ``seen`` from that file.
 
+With ``--upto N`` the ``.weights`` file holds the first N layers (a ``.conv.N`` backbone) and ``seen`` 0, as
+``darknet partial`` writes one, so that training from it starts at iteration 0.
+
 Beside ``--darknet-weights OUT.weights`` goes ``OUT.cfg``, the network the weights are of (a run's cfg for the classes
 it trained), so that Darknet loads the two together.
 
@@ -130,10 +133,13 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
         exported = from_checkpoint(source)
     lines = [f"network: {exported.origin}"]
     if darknet_weights is not None:
-        write_weights(exported.network, darknet_weights, exported.seen, upto=upto)
-        part = f", the first {upto} layers" if upto is not None else ""
+        # a backbone's seen is 0, as Darknet's partial() sets *net.seen = 0 (src/darknet.c): training from it starts
+        # at iteration 0, burn-in included
+        seen = exported.seen if upto is None else 0
+        write_weights(exported.network, darknet_weights, seen, upto=upto)
+        part = f", as Darknet's partial writes it; the first {upto} layers" if upto is not None else ""
         lines.append(f"Darknet weights written to {darknet_weights} ({darknet_weights.stat().st_size:,} bytes, "
-                     f"seen {exported.seen:,}{part})")
+                     f"seen {seen:,}{part})")
     if cfg_out is not None:
         header = (f"{KEPT_CFG_MARK} the network of {darknet_weights.name}, written by bigbatch export from "
                   f"{exported.network.cfg.path}")

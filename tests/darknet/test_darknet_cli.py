@@ -120,3 +120,23 @@ def test_show_shows_what_training_refuses_and_train_says_why_before_any_step(tmp
         f"error: {path}:16: [yolo] new_coords: the scaled-YOLOv4 box coordinates (new_coords=1) are not implemented "
         "by the gradient dialect's loss; use model.darknet_dialect: alexeyab, or remove the key")
     assert not (out / "checkpoints").exists()
+
+
+def test_export_upto_writes_seen_zero_as_darknet_partial_does(tmp_path):
+    """``darknet partial`` (AlexeyAB's src/darknet.c) sets ``*net.seen = 0`` before ``save_weights_upto``, so that a
+    training from the ``.conv.N`` starts at iteration 0, burn-in included: ``export --upto N`` writes seen 0 (it wrote
+    the source's) and says so; a whole network's file keeps the source's seen."""
+    from bigbatch.darknet import write_weights
+    from bigbatch.darknet.export import export
+    from bigbatch.darknet.models import darknet_network
+
+    cfg = DARKNET_DATA / "yolov3-tiny.cfg"
+    full = tmp_path / "trained.weights"
+    write_weights(darknet_network(str(cfg)), full, seen=64_000)
+    backbone, whole = tmp_path / "trained.conv.15", tmp_path / "again.weights"
+    lines = export(cfg, backbone, None, weights=full, upto=15)
+    assert struct.unpack("<3iQ", backbone.read_bytes()[:20]) == (0, 2, 5, 0)
+    assert any("seen 0, as Darknet's partial writes it; the first 15 layers" in line for line in lines), lines
+    lines = export(cfg, whole, None, weights=full)
+    assert struct.unpack("<3iQ", whole.read_bytes()[:20]) == (0, 2, 5, 64_000)
+    assert any("seen 64,000)" in line for line in lines), lines
