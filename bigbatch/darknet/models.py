@@ -167,9 +167,10 @@ def darknet_start(model: nn.Module, cfg: ModelConfig) -> Any:
                 f"on the classes), as a .conv.{upto} backbone")
     if layers < len(network.layers) and not note:
         note = f"model.weights: {path} holds the first {layers} of the network's {len(network.layers)} layers"
-    names = list(network.state_dict())
-    loaded = [name for name in names if name.startswith("layers.") and int(name.split(".")[1]) < layers
-              and not name.endswith("num_batches_tracked")]
+    # a Darknet file never holds BatchNorm's num_batches_tracked (Darknet keeps no such counter): neither counted nor
+    # listed as missing
+    names = [name for name in network.state_dict() if not name.endswith("num_batches_tracked")]
+    loaded = [name for name in names if name.startswith("layers.") and int(name.split(".")[1]) < layers]
     return Started(str(path), "Darknet weights, by position", len(names), loaded=loaded,
                    missing=[name for name in names if name not in set(loaded)], note=note)
 

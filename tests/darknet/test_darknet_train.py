@@ -237,3 +237,31 @@ def test_weights_of_another_class_count_name_the_layers_that_load_and_the_comman
     assert "the first 15 layers" in capsys.readouterr().out
     assert main(["train", "yolov3-tiny-shapes", "--out", str(tmp_path / "b"), "--set", *small,
                  f"model.weights={backbone}"]) == 0, capsys.readouterr().err
+
+
+def test_darknet_weights_count_and_list_no_batch_counter_as_missing(tmp_path):
+    """A Darknet file never holds BatchNorm's ``num_batches_tracked`` (Darknet has no such counter): loading a whole
+    ``.weights`` reports every tensor loaded and "missing: none" (it reported "loaded 111 of 132 ... missing:
+    layers.0.bn.num_batches_tracked ..."); a ``.conv.N`` misses only the later layers' weights and statistics."""
+    from types import SimpleNamespace
+
+    from bigbatch.darknet import write_weights
+    from bigbatch.darknet.detector import DarknetDetector
+    from bigbatch.darknet.models import darknet_network, darknet_start
+    from tests.helpers import DARKNET_DATA
+
+    cfg = str(DARKNET_DATA / "yolov3-tiny.cfg")
+    source = darknet_network(cfg, 80, 64)
+    whole, backbone = tmp_path / "tiny.weights", tmp_path / "tiny.conv.15"
+    write_weights(source, whole, seen=0)
+    write_weights(source, backbone, seen=0, upto=15)
+    values = [k for k in source.state_dict() if not k.endswith("num_batches_tracked")]
+    settings = dict(weights_cfg=None, mismatched="error", darknet_dialect="alexeyab")
+    started = darknet_start(DarknetDetector(darknet_network(cfg, 80, 64)), SimpleNamespace(weights=str(whole),
+                                                                                              **settings))
+    assert started.total == len(values) and started.loaded == values and started.missing == []
+    assert f"loaded {len(values)} of {len(values)} tensors" in started.line() and "missing: none" in started.line()
+    started = darknet_start(DarknetDetector(darknet_network(cfg, 80, 64)), SimpleNamespace(weights=str(backbone),
+                                                                                              **settings))
+    later = [k for k in values if int(k.split(".")[1]) >= 15]
+    assert started.total == len(values) and started.missing == later and started.loaded == values[:-len(later)]
