@@ -47,9 +47,9 @@ class DarknetTestDetection:
         return preprocess(pixels, self.net_size, self.letter)
 
     def prepare_file(self, path: str) -> tuple[torch.Tensor, Any]:
-        from bigbatch.data.pipeline.images import decode_rgb
+        from bigbatch.data.pipeline.images import decode_shown
 
-        return self.prepare(decode_rgb(path))
+        return self.prepare(decode_shown(path))
 
     @staticmethod
     def size_of(geometry: Any) -> tuple[int, int]:

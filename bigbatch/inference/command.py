@@ -120,9 +120,9 @@ def _items(sources: list[SourceFile], vid_stride: int) -> Iterator[Item]:
 
 def _pixels(item: Item):
     """The image to draw on: the frame's pixels, or the file decoded again."""
-    from bigbatch.data.pipeline.images import decode_rgb
+    from bigbatch.data.pipeline.images import decode_shown
 
-    return item.pixels if item.pixels is not None else decode_rgb(item.file)
+    return item.pixels if item.pixels is not None else decode_shown(item.file)
 
 
 def _progress(sources: list[SourceFile]):

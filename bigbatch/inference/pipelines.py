@@ -1,7 +1,9 @@
 """How one image becomes a prediction: the input a model takes, and its output as a record in the image's pixels.
 
 Each pipeline has ``prepare(pixels)`` (a decoded uint8 [3, H, W] image -> the model's input and what maps the
-output back), ``prepare_file(path)`` (the same from a file, read as the model's evaluation reads it) and ``run(module,
+output back), ``prepare_file(path)`` (the same from a file: a detector's image as it is shown, its EXIF orientation
+applied, as Ultralytics and Darknet's OpenCV build read a photo, boxes in the shown image's pixels; a classifier's as
+its evaluation reads it, the stored pixels, as torchvision's and timm's) and ``run(module,
 inputs, geometries, settings)`` (a batch of inputs -> one result per image):
 
 - :class:`EvalDetection`: a run's detector, with its evaluation transform (``tasks/detection.py``'s ``image_input``),
@@ -24,7 +26,7 @@ import torch
 import torch.nn as nn
 from torchvision import tv_tensors
 
-from bigbatch.data.pipeline.images import decode_rgb
+from bigbatch.data.pipeline.images import decode_rgb, decode_shown
 
 CONF = 0.25
 """The lowest score kept by default (Darknet's ``detector test -thresh``, Ultralytics' ``conf``)."""
@@ -74,7 +76,7 @@ class EvalDetection:
         return image.as_subclass(torch.Tensor), target
 
     def prepare_file(self, path: str) -> tuple[torch.Tensor, dict[str, Any]]:
-        return self.prepare(decode_rgb(path))
+        return self.prepare(decode_shown(path))
 
     @staticmethod
     def size_of(geometry: dict[str, Any]) -> tuple[int, int]:

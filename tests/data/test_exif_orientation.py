@@ -352,3 +352,41 @@ class LabelledBoxDetector(torch.nn.Module):
         targets, self.answers = self.answers[:len(images)], self.answers[len(images):]
         return [{"boxes": torch.as_tensor(t["boxes"]).float(), "labels": torch.as_tensor(t["labels"]),
                  "scores": torch.ones(len(t["labels"]))} for t in targets]
+
+
+# ----------------------------------------------------------------------------- predict: an image as it is shown
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
+def test_a_detector_predicts_on_a_photo_as_it_is_shown(tmp_path, orientation):
+    """``predict`` reads a detector's image as Ultralytics and Darknet's OpenCV build read it, its EXIF orientation
+    applied (``decode_shown``): a phone photo is not detected sideways, and its boxes are in the shown image's
+    pixels. It once read the stored pixels for every run, while a YOLO run's evaluation turns them."""
+    from bigbatch.data.pipeline.images import decode_shown
+    from bigbatch.data.transforms.det_transforms import eval_transform
+    from bigbatch.inference.pipelines import EvalDetection
+
+    path = photo(tmp_path / "p.jpg", orientation)
+    shown = decode_shown(str(path))
+    np.testing.assert_array_equal(shown.permute(1, 2, 0).numpy(), shown_by_pil(path))
+    pipeline = EvalDetection(eval_transform("letterbox", 64))
+    image, geometry = pipeline.prepare_file(str(path))
+    expected, _ = pipeline.prepare(torch.from_numpy(shown_by_pil(path).copy()).permute(2, 0, 1))
+    assert torch.equal(image, expected) and tuple(geometry["orig_size"]) == shown.shape[1:]
+
+
+def test_a_bitmap_is_read_by_pil_as_darknet_and_ultralytics_read_it(tmp_path):
+    """A BMP, which ``predict`` lists among images and Darknet's and Ultralytics' sets may hold, is decoded by PIL
+    (torchvision reads none): it was refused as an unsupported format, in a set and in ``predict``."""
+    from bigbatch.data.pipeline.images import decode_rgb, decode_shown, inspect_image
+
+    pixels = np.random.default_rng(4).integers(0, 256, (30, 50, 3), dtype=np.uint8)
+    path = tmp_path / "a.bmp"
+    Image.fromarray(pixels).save(path)
+    assert inspect_image(str(path)) == ((50, 30), None)
+    for decode in (decode_rgb, decode_shown):
+        np.testing.assert_array_equal(decode(str(path)).permute(1, 2, 0).numpy(), pixels)
+    broken = tmp_path / "b.bmp"
+    broken.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(RuntimeError):
+        decode_rgb(str(broken))

@@ -32,6 +32,9 @@ from bigbatch.data.pipeline.files import open_regular, read_regular
 
 T = TypeVar("T")
 DECODABLE = ("GIF", "JPEG", "PNG", "WEBP")  # the formats torchvision.io.decode_image reads (PIL's names)
+BY_PIL = ("BMP",)
+"""Formats torchvision does not decode and PIL does, as Darknet (stb_image, OpenCV) and Ultralytics read them: a
+Windows bitmap, decoded by PIL (its pixel count bounded by PIL's ``MAX_IMAGE_PIXELS``)."""
 JPEG_KINDS = ("MPO",)
 """What PIL names a JPEG with more pictures after the first (a phone camera's Multi-Picture Object: a depth map, a
 preview): a JPEG to every decoder, which reads its first picture, the photo."""
@@ -62,9 +65,37 @@ def decode_bytes(data: bytearray) -> torch.Tensor:
         size = jpeg.region_size(data)
         if size is not None:
             return jpeg.decode_region(data, 0, 0, *size).contiguous()
+        if bytes(data[:2]) == b"BM":  # a bitmap (BY_PIL)
+            return _decode_by_pil(data)
         return decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
-    except (ValueError, Image.DecompressionBombError) as error:
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise RuntimeError(str(error)) from None
+
+
+def _decode_by_pil(data: bytearray) -> torch.Tensor:
+    """A format of :data:`BY_PIL` decoded by PIL as uint8 [3, H, W] RGB (``OSError``: not decodable)."""
+    with Image.open(io.BytesIO(data)) as image:
+        if image.format not in BY_PIL:
+            raise ValueError(f"not a {' or '.join(BY_PIL)} file")
+        pixels = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
+
+
+def decode_shown(path: str) -> torch.Tensor:
+    """The image file at ``path`` decoded as it is shown: its stored pixels (:func:`decode_bytes`) turned by its EXIF
+    orientation (:func:`orient`), as an image to predict on is loaded by Ultralytics and by Darknet's OpenCV build
+    (``cv::imread`` applies the orientation); boxes found on it are in the shown image's pixels. A file that cannot
+    be read or decoded is a ``RuntimeError``."""
+    try:
+        data = read_regular(path)
+    except OSError as error:
+        raise RuntimeError(str(error)) from None
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # the header and its EXIF block only
+            orientation = exif_orientation(image)
+    except (OSError, ValueError, Image.DecompressionBombError):
+        orientation = 1  # the decode says what is wrong with it
+    return orient(decode_bytes(data), orientation)
 
 
 def decode_rgb(path: str) -> torch.Tensor:
@@ -178,8 +209,8 @@ def _inspect(path: str, decode: bool, oriented: bool) -> tuple[tuple[int, int] |
             orientation = exif_orientation(image) if oriented else 1
     except (OSError, ValueError, Image.DecompressionBombError) as error:  # UnidentifiedImageError is an OSError
         return None, 1, f"unreadable image: {error}"
-    if fmt not in DECODABLE and fmt not in JPEG_KINDS:
-        return None, 1, f"unsupported image format {fmt} (torchvision decodes {', '.join(DECODABLE)})"
+    if fmt not in DECODABLE and fmt not in JPEG_KINDS and fmt not in BY_PIL:
+        return None, 1, f"unsupported image format {fmt} (bigbatch decodes {', '.join(DECODABLE + BY_PIL)})"
     shown = oriented_size(size, orientation)
     if decode:
         try:
