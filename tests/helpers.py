@@ -665,3 +665,12 @@ def write_video(path, colours, fps: int = 10) -> None:
             array = np.full((VIDEO_HEIGHT, VIDEO_WIDTH, 3), rgb, dtype=np.uint8)
             container.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
         container.mux(stream.encode())
+
+
+def one_error(capsys: pytest.CaptureFixture, *expected: str) -> str:
+    """The one ``error:`` line on stderr (nothing else there), holding each of ``expected``."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    for text in expected:
+        assert text in err, err
+    return err

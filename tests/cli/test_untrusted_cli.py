@@ -20,18 +20,10 @@ import pytest
 
 from bigbatch.cli import main
 from bigbatch.config import RECIPES_DIR, builtin_recipes
-from tests.helpers import HANG_GUARD_S, HOLDER, TINY
+from tests.helpers import HANG_GUARD_S, HOLDER, TINY, one_error
 
 UNWRITABLE = Path("/proc/self")
 """A folder in which no file can be made, even by root (procfs)."""
-
-
-def one_error(capsys: pytest.CaptureFixture, *expected: str) -> str:
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: "), err
-    for text in expected:
-        assert text in err, err
-    return err
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from torch import nn
 from bigbatch.cli import main
 from bigbatch.config import load_config
 from bigbatch.floor import files, written
+from tests.helpers import one_error
 
 pytestmark = pytest.mark.fast
 
@@ -36,14 +37,6 @@ def cache(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "cache"
     monkeypatch.setenv(written.CACHE_ENV, str(folder))
     return folder
-
-
-def one_error(capsys: pytest.CaptureFixture, *expected: str) -> str:
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: "), err
-    for text in expected:
-        assert text in err, err
-    return err
 
 
 # ------------------------------------------------------------------------------------------ eval --save-detections
