@@ -101,7 +101,8 @@ def read_config_bytes(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
     bytes: opened without blocking (a FIFO's open waits for a writer forever; ``O_NONBLOCK`` does not) and checked
     on the open descriptor (``fstat``: the file checked is the file read), so that neither a FIFO nor a link to
     ``/dev/zero`` nor a huge file is read. ``OSError`` otherwise (:class:`NotAConfigFile` for these two refusals).
-    (``data/pipeline/files.py``'s ``read_regular`` does the same for a data set's files, a floor above.)"""
+    (``floor/user_files.py``'s ``open_regular`` does the same for a data set's and a run's files; the config package
+    imports only the errors and the registries, so it keeps these few lines of its own.)"""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with open(fd, "rb", buffering=0) as file:
         info = os.fstat(fd)

@@ -85,6 +85,7 @@ from bigbatch.data.pipeline.images import (
 )
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
+from bigbatch.floor.user_files import lies_inside
 
 SPLITS = ("train", "val")
 COCO_LAYOUTS = (("annotations/{split}.json", "{split}"), ("annotations/instances_{split}2017.json", "{split}2017"))
@@ -138,17 +139,8 @@ class Source:
 # ----------------------------------------------------------------------------- paths
 
 
-def _real(path: str | os.PathLike) -> Path:
-    return Path(os.path.realpath(path))
-
-
-def _inside(path: str | os.PathLike, root: Path) -> bool:
-    """Whether ``path`` lies in ``root`` once links and ``..`` are followed."""
-    return _real(path).is_relative_to(_real(root))
-
-
 def _check_inside(path: str | os.PathLike, root: Path, what: str) -> None:
-    if not _inside(path, root):
+    if not lies_inside(root, path):
         raise UserError(f"SRC: {what} {path} leads outside {root} (links and .. followed); convert reads only inside "
                         "the folder it is given")
 
@@ -302,7 +294,7 @@ def _resolve(text: str, root: Path, bases: tuple[Path, ...], what: str = "the pa
     path = Path(text).expanduser()
     candidates = [path] if path.is_absolute() else [path, *(base / path for base in bases)]
     existing = [c.absolute() for c in candidates if os.path.lexists(c)]
-    inside = [c for c in existing if _inside(c, root)]
+    inside = [c for c in existing if lies_inside(root, c)]
     if inside:
         return inside[0]
     if existing:

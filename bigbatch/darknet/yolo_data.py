@@ -66,6 +66,7 @@ from bigbatch.data.pipeline.files import BadLine, read_lines
 from bigbatch.data.pipeline.images import inspect_oriented_images
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
+from bigbatch.floor.user_files import lies_inside
 from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:
@@ -141,11 +142,6 @@ def read_names(path: str | os.PathLike) -> list[str]:
     return names
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    """Whether ``path`` lies in ``folder``, once both are real paths (links and ``..`` followed)."""
-    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
-
-
 def _resolve(text: str, *bases: Path) -> Path:
     """A path from a Darknet file: as given (relative to the current folder), else under each base in turn (a name
     no system can open, too long or holding a NUL, is simply not found)."""
@@ -212,7 +208,7 @@ def names_of_data_file(path: Path, options: dict[str, str] | None = None, key: s
     if not os.path.exists(names_file):
         raise UserError(f"{key}: {path}: names = {options['names']}: no such file (tried from the current folder "
                         f"and from {base})")
-    if "classes" not in options and not _inside(names_file, base):
+    if "classes" not in options and not lies_inside(base, names_file):
         raise UserError(f"{key}: {path}: names = {options['names']} is outside the .data file's folder ({base}); "
                         "such a names file is read only with a 'classes =' line giving its number of classes")
     return read_names(names_file)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from bigbatch.errors import UserError
 from bigbatch.floor import run_files
+from bigbatch.floor.user_files import lies_inside
 
 if TYPE_CHECKING:
     from bigbatch.config import RunConfig
@@ -155,7 +156,7 @@ def _holds_lock_file(path: Path) -> bool:
 
 def _holds_checkpoint(path: Path) -> bool:
     last = last_checkpoint(path)
-    if last.is_symlink() or not last.is_file() or not _inside(path, last):
+    if last.is_symlink() or not last.is_file() or not lies_inside(path, last):
         return False
     from bigbatch.engine.checkpoint import RESUME_KEYS
     from bigbatch.floor.files import load_tensors
@@ -168,12 +169,6 @@ def _holds_checkpoint(path: Path) -> bool:
             and isinstance(state["config"], dict) and type(state["step"]) is int)
 
 
-def _inside(folder: Path, path: Path) -> bool:
-    """Whether the real path of ``path`` (links and ``..`` followed) lies inside the real path of ``folder``: the
-    rule ``darknet/reading.py::find_named_file`` applies to the files a cfg names."""
-    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
-
-
 def run_file(run_dir: Path, name: str, key: str) -> Path | None:
     """The file ``name`` of the run directory ``run_dir`` to read: its real path, once it is known to lie inside the
     folder and to be a regular file; None where there is none. A file leading outside (a link to a file of someone
@@ -181,7 +176,7 @@ def run_file(run_dir: Path, name: str, key: str) -> Path | None:
     path = run_dir / name
     if not os.path.lexists(path):
         return None
-    if not _inside(run_dir, path):
+    if not lies_inside(run_dir, path):
         raise UserError(f"{key}: {path} leads outside {run_dir} (a link?); a run directory's files are read only "
                         f"from inside it: not read")
     if not path.is_file():

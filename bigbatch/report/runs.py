@@ -41,9 +41,9 @@ from typing import Any, TextIO
 import yaml
 
 from bigbatch.config.loading import MAX_CONFIG_BYTES
-from bigbatch.data.pipeline.files import NotARegularFile, open_regular
 from bigbatch.errors import UserError
 from bigbatch.floor import run_files
+from bigbatch.floor.user_files import NotARegularFile, lies_inside, open_regular
 
 PHASES = ("data", "forward", "backward", "sync", "update", "other")
 """The disjoint phases of a step, in the order the step runs them (``engine/phases.py``); ``t_step`` is their sum."""
@@ -573,7 +573,7 @@ def _open_binary(run: RunData, name: str) -> io.FileIO | None:
     folder (a link leading elsewhere is never opened), and only a regular file (``open_regular``: opened without
     blocking, checked on the open descriptor)."""
     real = Path(os.path.realpath(run.path / name))
-    if not real.is_relative_to(os.path.realpath(run.path)):
+    if not lies_inside(run.path, real):
         run.notes.append(f"{name} leads outside the run folder (a link?): not read")
         return None
     try:
