@@ -128,6 +128,14 @@ def load_darknet_weights(network: DarknetNetwork, path: str | Path, key: str = "
     return 0
 
 
+def without_batch_counters(names: Any) -> Any:
+    """``names`` (a list, or a state dict's keys and values) without BatchNorm's ``num_batches_tracked``: a Darknet
+    file never holds one (Darknet keeps no such counter), so none is loaded from it, counted or listed as missing."""
+    if isinstance(names, dict):
+        return {name: value for name, value in names.items() if not name.endswith("num_batches_tracked")}
+    return [name for name in names if not name.endswith("num_batches_tracked")]
+
+
 def darknet_start(model: nn.Module, cfg: ModelConfig) -> Any:
     """``MODELS``' ``start_weights`` for the Darknet families: ``model.weights`` when it is a Darknet ``.weights`` or
     ``.conv.N`` file (else None: a state dict or a run, matched by name as for every family).
@@ -150,8 +158,11 @@ def darknet_start(model: nn.Module, cfg: ModelConfig) -> Any:
     if cfg.weights_cfg is not None:
         source = darknet_network(cfg.weights_cfg, None, None, key="model.weights_cfg", dialect=cfg.darknet_dialect)
         read_weights_upto(source, path)
-        return load_by_name(network, source.state_dict(), str(path), f"Darknet weights of {cfg.weights_cfg}",
-                            cfg.mismatched)
+        started = load_by_name(network, without_batch_counters(source.state_dict()), str(path),
+                               f"Darknet weights of {cfg.weights_cfg}", cfg.mismatched)
+        started.missing = without_batch_counters(started.missing)
+        started.total = len(without_batch_counters(network.state_dict()))
+        return started
     note = ""
     try:
         _, layers = read_weights_upto(network, path)
@@ -167,9 +178,7 @@ def darknet_start(model: nn.Module, cfg: ModelConfig) -> Any:
                 f"on the classes), as a .conv.{upto} backbone")
     if layers < len(network.layers) and not note:
         note = f"model.weights: {path} holds the first {layers} of the network's {len(network.layers)} layers"
-    # a Darknet file never holds BatchNorm's num_batches_tracked (Darknet keeps no such counter): neither counted nor
-    # listed as missing
-    names = [name for name in network.state_dict() if not name.endswith("num_batches_tracked")]
+    names = without_batch_counters(network.state_dict())
     loaded = [name for name in names if name.startswith("layers.") and int(name.split(".")[1]) < layers]
     return Started(str(path), "Darknet weights, by position", len(names), loaded=loaded,
                    missing=[name for name in names if name not in set(loaded)], note=note)

@@ -265,3 +265,26 @@ def test_darknet_weights_count_and_list_no_batch_counter_as_missing(tmp_path):
                                                                                               **settings))
     later = [k for k in values if int(k.split(".")[1]) >= 15]
     assert started.total == len(values) and started.missing == later and started.loaded == values[:-len(later)]
+
+
+def test_darknet_weights_read_through_their_cfg_count_no_batch_counter(tmp_path):
+    """Through ``model.weights_cfg`` (the file read into the network of its cfg, then matched by name) a Darknet file
+    also loads no ``num_batches_tracked``: "loaded N of N", where it counted the fresh source network's counters as
+    loaded from the file (70 of 70 for yolov3-tiny's 59)."""
+    from types import SimpleNamespace
+
+    from bigbatch.darknet import write_weights
+    from bigbatch.darknet.detector import DarknetDetector
+    from bigbatch.darknet.models import darknet_network, darknet_start
+    from tests.helpers import DARKNET_DATA
+
+    cfg = str(DARKNET_DATA / "yolov3-tiny.cfg")
+    source = darknet_network(cfg, 80, 64)
+    whole = tmp_path / "tiny.weights"
+    write_weights(source, whole, seen=0)
+    values = [k for k in source.state_dict() if not k.endswith("num_batches_tracked")]
+    started = darknet_start(DarknetDetector(darknet_network(cfg, 80, 64)),
+                            SimpleNamespace(weights=str(whole), weights_cfg=cfg, mismatched="error",
+                                            darknet_dialect="alexeyab"))
+    assert started.total == len(values) and sorted(started.loaded) == sorted(values) and started.missing == []
+    assert f"loaded {len(values)} of {len(values)} tensors" in started.line() and "missing: none" in started.line()
