@@ -11,6 +11,7 @@
 - **Hold** it: an exclusive lock on ``.bigbatch.lock`` inside it, an OS record lock (``fcntl.lockf``) that the
   kernel releases when the process ends, however it ends, and that forked DataLoader workers do not inherit.
   A second ``train`` or ``--resume`` on a held folder stops at once: ``--out: DIR is in use by process PID``.
+  The holding process reads its lock file only through the held descriptor: closing another would release it.
 - **Tidy** what an earlier run of this folder left: temporary checkpoint files (``checkpoints/.last.pt.tmp-PID``)
   of a process killed while writing. Only files of that exact naming are removed, and only while the lock is
   held, so no other bigbatch process can be writing them.
@@ -49,6 +50,14 @@ if TYPE_CHECKING:
     from bigbatch.config import RunConfig
 
 LOCK_NAME = ".bigbatch.lock"
+RUN_MARK = "run"
+"""The lock file's second line once a run wrote into its folder (:func:`claim`): only then does the lock file prove
+the folder bigbatch's. A run killed before it wrote anything leaves a lock file holding only a PID, which proves
+nothing of a ``config.yaml`` a user puts beside it later."""
+_HELD: dict[tuple[int, int], int] = {}
+"""The lock files this process holds, by (device, inode): their descriptors. A record lock (``fcntl.lockf``) belongs
+to the process, and closing ANY descriptor of the file releases it (POSIX ``fcntl``): a lock file this process holds
+is read through its held descriptor, never opened and closed again (that let a second ``train --resume`` in)."""
 RUN_FILES = run_files.RUN_FILES
 """What a run writes at the top of its folder (``floor/run_files.py``; besides ``eval-*.json`` from ``bigbatch
 eval``); ``model.cfg``: a Darknet run's network, kept (:func:`keep_model_files`)."""
@@ -70,6 +79,8 @@ def hold_run_dir(path: Path, key: str = "--out") -> Iterator[Path]:
         _check_not_foreign(path, key)
         before = {entry.name for entry in path.iterdir()}
         fd, lock_made = _lock(path, key)
+        held = os.fstat(fd)
+        _HELD[held.st_dev, held.st_ino] = fd
         remove_stale_temporaries(path / run_files.CHECKPOINTS)
         yield path
     finally:
@@ -82,6 +93,7 @@ def hold_run_dir(path: Path, key: str = "--out") -> Iterator[Path]:
         except OSError:
             pass  # written into, in use again, or gone: leave it
         if fd is not None:
+            _HELD.pop(next((k for k, v in _HELD.items() if v == fd), None), None)
             os.close(fd)  # releases the lock
 
 
@@ -136,22 +148,56 @@ def _check_not_foreign(path: Path, key: str) -> None:
 def is_bigbatch_run(path: Path) -> bool:
     """Whether bigbatch wrote the folder ``path``, proven by what only bigbatch writes there, never by a file a user
     may have of their own (a ``config.yaml`` that reads as a config, a ``metrics.jsonl``, a ``checkpoints/``
-    folder): its lock file (``.bigbatch.lock``, a regular file holding a PID: made by every ``train`` since the run
-    directory was locked, and kept once the run wrote anything), or, for a run written before that, a
+    folder): its lock file (``.bigbatch.lock``, a regular file holding a PID and :data:`RUN_MARK`: made by every
+    ``train`` since the run directory was locked, marked before the run's first write there, :func:`claim`, and
+    kept once the run wrote anything), or, for a run written before that, a
     ``checkpoints/last.pt`` inside it that is a bigbatch checkpoint (a dict of every part a resume needs,
     ``checkpoint.RESUME_KEYS``, its tensors left in the file)."""
     return _holds_lock_file(path) or _holds_checkpoint(path)
 
 
 def _holds_lock_file(path: Path) -> bool:
+    """A lock file of a run that wrote into the folder: a regular file holding a PID and :data:`RUN_MARK`."""
+    with _lock_file(path / LOCK_NAME) as fd:
+        return fd is not None and stat.S_ISREG(os.fstat(fd).st_mode) and _lock_text(fd)[1]
+
+
+def claim(path: Path) -> None:
+    """Mark the lock file of the run folder ``path``, held by this process, as a run's (:data:`RUN_MARK`), before
+    the run's first write there; nothing where this process does not hold it (a rank other than 0, ``train`` called
+    without ``hold_run_dir``)."""
+    with _lock_file(path / LOCK_NAME) as fd:
+        if fd is None or not _is_held(fd):
+            return
+        _write_lock(fd, marked=True)
+
+
+@contextlib.contextmanager
+def _lock_file(lock: Path) -> Iterator[int | None]:
+    """A descriptor of the lock file ``lock`` to read (not through a link): the held one where this process holds
+    it (see :data:`_HELD`), else one opened for the ``with`` block; None where there is none."""
     try:
-        fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        named = os.stat(lock, follow_symlinks=False)
     except OSError:
-        return False
+        yield None
+        return
+    held = _HELD.get((named.st_dev, named.st_ino))
+    if held is not None:
+        yield held
+        return
     try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and _pid_in(fd) is not None
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
     finally:
         os.close(fd)
+
+
+def _is_held(fd: int) -> bool:
+    return fd in _HELD.values()
 
 
 def _holds_checkpoint(path: Path) -> bool:
@@ -208,6 +254,9 @@ def _lock(path: Path, key: str) -> tuple[int, bool]:
     """Take the run's lock: (its descriptor, whether this call made the lock file). The lock file holds the
     holder's PID for the message a second process prints."""
     lock = path / LOCK_NAME
+    with _lock_file(lock) as fd:
+        if fd is not None and _is_held(fd):  # a second hold in this process: its close would release the first
+            raise UserError(f"{key}: {path} is in use by process {os.getpid()} (this one)")
     for _ in range(10):
         made = not lock.exists()
         try:
@@ -229,18 +278,27 @@ def _lock(path: Path, key: str) -> tuple[int, bool]:
     else:
         raise UserError(f"{key}: cannot lock {lock}: it keeps being replaced")
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        os.fsync(fd)
+        _write_lock(fd, marked=not made and _lock_text(fd)[1])  # a run's folder stays one
     except OSError as e:
         os.close(fd)
         raise UserError(f"{key}: cannot write in {path}: {e.strerror or e}") from None
     return fd, made
 
 
+def _write_lock(fd: int, *, marked: bool) -> None:
+    """The lock file's text: this process's PID, and :data:`RUN_MARK` on a second line once the run wrote."""
+    text = f"{os.getpid()}\n" + (f"{RUN_MARK}\n" if marked else "")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)
+    os.fsync(fd)
+
+
 def holder(path: Path) -> str | None:
     """Who holds the run folder ``path`` ("process PID", or "another process" when its lock file names none), or
     None when nobody does. Only looks: the lock is taken and released at once, and nothing is made."""
+    with _lock_file(path / LOCK_NAME) as fd:
+        if fd is not None and _is_held(fd):
+            return f"process {os.getpid()}"
     try:
         fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -269,14 +327,8 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def _read_pid(lock: Path) -> int | None:
     """The PID in the lock file ``lock`` (read as a regular file, not through a link, at most a few bytes)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return _pid_in(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    finally:
-        os.close(fd)
+    with _lock_file(lock) as fd:
+        return _lock_text(fd)[0] if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode) else None
 
 
 def _refuse_other_than_regular(path: Path, key: str) -> None:
@@ -287,13 +339,17 @@ def _refuse_other_than_regular(path: Path, key: str) -> None:
                         f"folder)")
 
 
-def _pid_in(fd: int) -> int | None:
-    """The PID a lock file's descriptor holds (a number and a newline, as :func:`_lock` writes it), or None."""
+def _lock_text(fd: int) -> tuple[int | None, bool]:
+    """What a lock file's descriptor holds, as :func:`_write_lock` writes it: (the PID, or None where the text is
+    not a lock file's; whether :data:`RUN_MARK` follows it)."""
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+        lines = os.pread(fd, 64, 0).decode("ascii", errors="replace").split("\n")
     except OSError:
-        return None
-    return int(text) if text.isdigit() and len(text) < 20 else None
+        return None, False
+    pid, rest = lines[0], [line for line in lines[1:] if line]
+    if not (pid.isdigit() and len(pid) < 20) or rest not in ([], [RUN_MARK]):
+        return None, False
+    return int(pid), rest == [RUN_MARK]
 
 
 def remove_stale_temporaries(checkpoints: Path) -> list[Path]:

@@ -82,13 +82,16 @@ def test_a_config_yaml_beside_a_checkpoint_of_another_tool_is_no_proof(tmp_path,
 
 
 def test_a_run_is_proven_by_its_lock_file_or_an_earlier_versions_checkpoint(tmp_path):
-    """What makes a folder a run: the lock file every run keeps (a regular file holding a PID), or, in a folder of an
-    earlier version (no lock file), a bigbatch checkpoint; not a lock file that is a link, nor one of other text."""
+    """What makes a folder a run: the lock file every run keeps (a regular file holding a PID, marked once the run
+    wrote), or, in a folder of an earlier version (no lock file), a bigbatch checkpoint; not a lock file that is a
+    link, nor one of other text, nor one holding only a PID."""
     old = copy_of_format1(tmp_path, "old")
     assert not (old / LOCK_NAME).exists() and is_bigbatch_run(old)
     (old / "checkpoints" / "last.pt").unlink()
     assert not is_bigbatch_run(old), "config.yaml and metrics.jsonl alone prove nothing"
     (old / LOCK_NAME).write_text("12345\n")
+    assert not is_bigbatch_run(old), "the lock file of a run killed before it wrote anything"
+    (old / LOCK_NAME).write_text("12345\nrun\n")
     assert is_bigbatch_run(old)
     (old / LOCK_NAME).write_text("my lock, not a PID\n")
     assert not is_bigbatch_run(old)
@@ -99,6 +102,49 @@ def test_a_run_is_proven_by_its_lock_file_or_an_earlier_versions_checkpoint(tmp_
     linked.mkdir()
     (linked / "checkpoints").symlink_to(FORMAT1_RUN / "checkpoints")  # an earlier run's checkpoint, elsewhere
     assert not is_bigbatch_run(linked)
+
+
+def test_the_lock_file_of_a_run_killed_before_it_wrote_proves_nothing_of_a_config_yaml_put_beside_it(tmp_path,
+                                                                                                     no_training):
+    """A run killed before its first write leaves only its lock file (a PID, no mark): a ``config.yaml`` of the
+    user's put beside it later is refused, not overwritten (the lock file alone passed for a run's)."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / LOCK_NAME).write_text("4242\n")  # a run's lock file, killed before it wrote anything
+    (folder / "config.yaml").write_bytes(DIGITS.read_bytes())
+    before = contents(folder)
+    one_error(run_main("train", "digits", "--out", str(folder), "--set", *TINY),
+              f"--out: {folder} is not a bigbatch run directory and already holds {folder / 'config.yaml'}")
+    assert contents(folder) == before
+
+
+def test_the_run_keeps_its_lock_while_it_checks_its_own_files(tmp_path):
+    """A record lock belongs to the process and closing any descriptor of its file releases it: reading the lock
+    file to prove the folder a run's (``check_run_file`` before a resumed run appends to metrics.jsonl, as every
+    resume does) released the run's lock, and a second ``train --resume`` of the folder could start beside it."""
+    import subprocess
+    import sys
+
+    from bigbatch.engine.run_dir import check_run_file, check_run_files, claim, hold_run_dir, holder
+
+    def seen_by_another_process() -> str:
+        code = (f"from pathlib import Path; from bigbatch.engine.run_dir import holder; "
+                f"print(holder(Path({str(run)!r})))")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+    run = tmp_path / "run"
+    with hold_run_dir(run):
+        claim(run)
+        (run / "metrics.jsonl").write_text("{}\n")
+    with hold_run_dir(run):
+        check_run_file(run, "metrics.jsonl")
+        check_run_files(run)
+        assert is_bigbatch_run(run) and holder(run) == f"process {os.getpid()}"
+        assert seen_by_another_process() == f"process {os.getpid()}"
+        with pytest.raises(UserError, match="is in use by process"), hold_run_dir(run):
+            pass
+        assert seen_by_another_process() == f"process {os.getpid()}"
+    assert seen_by_another_process() == "None" and is_bigbatch_run(run)
 
 
 def test_an_earlier_versions_run_is_still_a_run_under_out(tmp_path, no_training):
