@@ -306,7 +306,17 @@ def _poly(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Call
 def _sigmoid(cfg: DecayConfig, plan: BatchPlan, start: float, floor: float) -> Callable[[int], float]:
     """1 / (1 + exp(gamma * (t - center))), Darknet's ``sig`` policy."""
     center = length_in_steps(cfg.center, plan, "schedule.decay.center")
-    return lambda t: 1.0 / (1.0 + math.exp(cfg.gamma * (t - center)))
+    return lambda t: logistic_falling(cfg.gamma * (t - center))
+
+
+def logistic_falling(z: float) -> float:
+    """1 / (1 + exp(z)), evaluated without overflow: for z > 0 as exp(-z) / (1 + exp(-z)). Where exp(z) passes
+    float's range (z > 709.78) Python raises ``OverflowError``, a crash mid-run, while Darknet's C ``exp`` gives inf
+    and the rate 0; this gives that 0 (or the smallest float), and 1 far on the other side."""
+    if z > 0:
+        small = math.exp(-z)
+        return small / (1.0 + small)
+    return 1.0 / (1.0 + math.exp(z))
 
 
 # ----------------------------------------------------------------------------- presets
@@ -409,6 +419,6 @@ def darknet(learning_rate: float, p: DarknetScheduleConfig, total_steps: int) ->
             start, length = sgdr_cycle_start(batch_num)
             return p.learning_rate_min + 0.5 * (learning_rate - p.learning_rate_min) * (
                 1.0 + math.cos(math.pi * (batch_num - start) / length))
-        return learning_rate / (1.0 + math.exp(p.gamma * (batch_num - p.step)))  # sig
+        return learning_rate * logistic_falling(p.gamma * (batch_num - p.step))  # sig
 
     return lr

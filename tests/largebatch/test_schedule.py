@@ -125,6 +125,21 @@ def test_darknet_policies(policy, extra, closed_form):
         assert lr(step) == pytest.approx(closed_form(step + 1), rel=1e-9), step
 
 
+@pytest.mark.parametrize("settings", [
+    ["schedule.preset=darknet", "schedule.darknet.policy=sig", "schedule.darknet.gamma=10", "schedule.darknet.step=10"],
+    ["schedule.decay.kind=sigmoid", "schedule.decay.center=10", "schedule.decay.gamma=10"],
+])
+def test_a_sigmoid_decay_far_past_its_centre_is_zero_not_a_crash(settings):
+    """1 / (1 + exp(gamma (t - c))) past exp's range (gamma (t - c) > 709.78): Darknet's C gives inf, so the rate 0;
+    Python's math.exp raised OverflowError, which ended the run with a traceback at step 81 of 100 (and ``bigbatch
+    schedule`` and ``show`` on such a config). Both forms, far on either side and at the centre."""
+    _, _, lr = schedule_of("digits", "optim.lr=0.01", "optim.ref_batch=null", "steps=200", "schedule.warmup=[]",
+                           *settings)
+    rates = [lr(step) for step in range(200)]
+    assert rates[-1] == 0.0 and all(0.0 <= rate <= 0.01 for rate in rates)
+    assert rates[0] == pytest.approx(0.01) and max(abs(lr(t) - 0.005) for t in (8, 9, 10)) < 0.005
+
+
 def alexeyab_sgdr(batch_num: int, lr: float, lr_min: float, cycle: int, mult: int) -> float:
     """AlexeyAB's ``get_current_rate``, case SGDR (src/network.c), line for line."""
     last_iteration_start, cycle_size = 0, cycle
