@@ -31,7 +31,7 @@ from bigbatch.largebatch.norm import configure_batchnorm
 from bigbatch.largebatch.optim import build_optimizer
 from bigbatch.largebatch.precision import autocast, build_scaler, check_precision, schedule_burn_in
 from bigbatch.largebatch.schedule import Schedule, build_schedule
-from bigbatch.largebatch.sync_bn import CrossDeviceBatchNorm, convert_batchnorm
+from bigbatch.largebatch.sync_bn import CrossDeviceBatchNorm, convert_batchnorm, has_norm_act, refuse_unconvertible
 from bigbatch.tasks.base import Task
 
 
@@ -93,12 +93,18 @@ def build_parts(cfg: RunConfig, task: Task, plan: BatchPlan, proc: Process, even
 
 
 def sync_batchnorm(model: nn.Module, sync: str, proc: Process) -> nn.Module:
-    """``norm.sync``: BatchNorm statistics over all devices (``bigbatch`` or torch's SyncBatchNorm)."""
+    """``norm.sync``: BatchNorm statistics over all devices (``bigbatch`` or torch's SyncBatchNorm; timm's
+    ``BatchNormAct2d`` keeps its activation either way); a BatchNorm class with its own ``forward`` is refused."""
     if sync == "torch" and proc.device.type != "cuda":
         raise UserError("norm.sync: torch.nn.SyncBatchNorm runs on CUDA only; on the CPU use norm.sync=bigbatch")
     if sync == "none" or proc.world == 1:
         return model
     if sync == "torch":
+        refuse_unconvertible(model, kept=(nn.SyncBatchNorm,))
+        if has_norm_act(model):  # timm's converter keeps BatchNormAct2d's drop and act (timm/layers/norm_act.py)
+            from timm.layers import convert_sync_batchnorm
+
+            return convert_sync_batchnorm(model)
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return convert_batchnorm(model)
 

@@ -45,20 +45,29 @@ BN inputs after a conv are usually near zero-mean).
 
 Eval mode uses the running statistics and communicates nothing. Without an initialised
 ``torch.distributed``, or with a world size of 1, the layer is a plain ``F.batch_norm``.
+
+timm's ``BatchNormAct2d`` (``timm/layers/norm_act.py``: a BatchNorm2d whose forward is BN, then ``self.drop``, then
+``self.act``) becomes :class:`CrossDeviceBatchNormAct`, the synced BN followed by the same ``drop`` and ``act``, as
+timm's own ``convert_sync_batchnorm`` does for ``SyncBatchNorm``. Any other BatchNorm class that overrides
+``forward`` is refused (``UserError``): a converted layer would silently drop what its forward adds.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
+from bigbatch.errors import UserError
 from bigbatch.floor import host_all_reduce
 
-__all__ = ["CrossDeviceBatchNormFunction", "CrossDeviceBatchNorm", "all_reduce_routes", "convert_batchnorm"]
+__all__ = ["CrossDeviceBatchNormFunction", "CrossDeviceBatchNorm", "CrossDeviceBatchNormAct", "all_reduce_routes",
+           "convert_batchnorm", "has_norm_act", "refuse_unconvertible"]
 
 _ROUTES: dict[str, str] = {}
 """How this process's sums went, by route ("shared memory", "torch"): the name to show ("shared memory", or the
@@ -216,7 +225,7 @@ class CrossDeviceBatchNormFunction(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
 
 
-class CrossDeviceBatchNorm(nn.modules.batchnorm._BatchNorm):
+class CrossDeviceBatchNorm(_BatchNorm):
     """BatchNorm over the global batch of all processes (input (N, C, *), any number of spatial dims).
 
     In training with an initialised ``torch.distributed`` of world size > 1 it normalises with the statistics
@@ -265,21 +274,69 @@ def _synced(*args):
     return CrossDeviceBatchNormFunction.apply(*args)
 
 
+class CrossDeviceBatchNormAct(CrossDeviceBatchNorm):
+    """timm's ``BatchNormAct2d`` over the global batch: ``act(drop(bn(x)))`` with the cross-device BN, as
+    ``BatchNormAct2d.forward`` (timm/layers/norm_act.py). ``drop`` and ``act`` are the converted layer's own modules
+    (same state-dict keys)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.drop: nn.Module = nn.Identity()  # replaced by the converted layer's (in its order: drop, then act)
+        self.act: nn.Module = nn.Identity()
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.act(self.drop(super().forward(input)))
+
+
 _CONVERTIBLE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
+def _norm_act_type() -> type | None:
+    """timm's ``BatchNormAct2d`` where timm is loaded, else None (a model holding one has loaded it: this module
+    never imports timm)."""
+    return getattr(sys.modules.get("timm.layers.norm_act"), "BatchNormAct2d", None)
+
+
+def has_norm_act(model: nn.Module) -> bool:
+    """Whether ``model`` holds a timm ``BatchNormAct2d``."""
+    norm_act = _norm_act_type()
+    return norm_act is not None and any(isinstance(m, norm_act) for m in model.modules())
+
+
+def refuse_unconvertible(model: nn.Module, kept: tuple[type, ...] = ()) -> None:
+    """``norm.sync``: a ``UserError`` naming the first BatchNorm layer of ``model`` whose class overrides
+    ``forward`` (with neither ``_BatchNorm``'s nor timm's ``BatchNormAct2d``'s): a synced layer would not run what
+    its forward adds. Layers of exactly a type in ``kept`` (already synced) pass."""
+    norm_act = _norm_act_type()
+    faithful = (_BatchNorm.forward, None if norm_act is None else norm_act.forward)
+    for name, m in model.named_modules():
+        if isinstance(m, _BatchNorm) and type(m) not in kept and type(m).forward not in faithful:
+            raise UserError(f"norm.sync: cannot synchronise layer {name or '(the model)'} ({type(m).__qualname__}): "
+                            f"its class overrides BatchNorm's forward, which a synced BatchNorm would not run; "
+                            f"use norm.sync=none")
+
+
 def convert_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
-    """Replace every BatchNorm1d/2d/3d in ``module`` (recursively) by :class:`CrossDeviceBatchNorm`.
+    """Replace every BatchNorm1d/2d/3d in ``module`` (recursively) by :class:`CrossDeviceBatchNorm`, and every
+    timm ``BatchNormAct2d`` by :class:`CrossDeviceBatchNormAct`.
 
     Like ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: the new layers reuse the old parameters and buffers
     (weight, bias, running mean/var, num_batches_tracked) and copy momentum, eps, affine,
-    track_running_stats and the training flag. Returns the converted module (a new object when ``module``
-    itself is a BatchNorm; children are replaced in place otherwise).
+    track_running_stats and the training flag; children (a ``BatchNormAct2d``'s ``drop`` and ``act``) move over
+    under their names, so the state-dict keys stay those of ``module``. Returns the converted module (a new object
+    when ``module`` itself is a BatchNorm; children are replaced in place otherwise). A BatchNorm class overriding
+    ``forward`` otherwise is refused before anything changes (:func:`refuse_unconvertible`).
     """
+    refuse_unconvertible(module, kept=(CrossDeviceBatchNorm, CrossDeviceBatchNormAct))
+    return _convert(module, process_group, _norm_act_type())
+
+
+def _convert(module: nn.Module, process_group, norm_act: type | None) -> nn.Module:
     out = module
     if isinstance(module, _CONVERTIBLE) and not isinstance(module, CrossDeviceBatchNorm):
-        out = CrossDeviceBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                                   module.track_running_stats, process_group)
+        new = CrossDeviceBatchNormAct if norm_act is not None and isinstance(module, norm_act) else CrossDeviceBatchNorm
+        out = new(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                  process_group)
         if module.affine:
             with torch.no_grad():
                 out.weight = module.weight
@@ -291,5 +348,5 @@ def convert_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
         if hasattr(module, "qconfig"):
             out.qconfig = module.qconfig
     for name, child in module.named_children():
-        out.add_module(name, convert_batchnorm(child, process_group))
+        out.add_module(name, _convert(child, process_group, norm_act))
     return out
