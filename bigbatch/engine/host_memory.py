@@ -45,12 +45,22 @@ def glibc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
+MAP_ABOVE_OLD_GLIBC = 32 << 20
+"""The highest mmap threshold a glibc before 2.35 accepts on a 64-bit machine (``HEAP_MAX_SIZE / 2``; its
+``do_set_mmap_threshold`` refuses more, e.g. the Jetson's JetPack 4, glibc 2.27): what is kept there instead."""
+
+
 def keep_freed() -> bool:
-    """Keep the memory this process frees for its own next allocations; True where it applies (glibc)."""
+    """Keep the memory this process frees for its own next allocations; True where both thresholds applied (glibc).
+    Each is set on its own: an older glibc refuses the 1 GiB mmap threshold (then :data:`MAP_ABOVE_OLD_GLIBC`),
+    and its refusal leaves the trim threshold to be set still."""
     libc = glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MAP_ABOVE)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE))
+    mapped = bool(libc.mallopt(M_MMAP_THRESHOLD, MAP_ABOVE)) or bool(libc.mallopt(M_MMAP_THRESHOLD,
+                                                                                  MAP_ABOVE_OLD_GLIBC))
+    trimmed = bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE))
+    return mapped and trimmed
 
 
 def release_freed() -> None:

@@ -126,3 +126,24 @@ def test_training_the_planner_and_the_profiler_keep_freed_memory_unless_told_not
     profile(cfg, 1, tmp_path / "trace")
     assert calls == (["kept"] * 3 if keep else [])
     assert planner_steps == ([0, 1, 2, 3] if keep else [0, 1]), "kept memory settles over more passes"
+
+
+def test_an_older_glibc_that_refuses_the_1_gib_mmap_threshold_still_gets_the_trim_threshold(monkeypatch):
+    """glibc before 2.35 (the Jetson's JetPack 4 runs 2.27) refuses an mmap threshold over ``HEAP_MAX_SIZE / 2``,
+    32 MiB: the trim threshold was then never set (``a and b``); now each is set on its own, the mmap threshold at
+    the highest such a glibc takes."""
+
+    class OldGlibc:
+        def __init__(self):
+            self.set = {}
+
+        def mallopt(self, parameter, value):
+            if parameter == host_memory.M_MMAP_THRESHOLD and value > 32 << 20:
+                return 0  # do_set_mmap_threshold: "Forbid setting the threshold too high"
+            self.set[parameter] = value
+            return 1
+
+    libc = OldGlibc()
+    monkeypatch.setattr(host_memory, "glibc", lambda: libc)
+    assert host_memory.keep_freed()
+    assert libc.set == {host_memory.M_MMAP_THRESHOLD: 32 << 20, host_memory.M_TRIM_THRESHOLD: 1 << 30}
