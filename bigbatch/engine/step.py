@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,22 +355,30 @@ class TrainStep:
             self.running_stats.discard_step()
 
     def _cut_finer(self, step: int, error: BaseException) -> None:
-        """Out of memory: cut every micro-batch in two (the global batch stays) before the step is re-run."""
+        """Out of memory: cut every micro-batch into ``p`` equal ones, ``p`` the smallest prime factor of its size
+        (two where it is even; three for 3, 9 or 15 images), so the global batch stays, before the step is
+        re-run."""
         micro = self.plan.micro_batch // self.split
+        parts = smallest_prime_factor(micro)
         if self.plan.world > 1:  # the other ranks wait in a collective: recovering in place would need them to agree
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
             raise OutOfMemory(f"out of memory at step {step} on rank {rank} ({error}); with several processes "
                               f"bigbatch does not re-cut micro-batches in place: relaunch with subdivisions="
-                              f"{self.first.subdivisions * self.split * 2} (the run resumes from its last "
+                              f"{self.first.subdivisions * self.split * parts} (the run resumes from its last "
                               "checkpoint)")
-        if micro % 2:
-            raise OutOfMemory(f"out of memory at step {step} with micro-batches of {micro} image(s), which cannot "
-                              f"be halved ({error}); lower the batch or the input size")
-        self._set_split(self.split * 2)
+        if micro == 1:
+            raise OutOfMemory(f"out of memory at step {step} with micro-batches of 1 image, which cannot be cut "
+                              f"further ({error}); lower the batch or the input size")
+        self._set_split(self.split * parts)
         if next(unwrap(self.model).parameters()).is_cuda:
             torch.cuda.empty_cache()
-        self.events.event(step, "out_of_memory", {"subdivisions": self.subdivisions, "micro_batch": micro // 2,
+        self.events.event(step, "out_of_memory", {"subdivisions": self.subdivisions, "micro_batch": micro // parts,
                                                   "reason": str(error).splitlines()[0][:200]})
+
+
+def smallest_prime_factor(n: int) -> int:
+    """The smallest prime that divides ``n`` (``n`` itself when prime; 1 for 1)."""
+    return next((p for p in range(2, math.isqrt(n) + 1) if n % p == 0), n)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -1,4 +1,5 @@
-"""Memory: recovery from out-of-memory by doubling subdivisions, the memory limit, sizes and batch splitting."""
+"""Memory: recovery from out-of-memory by cutting micro-batches finer (doubling subdivisions where even), the
+memory limit, sizes and batch splitting."""
 
 from __future__ import annotations
 
@@ -32,6 +33,23 @@ def test_out_of_memory_doubles_subdivisions_and_loses_nothing(tmp_path):
     oom = [e for e in events if e.get("event") == "out_of_memory"]
     assert len(oom) == 1 and oom[0]["step"] == 3 and oom[0]["subdivisions"] == 8 and oom[0]["micro_batch"] == 8
     assert [e["step"] for e in events if "lr" in e] == [1, 2, 3, 4, 5, 6]
+
+
+def test_out_of_memory_at_an_odd_micro_batch_cuts_it_by_its_smallest_prime_factor(tmp_path):
+    """A micro-batch of 3 images (48 = 16 x 3) was refused as one "which cannot be halved"; it is cut into 3 of one
+    image, the same global batch, as a run resumed with subdivisions 48 trains it."""
+    odd = [*SMALL, "batch=48", "subdivisions=16"]
+    train(load_config("digits", [*odd, "steps=3", "debug.oom_at_step=1"]), tmp_path / "recovered")
+    train(load_config("digits", [*odd, "steps=1"]), tmp_path / "reference")
+    train(load_config("digits", [*odd, "steps=3", "subdivisions=48"]), tmp_path / "reference", resume=True)
+    recovered = checkpoint.load(tmp_path / "recovered" / "checkpoints" / "last.pt")
+    reference = checkpoint.load(tmp_path / "reference" / "checkpoints" / "last.pt")
+    assert recovered["step"] == reference["step"] == 3 and recovered["data"]["subdivisions"] == 48
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(recovered["model"][key], value, rtol=1e-6, atol=1e-6, msg=key)
+    events = [json.loads(line) for line in (tmp_path / "recovered" / "metrics.jsonl").open()]
+    oom = [e for e in events if e.get("event") == "out_of_memory"]
+    assert len(oom) == 1 and oom[0]["subdivisions"] == 48 and oom[0]["micro_batch"] == 1
 
 
 def test_a_run_that_cannot_fit_stops_with_one_error_line(tmp_path, monkeypatch, capsys):
