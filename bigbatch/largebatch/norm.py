@@ -17,8 +17,19 @@ images instead: an observation's weight halves after H images, so an update that
 
     alpha = 0.5 ** (n / H),                       m = 1 - 0.5 ** (n / H)
 
-with n = ``plan.micro_batch`` for ``per_microbatch`` and ``plan.batch // plan.world`` for ``per_step`` (the
-images one device's layer sees per update). Neither set: every layer keeps its own momentum.
+with n the images whose statistics the update averages (:func:`images_per_update`). N such updates weigh the old
+value by 0.5 ** (N n / H): the guide's beta = alpha ** N, so the window is H images whatever n and N are.
+
+    running_stats       norm.sync, world > 1            no sync, or one process
+    per_microbatch      world * micro_batch             micro_batch
+    per_step            batch (pooled by ``reduce``)    batch // world
+
+With ``norm.sync`` each update is made from every device's images (``bigbatch``'s layer and torch's SyncBatchNorm
+update the buffers with the all-reduced mean and variance; ``per_step`` all-reduces its sums), so every layout
+decays the running statistics by 0.5 ** (batch / H) a step: 1 process x 8 micro-batches and 2 x 4 keep the same
+window. Without sync each device averages only its own images and the buffers every process keeps are rank 0's
+(DDP's ``broadcast_buffers``), so H counts the images rank 0's statistics saw: 1/world of each step's, a window of
+world x H training images. ``norm.momentum`` (per step) needs neither. Neither set: each layer keeps its own.
 
 **One update per step** (``per_step``, :class:`PerStepRunningStats`). In training every BN layer still
 normalises each micro-batch with that micro-batch's own statistics, exactly as PyTorch does, but its running
@@ -80,9 +91,18 @@ def updates_per_step(cfg: NormConfig, plan: BatchPlan) -> int:
     return plan.subdivisions if cfg.running_stats == "per_microbatch" else 1
 
 
+def synchronised(cfg: NormConfig, plan: BatchPlan) -> bool:
+    """Whether each update averages every device's images: ``norm.sync`` on more than one process (as
+    ``engine/parts.py`` converts the layers, and all-reduces the ``per_step`` sums, exactly then)."""
+    return cfg.sync != "none" and plan.world > 1
+
+
 def images_per_update(cfg: NormConfig, plan: BatchPlan) -> int:
-    """Images one device's BN layer sees per update: a micro-batch, or its share of the whole step."""
-    return plan.micro_batch if cfg.running_stats == "per_microbatch" else plan.batch // plan.world
+    """Images whose statistics one running-statistics update averages: a micro-batch, or the step's images, of
+    every device under ``norm.sync``, else of this one (rank 0's, whose buffers DDP keeps on every process)."""
+    devices = plan.world if synchronised(cfg, plan) else 1
+    per_device = plan.micro_batch if cfg.running_stats == "per_microbatch" else plan.batch // plan.world
+    return per_device * devices
 
 
 def bn_momentum(cfg: NormConfig, plan: BatchPlan) -> float | None:
