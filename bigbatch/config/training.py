@@ -32,7 +32,9 @@ class NormConfig(Section):
     """BN momentum per optimizer step (PyTorch convention: running = (1 - m) running + m batch_stat);
     converted to each update with beta = alpha ** (1 / updates per step). Unset: the model's own."""
     half_life_images: float | None = Field(None, gt=0)
-    """Alternatively, the number of training images after which an observation's weight halves."""
+    """Alternatively, the number of images after which an observation's weight halves, counted as the images the
+    running statistics average: every device's under ``norm.sync``, rank 0's without (a window of world x H
+    training images)."""
     sync: Literal["none", "bigbatch", "torch"] = "none"
     """Cross-device BatchNorm under torchrun: ``bigbatch`` (one packed fp32 all-reduce per layer and direction,
     CPU and GPU), ``torch`` (torch.nn.SyncBatchNorm, CUDA only), ``none`` (each device its own statistics)."""
