@@ -9,6 +9,7 @@ of a zip file expands (:func:`check_zip_entries`).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -40,7 +41,7 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
         fd = os.open(tmp, (os.O_RDWR if record else os.O_WRONLY) | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
         raise _in_the_way(path, tmp) from None
-    made = digest = None
+    made = digest = replaced = None
     try:
         with open(fd, mode) as f:
             write(f)
@@ -49,11 +50,16 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
             if record:  # what was written, read back from the file itself
                 made = os.fstat(f.fileno())
                 digest = written.sha256_of_fd(f.fileno(), made.st_size)
+        if record:
+            with contextlib.suppress(OSError):
+                replaced = os.lstat(path)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()  # made above by this call
     _sync_folder(path.parent)
+    if replaced is not None:
+        written.forget(path, replaced)  # the record of the file just replaced vouches for nothing now
     if made is not None:
         try:
             now = os.lstat(path)

@@ -8,9 +8,10 @@ put there by anything else, or the same file edited since, matches none, and is 
 
 The records live in the user's cache folder (:func:`cache_dir`), one small file per record under ``written/``,
 named by the SHA-256 of the path, device, inode, size and modification time. A record is made new (``O_EXCL``) and
-never rewritten or removed, so concurrent writers need no lock, and finding one is a single bounded read
-(:data:`MAX_RECORD` bytes): no list grows with use. Each is about 300 bytes; the folder grows by one file for each
-recorded write.
+never rewritten, so concurrent writers need no lock, and finding one is a single bounded read (:data:`MAX_RECORD`
+bytes): no list grows with use. Each is about 300 bytes. When bigbatch replaces a file it recorded, that file's
+record is removed (:func:`forget`), so rewriting an output keeps one record; a recorded file a user deletes or
+changes leaves its record behind.
 """
 
 from __future__ import annotations
@@ -103,6 +104,17 @@ def record(path: str | os.PathLike, st: os.stat_result, sha256: str) -> None:
         f.write(json.dumps({**fields, "sha256": sha256}) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def forget(path: str | os.PathLike, st: os.stat_result) -> None:
+    """Remove the record of the file that was at ``path`` (``st``: its ``lstat`` before bigbatch replaced it): it
+    vouches for a file that is gone. Only a record read back as the one for exactly that file is removed."""
+    fields = _fields(canonical(path), st)
+    where = _record_path(fields)
+    kept = _read_record(where)
+    if kept is not None and {key: kept.get(key) for key in fields} == fields:
+        with contextlib.suppress(OSError):
+            where.unlink()
 
 
 def is_ours(path: str | os.PathLike) -> bool:

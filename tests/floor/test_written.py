@@ -186,7 +186,7 @@ def test_a_record_proves_one_file_at_one_path_unchanged(tmp_path):
     assert not written.is_ours(tmp_path / "missing") and not written.is_ours(tmp_path)
 
 
-def test_records_stay_in_the_cache_folder_chosen_and_are_never_rewritten(tmp_path, cache, monkeypatch):
+def test_records_stay_in_the_cache_folder_chosen_and_a_replaced_files_record_goes_with_it(tmp_path, cache, monkeypatch):
     ours = tmp_path / "a.csv"
     write_recorded(ours, b"1")
     made = sorted(cache.rglob("*.json"))
@@ -195,7 +195,14 @@ def test_records_stay_in_the_cache_folder_chosen_and_are_never_rewritten(tmp_pat
     assert written.is_ours(ours)
     assert (made[0].read_bytes(), os.stat(made[0]).st_mtime_ns) == before  # a check only reads
     write_recorded(ours, b"2")
-    assert len(list(cache.rglob("*.json"))) == 2 and made[0].read_bytes() == before[0]  # a new record, one new file
+    now = sorted(cache.rglob("*.json"))  # a new record, in a new file; the replaced file's record removed
+    assert len(now) == 1 and now != made and json.loads(now[0].read_text())["size"] == 1 and written.is_ours(ours)
+    other = tmp_path / "b.csv"
+    write_recorded(other, b"3")
+    for _ in range(3):
+        write_recorded(ours, b"4")
+    assert len(list(cache.rglob("*.json"))) == 2, "rewriting one output keeps one record; another file's stays"
+    assert written.is_ours(ours) and written.is_ours(other)
 
     monkeypatch.setenv(written.CACHE_ENV, str(tmp_path / "elsewhere"))  # another cache: no record of it there
     assert not written.is_ours(ours)
