@@ -312,7 +312,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         resume = args.resume is not None or holds_this_run(out_dir, cfg)
         if resume:  # on another world size (a node lost or added), or with subdivisions: auto: the micro-batch kept
             cfg = relaunch(cfg, out_dir, world)
-        cfg, layout = resolve_batch(cfg, world)  # the boundary: subdivisions: auto measured, the batch checked
+        # the boundary: subdivisions: auto measured, the batch checked; under torchrun the ranks join their group
+        # here and settle one layout (rank 0 plans subdivisions: auto for all)
+        cfg, layout = resolve_batch(cfg, world, join=True)
 
         from bigbatch.engine.trainer import train
 

@@ -87,14 +87,26 @@ def with_pair(cfg: RunConfig, o: Options, largest: int, measured: Measured,
 
 
 def largest_micro_batch(cfg: RunConfig, budget: int | None) -> tuple[int, str]:
-    """The largest micro-batch a device takes: the memory plan's (``subdivisions: auto``), else the config's."""
-    if cfg.subdivisions == "auto":
-        from bigbatch.engine.planner import plan_layout
+    """The largest micro-batch a device takes: the memory plan's (``subdivisions: auto``), else the config's; with
+    ``budget`` (``--memory-limit``) the config's is measured as the plan measures it (``engine/planner.py``, one
+    fresh process) and refused in one line where it does not fit."""
+    from bigbatch.engine.planner import RUN_MARGIN, MiB, measure_micro_batch, needed, plan_layout
 
+    if cfg.subdivisions == "auto":
         plan = plan_layout(cfg, 1, budget)
         return plan.micro_batch, f"{plan.micro_batch}, the memory plan's at batch {cfg.batch}"
     micro = cfg.batch // int(cfg.subdivisions)
-    return micro, f"{micro}, the config's ({cfg.batch} / subdivisions {cfg.subdivisions}; subdivisions=auto plans it)"
+    why = f"{micro}, the config's ({cfg.batch} / subdivisions {cfg.subdivisions}; subdivisions=auto plans it)"
+    if budget is None:
+        return micro, why
+    need = needed(measure_micro_batch(cfg, 1, micro))
+    if need > budget:
+        need_text = "more than the machine has" if need == float("inf") else f"{need / MiB:.0f} MiB"
+        raise UserError(f"--memory-limit: the config's micro-batch of {micro} images (batch {cfg.batch} / "
+                        f"subdivisions {cfg.subdivisions}) needs {need_text} (its measured peak and a "
+                        f"{RUN_MARGIN:.0%} margin), over {budget / MiB:.0f} MiB: raise subdivisions, or set "
+                        "subdivisions=auto to plan it")
+    return micro, f"{why}, within --memory-limit: planned at {need / MiB:.0f} MiB"
 
 
 def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | None = None) -> tuple[Advice, str]:
@@ -104,8 +116,16 @@ def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | N
     run = reached(o.from_run, o.target_loss) if o.from_run is not None and o.target_loss is not None else None
     if announce is not None:
         announce(f"measuring {o.measure_steps} training steps of {cfg.name} on this device (after one warm-up)")
+    from bigbatch.engine.step import OUT_OF_MEMORY
+
     largest, why = largest_micro_batch(cfg, o.budget)
-    measured = measure(cfg, largest, o.measure_steps)
+    try:
+        measured = measure(cfg, largest, o.measure_steps)
+    except OUT_OF_MEMORY as error:  # the measured micro-batch did not fit this device (recut_on_oom=False)
+        limit = "" if o.budget is not None else " or give --memory-limit to have it checked first"
+        raise UserError(f"subdivisions: out of memory measuring micro-batches of up to {largest} images "
+                        f"({str(error).splitlines()[0][:200]}); raise subdivisions, set subdivisions=auto{limit}"
+                        ) from None
     measured = with_pair(cfg, o, largest, measured, announce)
     b_noise, b_sd = measured.noise_scale, measured.noise_scale_sd
     if run is None:

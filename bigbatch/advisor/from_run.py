@@ -2,6 +2,11 @@
 took to first reach L at its batch, and the gradient noise scale it measured there; S_min follows
 (``model.s_min_from_run``).
 
+The run must have taken its steps at one batch: a run whose batch changes (``batch: {mode: adaptive}``, a
+``schedule.batch``) is refused, since S(B) = S_min (1 + B_noise / B) holds at a fixed B, and counting the steps of a
+grown batch as steps of the first understates S_min: 2.6x for a run at 4x its first batch from step 20 of
+150, with B_noise 300.
+
 The loss is the validation loss of the run's evaluations where they have one (``split: val``, ``loss``), else the
 training loss of its training records. B_noise is the run's ``noise_scale`` (the smoothed B_simple of
 ``log.noise_scale``) in its last training record at or before that step: the noise scale near the target, where
@@ -67,14 +72,19 @@ def reached(run: Path, target: float) -> Reached:
     if metrics is None or config is None:
         raise UserError(f"--from: {run} is not a bigbatch run directory (it needs config.yaml and metrics.jsonl)")
     try:
-        batch = yaml.safe_load(read_config_bytes(config).decode("utf-8")).get("batch")
+        settings = yaml.safe_load(read_config_bytes(config).decode("utf-8"))
     except OSError as error:
         raise UserError(f"--from: {config}: {error}") from None
-    except (yaml.YAMLError, AttributeError, UnicodeDecodeError, RecursionError):
-        batch = None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
+        settings = None
+    batch = settings.get("batch") if isinstance(settings, dict) else None
     if not isinstance(batch, int) or batch < 1:
         raise UserError(f"--from: {config} has no fixed global batch (an adaptive batch has no one batch its "
                         "steps were taken at)")
+    schedule = settings.get("schedule") if isinstance(settings, dict) else None
+    if isinstance(schedule, dict) and schedule.get("batch"):
+        raise UserError(f"--from: {config} has no fixed global batch (its schedule.batch changes the batch during "
+                        "the run: its steps were not all taken at one batch)")
     records = _records(metrics)
     evals = [(r["step"], _number(r.get("loss"))) for r in records if r.get("split") == "val"]
     evals = [(s, v) for s, v in evals if v is not None]

@@ -21,15 +21,19 @@ cross-device BatchNorm layers and DDP's gradient buckets (about one more copy of
 The peak is the process's maximum RSS on the CPU (``ru_maxrss``, taken by ``wait4`` when the process has ended:
 what ``memory.limit`` compares against, and a process's exit is part of its run), plus the most private memory
 its data workers held together (``telemetry/children.py``); on CUDA ``torch.cuda.max_memory_reserved`` (what the
-allocator holds at its worst). A run of the same layout is planned for that peak plus ``RUN_MARGIN`` (15 %): what
-varies from one process to the next (the heap's layout, the workers' timing) and what a longer run adds; measured
-against complete runs of three recipes at three limits each in docs/benchmarks.md (benchmarks/plan_holds.py).
+allocator holds at its worst). On a unified-memory GPU (a Jetson, :func:`unified_memory`: the GPU allocates from
+the host's RAM) the host's memory is the device's: the measurement holds the run's data, workers and checkpoint
+bytes as on the CPU, and the peak is the process's RSS plus the allocator's reserved peak. A run of the same layout
+is planned for that peak plus ``RUN_MARGIN`` (15 %): what varies from one process to the next (the heap's layout,
+the workers' timing) and what a longer run adds; measured against complete runs of three recipes at three limits
+each in docs/benchmarks.md (benchmarks/plan_holds.py).
 
 The planner measures micro-batches 1, 2, 4, ... (those that divide the per-device batch) until one
 no longer fits, fits peak = a + b * micro-batch by least squares, and picks the largest measured
 micro-batch whose planned peak fits the budget, that is the smallest ``subdivisions``. The budget is
 ``--memory-limit``, else ``memory.limit``, else the device's free memory (CUDA) or the system's
-available memory (CPU), less a 10 % margin.
+available memory (CPU, unified memory) divided among the machine's processes of the run (``LOCAL_WORLD_SIZE``),
+less a 10 % margin. Under torchrun one rank plans for all (:func:`resolve_auto_on_ranks`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -68,11 +73,14 @@ MEASURED_ACCUMULATION = 4
 class Measurement:
     micro_batch: int
     peak_bytes: int
-    """The measuring process's own peak: its maximum RSS on the CPU, the device's reserved memory on CUDA."""
+    """The measuring process's own peak: its maximum RSS on the CPU, the device's reserved memory on CUDA, both
+    together on a unified-memory GPU."""
     images_per_s: float
     workers_bytes: int = 0
-    """The most private memory its data workers held together (the CPU; 0 without workers, and on CUDA, whose budget
-    is the device's)."""
+    """The most private memory its data workers held together (the CPU and unified memory; 0 without workers, and
+    on a discrete CUDA GPU, whose budget is the device's)."""
+    device_bytes: int = 0
+    """Of ``peak_bytes``, the CUDA allocator's reserved peak (all of it on a discrete GPU; 0 on the CPU)."""
 
     @property
     def run_bytes(self) -> int:
@@ -121,9 +129,9 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
     if cfg.memory.keep_freed:
         keep_freed()  # as training does: the peak is the one training reaches
     task = build_task(cfg)
-    on_cpu = proc.device.type == "cpu"
+    on_host = host_counts(proc.device)  # the CPU, or a GPU that allocates from the host's RAM
     # kept memory (memory.keep_freed) settles its layout over the first few passes
-    steps = 4 if cfg.memory.keep_freed and on_cpu else 2
+    steps = 4 if cfg.memory.keep_freed and on_host else 2
     accumulated = measured_micro_batches(micro_batch, per_device or micro_batch)
     plan = BatchPlan(batch=micro_batch * accumulated, world=1, subdivisions=accumulated, steps=steps,
                      train_images=len(task.train_set))
@@ -131,7 +139,7 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
     model, train_step = parts.model, parts.step
     model.train()
     batch = task.synthetic_batch(cfg, micro_batch, proc.device)
-    data = run_data(cfg, task, per_device or micro_batch, micro_batch, steps) if on_cpu else None
+    data = run_data(cfg, task, per_device or micro_batch, micro_batch, steps) if on_host else None
     seconds, held, step_data = 0.0, None, None
     evaluated = [model, parts.ema.module] if ema_counts(parts.ema, cfg) else [model]
     progress = Progress(plan, BatchController(cfg, plan, proc), EventStorage())  # the fixed batch
@@ -151,14 +159,35 @@ def measure_in_this_process(cfg: RunConfig, micro_batch: int, per_device: int | 
         if sizes is not None:
             sizes.after(model)
         evaluate(cfg, task, evaluated, proc.device)  # beside the last checkpoint's bytes, from the second step on
-        if on_cpu:  # the new bytes are taken while the last ones are still held, as the writer's thread holds them
+        if on_host:  # the new bytes are taken while the last ones are still held, as the writer's thread holds them
             held = serialized(state.state_dict())
     del held, step_data, data, sizes
-    if proc.device.type == "cuda":
-        peak = torch.cuda.max_memory_reserved(proc.device)
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return Measurement(micro_batch, int(peak), micro_batch * accumulated / seconds)
+    host, device = peak_parts(proc.device, on_host)
+    return Measurement(micro_batch, host + device, micro_batch * accumulated / seconds, device_bytes=device)
+
+
+def unified_memory() -> bool:
+    """Whether this machine's GPU allocates from the host's RAM (a Jetson): CUDA, and ``NvMapMemUsed`` in
+    ``/proc/meminfo`` (``telemetry/memory.py``). There a run's host memory (its process, its data workers, the
+    checkpoint's bytes) and its device memory come out of the one RAM."""
+    from bigbatch.telemetry.memory import MEMINFO, unified_gpu_mib
+
+    return torch.cuda.is_available() and unified_gpu_mib(MEMINFO) is not None
+
+
+def host_counts(device: torch.device) -> bool:
+    """Whether the host's memory is measured against the budget: on the CPU, and on a unified-memory GPU."""
+    return device.type == "cpu" or (device.type == "cuda" and unified_memory())
+
+
+def peak_parts(device: torch.device, on_host: bool) -> tuple[int, int]:
+    """This process's peak so far as (host, device) bytes: its maximum RSS where the host counts (``on_host``, else
+    0), and on CUDA the allocator's reserved peak (else 0). On unified memory the two are added: what the CUDA
+    allocator reserves is the driver's (NvMap) memory, which the RSS is not known to count; were some counted in
+    both, the plan would err toward a smaller micro-batch."""
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 if on_host else 0  # KiB on Linux
+    cuda = int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0
+    return int(host), cuda
 
 
 def measured_micro_batches(micro_batch: int, per_device: int) -> int:
@@ -200,7 +229,8 @@ def measure(cfg: RunConfig, micro_batch: int, per_device: int | None = None) -> 
     """One measurement in a fresh process; its data workers' memory sampled from here (``telemetry/children.py``)."""
     from bigbatch.telemetry.children import ChildrenSampler
 
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # one process of world 1; LOCAL_RANK stays, so that it measures on this rank's GPU (floor/distributed.setup)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     command = [sys.executable, "-m", "bigbatch.engine.planner", json.dumps(cfg.model_dump(mode="json")),
                str(micro_batch), str(per_device or micro_batch)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -218,26 +248,47 @@ def measure(cfg: RunConfig, micro_batch: int, per_device: int | None = None) -> 
             return Measurement(micro_batch, FAILED, 0.0)  # did not fit at all
         raise RuntimeError(f"measuring micro-batch {micro_batch} failed: {last}")
     data = json.loads(stdout.strip().splitlines()[-1])
-    if data.pop("device") == "cpu":
-        # the kernel's high-water mark over the whole process, its exit included (ru_maxrss from wait4: the larger
-        # of the process's and its reaped children's). The measuring process ends as a run does (floor/
-        # process_exit.py): without the interpreter's teardown or the libraries' static destructors, which fault in
-        # pages of their code (130 MiB of file-backed RSS after the digits recipe's run) where they run
-        data["peak_bytes"] = max(data["peak_bytes"], usage.ru_maxrss * 1024)
-    return Measurement(**data, workers_bytes=workers_peak)
+    return Measurement(data["micro_batch"], whole_peak(data, usage.ru_maxrss * 1024), data["images_per_s"],
+                       workers_bytes=workers_peak, device_bytes=data["device_bytes"])
+
+
+def whole_peak(reported: dict[str, Any], exit_rss: int) -> int:
+    """The measuring process's peak from what it ``reported`` of itself (``_main``: its host and device bytes, and
+    whether the host counts) and its maximum RSS read by ``wait4`` once it has ended (``exit_rss``).
+
+    Where the host counts (the CPU, unified memory): the kernel's high-water mark over the whole process, its exit
+    included (ru_maxrss from wait4: the larger of the process's and its reaped children's). The measuring process
+    ends as a run does (floor/process_exit.py): without the interpreter's teardown or the libraries' static
+    destructors, which fault in pages of their code (130 MiB of file-backed RSS after the digits recipe's run) where
+    they run."""
+    host = max(reported["host_bytes"], exit_rss) if reported["host"] else 0
+    return host + reported["device_bytes"]
 
 
 def default_budget(cfg: RunConfig) -> int:
+    """One process's budget: ``memory.limit``; else on a discrete GPU its free memory (the current device: this
+    rank's once ``floor/distributed.setup`` has run), less ``MARGIN``; else (the CPU, a unified-memory GPU) the host's
+    available memory less ``MARGIN``, shared by the run's processes on this machine (torchrun's
+    ``LOCAL_WORLD_SIZE``; 1 outside torchrun)."""
     from bigbatch.config import parse_size
 
     if cfg.memory.limit is not None:
         return parse_size(cfg.memory.limit)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not unified_memory():
         free, _ = torch.cuda.mem_get_info()
         return int(free * (1 - MARGIN))
     import psutil
 
-    return int(psutil.virtual_memory().available * (1 - MARGIN))
+    return int(psutil.virtual_memory().available * (1 - MARGIN)) // local_processes()
+
+
+def local_processes() -> int:
+    """The run's processes on this machine, which share its host memory: torchrun's ``LOCAL_WORLD_SIZE`` (1 without
+    it, or where it is not a positive number)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def candidates(per_device_batch: int) -> list[int]:
@@ -308,10 +359,9 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
         if not sizes:
             raise UserError(f"batch: an adaptive batch of {cfg.batch} on {world} process(es) cannot be cut into 2 "
                             "micro-batches per process, which AdaScale needs")
-    largest = max(reachable) // world  # the step that holds the most data
     measurements: list[Measurement] = []
     for m in sizes:
-        measurements.append(measure(cfg, m, largest - largest % m))
+        measurements.append(measure_micro_batch(cfg, world, m))
         if needed(measurements[-1]) > budget:
             break  # larger micro-batches need more memory still
     fitting = [p for p in measurements if needed(p) <= budget]
@@ -326,14 +376,75 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
     return Plan(measurements, budget, best.micro_batch, per_device // best.micro_batch, fit)
 
 
-def resolve_auto_subdivisions(cfg: RunConfig, world: int) -> tuple[RunConfig, Plan | None]:
-    """``subdivisions: auto`` -> the planner's choice (a config with a number); other configs unchanged."""
+def measure_micro_batch(cfg: RunConfig, world: int, micro_batch: int) -> Measurement:
+    """The measurement of ``micro_batch`` on each of ``world`` processes, its data the largest step the run reaches
+    (a batch schedule's, a growing adaptive batch's) cut into whole micro-batches."""
+    largest = max(batch for _, batch in reachable_batches(cfg)) // world  # the step that holds the most data
+    return measure(cfg, micro_batch, largest - largest % micro_batch)
+
+
+def resolve_auto_subdivisions(cfg: RunConfig, world: int, budget: int | None = None) -> tuple[RunConfig, Plan | None]:
+    """``subdivisions: auto`` -> the planner's choice (a config with a number); other configs unchanged.
+    ``budget``: the plan's (default: :func:`default_budget`)."""
     if cfg.subdivisions != "auto":
         return cfg, None
-    plan = plan_layout(cfg, world)
+    plan = plan_layout(cfg, world, budget)
+    return with_subdivisions(cfg, plan.subdivisions), plan
+
+
+PLAN_WAIT = timedelta(hours=2)
+"""How long the other ranks wait for rank 0's ``subdivisions: auto`` (a measurement per micro-batch, each in a fresh
+process: seconds to minutes each). A rank that fails ends the run sooner: torchrun stops the others."""
+
+_ranks_resolved = 0
+"""How many times this process has planned with its ranks: each time under a store key of its own (every rank of
+the group counts alike, as every rank resolves the same times)."""
+
+
+def resolve_auto_on_ranks(cfg: RunConfig, world: int) -> tuple[RunConfig, Plan | None]:
+    """:func:`resolve_auto_subdivisions` for the ``world`` ranks of the process group, which all call it: one choice
+    for all, the plan on rank 0 (None on the others, and for a config without ``auto``).
+
+    Each rank's :func:`default_budget` (``memory.limit``, else its device's free memory, else its share of its
+    machine's) is gathered in one all-gather, and rank 0 alone measures, against the smallest: its measuring
+    processes run one at a time on its device. It puts its choice, or its one-line error, in the group's store, where
+    the others wait for it (``PLAN_WAIT``: a store's wait, where a collective would time out, NCCL's after 10
+    minutes) and take the same subdivisions, or raise the same error."""
+    import torch.distributed as dist
+
+    from bigbatch.floor.distributed import group_store
+
+    global _ranks_resolved
+    if cfg.subdivisions != "auto":
+        return cfg, None
+    _ranks_resolved += 1
+    key = f"bigbatch/subdivisions_auto/{_ranks_resolved}"
+    budgets: list[int | None] = [None] * world
+    dist.all_gather_object(budgets, default_budget(cfg))
+    store = group_store()
+    if dist.get_rank() != 0:
+        store.wait([key], PLAN_WAIT)
+        chosen = json.loads(store.get(key))
+        if "error" in chosen:
+            raise UserError(chosen["error"])
+        return with_subdivisions(cfg, int(chosen["subdivisions"])), None
+    try:
+        cfg, plan = resolve_auto_subdivisions(cfg, world, min(b for b in budgets if b is not None))
+    except UserError as error:
+        store.set(key, json.dumps({"error": str(error)}))
+        raise
+    except BaseException as error:
+        store.set(key, json.dumps({"error": f"rank 0's memory plan failed: {error}"}))
+        raise
+    store.set(key, json.dumps({"subdivisions": cfg.subdivisions}))
+    return cfg, plan
+
+
+def with_subdivisions(cfg: RunConfig, subdivisions: int) -> RunConfig:
+    """``cfg`` with ``subdivisions`` a number (the plan's choice)."""
     data = cfg.model_dump(mode="json")
-    data["subdivisions"] = plan.subdivisions
-    return validate_config(data), plan
+    data["subdivisions"] = subdivisions
+    return validate_config(data)
 
 
 def _main(argv: list[str]) -> None:
@@ -341,8 +452,9 @@ def _main(argv: list[str]) -> None:
     config["subdivisions"] = 1
     cfg = validate_config(config)
     result = measure_in_this_process(cfg, int(argv[1]), int(argv[2]))
-    print(json.dumps({"micro_batch": result.micro_batch, "peak_bytes": result.peak_bytes,
-                      "images_per_s": result.images_per_s, "device": "cuda" if torch.cuda.is_available() else "cpu"}))
+    host = host_counts(torch.device("cuda" if torch.cuda.is_available() else "cpu"))  # the device it measured on
+    print(json.dumps({"micro_batch": result.micro_batch, "images_per_s": result.images_per_s, "host": host,
+                      "host_bytes": result.peak_bytes - result.device_bytes, "device_bytes": result.device_bytes}))
 
 
 if __name__ == "__main__":

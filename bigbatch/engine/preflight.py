@@ -5,6 +5,13 @@ any data is read or any model built. A command that plans a run then crosses the
 :func:`resolve_batch`: ``subdivisions: auto`` is measured and chosen, and the batch layout is checked
 (``batching.check_batch``, the only place). Past it the config holds a number of subdivisions: no code sees
 ``auto``, and the plan (``batching.make_plan``) is made from the checked layout.
+
+Under torchrun the ranks cross it together (:func:`resolve_on_ranks`): one layout for all. Rank 0 alone measures
+``subdivisions: auto``, against the smallest budget of any rank, and the others take its choice; then every rank
+checks that all hold the same batch, world and subdivisions. Ranks that planned on their own could choose
+differently (each measurement varies by about 10 %, and each rank's free memory is its own): a run whose ranks
+accumulate different numbers of micro-batches issues different numbers of collectives (``norm.sync``: two per
+BatchNorm layer and micro-batch), and hangs or sums mismatched tensors.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ if TYPE_CHECKING:
 
     from bigbatch.batching import BatchLayout
     from bigbatch.config import RunConfig
+    from bigbatch.engine.planner import Plan
 
 
 def load_checked(source: str, overrides: list[str], reads_data: bool = True, needs_length: bool = True,
@@ -71,15 +79,65 @@ def _weights_given(cfg: RunConfig) -> None:
             raise UserError(f"model.{key}: {path} does not exist")
 
 
-def resolve_batch(cfg: RunConfig, world: int) -> tuple[RunConfig, BatchLayout]:
+def resolve_batch(cfg: RunConfig, world: int, join: bool = False) -> tuple[RunConfig, BatchLayout]:
     """The boundary: ``subdivisions: auto`` measured and chosen (printing the measurements), and the batch layout
     checked (``batching.batch_layout``), once. The plan is made from it once the training set is loaded
     (``batching.make_plan``: the set's true size, which only its load knows: COCO images without boxes and unreadable
-    images are left out)."""
+    images are left out).
+
+    Where this process is one of the ``world`` ranks of a run, the ranks settle it together
+    (:func:`resolve_on_ranks`): where a process group of ``world`` processes is up (``train`` called under one), or
+    with ``join`` (``bigbatch train`` under torchrun), which joins it first (``floor/distributed.setup``; training's
+    own setup then finds it joined)."""
     from bigbatch.batching import batch_layout
 
+    if world > 1 and (join or _in_group_of(world)):
+        return resolve_on_ranks(cfg, world)
     cfg = resolve_auto(cfg, world)
     return cfg, batch_layout(cfg, world)
+
+
+def _in_group_of(world: int) -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() == world
+
+
+def resolve_on_ranks(cfg: RunConfig, world: int) -> tuple[RunConfig, BatchLayout]:
+    """:func:`resolve_batch` on each of the ``world`` ranks of a run, which all call it: one layout for all.
+
+    ``subdivisions: auto`` is planned by rank 0 alone, against the smallest budget of any rank, and taken by the
+    others (``planner.resolve_auto_on_ranks``); rank 0 prints the measurements. Then every rank checks its layout
+    (``batching.batch_layout``) and the ranks compare (batch, world, subdivisions) in one all-gather: a rank given
+    another config or ``--set`` stops every rank with one line naming both layouts."""
+    import torch.distributed as dist
+
+    from bigbatch.batching import batch_layout
+    from bigbatch.engine.planner import resolve_auto_on_ranks
+    from bigbatch.errors import UserError
+    from bigbatch.floor import distributed
+
+    if not dist.is_initialized():
+        distributed.setup()
+    if dist.get_world_size() != world:
+        raise RuntimeError(f"resolve_batch: a world of {world} in a process group of {dist.get_world_size()}")
+    cfg, plan = resolve_auto_on_ranks(cfg, world)
+    if plan is not None:
+        _print_plan(cfg, plan, f"; planned on rank 0 for all {world} ranks, within the smallest budget of any")
+    layout = batch_layout(cfg, world)
+    held: list[tuple[int, int, int] | None] = [None] * world
+    dist.all_gather_object(held, (layout.batch, layout.world, layout.subdivisions))
+    if len(set(held)) > 1:
+        other = next(r for r, h in enumerate(held) if h != held[0])
+        raise UserError(f"batch: the ranks hold different layouts: rank 0 {_layout_text(held[0])}, rank {other} "
+                        f"{_layout_text(held[other])}; every rank must run the same config and --set")
+    return cfg, layout
+
+
+def _layout_text(held: tuple[int, int, int] | None) -> str:
+    assert held is not None
+    batch, world, subdivisions = held
+    return f"batch {batch} on {world} processes x subdivisions {subdivisions}"
 
 
 def resolve_auto(cfg: RunConfig, world: int) -> RunConfig:
@@ -89,6 +147,10 @@ def resolve_auto(cfg: RunConfig, world: int) -> RunConfig:
 
     cfg, plan = resolve_auto_subdivisions(cfg, world)
     if plan is not None:
-        print(plan.table())
-        print(f"subdivisions: auto -> {cfg.subdivisions} (micro-batch {plan.micro_batch})")
+        _print_plan(cfg, plan)
     return cfg
+
+
+def _print_plan(cfg: RunConfig, plan: Plan, note: str = "") -> None:
+    print(plan.table())
+    print(f"subdivisions: auto -> {cfg.subdivisions} (micro-batch {plan.micro_batch}{note})", flush=True)

@@ -115,6 +115,16 @@ def agree_on_attempt(store: dist.Store, rank: int, world: int, poll_s: float = 0
         time.sleep(poll_s)
 
 
+def group_store() -> dist.Store:
+    """The key-value store of the default process group (its rendezvous: this attempt's, :func:`store_of_this_attempt`,
+    or torch's), shared by its ranks: for what one rank hands the others after a wait no collective should take
+    (``engine/planner.py``: rank 0's ``subdivisions: auto``). torch keeps it with the group; it has no public
+    accessor for it (``_get_default_store``, unchanged since torch 1.x)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
 def global_means(means: Mapping[str, torch.Tensor], count: int) -> dict[str, float]:
     """Each value's mean over the items of every process, from this process's ``means`` over its ``count`` items:
     ``sum_p count_p mean_p / sum_p count_p`` (with equal counts, the mean over the processes of their means).
