@@ -1,10 +1,10 @@
 """Checkpoints: the full training state, written atomically, loaded without running code.
 
 A checkpoint is a plain dict that ``torch.load(path, weights_only=True)`` reads; its layout is the training
-state's (``engine/state.py``, where it is written down). This module reads and checks such files, gathers and
-restores the random generators' states, and writes them off the training thread: a training run serializes its
-state in memory and hands the bytes to a :class:`BackgroundWriter`, so that the disk's time is not the training's;
-the writes themselves are ``floor/files.py``'s (atomic, a hard link for a second name).
+state's (``engine/state.py``, where it is written down). This module reads and checks such files, gathers every
+rank's random generators' states to rank 0 and restores each rank's own, and writes them off the training thread: a
+training run serializes its state in memory and hands the bytes to a :class:`BackgroundWriter`, so that the disk's
+time is not the training's; the writes themselves are ``floor/files.py``'s (atomic, a hard link for a second name).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from bigbatch.errors import UserError
 from bigbatch.floor.files import load_tensors
@@ -81,10 +82,12 @@ class BackgroundWriter:
 
 
 def rng_state() -> dict[str, Any]:
+    """This process's random generators: torch's CPU one, its own CUDA device's (the current device: under torchrun
+    ``cuda:LOCAL_RANK``, ``floor/distributed.py``; a one-entry list, empty without CUDA), Python's and NumPy's."""
     np_state = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
         "python": random.getstate(),
         "numpy": {
             "kind": np_state[0],
@@ -96,15 +99,78 @@ def rng_state() -> dict[str, Any]:
     }
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def process_group() -> tuple[int, int]:
+    """(rank, world size) of the process group this process is in; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gathered_rng_states() -> list[dict[str, Any]] | None:
+    """Every rank's :func:`rng_state`, in rank order, on rank 0 (None on the other ranks); ``[rng_state()]`` without a
+    process group. A collective under torchrun: every rank calls it (``TrainingState.save``)."""
+    rank, world = process_group()
+    own = rng_state()
+    if world == 1:
+        return [own]
+    states: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(own, states, dst=0)
+    return states
+
+
+def rng_part(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """A checkpoint's ``rng``: rank 0's states at the top (the layout every bigbatch reads: an older one resumes rank 0
+    from it, as it always did) and every rank's, in rank order, under ``ranks`` (rank 0's entry is the same objects:
+    ``torch.save`` writes them once)."""
+    return {**states[0], "ranks": states}
+
+
+def restore_rng_state(state: dict[str, Any], own_device: bool = True) -> None:
+    """Set this process's generators to ``state`` (one rank's). ``own_device``: its ``cuda`` is this process's own
+    device's state (what :func:`rng_state` writes); False: every visible device's, in device order (the layout of
+    checkpoints written before ``ranks``, where the process that saved was rank 0)."""
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        if own_device:
+            torch.cuda.set_rng_state(state["cuda"][0])
+        else:
+            torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
     n = state["numpy"]
     np.random.set_state(
         (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
     )
+
+
+def derive_rng_state(seed: int, rank: int, step: int) -> None:
+    """Seed this process's generators (torch CPU and CUDA, NumPy, Python) afresh from ``(seed, rank, step)``, where a
+    checkpoint holds no state of this rank's (a resume on another world size; an older checkpoint's ranks >= 1).
+    NumPy's ``SeedSequence`` hashes the three into independent streams (its documented way to seed parallel
+    generators), so every rank of the resumed run draws its own, and the same again when the run is resumed the same
+    way. Nothing else depends on them: data order and augmentation are keyed by sample (``data/pipeline/order.py``)."""
+    words = np.random.SeedSequence([seed, rank, step]).generate_state(4, np.uint32)
+    torch.manual_seed(int(words[0]) << 32 | int(words[1]))  # every CUDA device's too
+    np.random.seed(words)
+    random.seed(int.from_bytes(words.tobytes(), "little"))
+
+
+def restore_rng(saved: dict[str, Any], seed: int, step: int) -> str:
+    """Resume this process's generators from a checkpoint's ``rng`` (:func:`rng_part`), by this process's rank: its
+    own entry where the checkpoint was written by as many ranks as run now; else (another world size,
+    ``engine/relaunch.py``) fresh states from ``(seed, rank, step)`` (:func:`derive_rng_state`) on every rank. A
+    checkpoint written before ``ranks`` holds rank 0's states alone (each rank then ran with the same seed): rank 0
+    restores them as it always did, the other ranks derive theirs. Returns how: ``"restored"`` or ``"derived"``."""
+    rank, world = process_group()
+    ranks = saved.get("ranks")
+    if ranks is None:  # an older checkpoint: rank 0's states, its cuda every device's
+        if rank == 0:
+            restore_rng_state(saved, own_device=False)
+            return "restored"
+    elif len(ranks) == world:
+        restore_rng_state(ranks[rank])
+        return "restored"
+    derive_rng_state(seed, rank, step)
+    return "derived"
 
 
 RESUME_KEYS = ("format", "step", "model", "optimizer", "scaler", "skipped", "rng", "data", "best", "config")
@@ -150,7 +216,8 @@ def read_part(path: str | Path, key: str) -> Any:
 
 _PART_TYPES = {"format": int, "step": int, "skipped": int, "model": dict, "optimizer": dict, "scaler": dict,
                "data": dict, "rng": dict, "best": dict, "config": dict}
-_PART_KEYS = {"data": ("step",), "rng": ("torch", "cuda", "python", "numpy"),
+_RNG_KEYS = ("torch", "cuda", "python", "numpy")
+_PART_KEYS = {"data": ("step",), "rng": _RNG_KEYS,
               "best": ("metric", "mode", "value", "step")}
 
 
@@ -163,5 +230,14 @@ def _check_part(path: Path, key: str, value: Any) -> None:
     lacking = [k for k in _PART_KEYS.get(key, ()) if k not in value]
     if lacking:
         raise UserError(f"checkpoint: {path}: '{key}' lacks {', '.join(repr(k) for k in lacking)}")
+    if key == "rng" and "ranks" in value:
+        ranks = value["ranks"]
+        if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+            raise UserError(f"checkpoint: {path}: 'rng' has 'ranks' of type {type(ranks).__name__}, not a list of "
+                            f"dicts, one a rank")
+        for index, entry in enumerate(ranks):
+            lacking = [k for k in _RNG_KEYS if k not in entry]
+            if lacking:
+                raise UserError(f"checkpoint: {path}: 'rng' rank {index} lacks {', '.join(repr(k) for k in lacking)}")
     if key == "data" and not isinstance(value["step"], int):
         raise UserError(f"checkpoint: {path}: 'data' has a step of type {type(value['step']).__name__}")

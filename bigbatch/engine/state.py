@@ -12,9 +12,15 @@ checkpoint's layout is written down once, here:
     model       the model's state dict (the raw weights; ``bigbatch eval`` and exports read this key)
     ema         the weight EMA's state (``module``: its weights; ``updates``), or None
     optimizer   the optimizer's state dict
-    scaler      the loss scaler's state
+    scaler      the loss scaler's state, with its ``kind`` (``precision.loss_scale``'s name: none, static, dynamic,
+                update_ratio; older checkpoints lack it, their kind is read from the keys). A resume with another
+                kind starts the configured scaler fresh and says so in one line
     skipped     optimizer steps not applied (non-finite gradients) over the whole run
-    rng         torch (CPU and CUDA), Python and NumPy generators
+    rng         torch (CPU and CUDA), Python and NumPy generators: rank 0's at the top, as older checkpoints hold
+                them, and every rank's in rank order under ``ranks`` (each rank draws its own dropout masks,
+                ``engine/trainer.py``'s ``seed_rank``), the CUDA state of each rank's own device only. A resume on
+                as many ranks restores each rank's own; on another world size each rank's generators start afresh
+                from (seed, rank, step) (``checkpoint.restore_rng``)
     data        the position in the data order: step, seed, batch (the order is a function of them and of
                 ``schedule.batch``), the subdivisions in effect (more than configured after an out-of-memory
                 re-cut, or in a later phase of a batch schedule), the images seen (for the record; absent in
@@ -95,7 +101,9 @@ class TrainingState:
         """The hooks' states a resumed checkpoint holds, by hook name: read before the hooks exist, handed to them
         by the trainer once they are built."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The checkpoint. ``rng``: every rank's generator states, in rank order (``save`` gathers them); None: this
+        process's alone."""
         step, owned = self.train_step, self.progress.state_dict()
         hooks = self.hooks.state_dict() if self.hooks is not None else dict(self.hook_states)
         controller = self.progress.controller_state()
@@ -109,7 +117,7 @@ class TrainingState:
             "optimizer": step.optimizer.state_dict(),
             "scaler": step.scaler.state_dict(),
             "skipped": step.skipped,
-            "rng": checkpoint.rng_state(),
+            "rng": checkpoint.rng_part(rng if rng is not None else [checkpoint.rng_state()]),
             "data": {"step": owned["step"], "seed": self.cfg.seed, "batch": self.cfg.batch,
                      "subdivisions": step.subdivisions, "split": step.split,
                      # how the batch was cut: a resume on another world size keeps the micro-batch (relaunch.py)
@@ -132,7 +140,9 @@ class TrainingState:
             step.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError, RuntimeError) as e:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
-        step.scaler.load_state_dict(state["scaler"])
+        note = step.scaler.resume(state["scaler"])  # None: loaded; else why this run's scaler starts fresh
+        if note is not None and checkpoint.process_group()[0] == 0:
+            print(f"precision.loss_scale: {note}", flush=True)
         data = state["data"]
         hooks = state.get("hooks", {})  # absent in checkpoints written before hooks kept state: they start fresh
         if not isinstance(hooks, dict):
@@ -147,7 +157,7 @@ class TrainingState:
             if state.get("ema") is None:
                 raise UserError("ema.decay: the checkpoint has no weight EMA to resume; unset ema.decay")
             self.ema.load_state_dict(state["ema"])
-        checkpoint.restore_rng_state(state["rng"])
+        checkpoint.restore_rng(state["rng"], self.cfg.seed, state["step"])
         self.best = Best(**state["best"])
         self.hook_states = hooks
 
@@ -155,9 +165,15 @@ class TrainingState:
         """Write the state to ``path`` atomically (a crash leaves the previous file whole), on the writer's thread:
         the state is serialized now, the bytes reach the disk while training goes on (``finish_writes``).
 
+        Under torchrun every rank calls it (the hooks do, at the same step): each rank's generator states are gathered
+        to rank 0 (a collective), which alone writes; the other ranks return once theirs are sent.
+
         ``may_link``: the caller knows nothing changed the state since the last save of this step (``last.pt`` right
         after ``best.pt``, hooks/checkpointing.py): that file, if it is still the one written and the filesystem has
         hard links, gets ``path`` as a second name instead of the same bytes written again."""
+        rng = checkpoint.gathered_rng_states()
+        if rng is None:  # not rank 0: its part, its generators' states, is with rank 0 now
+            return
         saved = self._saved
         if saved is not None and saved[0] != self.progress.step:
             saved = self._saved = None  # the bytes of the last save serve a link at the same step only: let them go
@@ -168,7 +184,7 @@ class TrainingState:
                 if not files.atomic_link(source, path, self._identities.get(source)):
                     self._write(path, data)
         else:
-            data = checkpoint.serialized(self.state_dict())
+            data = checkpoint.serialized(self.state_dict(rng))
 
             def write() -> None:
                 self._write(path, data)

@@ -89,6 +89,7 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     last_checkpoint = LastCheckpoint(run_files.last_checkpoint(out_dir),
                                      every_steps(cfg.checkpoint.every, plan, "checkpoint.every"))
     parts = build_parts(cfg, task, plan, proc, events, last_good=last_checkpoint.last_good, start=not resume)
+    seed_rank(cfg.seed, proc.rank)  # the parts were built alike on every rank; from here each draws its own
     train_step = parts.step  # trains parts.model, wrapped in DDP under torchrun
     progress = Progress(plan, build_controller(cfg, plan, proc), events)
     state = TrainingState(cfg, parts.model, train_step, parts.ema, progress, classes=task.class_names)
@@ -235,6 +236,18 @@ def waited(items: Iterator[Any], clock: PhaseClock | None = None) -> Iterator[tu
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's (``seed mod 2^32``) and torch's generators (the CPU's and every CUDA device's)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """After the parts are built, give each rank generators of its own: rank r >= 1 is seeded again with ``seed + r``,
+    as timm's train.py (``random_seed(seed, rank)``) and detectron2's ``default_setup`` (``seed_all_rng(seed +
+    rank)``) seed theirs; rank 0 keeps the streams ``seed_everything(seed)`` started (a single process runs as it
+    always did). Otherwise every rank would draw the same dropout and drop-path masks (and torchvision's proposal
+    samples) for its micro-batch j. The model is built before, with the shared seed: the EMA copies it before DDP
+    broadcasts rank 0's weights. Data order and augmentation are keyed per sample (``sample_seed``), untouched."""
+    if rank:
+        seed_everything(seed + rank)

@@ -87,10 +87,20 @@ def first_nonfinite(model: nn.Module) -> str | None:
 
 
 class LossScaler:
-    """Scales the loss before backward; unscales gradients and decides whether the step is applied."""
+    """Scales the loss before backward; unscales gradients and decides whether the step is applied. This class: a fixed
+    scale (``precision.loss_scale`` none: 1, or a number: static)."""
 
     def __init__(self, scale: float = 1.0):
         self.scale = float(scale)
+
+    @property
+    def kind(self) -> str:
+        """``precision.loss_scale``'s name for this scaler, kept in its state: a resume loads a state of its own kind
+        only (:meth:`resume`)."""
+        return "none" if self.scale == 1.0 else "static"
+
+    def describe(self) -> str:
+        return self.kind if self.kind == "none" else f"static (scale {self.scale:g})"
 
     def unscale_(self, parameters: Iterable[torch.Tensor]) -> bool:
         """Divide the gradients by the scale; True when they are all finite (the step may be applied)."""
@@ -105,14 +115,43 @@ class LossScaler:
         """After a step: adjust the scale (a static scaler keeps it)."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale}
+        return {"kind": self.kind, "scale": self.scale}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale = state["scale"]
 
+    def fits(self, state: dict[str, Any]) -> bool:
+        """Whether a saved state is this scaler's to go on from: the same kind (a fixed scale: the same scale, which is
+        all its state)."""
+        return saved_kind(state) == self.kind and (self.kind != "static" or state["scale"] == self.scale)
+
+    def resume(self, state: dict[str, Any]) -> str | None:
+        """Go on from a checkpoint's scaler state when it :meth:`fits` (returns None); else keep this scaler as
+        configured, fresh, and return the line that says so (a run resumed with another ``precision.loss_scale``,
+        as the non-finite stop suggests: loading a dynamic state into a fixed scaler kept its scale, the other way
+        round it had no ``clean_steps``)."""
+        if not isinstance(state, dict) or not isinstance(state.get("scale"), (int, float)):
+            held = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise UserError(f"checkpoint: 'scaler' holds no loss scale ({held})")
+        if not self.fits(state):
+            return (f"the checkpoint's loss scaler is {describe_state(state)}, this run's {self.describe()}: it starts "
+                    f"fresh at scale {self.scale:g}")
+        try:
+            self.load_state_dict(state)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"checkpoint: 'scaler' ({saved_kind(state)}) lacks or mistypes {e}") from None
+        return None
+
 
 class DynamicLossScaler(LossScaler):
     """torch.amp.GradScaler's rule, with hysteresis and bounds (see the module docstring)."""
+
+    @property
+    def kind(self) -> str:
+        return "dynamic"
+
+    def describe(self) -> str:
+        return self.kind
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, hysteresis: int = 1, min_scale: float = 0.0,
@@ -140,7 +179,7 @@ class DynamicLossScaler(LossScaler):
             self.overflows = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "clean_steps": self.clean_steps, "overflows": self.overflows}
+        return {"kind": self.kind, "scale": self.scale, "clean_steps": self.clean_steps, "overflows": self.overflows}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale, self.clean_steps, self.overflows = state["scale"], state["clean_steps"], state["overflows"]
@@ -157,6 +196,10 @@ def max_update_magnitude(model: nn.Module) -> float:
 
 class UpdateRatioLossScaler(DynamicLossScaler):
     """The Darknet-on-Jetson write-up's rule (see the module docstring): ratio-driven until burn_in, then doubling."""
+
+    @property
+    def kind(self) -> str:
+        return "update_ratio"
 
     def __init__(self, init_scale: float = 1.0, burn_in: int = 1000, double_every: int = 1000,
                  min_scale: float = 0.0, max_scale: float = 2.0**24):
@@ -191,6 +234,25 @@ class UpdateRatioLossScaler(DynamicLossScaler):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.base, self.applied, self.peak = state["base"], state["applied"], state["peak"]
+
+
+def saved_kind(state: dict[str, Any]) -> str:
+    """The kind of scaler a saved state is of: its ``kind``; in a checkpoint written before scalers kept it, read from
+    its keys (``base``: update_ratio; ``clean_steps``: dynamic; a scale alone: none at 1, else static)."""
+    kind = state.get("kind")
+    if isinstance(kind, str):
+        return kind
+    if "base" in state:
+        return "update_ratio"
+    if "clean_steps" in state:
+        return "dynamic"
+    return "none" if state.get("scale") == 1.0 else "static"
+
+
+def describe_state(state: dict[str, Any]) -> str:
+    """A saved scaler state in words: its kind, with its scale where it has one."""
+    kind = saved_kind(state)
+    return kind if kind == "none" else f"{kind} (scale {state.get('scale'):g})"
 
 
 def schedule_burn_in(schedule: ScheduleConfig) -> int:

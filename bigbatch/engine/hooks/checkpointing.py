@@ -23,8 +23,8 @@ class Checkpointing(Hook):
     def after_step(self, run: Run) -> None:
         done, last = run.progress.step, run.last_checkpoint
         if is_due(done, last.every, run.plan.steps, run.plan):
-            if run.proc.is_main:
-                run.state.save(last.path, may_link=self.right_after_evaluation)
+            # every rank: each sends its RNG states to rank 0, which alone writes (TrainingState.save)
+            run.state.save(last.path, may_link=self.right_after_evaluation)
             last.step = done
 
 

@@ -29,8 +29,8 @@ class Evaluation(Hook):
         if improved:
             best.value, best.step = metrics[best.metric], done
         run.hooks.after_eval("val", metrics)
-        if improved and run.proc.is_main:  # after after_eval: best.pt holds what the hooks learned from it
-            run.state.save(run.checkpoint_dir / run_files.BEST)
+        if improved:  # after after_eval: best.pt holds what the hooks learned from it
+            run.state.save(run.checkpoint_dir / run_files.BEST)  # every rank (the metrics agree): rank 0 writes
 
 
 HOOKS.register("evaluation", Evaluation)
