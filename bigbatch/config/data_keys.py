@@ -138,12 +138,16 @@ ANNOTATIONS_AUTO = "auto"
 """``data.annotations``' default (``yolo``): the COCO file ``bigbatch data shapes`` wrote beside a set it generated, if
 any."""
 
-def no_class_subset(data: Any) -> None:
-    """A classification format's check: ``data.classes`` (a subset of a detection set's classes) is not one of its
-    keys, though every config has it; given, it would be left unread and the run train every class."""
+def detection_keys_unset(data: Any) -> None:
+    """A classification format's check: the keys every config has that only detection reads are left unset, since
+    given they would be left unread: ``data.classes`` (a subset of a detection set's classes; the run would train
+    every class) and ``data.multiscale.sizes`` (multi-scale training; the run would train at ``data.size``)."""
     if data.classes is not None:
         raise ValueError(f"data.classes: used by the detection formats only, not by {data.name!r} (data.name): a "
                          "classification set trains every class of its data; leave it out")
+    if data.multiscale.sizes is not None:
+        raise ValueError(f"data.multiscale.sizes: used by the detection formats only, not by {data.name!r} "
+                         "(data.name): a classifier trains at data.size; leave it out")
 
 
 DATASET_KEYS: dict[str, Fields] = {

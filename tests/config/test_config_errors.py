@@ -146,3 +146,14 @@ def test_a_class_subset_is_refused_by_a_classification_format(name, extra):
     with pytest.raises(UserError, match=rf"^data\.classes: used by the detection formats only, not by '{name}'"):
         load_config("digits", [f"data.name={name}", *extra, "data.classes=[a, b]"])
     assert load_config("shapes-detect", ["data.classes=[circle, star]"]).data.classes == ["circle", "star"]
+
+
+@pytest.mark.parametrize("name, extra", [("digits", []), ("folder", ["data.path=/data/photos"]),
+                                         ("shards", ["data.path=/data/shards"])])
+def test_multiscale_sizes_are_refused_by_a_classification_format(name, extra):
+    """``data.multiscale`` is read by detection only: a classifier given sizes trained at ``data.size`` without a
+    word (and ``plan`` measured at it)."""
+    with pytest.raises(UserError, match=rf"^data\.multiscale\.sizes: used by the detection formats only, not by "
+                                        rf"'{name}'"):
+        load_config("digits", [f"data.name={name}", *extra, "data.multiscale.sizes=[32, 64]"])
+    assert load_config("shapes-detect", ["data.multiscale.sizes=[64, 96]"]).data.multiscale.sizes == [64, 96]

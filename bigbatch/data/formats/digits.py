@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from bigbatch.config.data_keys import no_class_subset
+from bigbatch.config.data_keys import detection_keys_unset
 from bigbatch.data.pipeline.loader import TensorImages
 from bigbatch.registry import DATASETS
 
@@ -108,4 +108,4 @@ def held_in_memory(cfg: RunConfig) -> tuple[int, str]:
 
 
 DATASETS.register("digits", load, task="classification", count=train_images, held_in_memory=held_in_memory,
-                  image_input=image_input, check=no_class_subset)
+                  image_input=image_input, check=detection_keys_unset)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bigbatch.config.data_keys import DATASET_KEYS, no_class_subset
+from bigbatch.config.data_keys import DATASET_KEYS, detection_keys_unset
 from bigbatch.data.formats.counts import train_images_given
 from bigbatch.data.formats.encoded_images import (
     CropFirst,
@@ -233,4 +233,4 @@ def _path_given(data: DataConfig) -> None:
 
 
 DATASETS.register("folder", load, task="classification", count=train_images, given=_path_given,
-                  fields=DATASET_KEYS["folder"], image_input=image_input, check=no_class_subset)
+                  fields=DATASET_KEYS["folder"], image_input=image_input, check=detection_keys_unset)

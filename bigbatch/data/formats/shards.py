@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bigbatch.config.data_keys import DATASET_KEYS, no_class_subset
+from bigbatch.config.data_keys import DATASET_KEYS, detection_keys_unset
 from bigbatch.data.formats.counts import train_images_given
 from bigbatch.data.formats.encoded_images import (
     DECODE_ERRORS,
@@ -341,4 +341,4 @@ def _path_given(data: DataConfig) -> None:
 
 
 DATASETS.register("shards", load, task="classification", count=train_images, given=_path_given,
-                  fields=DATASET_KEYS["shards"], image_input=image_input, check=no_class_subset)
+                  fields=DATASET_KEYS["shards"], image_input=image_input, check=detection_keys_unset)
