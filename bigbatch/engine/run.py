@@ -88,9 +88,13 @@ class Run:
         """(metrics of the weights that count, metrics of the raw weights when those are the EMA's, else None).
 
         The EMA weights count when there is an EMA and ``ema.evaluate`` (the default: ``largebatch.ema.ema_counts``);
-        the raw ones are then evaluated too (``raw_too``), for comparison."""
+        the raw ones are then evaluated too (``raw_too``), for comparison. Each rank evaluates its shard of the
+        validation set with rank 0's weights: the raw model's buffers are rank 0's through DDP (broadcast at the
+        forward), the EMA's are made rank 0's first (``WeightEMA.share_buffers``; each rank's BN statistics are its own
+        without ``norm.sync``), so the metrics are those of the weights rank 0 saves. Called on every rank."""
         cfg, task, proc, ema = self.cfg, self.task, self.proc, self.state.ema
         if not ema_counts(ema, cfg):
             return task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world), None
         raw = task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world) if raw_too else None
+        ema.share_buffers()  # a collective under torchrun: every rank is here
         return task.evaluate(ema.module, cfg.eval.batch, proc.rank, proc.world), raw
