@@ -18,6 +18,11 @@ no micro-batch fits: the relaunch stops with one line naming the world sizes tha
 
 The checkpoint says where it was (``data.world`` and ``data.micro_batch``, written by ``engine/state.py``); one
 written before those were kept is resumed with the command's subdivisions, as before.
+
+Not every data order is layout-free: ``data.name: shards`` gives each process its own shards (``data/formats/
+shards.py``), so its order is a function of the world size, and a resume on another would, in the epoch under way,
+train some images twice and others never (8 shards of 100 images, 2 processes then 1 from the epoch's middle: 186
+twice, 186 never). Such a resume is refused, in one line naming the checkpoint's world size.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from bigbatch.errors import UserError
 
 MOST_WORLD_SIZES_NAMED = 12
 """How many world sizes that work the refusal names (the smallest)."""
+
+ORDER_BY_WORLD = ("shards",)
+"""The ``data.name`` values whose training order depends on the world size (their data set brings its own order,
+``data/pipeline/order.py``'s ``order_of``): a resume on another world size is refused."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,19 @@ def relaunched_subdivisions(cfg: RunConfig, world: int, saved: SavedLayout) -> i
     return cfg.batch // (world * micro)
 
 
+def refuse_world_change(cfg: RunConfig, checkpoint_path: Path, saved_world: int, world: int) -> None:
+    """Stop, in one line, a resume on ``world`` processes of a checkpoint written on ``saved_world`` where the data's
+    order depends on the world size (:data:`ORDER_BY_WORLD`); nothing otherwise."""
+    if cfg.data.name not in ORDER_BY_WORLD:
+        return
+    raise UserError(f"data.name: {cfg.data.name}: the checkpoint {checkpoint_path} was written on {saved_world} "
+                    f"process{'es' if saved_world != 1 else ''} and this resume runs on {world}; each process reads "
+                    f"its own shards, so on another number of processes the epoch under way would train some images "
+                    f"twice and others never. Resume it on {saved_world} process{'es' if saved_world != 1 else ''} "
+                    f"(torchrun's --nnodes x --nproc-per-node), or start a new run from its weights "
+                    f"(--set model.weights={checkpoint_path})")
+
+
 def _divisors(n: int) -> list[int]:
     """The divisors of ``n`` (``n`` >= 1), in ``sqrt(n)`` steps."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -91,7 +113,10 @@ def relaunch(cfg: RunConfig, run_dir: Path, world: int) -> RunConfig:
     from bigbatch.engine import checkpoint
     from bigbatch.floor import distributed, run_files
 
-    saved = saved_layout(checkpoint.read_part(run_files.last_checkpoint(run_dir), "data"))
+    last = run_files.last_checkpoint(run_dir)
+    saved = saved_layout(checkpoint.read_part(last, "data"))
+    if saved is not None and saved.world != world:
+        refuse_world_change(cfg, last, saved.world, world)
     if saved is None or (saved.world == world and cfg.subdivisions != "auto"):
         return cfg
     subdivisions = relaunched_subdivisions(cfg, world, saved)
