@@ -60,7 +60,8 @@ class MemoryConfig(Section):
     docs/references.md)."""
     limit: Size | None = None
     """On the CPU, a micro-batch starting while the process's RSS exceeds this counts as out of memory
-    (``subdivisions`` is doubled and the step re-run). On CUDA the device's own out-of-memory error does."""
+    (``subdivisions`` is doubled, or an odd micro-batch cut by its smallest prime factor, and the step re-run). On
+    CUDA the device's own out-of-memory error does."""
     keep_freed: bool = True
     """Keep the host memory a step frees in malloc's heap for the next micro-batch instead of handing it back to
     the kernel, which would fault its pages in again each time (glibc's malloc thresholds raised to 1 GiB;

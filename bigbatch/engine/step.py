@@ -219,7 +219,7 @@ class TrainStep:
         self.last_good = last_good
         """Where the last finite weights are (the run's checkpoints say), for the message of a stopped run."""
         self._split = 1
-        """Each micro-batch of the plan is cut into this many (doubled on out-of-memory)."""
+        """Each micro-batch of the plan is cut into this many (multiplied on out-of-memory: ``_cut_finer``)."""
         self._skipped = 0
         """Optimizer steps not applied (non-finite gradients), over the whole run."""
         self._attempt_micro_batches = 0

@@ -1,6 +1,6 @@
 """Before any work: refuse a run that cannot fit on this machine whatever the layout.
 
-Only what is known before the run and what no out-of-memory recovery (halving micro-batches down to one image)
+Only what is known before the run and what no out-of-memory recovery (cutting micro-batches finer down to one image)
 and no ``subdivisions: auto`` can shrink is counted, so a run refused here could never have run:
 
     data order      8 bytes x batch               the int64 dataset indices of one global batch, on every process, at
