@@ -64,10 +64,11 @@ def from_checkpoint(path: Path) -> Exported:
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.darknet.models import darknet_network, network_state
     from bigbatch.engine import checkpoint
-    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
+    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_checkpoint, run_dir_of
     from bigbatch.largebatch.ema import counted_weights
 
     if path.is_dir():
+        run_checkpoint(path, "export")  # a run's checkpoint is read only from inside it
         path = last_checkpoint(path)
     state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     run_dir = run_dir_of(path)

@@ -21,7 +21,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     used, the metrics and where the record went; ``save_detections``: also write the detections there."""
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.engine import checkpoint
-    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
+    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_checkpoint, run_dir_of
     from bigbatch.engine.state import load_weights
     from bigbatch.floor import distributed, files
     from bigbatch.floor.outputs import check_output_file, probe_writable
@@ -31,6 +31,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     from bigbatch.telemetry.capacity import check_capacity
 
     if path.is_dir():
+        run_checkpoint(path, "eval")  # a run's checkpoint is read only from inside it
         path = last_checkpoint(path)
     out = eval_record_path(path)
     probe_writable(out.parent, "eval")

@@ -77,6 +77,12 @@ def _weights_given(cfg: RunConfig) -> None:
         path = getattr(cfg.model, key, None)
         if path is not None and not os.path.exists(path):
             raise UserError(f"model.{key}: {path} does not exist")
+    if cfg.model.weights is not None and os.path.isdir(cfg.model.weights):  # a run: its checkpoint from inside it
+        from pathlib import Path
+
+        from bigbatch.engine.run_dir import run_checkpoint
+
+        run_checkpoint(Path(cfg.model.weights), "model.weights")
 
 
 def resolve_batch(cfg: RunConfig, world: int, join: bool = False) -> tuple[RunConfig, BatchLayout]:

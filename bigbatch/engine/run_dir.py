@@ -465,6 +465,12 @@ def timestamped(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def run_checkpoint(run_dir: Path, key: str) -> Path | None:
+    """The run's ``checkpoints/last.pt`` to read (:func:`run_file`: inside the folder, a regular file), or None where
+    there is none; a link leading outside is one ``UserError`` naming ``key``."""
+    return run_file(run_dir, str(last_checkpoint(run_dir).relative_to(run_dir)), key)
+
+
 def last_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a run continues from and ``eval`` and ``export`` read by default: ``checkpoints/last.pt``."""
     return run_files.last_checkpoint(run_dir)
@@ -481,7 +487,7 @@ def check_resumable(run_dir: Path) -> None:
     held_by = holder(run_dir) if distributed.rank_from_env() == 0 else None
     if held_by is not None:  # a run still going, perhaps before its first checkpoint
         raise UserError(f"--resume: {run_dir} is in use by {held_by}")
-    if not last_checkpoint(run_dir).is_file():
+    if run_checkpoint(run_dir, "--resume") is None:
         raise UserError(f"--resume: {run_dir} holds no checkpoints/last.pt")
     run_file(run_dir, run_files.CONFIG, "--resume")  # read as the run's config: inside the folder, a regular file
     for name in REWRITTEN:  # hold_run_dir checks these too, naming --out
@@ -496,7 +502,7 @@ def holds_this_run(out_dir: Path, cfg: RunConfig) -> bool:
     """Whether ``out_dir`` already holds a checkpoint of this very run, which ``train`` then resumes (a worker
     restarted by ``torchrun --max-restarts`` runs the same command again). A checkpoint of another config is
     refused rather than overwritten. ``subdivisions`` may differ: the layout does not change the training."""
-    if not last_checkpoint(out_dir).is_file():
+    if run_checkpoint(out_dir, "--out") is None:
         return False
     from bigbatch.config import flatten, load_config
 

@@ -109,10 +109,11 @@ def load_weights_file(model: nn.Module, path: str | Path, weights_from: str = "e
 def read_state(path: Path, weights_from: str = "ema") -> tuple[dict[str, Tensor], str]:
     """The state dict a ``model.weights`` file or run directory holds, and what it is (see the module docstring)."""
     from bigbatch.engine import checkpoint
-    from bigbatch.engine.run_dir import last_checkpoint
+    from bigbatch.engine.run_dir import last_checkpoint, run_checkpoint
     from bigbatch.floor.files import load_tensors
 
     if path.is_dir():
+        run_checkpoint(path, "model.weights")  # a run's checkpoint is read only from inside it
         found = last_checkpoint(path)
         if not found.is_file():
             raise UserError(f"model.weights: {path} is a folder without checkpoints/last.pt: not a bigbatch run "

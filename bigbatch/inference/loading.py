@@ -81,7 +81,7 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
     """A run directory's last checkpoint, or a checkpoint file (see the module docstring)."""
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.engine import checkpoint
-    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_dir_of
+    from bigbatch.engine.run_dir import kept_overrides, last_checkpoint, run_checkpoint, run_dir_of
     from bigbatch.engine.state import load_weights
     from bigbatch.largebatch.ema import counted_weights
     from bigbatch.registry import MODELS, TASKS
@@ -90,6 +90,7 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
     if not path.exists():
         raise UserError(f"--from: {path} does not exist (expected a run directory, a checkpoint or a Darknet .cfg)")
     if path.is_dir():
+        run_checkpoint(path, "--from")  # a run's checkpoint is read only from inside it
         path = last_checkpoint(path)
         if not path.is_file():
             raise UserError(f"--from: {path.parent.parent} has no {path.parent.name}/{path.name}: not a run "

@@ -227,6 +227,25 @@ def test_a_kept_cfg_that_leads_outside_the_run_is_not_read(tmp_path, no_training
     assert secret.read_text() == SECRET
 
 
+@pytest.mark.parametrize("command", [["train", "--resume", "{run}"], ["eval", "{run}"],
+                                     ["train", "digits", "--set", "model.weights={run}", *TINY],
+                                     ["predict", "--from", "{run}", "{image}"], ["export", "{run}", "--format",
+                                                                                  "torchscript", "--out", "{out}"]])
+def test_a_runs_checkpoint_leading_outside_it_is_not_read(tmp_path, command, no_training):
+    """``checkpoints/last.pt`` a link to a checkpoint outside the run: ``--resume``, ``eval``, ``model.weights``,
+    ``predict --from`` and ``export`` of the run read it (``config.yaml`` and ``model.cfg`` were refused so)."""
+    run = copy_of_format1(tmp_path)
+    outside = tmp_path / "elsewhere.pt"
+    (run / "checkpoints" / "last.pt").rename(outside)
+    (run / "checkpoints" / "last.pt").symlink_to(outside)
+    image = tmp_path / "x.png"
+    image.write_bytes(b"not read")
+    before = contents(run)
+    args = [part.format(run=run, image=image, out=tmp_path / "model.torchscript") for part in command]
+    err = one_error(run_main(*args), f"{run / 'checkpoints' / 'last.pt'} leads outside {run}")
+    assert err.startswith("error: ") and contents(run) == before
+
+
 def test_a_resumed_runs_config_yaml_leading_outside_is_not_read(tmp_path, no_training):
     secret = tmp_path / "secret.yaml"
     secret.write_text("password: swordfish\n")
