@@ -307,7 +307,7 @@ def plan_heads(path: Path, k: int, width: int, height: int) -> tuple[DarknetCfg,
     from bigbatch.darknet.layers import Convolutional
     from bigbatch.darknet.shapes import layer_shapes
 
-    network = read_darknet_cfg(path)
+    network = read_darknet_cfg(path, key="--cfg")
     heads = network.yolo_layers
     if not heads:
         raise UserError(f"--cfg: {path} has no [yolo] layer to take anchors")
@@ -373,7 +373,7 @@ def anchors_command(data: Path, num: int, size: str | None, cfg: Path | None, ou
                             "[net] width and height")
         from bigbatch.darknet.cfg import read_darknet_cfg
 
-        net = read_darknet_cfg(cfg).net
+        net = read_darknet_cfg(cfg, key="--cfg").net
         if not (net.width and net.height):
             raise UserError(f"--size: {cfg} gives no [net] width and height; give --size WIDTHxHEIGHT")
         width, height = net.width, net.height

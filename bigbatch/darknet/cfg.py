@@ -132,13 +132,15 @@ def _freezing(s: SectionReader) -> dict[str, int | bool]:
             "dont_update": s.integer("dont_update", 0, 0), "burnin_update": s.integer("burnin_update", 0, 0)}
 
 
-def read_darknet_cfg(path: str | Path) -> DarknetCfg:
+def read_darknet_cfg(path: str | Path, key: str | None = None) -> DarknetCfg:
     """The ``.cfg`` at ``path`` as :class:`DarknetCfg`, every section and value checked (shapes aside).
 
-    A mistake is one :class:`UserError` line ``"{path}:{line}: [section] key: what is wrong"``."""
+    A mistake is one :class:`UserError` line ``"{path}:{line}: [section] key: what is wrong"``; a file that cannot
+    be read, or is not a regular file within ``text.MAX_CFG_BYTES``, one line beginning ``"{key}: "`` (the option that
+    named it) when ``key`` is given."""
     path = Path(path)
     warnings: list[str] = []
-    sections = read_cfg_sections(path, prefix="", warnings=warnings)
+    sections = read_cfg_sections(path, prefix="", warnings=warnings, key=key)
     if not sections or sections[0].name not in ("net", "network"):
         raise UserError(f"{path}:{sections[0].line if sections else 1}: a Darknet .cfg starts with a [net] section")
     if len(sections) - 1 > MAX_LAYERS:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bigbatch.darknet.cfg import read_darknet_cfg, with_classes
 from bigbatch.darknet.spec import DarknetCfg
-from bigbatch.darknet.text import read_cfg_sections
+from bigbatch.darknet.text import read_cfg_sections, read_cfg_text
 
 KEPT_CFG_MARK = "# kept by bigbatch:"
 """The first line of a cfg bigbatch wrote (a run's ``model.cfg``, the cfg ``export`` writes beside ``.weights``): such
@@ -25,7 +25,7 @@ def edit_cfg_text(path: Path, changes: dict[int, dict[str, str]], header: str = 
     """The text of the ``.cfg`` at ``path`` with ``changes`` ({layer index (0 = the first section after ``[net]``):
     {key: new value}}) made, and ``header`` (comment lines, each starting with ``#``) put first (in place of the
     first line, when that is :data:`KEPT_CFG_MARK`'s)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_cfg_text(path, prefix="")
     lines = text.split("\n")
     drop = 1 if header and lines[0].startswith(KEPT_CFG_MARK) else 0  # an earlier header: replaced
     sections = read_cfg_sections(path, prefix="")

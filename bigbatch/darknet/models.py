@@ -42,7 +42,7 @@ def darknet_network(cfg_path: str | None, classes: int | None = None, size: int 
     if not cfg_path:
         raise UserError(f"{key}: missing; model.name darknet builds the network of a Darknet .cfg file "
                         "(model.cfg: path/to/net.cfg)")
-    path = find_cfg(cfg_path)
+    path = find_cfg(cfg_path, key)
     if torch.get_default_device().type != "meta":
         from bigbatch.telemetry.capacity import check_built_fits
 
@@ -71,17 +71,28 @@ def warn_leniencies(cfg: DarknetCfg) -> None:
 _WARNED: set[Path] = set()
 
 
-def find_cfg(cfg_path: str) -> Path:
+def find_cfg(cfg_path: str, key: str = "model.cfg") -> Path:
     """``model.cfg`` as given (from the current folder), or else a ``.cfg`` of that name beside the built-in recipes
-    (``bigbatch/configs/``, where bigbatch's own cfgs live)."""
+    (``bigbatch/configs/``, where bigbatch's own cfgs live). A name on something that is not a regular file of at
+    most ``text.MAX_CFG_BYTES`` (a FIFO, a link to ``/dev/zero``, a huge file) is refused in one line naming ``key``,
+    before any of it is read."""
     from bigbatch.config import RECIPES_DIR
+    from bigbatch.darknet.text import MAX_CFG_BYTES
+    from bigbatch.floor.user_files import open_regular
 
     path = Path(cfg_path)
-    if path.is_file():
-        return path
-    if not path.is_absolute() and (RECIPES_DIR / path).is_file():
-        return RECIPES_DIR / path
-    raise UserError(f"model.cfg: {cfg_path} does not exist (expected a Darknet .cfg file)")
+    if not path.exists() and not path.is_absolute() and (RECIPES_DIR / path).is_file():
+        path = RECIPES_DIR / path
+    if not path.exists():
+        raise UserError(f"{key}: {cfg_path} does not exist (expected a Darknet .cfg file)")
+    try:
+        with open_regular(path, MAX_CFG_BYTES, "a .cfg"):
+            pass
+    except OSError as e:
+        if e.errno is None:  # open_regular's refusals: not a regular file, past the bound
+            raise UserError(f"{key}: {e}; not read") from None
+        raise UserError(f"{key}: cannot read {path}: {e.strerror}") from None
+    return path
 
 
 def network_state(state: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -19,7 +19,9 @@ given.
 ``read_keyed_sections`` is the same reading that also keeps the line of every key (for messages naming a key's
 line); ``read_options`` is it without those lines. ``parse_number`` reads one number as ``atoi``/``atof`` would be
 asked to, but strictly: the caller words the message when it is not one. ``read_cfg_sections`` and ``read_cfg``
-read a ``.cfg`` file (lines split on ``\n``, as Darknet and editors count them).
+read a ``.cfg`` file (lines split on ``\n``, as Darknet and editors count them), through :func:`read_cfg_text`: only
+a regular file (a FIFO is not waited on, a link to ``/dev/zero`` not read) of at most :data:`MAX_CFG_BYTES`, checked
+before any of it is read (``floor/user_files.read_regular``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bigbatch.errors import UserError
+from bigbatch.floor.user_files import read_regular
 
 Section = tuple[str, dict[str, str], int]
 """(name, options, line number of the header)."""
@@ -138,14 +141,30 @@ def parse_number(value: str, kind: type) -> int | float | None:
     return number
 
 
-def read_cfg_sections(path: Path, prefix: str = "config: ", warnings: list[str] | None = None
-                      ) -> list[KeyedSection]:
-    """The sections of a ``.cfg`` file in order, with the line of each key; errors begin ``{prefix}{path}``;
-    leniencies are appended to ``warnings``."""
+MAX_CFG_BYTES = 4 * 2**20
+"""The largest ``.cfg`` read, in bytes (4 MiB): Darknet's largest stock cfgs are about 30 KB (AlexeyAB's
+``cspx-p7-mish_hp.cfg``, 30,733 bytes), and ``cfg.MAX_LAYERS`` sections of a few keys each fit well within it."""
+
+
+def read_cfg_text(path: Path, prefix: str = "config: ") -> str:
+    """The text of the ``.cfg`` at ``path`` (UTF-8, an undecodable byte replaced), read only once it is known to be a
+    regular file of at most :data:`MAX_CFG_BYTES`; otherwise one ``UserError`` beginning ``prefix`` (the key that
+    named the file: ``"--cfg: "``, ``"model.cfg: "``, ``"config: "``) and naming the file."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        data = read_regular(path, MAX_CFG_BYTES, "a .cfg")
     except OSError as e:
+        if e.errno is None:  # open_regular's refusals: not a regular file, past the bound, grew while read
+            raise UserError(f"{prefix}{e}; not read") from None
         raise UserError(f"{prefix}cannot read {path}: {e.strerror}") from None
+    return data.decode("utf-8", errors="replace")
+
+
+def read_cfg_sections(path: Path, prefix: str = "config: ", warnings: list[str] | None = None,
+                      key: str | None = None) -> list[KeyedSection]:
+    """The sections of a ``.cfg`` file in order, with the line of each key; errors begin ``{prefix}{path}``, those of
+    reading the file (:func:`read_cfg_text`) ``{key}: `` when ``key`` is given; leniencies are appended to
+    ``warnings``."""
+    text = read_cfg_text(path, prefix if key is None else f"{key}: ")
     lines = text.split("\n")  # lines as Darknet and editors count them
     return read_keyed_sections(lines, f"{prefix}{path}", sections=True, warnings=warnings)
 
