@@ -5,12 +5,15 @@
                                                DIR/index.json
 
 Classes and files are listed as ``data.name: folder`` lists them (``data/formats/folder.py``: torchvision's
-``ImageFolder`` order), so label 3 means the same class in both. Each sample is two tar members with the same key, as
-the ``webdataset`` library groups them: ``KEY.jpg`` (or ``KEY.png``: the file's own bytes, not re-encoded) and
-``KEY.cls``, the label in ASCII decimal. ``KEY`` is the sample's position in its split, zero-padded (``000123``), so in
-the training split it is also the dataset index ``data.name: shards`` reads it by. The training samples are shuffled
-once (a permutation drawn from ``seed``) before they are written, the validation samples keep their order. A shard is
-closed when the next sample would take it past ``shard_size`` bytes (a sample larger than that gets a shard of its own).
+``ImageFolder`` order), so label 3 means the same class in both. Pack reads only inside ``SRC``: a listed file whose
+real path (links and ``..`` followed) lies outside it, a link to a file or to a folder elsewhere, is refused in one line
+naming it before any shard is written (:func:`check_inside`), as ``data convert`` refuses one; links within ``SRC`` are
+followed. Each sample is two tar members with the same key, as the ``webdataset`` library groups them: ``KEY.jpg`` (or
+``KEY.png``: the file's own bytes, not re-encoded) and ``KEY.cls``, the label in ASCII decimal. ``KEY`` is the sample's
+position in its split, zero-padded (``000123``), so in the training split it is also the dataset index ``data.name:
+shards`` reads it by. The training samples are shuffled once (a permutation drawn from ``seed``) before they are
+written, the validation samples keep their order. A shard is closed when the next sample would take it past
+``shard_size`` bytes (a sample larger than that gets a shard of its own).
 The tars are plain POSIX (ustar) archives: ``tar tf``, Python's ``tarfile`` and ``webdataset`` read them.
 
 ``DIR/index.json``, written last (a folder without it is an unfinished pack)::
@@ -59,6 +62,7 @@ from bigbatch.data.formats.folder import SPLITS, find_classes, list_samples
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
+from bigbatch.floor.user_files import lies_inside
 
 FORMAT = "bigbatch shards"
 VERSION = 1
@@ -114,7 +118,27 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
             splits[split] = list_samples(src / split, classes, issues)
             if not splits[split]:
                 raise UserError(f"{src / split}: holds no .jpg, .jpeg or .png file in a class folder{issues.first()}")
+    check_inside(src, splits)
     return classes, splits
+
+
+def check_inside(src: Path, splits: dict[str, list[tuple[str, int]]]) -> None:
+    """Refuse, before any work, a listed file whose real path (links and ``..`` followed) lies outside ``src``: a
+    link to a file (``/etc/passwd``) or a folder elsewhere would copy another file's bytes into shards the user may
+    share. One ``UserError`` naming the first such file, worded as ``data convert`` refuses one. Each folder's real
+    path is found once; a file below a folder inside ``src`` is resolved only when it is itself a link."""
+    root = Path(os.path.realpath(src))
+    folders: dict[str, bool] = {}
+    for samples in splits.values():
+        for path, _ in samples:
+            folder = os.path.dirname(path)
+            if folder not in folders:
+                folders[folder] = lies_inside(root, folder)
+            if folders[folder] and not os.path.islink(path):
+                continue
+            if not lies_inside(root, path):
+                raise UserError(f"SRC: {path} leads outside {src} (links and .. followed); pack reads only inside "
+                                "the folder it is given")
 
 
 def check_out(out: Path, src: Path) -> Path:
