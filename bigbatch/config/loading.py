@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,32 @@ class YAMLTooLarge(yaml.composer.ComposerError):
     cycle, which never ends)."""
 
 
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice (``problem_mark``: the second; ``first``: the line, from 1, of the first).
+    YAML forbids it; PyYAML would keep the last silently (a second ``optim:`` section replacing the first)."""
+
+    def __init__(self, key: Any, first: int, mark: yaml.Mark) -> None:
+        super().__init__(None, None, f"key {key!r} given twice", mark)
+        self.key, self.first = key, first
+
+
+FLOAT_TAG = "tag:yaml.org,2002:float"
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+"""A float in exponent form as YAML 1.2 and Python write it (``1e-3``, ``5E-4``, ``1.0e300``, ``-1e5``, ``.5e3``),
+which PyYAML's YAML 1.1 resolver reads as text (it wants a dot and a signed exponent: ``1.0e-3``). It always holds an
+``e``, so it takes nothing from the other resolvers: ints, ``1e``, ``e5``, ``1.2.3`` and the rest read as before."""
+
+
+def _read_exponent_floats(cls: type) -> None:
+    cls.add_implicit_resolver(FLOAT_TAG, EXPONENT_FLOAT, list("-+0123456789."))
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, whose constructors' own errors on a malformed value (``!!int x``, the date
     ``2020-13-45``: a ValueError, IndexError, ...) become a ``ConstructorError`` marked with its line, and which
     counts the nodes as they are composed: each alias adds the (expanded) nodes of what it names; past
-    :data:`MAX_YAML_NODES`, or an alias to a node that holds it, is a :class:`YAMLTooLarge`."""
+    :data:`MAX_YAML_NODES`, or an alias to a node that holds it, is a :class:`YAMLTooLarge`. Floats in exponent form
+    are floats (:data:`EXPONENT_FLOAT`); a mapping giving a key twice is a :class:`DuplicateKey`."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
@@ -79,6 +101,36 @@ class _Loader(yaml.SafeLoader):
             value = repr(node.value) if isinstance(node, yaml.ScalarNode) else "the value"
             problem = f"{value} is not a valid {node.tag.rpartition(':')[2]}"
             raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        """The mapping's node, once no key is given twice among its own, as written (checked here, before the
+        constructor's ``flatten_mapping`` puts the keys of a merge ``<<: *base`` among them, which the mapping's own
+        may give again: those replace them, as YAML's merge says)."""
+        node = super().compose_mapping_node(anchor)
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            try:
+                first = seen.get(key)
+            except TypeError:  # unhashable: the constructor's own error says so
+                continue
+            if first is not None:
+                raise DuplicateKey(key, first, key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return node
+
+
+_read_exponent_floats(_Loader)
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, which quotes the text that :class:`_Loader` reads as a float (``'1e3'``), so that what
+    it writes reads back the same."""
+
+
+_read_exponent_floats(_Dumper)
 
 
 def load_yaml(text: str) -> Any:
@@ -134,6 +186,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         data = load_yaml(text)
     except YAMLTooLarge as e:
         raise UserError(f"config: {path}:{e.problem_mark.line + 1}: {e.problem}") from None
+    except DuplicateKey as e:
+        raise UserError(f"config: {path}:{e.problem_mark.line + 1}: {e.problem} (also line {e.first})") from None
     except yaml.MarkedYAMLError as e:
         mark, context = e.problem_mark, e.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -177,7 +231,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise UserError(f"--set: expected KEY=VALUE with a dotted key, got {text!r}")
     try:
         value = load_yaml(raw) if raw.strip() else None
-    except YAMLTooLarge as e:
+    except (YAMLTooLarge, DuplicateKey) as e:
         raise UserError(f"--set: {key}: {e.problem}") from None
     except (yaml.YAMLError, RecursionError):  # not YAML: the text itself (``name=2020-13-45``, ``a=[``)
         value = raw
@@ -275,4 +329,5 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_to_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """The YAML a run directory keeps (``config.yaml``), which :func:`load_yaml` reads back as the same values."""
+    return yaml.dump(cfg.model_dump(mode="json"), Dumper=_Dumper, sort_keys=False)

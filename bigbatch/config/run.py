@@ -15,13 +15,14 @@ from bigbatch.config.optim import ClipConfig, OptimConfig
 from bigbatch.config.schedule import ScheduleConfig
 from bigbatch.config.section import Section, one_of, registered
 from bigbatch.config.training import EMAConfig, LossConfig, NormConfig, PrecisionConfig
-from bigbatch.config.values import Steps
+from bigbatch.config.values import RunName, Steps
 from bigbatch.registry import DATASETS, TASKS
 
 
 class RunConfig(Section):
-    name: str = "run"
-    """Recipe name; the default run directory is ``runs/<name>-<timestamp>``."""
+    name: RunName = "run"
+    """Recipe name; the default run directory is ``runs/<name>-<timestamp>``: a plain folder name (no ``/`` or ``\\``,
+    not ``.`` or ``..``, at most 200 bytes)."""
     task: Annotated[str, registered(TASKS)] = "classification"
     batch: int = Field(gt=0)
     """Global images per optimizer step, across all devices (Darknet's ``batch``); an adaptive run's first batch

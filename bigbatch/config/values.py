@@ -125,3 +125,24 @@ def _check_size(value: int | str) -> int | str:
 
 
 Size = Annotated[int | str, AfterValidator(_check_size)]
+
+
+MAX_NAME_BYTES = 200
+"""The longest run name, in UTF-8 bytes: the run folder ``runs/<name>-<YYYYmmdd-HHMMSS>`` stays within the 255 bytes
+of a file name."""
+
+
+def _check_run_name(name: str) -> str:
+    """A run's name is one plain folder name, so that ``runs/<name>-<time>`` (``engine/run_dir.py``) is a folder
+    inside ``runs/``: no path separator, not ``.`` or ``..``, printable, at most :data:`MAX_NAME_BYTES` bytes."""
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or not name.isprintable()
+            or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES):
+        size = len(name.encode("utf-8", "surrogatepass"))
+        shown = f"{name[:40]!r}... ({size:,} bytes)" if size > MAX_NAME_BYTES else repr(name)
+        raise ValueError(f"name: expected a plain name for the run folder runs/<name>-<time> (no '/' or '\\', not "
+                         f"'.' or '..', printable, at most {MAX_NAME_BYTES} bytes), got {shown}")
+    return name
+
+
+RunName = Annotated[str, AfterValidator(_check_run_name)]
+"""The name of a run (``name``): a plain folder name (:func:`_check_run_name`)."""
