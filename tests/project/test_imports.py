@@ -90,8 +90,11 @@ def test_the_registries_import_nothing_of_bigbatch():
     assert GRAPH["bigbatch.registry"] == set()
 
 
-def test_the_darknet_text_reader_imports_only_the_errors():
-    assert GRAPH["bigbatch.darknet.text"] <= {"bigbatch.errors"}
+def test_the_darknet_text_reader_imports_only_the_errors_and_the_user_file_reader():
+    """The cfg reader stays light (no torch): the errors, and the bounded reader of a user's files, which imports
+    nothing of bigbatch."""
+    assert GRAPH["bigbatch.darknet.text"] <= {"bigbatch.errors", "bigbatch.floor.user_files"}
+    assert GRAPH["bigbatch.floor.user_files"] <= {"bigbatch.errors"}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
