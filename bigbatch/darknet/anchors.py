@@ -367,6 +367,10 @@ def anchors_command(data: Path, num: int, size: str | None, cfg: Path | None, ou
         raise UserError(f"--tries: expected 1 to {MAX_TRIES} runs of the k-means, got {tries}")
     if out is not None:
         check_output_file(out, "--out")
+    if cfg is not None:  # a path, or a cfg of bigbatch's own by name (yolov3-tiny-shapes.cfg), as model.cfg
+        from bigbatch.darknet.models import find_cfg
+
+        cfg = find_cfg(str(cfg), key="--cfg")
     if size is None:
         if cfg is None:
             raise UserError("--size: the network's input, WIDTHxHEIGHT (e.g. 416x416), or give --cfg to take its "

@@ -154,6 +154,17 @@ def test_the_cfg_written_has_the_anchors_masks_num_and_filters_and_is_shown(shap
     assert "mask 2,3" in shown.stdout and "mask 0,1" in shown.stdout
 
 
+@pytest.mark.fast
+def test_cfg_takes_a_cfg_bigbatch_ships_by_name_as_the_docs_show(shapes, tmp_path):
+    """docs/detection.md's command names the bundled cfg, ``--cfg yolov3-tiny-shapes.cfg``, as ``model.cfg`` may; it
+    failed with "cannot read yolov3-tiny.cfg" from any folder but the one holding such a file."""
+    by_name = run_main("data", "anchors", str(shapes / "shapes.data"), "--num", "4", "--cfg",
+                       TINY_SHAPES_CFG.name, "--out", str(tmp_path / "named.cfg"), cwd=tmp_path)
+    assert by_name.returncode == 0, by_name.stderr
+    by_path, _ = written_cfg(shapes, tmp_path, 4)
+    assert (tmp_path / "named.cfg").read_text().split("\n")[1:] == by_path.read_text().split("\n")[1:]
+
+
 def test_the_cfg_written_trains_a_step(shapes, tmp_path):
     out, _ = written_cfg(shapes, tmp_path, 4)
     run = tmp_path / "run"
