@@ -156,7 +156,8 @@ def read_cfg_text(path: Path, prefix: str = "config: ") -> str:
         if e.errno is None:  # open_regular's refusals: not a regular file, past the bound, grew while read
             raise UserError(f"{prefix}{e}; not read") from None
         raise UserError(f"{prefix}cannot read {path}: {e.strerror}") from None
-    return data.decode("utf-8", errors="replace")
+    # newlines as a text-mode read gives them (\r\n and a lone \r are \n), as the cfg was read before
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def read_cfg_sections(path: Path, prefix: str = "config: ", warnings: list[str] | None = None,
