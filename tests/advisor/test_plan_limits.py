@@ -96,6 +96,22 @@ def test_a_run_whose_batch_schedule_changed_its_batch_is_refused_as_an_adaptive_
     assert reached(run, 0.5).batch == 64
 
 
+def test_a_runs_config_yaml_is_read_by_bigbatchs_loader(tmp_path):
+    """``plan --from RUN`` read the run's config.yaml with PyYAML's own safe_load, where a key given twice keeps its
+    last value without a word; bigbatch's loader (``config.loading.load_yaml``) refuses it, as for any config."""
+    from bigbatch.advisor.from_run import reached
+    from bigbatch.errors import UserError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 100, "lr": 0.1, "loss": 0.5}) + "\n")
+    (run / "config.yaml").write_text("name: digits\nbatch: 64\n")
+    assert reached(run, 0.5).batch == 64
+    (run / "config.yaml").write_text("name: digits\nbatch: 64\nbatch: 128\n")
+    with pytest.raises(UserError, match="--from"):
+        reached(run, 0.5)
+
+
 # --- a unified-memory GPU (Jetson): the host's memory and the device's are the same RAM ------------------------------
 
 def unified_machine(monkeypatch, tmp_path, unified: bool = True) -> None:
