@@ -72,11 +72,12 @@ def reached(run: Path, target: float) -> Reached:
     if metrics is None or config is None:
         raise UserError(f"--from: {run} is not a bigbatch run directory (it needs config.yaml and metrics.jsonl)")
     try:
-        settings = load_yaml(read_config_bytes(config).decode("utf-8"))  # bounded: an alias bomb is refused
+        settings = load_yaml(read_config_bytes(config).decode("utf-8"))  # bigbatch's loader, as for any config
     except OSError as error:
         raise UserError(f"--from: {config}: {error}") from None
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
-        settings = None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"--from: {config} is not a config bigbatch reads ({first})") from None
     batch = settings.get("batch") if isinstance(settings, dict) else None
     if not isinstance(batch, int) or batch < 1:
         raise UserError(f"--from: {config} has no fixed global batch (an adaptive batch has no one batch its "

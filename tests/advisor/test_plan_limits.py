@@ -108,7 +108,8 @@ def test_a_runs_config_yaml_is_read_by_bigbatchs_loader(tmp_path):
     (run / "config.yaml").write_text("name: digits\nbatch: 64\n")
     assert reached(run, 0.5).batch == 64
     (run / "config.yaml").write_text("name: digits\nbatch: 64\nbatch: 128\n")
-    with pytest.raises(UserError, match="--from"):
+    with pytest.raises(UserError, match=r"--from: .*config\.yaml is not a config bigbatch reads \(key 'batch' given "
+                                        r"twice\)"):
         reached(run, 0.5)
 
 
