@@ -28,6 +28,11 @@ MAX_PROFILED_STEPS = 100
 of a ResNet-50 is already hundreds of MB, more than a trace viewer opens), and no more than the run's own length."""
 BENCH_SET_MULTIPLE = 10
 """``data bench --images`` at most this many times the training set: a measurement past a few epochs only repeats."""
+MAX_SCHEDULE_LINES = 10_000
+"""``schedule --lines`` at most: the steps printed (the phase starts and the last step are printed as well)."""
+MAX_SCHEDULE_ROWS = 10_000_000
+"""``schedule --csv`` and ``--png`` refuse a run of more steps than this: every step is computed and held (a CSV of
+10^7 rows is about 300 MB); the printed table samples any length."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -132,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the folder to write (train/, val/, annotations/): new, empty, or a set bigbatch "
                         "generated (replaced)")
     shapes.add_argument("--images", type=count, default=2000, help="images, train and val together "
-                        "(default: %(default)s; 20%% go to val)")
+                        "(default: %(default)s; 20%% go to val; at most 10,000,000)")
     shapes.add_argument("--seed", type=count, default=0, help="the generator's seed (default: %(default)s)")
     shapes.add_argument("--format", choices=("coco", "yolo"), default="coco",
                         help="coco: JPEG + COCO JSON; yolo: the Darknet/YOLO layout as well (a label file beside "
@@ -215,10 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     schedule = sub.add_parser("schedule", help="print, write and plot the learning rate per step")
     _add_config_args(schedule)
-    schedule.add_argument("--csv", type=Path, help="write every step as CSV (step,lr)")
-    schedule.add_argument("--png", type=Path, help="plot the schedule to this PNG file")
+    schedule.add_argument("--csv", type=Path, help="write every step as CSV (step,lr); a run of at most "
+                          f"{MAX_SCHEDULE_ROWS:,} steps")
+    schedule.add_argument("--png", type=Path, help="plot the schedule to this PNG file; a run of at most "
+                          f"{MAX_SCHEDULE_ROWS:,} steps")
     schedule.add_argument("--lines", type=count, default=40,
-                          help="about how many steps to print (default: %(default)s)")
+                          help=f"about how many steps to print (default: %(default)s; at most {MAX_SCHEDULE_LINES})")
 
     report = sub.add_parser("report", help="write one self-contained HTML report of one or more runs (charts of "
                             "loss, LR, metrics, memory, phases, update sizes, noise scale; runs overlaid)")
@@ -415,6 +422,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
     from bigbatch.tasks import train_set_size_if_known
 
+    if not 1 <= args.lines <= MAX_SCHEDULE_LINES:
+        raise UserError(f"--lines: expected 1 to {MAX_SCHEDULE_LINES} steps to print, got {args.lines}")
+    if args.csv is not None and args.png is not None and _same_path(args.csv, args.png):
+        raise UserError(f"--png: {args.png} is also --csv; give the two files different paths")
     if args.csv is not None:
         check_output_file(args.csv, "--csv", ours=is_schedule_csv)
     if args.png is not None:
@@ -434,27 +445,49 @@ def cmd_schedule(args: argparse.Namespace) -> int:
               f"of the run takes r x the LR at its progress and advances r base steps, r measured (1 to the scale, "
               f"at most {largest / plan.base:g})")
         plan = plan.base_plan()
-    lrs = [lr_at(step) for step in range(plan.steps)]
-    batches = [plan.batch_at(step) for step in range(plan.steps)] if plan.phases else None
-    every = max(1, plan.steps // max(args.lines, 1))
-    batch = f"global batch {plan.batch}" if batches is None else f"global batch {plan.batch} to {max(batches)}"
+    for option, path in (("--csv", args.csv), ("--png", args.png)):
+        if path is not None and plan.steps > MAX_SCHEDULE_ROWS:
+            raise UserError(f"{option}: writes at most {MAX_SCHEDULE_ROWS} steps, and the run is {plan.steps} "
+                            f"steps (steps); print the schedule without {option}")
+    every = max(1, plan.steps // args.lines)
+    shown = sorted({*range(0, plan.steps, every), plan.steps - 1,
+                    *(phase.step for phase in plan.phases if phase.step < plan.steps)})
+    scheduled = bool(plan.phases)
+    largest = max(plan.batch_at(step) for step in {0, *shown})  # the batch changes only at a phase's start
+    batch = f"global batch {plan.batch}" if not scheduled else f"global batch {plan.batch} to {largest}"
     print(f"{plan.steps} steps, {batch}; step counted from 0; every {every} shown")
-    print(f"{'step':>10s}  {'epoch':>9s}  lr" + ("            batch" if batches else ""))
-    shown = {*range(0, plan.steps, every), plan.steps - 1, *(phase.step for phase in plan.phases)}
+    print(f"{'step':>10s}  {'epoch':>9s}  lr" + ("            batch" if scheduled else ""))
     if plan.train_images is None:
         print(f"(epochs unknown: {EPOCHS_UNKNOWN})")
-    for step in sorted(shown):
+    for step in shown:
         epoch = plan.epoch_at(step)
+        lr = lr_at(step)
         print(f"{step:10d}  " + (f"{epoch:9.3f}" if epoch is not None else f"{'-':>9s}") + "  "
-              + (f"{lrs[step]:<12.6g}  {batches[step]:5d}" if batches else f"{lrs[step]:.6g}"))
+              + (f"{lr:<12.6g}  {plan.batch_at(step):5d}" if scheduled else f"{lr:.6g}"))
+    if args.csv is None and args.png is None:
+        return 0
+    from array import array
+
+    lrs = array("d", (lr_at(step) for step in range(plan.steps)))  # 8 bytes a step, at most MAX_SCHEDULE_ROWS
+    batches = array("q", (plan.batch_at(step) for step in range(plan.steps))) if scheduled else None
     if args.csv is not None:
         write_csv(args.csv, lrs, batches)
         print(f"written to {args.csv}")
     if args.png is not None:
-        title = f"batch {plan.batch}" if batches is None else f"batch {plan.batch} to {max(batches)}"
+        title = f"batch {plan.batch}" if batches is None else f"batch {plan.batch} to {largest}"
         plot_png(args.png, lrs, f"{cfg.name}: {title}, {plan.steps} steps", batches)
         print(f"plotted to {args.png}")
     return 0
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """Whether two output paths name one file (the same text once resolved, or one file already there)."""
+    try:
+        if a.exists() and b.exists():
+            return a.samefile(b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -552,6 +585,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.floor.files import atomic_write
     from bigbatch.floor.outputs import check_output_file
     from bigbatch.largebatch.rescale import changes_table, rescale
+    from bigbatch.telemetry.capacity import check_capacity
 
     if args.batch <= 0:
         raise UserError(f"--batch: expected a positive number of images, got {args.batch}")
@@ -562,6 +596,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     cfg, _ = resolve_batch(load_checked(args.config, args.overrides, reads_data=False, needs_length=False), world)
     new, changes = rescale(cfg, args.batch, world)
     batch_layout(new, world)  # the new recipe's layout, checked as its own run would check it
+    check_capacity(new, world)  # and what could never fit this machine, as show and train refuse it
     print(changes_table(changes))
     if args.out is not None:
         text = (f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} {SCALE_MARK.decode()}\n"
@@ -589,8 +624,11 @@ def cmd_data(args: argparse.Namespace) -> int:
         for line in convert(args.src, args.to, args.out, args.layout, args.copy):
             print(line)
         return 0
+    from bigbatch.config.data_keys import MAX_SHAPES_IMAGES
     from bigbatch.data.formats.shapes import generate_shapes
 
+    if args.images > MAX_SHAPES_IMAGES:
+        raise UserError(f"--images: at most {MAX_SHAPES_IMAGES} images (about 80 GB), got {args.images}")
     counts = generate_shapes(args.out, args.images, args.seed, key="--out", yolo=args.format == "yolo")
     print(f"shapes set written to {args.out}: {counts['train_images']} train images ({counts['train_boxes']} boxes), "
           f"{counts['val_images']} val images ({counts['val_boxes']} boxes); classes {', '.join(counts['classes'])}")

@@ -21,6 +21,15 @@ from bigbatch.errors import UserError
 
 MARK = "bigbatch_advisor"
 """The key that says an advisor.json is bigbatch's (one that lacks it is not overwritten)."""
+MAX_DEVICES = 1_000_000
+"""``--devices`` at most this many devices a count (past any cluster built)."""
+MAX_BATCH = 2**40
+"""``--batches`` at most this many images a batch (about 1.1 x 10^12; the run's own batch is bounded by the memory
+its data order takes, ``telemetry/capacity.py``)."""
+MAX_LISTED = 100
+"""``--devices`` and ``--batches`` at most this many values each (the table has a row for every pair)."""
+MAX_MEASURE_STEPS = 1000
+"""``--measure-steps`` at most: the spread settles within tens of steps; this many is minutes of a large model."""
 
 
 @dataclass(frozen=True)
@@ -40,12 +49,20 @@ class Options:
 
 def check(cfg: RunConfig, o: Options) -> list[int]:
     """The batches of the table; ``UserError`` (one line, naming the option) for what cannot work."""
+    for option, values in (("--devices", o.devices), ("--batches", o.batches or [])):
+        if len(values) > MAX_LISTED:
+            raise UserError(f"{option}: at most {MAX_LISTED} values, got {len(values)}")
     if any(n < 1 for n in o.devices):
         raise UserError(f"--devices: device counts must be 1 or more, got {','.join(map(str, o.devices))}")
+    if any(n > MAX_DEVICES for n in o.devices):
+        raise UserError(f"--devices: at most {MAX_DEVICES} devices, got {max(o.devices)}")
     if o.batches is not None and any(b < 2 for b in o.batches):
         raise UserError(f"--batches: a batch must be 2 images or more, got {','.join(map(str, o.batches))}")
-    if o.measure_steps < 2:
-        raise UserError(f"--measure-steps: at least 2 steps (their spread is the uncertainty), got {o.measure_steps}")
+    if o.batches is not None and any(b > MAX_BATCH for b in o.batches):
+        raise UserError(f"--batches: at most {MAX_BATCH} images a batch, got {max(o.batches)}")
+    if not 2 <= o.measure_steps <= MAX_MEASURE_STEPS:
+        raise UserError(f"--measure-steps: 2 to {MAX_MEASURE_STEPS} steps (their spread is the uncertainty), got "
+                        f"{o.measure_steps}")
     if (o.from_run is None) != (o.target_loss is None):
         raise UserError("--from and --target-loss go together: the steps a run took to that loss")
     if o.price is not None and not o.price > 0:

@@ -26,6 +26,7 @@ Time of a step at global batch B on N devices, micro-batch b, S = B / (N b) micr
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
@@ -219,10 +220,31 @@ def micro_batch_for(batch: int, devices: int, largest: int) -> int | None:
     return max(fitting) if fitting else None
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1, ascending: its prime factors by trial division (up to the square root of what is
+    left, so a batch of 2^k or 3 x 2^k is factored in k steps), then their products."""
+    factors: dict[int, int] = {}
+    left, p = n, 2
+    while p * p <= left:
+        while left % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            left //= p
+        p += 1 if p == 2 else 2
+    if left > 1:
+        factors[left] = factors.get(left, 0) + 1
+    found = [1]
+    for prime, power in factors.items():
+        found = [d * prime**k for d in found for k in range(power + 1)]
+    return sorted(found)
+
+
 def nearest_device_counts(batch: int, devices: int) -> tuple[int | None, int | None]:
     """The nearest device counts below and above ``devices`` that ``batch`` can be cut for (its divisors)."""
-    below = next((n for n in range(devices - 1, 0, -1) if batch % n == 0), None)
-    above = next((n for n in range(devices + 1, batch + 1) if batch % n == 0), None)
+    counts = divisors(batch)
+    i = bisect.bisect_left(counts, devices)
+    below = counts[i - 1] if i > 0 else None
+    j = bisect.bisect_right(counts, devices)
+    above = counts[j] if j < len(counts) else None
     return below, above
 
 

@@ -10,6 +10,10 @@ from bigbatch.config.data_keys import DATASET_KEYS
 from bigbatch.config.section import PartSection, Section, registered
 from bigbatch.registry import DATASETS
 
+MAX_WORKERS = 256
+"""``data.workers`` at most: each worker is a process holding its own copy of the dataset object; a count past a
+few per core only thrashes (``data bench`` measures the best one)."""
+
 SizeList = Annotated[list[Annotated[int, Field(gt=0, multiple_of=32)]], Field(min_length=1)]
 """One or more input sizes, multiples of 32."""
 
@@ -72,8 +76,9 @@ class DataConfig(PartSection):
     """The training set's size (``folder``, detection), used by ``show``, ``schedule`` and ``scale`` only when the
     data is not at hand (e.g. ``118287`` for COCO train2017); training always counts the images it loads."""
     multiscale: MultiScaleConfig = MultiScaleConfig()
-    workers: int = Field(0, ge=0)
-    """DataLoader worker processes (0: load in the training process)."""
+    workers: int = Field(0, ge=0, le=MAX_WORKERS)
+    """DataLoader worker processes (0: load in the training process); at most 256 (``MAX_WORKERS``), far more than
+    the cores of any one machine a run is given."""
 
     @property
     def is_detection(self) -> bool:

@@ -22,6 +22,10 @@ from bigbatch.config.section import Section
 
 Fields = dict[str, tuple[Any, Any]]
 
+MAX_SHAPES_IMAGES = 10_000_000
+"""``data.shapes_images`` and ``data shapes --images`` at most: about 80 GB of JPEGs at some 8 KB an image, far past
+what a synthetic set needs (the default is 2,000)."""
+
 PREPROCESSING = Literal["inception", "standard", "darknet"]
 """``data.preprocessing`` (``folder``): ``inception``, the Inception v3 TPU code's (``data/transforms/inception.py``),
 ``standard``, torchvision's and timm's ImageNet recipe with the keys of ``data.standard``
@@ -153,8 +157,9 @@ def detection_keys_unset(data: Any) -> None:
 DATASET_KEYS: dict[str, Fields] = {
     "folder": CLASSIFICATION,
     "shards": CLASSIFICATION,
-    "shapes": {"shapes_images": (Annotated[int, Field(gt=0)], 2000), **AUGMENTATION},
-    # shapes_images: images to generate (train and val together) when data.path holds no set yet
+    "shapes": {"shapes_images": (Annotated[int, Field(gt=0, le=MAX_SHAPES_IMAGES)], 2000), **AUGMENTATION},
+    # shapes_images: images to generate (train and val together) when data.path holds no set yet; at most
+    # MAX_SHAPES_IMAGES (10^7)
     "coco": {"train": (SplitPaths | None, None), "val": (SplitPaths | None, None), **AUGMENTATION},
     "yolo": {"annotations": (str | None, ANNOTATIONS_AUTO), **AUGMENTATION},
     # annotations: a COCO annotation file of the same validation images, whose image ids (by file name), category

@@ -238,14 +238,20 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-# Keys of which only one may be given; setting one from the command line drops the other.
+# Keys of which only one may be given; setting one from the command line drops the other (the recipe's), and
+# setting both there is refused.
 _EXCLUSIVE = {"steps": "epochs", "epochs": "steps"}
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     data = copy.deepcopy(data)
+    given: set[str] = set()
     for text in overrides:
         keys, value = parse_override(text)
+        if len(keys) == 1 and keys[0] in _EXCLUSIVE and value is not None:  # ``epochs=null`` clears, gives none
+            if _EXCLUSIVE[keys[0]] in given:  # both on one command line: which one was meant is not known
+                raise UserError("steps: give either steps or epochs, not both (both are in --set)")
+            given.add(keys[0])
         node = data
         for i, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})

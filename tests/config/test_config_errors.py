@@ -91,7 +91,8 @@ def test_overrides_are_typed_and_steps_replaces_epochs():
     assert cfg.steps == 7 and cfg.epochs is None
     assert cfg.optim.lr == 0.05 and cfg.optim.nesterov is True
     assert cfg.model.norm == "group"
-    assert load_config("digits", ["steps=7", "epochs=2"]).steps is None
+    with pytest.raises(UserError, match="^steps: give either steps or epochs, not both"):  # both on one line
+        load_config("digits", ["steps=7", "epochs=2"])
 
 
 def test_steps_and_epochs_together_in_a_file_is_an_error(tmp_path):

@@ -1,0 +1,153 @@
+"""Sizes and counts from the command line and the config, bounded before any work (docs/review-cli findings 1, 2,
+8, 9 and 10): each is refused in one ``error:`` line naming the option or key, exit code 2, and nothing written."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bigbatch.advisor.model import divisors, nearest_device_counts
+from bigbatch.cli import MAX_SCHEDULE_ROWS, main
+from bigbatch.config import load_config
+from tests.helpers import one_error
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def test_schedule_of_many_steps_prints_sampled_steps_only(monkeypatch, capsys) -> None:
+    """10^10 steps: the LR is computed at the printed steps only (the old code built a list of every step's)."""
+    import bigbatch.largebatch.schedule as schedule
+
+    build, calls = schedule.build_schedule, []
+
+    def counting(cfg, plan):
+        lr = build(cfg, plan)
+
+        def counted(step: int) -> float:
+            calls.append(step)
+            assert len(calls) < 10_000, "the LR of every step is computed"
+            return lr(step)
+
+        return counted
+
+    monkeypatch.setattr(schedule, "build_schedule", counting)
+    assert main(["schedule", "--set", "steps=10000000000", "batch=8", "subdivisions=1", "--lines", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "10000000000 steps" in out and f"{10**10 - 1:10d}" in out
+    assert len(calls) <= 12
+
+
+def test_schedule_csv_and_png_of_too_many_steps_are_refused(tmp_path: Path, capsys) -> None:
+    for option in ("--csv", "--png"):
+        path = tmp_path / f"s.{option[2:]}"
+        assert main(["schedule", "--set", "steps=10000000000", "batch=8", "subdivisions=1", option, str(path)]) == 2
+        one_error(capsys, f"{option}: writes at most {MAX_SCHEDULE_ROWS} steps", "10000000000 steps (steps)")
+        assert not path.exists()
+
+
+def test_schedule_csv_and_png_on_one_path_are_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["schedule", "--lines", "1", "--csv", "s.csv", "--png", "./s.csv"]) == 2
+    one_error(capsys, "--png: ", "is also --csv")
+    assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.mark.parametrize("lines", ["0", "1000000000"])
+def test_schedule_lines_out_of_range_are_refused(lines: str, capsys) -> None:
+    assert main(["schedule", "--lines", lines]) == 2
+    one_error(capsys, "--lines: expected 1 to")
+
+
+# ----------------------------------------------------------------------------- plan --devices
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--devices", "100000000000"], "--devices: at most 1000000 devices"),
+    (["--devices", ",".join(["2"] * 101)], "--devices: at most 100 values"),
+    (["--devices", "1,2", "--measure-steps", "100000000000"], "--measure-steps: 2 to 1000 steps"),
+    (["--devices", "2", "--batches", str(2**41)], "--batches: at most"),
+])
+def test_plan_devices_bounds(args: list[str], expected: str, capsys) -> None:
+    start = time.monotonic()
+    assert main(["plan", *args]) == 2
+    one_error(capsys, expected)
+    assert time.monotonic() - start < 30
+
+
+def test_nearest_device_counts_are_found_among_the_divisors() -> None:
+    for batch in range(1, 400):
+        assert divisors(batch) == [n for n in range(1, batch + 1) if batch % n == 0]
+        for devices in (1, 3, 7, 50, 500):
+            if batch % devices:
+                below = max((n for n in range(1, devices) if batch % n == 0), default=None)
+                above = min((n for n in range(devices + 1, batch + 1) if batch % n == 0), default=None)
+                assert nearest_device_counts(batch, devices) == (below, above)
+    start = time.monotonic()
+    assert nearest_device_counts(256, 100_000_000_000) == (256, None)
+    assert nearest_device_counts(2**40, 1_000_001) == (2**19, 2**20)
+    assert nearest_device_counts(1_000_000_000_039, 3) == (1, 1_000_000_000_039)  # a prime: its square root
+    assert time.monotonic() - start < 5
+
+
+def test_plan_devices_past_the_batch_names_the_nearest_quickly(capsys) -> None:
+    start = time.monotonic()
+    assert main(["plan", "--devices", "999999", "--batches", "256"]) == 2
+    one_error(capsys, "--devices: batch 256 cannot be cut for 999999 devices", "the nearest that work: 256")
+    assert main(["plan", "--devices", "3", "--batches", "1000000000039"]) == 2  # a prime: the old loop ran to it
+    one_error(capsys, "--devices: batch 1000000000039 cannot be cut for 3 devices", "work: 1 or 1000000000039")
+    assert time.monotonic() - start < 30
+
+
+# ----------------------------------------------------------------------------- data shapes, data.* counts
+
+
+def test_data_shapes_images_is_bounded(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "shp"
+    assert main(["data", "shapes", "--out", str(out), "--images", "1e12"]) == 2
+    one_error(capsys, "--images: at most 10000000 images")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("config", "setting", "key"), [
+    ("shapes-detect", "data.shapes_images=1000000000000", "data.shapes_images"),
+    ("digits", "data.workers=1000000", "data.workers"),
+])
+def test_config_counts_are_bounded(config: str, setting: str, key: str, capsys) -> None:
+    assert main(["show", config, "--set", setting]) == 2
+    one_error(capsys, f"error: {key}: ", "less than or equal to")
+
+
+def test_config_counts_within_the_bounds_are_kept() -> None:
+    assert load_config("digits", ["data.workers=256"]).data.workers == 256
+    assert load_config("shapes-detect", ["data.shapes_images=10000000"]).data.shapes_images == 10_000_000
+
+
+# ----------------------------------------------------------------------------- scale
+
+
+def test_scale_refuses_a_recipe_show_would_refuse(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "huge.yaml"
+    assert main(["scale", "--batch", "1000000000000", "--out", str(out)]) == 2
+    one_error(capsys, "error: batch: 1000000000000 images per step")
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- steps and epochs
+
+
+@pytest.mark.parametrize("settings", [["steps=10", "epochs=2"], ["epochs=2", "steps=10"]])
+def test_steps_and_epochs_both_in_set_are_refused(settings: list[str], capsys) -> None:
+    assert main(["show", "--set", *settings]) == 2
+    one_error(capsys, "error: steps: give either steps or epochs, not both")
+
+
+def test_set_replaces_the_recipes_steps_or_epochs(tmp_path: Path) -> None:
+    assert load_config("digits", ["steps=10"]).steps == 10  # the recipe counts in epochs
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("batch: 64\nsteps: 100\n")
+    cfg = load_config(str(recipe), ["epochs=2"])
+    assert (cfg.steps, cfg.epochs) == (None, 2)
+    cfg = load_config(str(recipe), ["steps=5", "steps=7"])  # one key twice: the last, as any key
+    assert cfg.steps == 7
