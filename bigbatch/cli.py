@@ -424,7 +424,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     if not 1 <= args.lines <= MAX_SCHEDULE_LINES:
         raise UserError(f"--lines: expected 1 to {MAX_SCHEDULE_LINES} steps to print, got {args.lines}")
-    if args.csv is not None and args.png is not None and _same_path(args.csv, args.png):
+    if args.csv is not None and args.png is not None and args.csv.resolve() == args.png.resolve():  # links followed
         raise UserError(f"--png: {args.png} is also --csv; give the two files different paths")
     if args.csv is not None:
         check_output_file(args.csv, "--csv", ours=is_schedule_csv)
@@ -478,16 +478,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         plot_png(args.png, lrs, f"{cfg.name}: {title}, {plan.steps} steps", batches)
         print(f"plotted to {args.png}")
     return 0
-
-
-def _same_path(a: Path, b: Path) -> bool:
-    """Whether two output paths name one file (the same text once resolved, or one file already there)."""
-    try:
-        if a.exists() and b.exists():
-            return a.samefile(b)
-    except OSError:
-        pass
-    return a.resolve() == b.resolve()
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
