@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -295,7 +296,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_name,
         timestamped,
     )
-    from bigbatch.engine.step import Interrupted
+    from bigbatch.engine.step import Interrupted, terminate_as_interrupt
     from bigbatch.floor import distributed, run_files
 
     overrides = args.overrides
@@ -327,11 +328,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         started = time.perf_counter()
         try:
-            result = train(cfg, out_dir, resume=resume, layout=layout)
+            with terminate_as_interrupt(enabled=world == 1):  # kill, timeout, a scheduler's stop: as Ctrl-C
+                result = train(cfg, out_dir, resume=resume, layout=layout)
         except Interrupted as stop:
             if distributed.rank_from_env() == 0:
                 print(interrupted_message(stop, out_dir), file=sys.stderr, flush=True)
-            return 130
+            return 128 + stop.signal
     if distributed.rank_from_env() != 0:
         return 0  # rank 0 reports
     minutes = (time.perf_counter() - started) / 60
@@ -714,11 +716,12 @@ def main(argv: list[str] | None = None) -> int:
             check_keys(read_config(config, args.overrides, getattr(args, "out", None)))
         return COMMANDS[args.command](args)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun, once a machine: every rank finds a mistake
+            print(f"error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C; or SIGTERM while train sets up (engine.step.Terminated: its signal)
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "signal", 2)

@@ -23,7 +23,9 @@ import contextlib
 import dataclasses
 import gc
 import math
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,12 +60,44 @@ MicroBatchHook = Callable[[int], None]
 
 
 class Interrupted(KeyboardInterrupt):
-    """The run was interrupted (Ctrl-C, SIGINT) after ``done`` of its ``steps`` steps; ``checkpoint``, the last one
-    written (None: none yet), holds step ``checkpoint_step``: what a resume continues from."""
+    """The run was interrupted (Ctrl-C, SIGINT; or SIGTERM in one process, :func:`terminate_as_interrupt`) after
+    ``done`` of its ``steps`` steps; ``checkpoint``, the last one written (None: none yet), holds step
+    ``checkpoint_step``: what a resume continues from. ``signal``: the signal's number (the exit code is 128 + it)."""
 
-    def __init__(self, done: int, steps: int, checkpoint: Path | None, checkpoint_step: int | None) -> None:
+    def __init__(self, done: int, steps: int, checkpoint: Path | None, checkpoint_step: int | None,
+                 signal: int = 2) -> None:
         super().__init__(done)
         self.done, self.steps, self.checkpoint, self.checkpoint_step = done, steps, checkpoint, checkpoint_step
+        self.signal = signal
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received while a run of one process trains (:func:`terminate_as_interrupt`)."""
+
+    def __init__(self, signal: int = 15) -> None:
+        super().__init__(signal)
+        self.signal = signal
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt(enabled: bool) -> Iterator[None]:
+    """Within the block, SIGTERM (``kill``, ``timeout``, a scheduler's stop, which sends SIGKILL only after a grace
+    period) stops the run as Ctrl-C does: the checkpoints written reach the disk and the run says what is kept,
+    where Python's default is to die at once and silently. Only where ``enabled`` (one process: under torchrun the
+    agent stops the other workers with SIGTERM when one fails, and a worker waiting in a collective would hold the
+    signal until the grace period ends) and in the main thread (the only one that may set a handler)."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class NonFiniteTraining(TrainingStopped):

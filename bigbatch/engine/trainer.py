@@ -47,7 +47,7 @@ from bigbatch.engine.relaunch import relaunch
 from bigbatch.engine.run import LastCheckpoint, Run
 from bigbatch.engine.run_dir import check_run_files, claim, keep_model_files
 from bigbatch.engine.state import Best, TrainingState
-from bigbatch.engine.step import Interrupted, TrainStep
+from bigbatch.engine.step import Interrupted, Terminated, TrainStep
 from bigbatch.floor import collector, distributed, files, run_files
 from bigbatch.largebatch.optim import set_lr
 from bigbatch.tasks import build_task
@@ -142,10 +142,10 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
         run.hooks.after_train(failing=True)  # the run's own error is the one raised
         progress.detach()
         state.finish_writes(failing=True)  # the checkpoints saved before the error reach the disk
-        if isinstance(error, KeyboardInterrupt):  # Ctrl-C: say where a resume would continue from
+        if isinstance(error, KeyboardInterrupt):  # Ctrl-C (or SIGTERM): say where a resume would continue from
             kept = last_checkpoint.step
             raise Interrupted(progress.step, run.plan.steps, last_checkpoint.path if kept is not None else None,
-                              kept) from None
+                              kept, signal=15 if isinstance(error, Terminated) else 2) from None
         raise
     run.hooks.after_train()
     progress.detach()

@@ -120,3 +120,37 @@ def test_ctrl_c_says_the_checkpoint_kept_the_steps_lost_and_the_command_that_res
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.splitlines()[0] == f"resumed from step 4 of 8 ({out / 'checkpoints' / 'last.pt'})"
     assert shlex.join(command) == f"bigbatch train --resume {out}"
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_saying_what_is_kept(tmp_path):
+    """``kill``, ``timeout`` and a scheduler's stop send SIGTERM: the run died at once with exit code 143 and no
+    word; it now stops as Ctrl-C stops it (the checkpoints written reach the disk, the last lines say what is kept and
+    the command that resumes), with SIGTERM's exit code, 143."""
+    import time
+
+    from tests.helpers import bigbatch_command
+
+    out = tmp_path / "run"
+    settings = ["data.size=8", "model.width=4", "subdivisions=1", "batch=64", "steps=100000", "eval.every=100000",
+                "checkpoint.every=1", "log.tensorboard=false", "memory.interval=60"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("WORLD_SIZE", None)
+    process = subprocess.Popen(bigbatch_command("train", "digits", "--out", str(out), "--set", *settings), cwd=ROOT,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        last = out / "checkpoints" / "last.pt"
+        waited = 0.0
+        while not last.exists() and process.poll() is None and waited < HANG_GUARD_S:  # a hang guard, not a speed
+            time.sleep(0.2)
+            waited += 0.2
+        assert last.exists(), process.communicate(timeout=HANG_GUARD_S)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, stderr[-2000:]
+    assert "interrupted after step" in stderr and stderr.endswith(f"resume with:\n  bigbatch train --resume {out}\n"), \
+        stderr[-1000:]
+    kept = torch.load(last, weights_only=True)["step"]
+    assert f"kept: {last} at step {kept}" in stderr
