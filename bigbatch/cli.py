@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in DIR from DIR/checkpoints/last.pt up to the configured steps")
 
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the validation set")
-    evaluate.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_OR_RUN_DIR")
+    evaluate.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_OR_RUN_DIR",
+                          help="a run directory (its checkpoints/last.pt), a checkpoint, or a model exported from a "
+                               "run (.onnx, .torchscript, .xml), evaluated in its runtime")
     _add_set_arg(evaluate)
     evaluate.add_argument("--save-detections", type=Path, metavar="FILE.json",
                           help="detectors: also write the detections in the COCO results format")
@@ -185,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--seed", type=count, default=0, help="the seed of the training samples' shuffle (default: "
                       "%(default)s)")
 
-    export = sub.add_parser("export", help="write a Darknet network's weights (from a run, a checkpoint or a .cfg) as "
-                            "Darknet .weights and/or a checkpoint")
+    export = sub.add_parser("export", help="write a trained model as ONNX, TorchScript or OpenVINO (--format), each "
+                            "checked in its runtime; or a Darknet network's weights as .weights and/or a checkpoint")
     export.add_argument("source", type=Path, metavar="SOURCE",
                         help="a run directory, a checkpoint, or a Darknet .cfg (a new network, or --weights)")
     export.add_argument("--darknet-weights", type=Path, metavar="OUT.weights", help="write Darknet's .weights format")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bigbatch.data.pipeline.files import BadLine, read_lines
 from bigbatch.errors import UserError
-from bigbatch.inference.video import is_video
+from bigbatch.inference.video import VIDEO_SUFFIXES, is_video
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 """The image files a folder or a glob is listed for (those PIL and torchvision decode)."""
@@ -58,7 +58,7 @@ def expand_sources(sources: list[str], warn: Callable[[str], None]) -> list[Sour
     if not found:
         shown = " ".join(sources[:3]) + (" ..." if len(sources) > 3 else "")
         raise UserError(f"predict: {shown} names no image or video file (images: {', '.join(IMAGE_SUFFIXES)}; "
-                        "videos: bigbatch predict --help)")
+                        f"videos: {', '.join(VIDEO_SUFFIXES)})")
     return found
 
 
