@@ -242,8 +242,8 @@ def test_a_runs_checkpoint_leading_outside_it_is_not_read(tmp_path, command, no_
     image.write_bytes(b"not read")
     before = contents(run)
     args = [part.format(run=run, image=image, out=tmp_path / "model.torchscript") for part in command]
-    err = one_error(run_main(*args), f"{run / 'checkpoints' / 'last.pt'} leads outside {run}")
-    assert err.startswith("error: ") and contents(run) == before
+    err = one_error(run_main(*args, cwd=tmp_path), f"{run / 'checkpoints' / 'last.pt'} leads outside {run}")
+    assert err.startswith("error: ") and contents(run) == before and not (tmp_path / "predictions").exists()
 
 
 def test_a_resumed_runs_config_yaml_leading_outside_is_not_read(tmp_path, no_training):
