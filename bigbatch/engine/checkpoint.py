@@ -208,8 +208,8 @@ def load(path: str | Path, needs: tuple[str, ...] = ("model",)) -> dict[str, Any
 
 def read_part(path: str | Path, key: str) -> Any:
     """The part ``key`` of the checkpoint at ``path`` (e.g. its small ``data``), its tensors left in the file
-    (``torch.load(mmap=True)``); None where the checkpoint has no such part. A file that is no checkpoint is the
-    ``UserError`` of :func:`load`."""
+    (``files.load_tensors``: ``torch.load(weights_only=True, mmap=True)``); None where the checkpoint has no such
+    part. A file that is no checkpoint is the ``UserError`` of :func:`load`."""
     state = load_tensors(Path(path), "checkpoint", mmap=True)
     return state.get(key) if isinstance(state, dict) else None
 
