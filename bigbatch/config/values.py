@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,17 @@ def _check_size(value: int | str) -> int | str:
     return value
 
 
-Size = Annotated[int | str, AfterValidator(_check_size)]
+def _whole_bytes(value: object) -> object:
+    """A size written in exponent form (``1e9``, ``2.5e8``) reads as a float in YAML 1.2: a whole, finite number of
+    bytes becomes an int; any other float is refused in the size wording, not pydantic's wrong-type wording."""
+    if isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer()):
+            raise ValueError(f"expected a size such as 2GiB, 512MiB or a whole number of bytes, got {value!r}")
+        return int(value)
+    return value
+
+
+Size = Annotated[int | str, BeforeValidator(_whole_bytes), AfterValidator(_check_size)]
 
 
 MAX_NAME_BYTES = 200

@@ -82,6 +82,18 @@ def test_sizes(text, size):
     assert parse_size(text) == size
 
 
+def test_a_size_in_exponent_form_is_a_number_of_bytes():
+    """YAML 1.2 reads ``1e9`` as a float: a whole number of bytes is a size; a fraction of a byte is refused in the
+    size wording (it once met pydantic's "should be a valid integer ... or a valid string")."""
+    from bigbatch.config.monitoring import MemoryConfig
+
+    assert parse_size(MemoryConfig(limit=1e9).limit) == 10**9
+    assert parse_size(MemoryConfig(limit=2.5e8).limit) == 250_000_000
+    result = run_main("show", "digits", "--set", "memory.limit=1.5")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: memory.limit: expected a size such as 2GiB, 512MiB or a whole number")
+
+
 def test_bad_size_is_a_config_error():
     result = run_main("show", "digits", "--set", "memory.limit=lots")
     assert result.returncode == 2 and result.stderr.startswith("error: memory.limit: expected a size")
