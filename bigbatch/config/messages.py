@@ -54,7 +54,10 @@ def _describe(error: dict[str, Any], section: type[Section] | None) -> tuple[str
     message = error["msg"]
     if kind == "value_error":  # our own validators start with the key they are about
         return own_error(message.removeprefix("Value error, "), loc)
-    return loc, f"{message[0].lower() + message[1:]}, got {error['input']!r}"
+    text = f"{message[0].lower() + message[1:]}, got {error['input']!r}"
+    if kind == "string_type" and isinstance(error["input"], bool):  # YAML 1.1: ``path: off`` is False
+        text += " (YAML reads yes, no, on and off as true or false: quote the text, as 'off')"
+    return loc, text
 
 
 def section_in(annotation: Any) -> type[Section] | None:

@@ -22,6 +22,7 @@ BAD = [
     (["--set", "data.size=4"], "data.size", "at least 8 px"),
     (["--set", "precision.loss_scale=foo"], "precision.loss_scale", "'dynamic'"),
     (["--set", "clip.max_norm=1", "clip.agc=0.1"], "clip.agc", "not several"),
+    (["--set", "data.path=off"], "data.path", "got False (YAML reads yes, no, on and off as true or false: quote"),
 ]
 
 
