@@ -312,3 +312,20 @@ def test_a_warmup_longer_than_the_run_is_said_once_with_its_numbers(capsys):
     assert warmup_note(*schedule_of("digits")[:2]) is None
     assert main(["schedule", str(DARKNET_DATA / "yolov3-tiny.cfg"), "--set", "steps=10", "--lines", "2"]) == 0
     assert capsys.readouterr().out.startswith(note + "\n")
+
+
+def test_schedule_csv_is_written_in_blocks_and_keeps_every_row(tmp_path):
+    """``write_csv`` writes blocks of rows (the text at 10^7 steps is about 300 MB): every step, in order, across
+    block edges, with and without a batch column."""
+    from bigbatch.report import schedule_files
+
+    steps = 2 * schedule_files._ROWS_PER_WRITE + 5
+    lrs = [step / 7 for step in range(steps)]
+    schedule_files.write_csv(tmp_path / "lr.csv", lrs)
+    lines = (tmp_path / "lr.csv").read_text().splitlines()
+    assert lines[0] == "step,lr" and len(lines) == steps + 1
+    assert [float(line.split(",")[1]) for line in lines[1:]] == lrs
+    batches = [256 * (1 + step // 1000) for step in range(steps)]
+    schedule_files.write_csv(tmp_path / "b.csv", lrs, batches)
+    rows = [line.split(",") for line in (tmp_path / "b.csv").read_text().splitlines()[1:]]
+    assert [int(r[0]) for r in rows] == list(range(steps)) and [int(r[2]) for r in rows] == batches
