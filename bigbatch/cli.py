@@ -627,7 +627,10 @@ def cmd_data(args: argparse.Namespace) -> int:
     print(f"shapes set written to {args.out}: {counts['train_images']} train images ({counts['train_boxes']} boxes), "
           f"{counts['val_images']} val images ({counts['val_boxes']} boxes); classes {', '.join(counts['classes'])}")
     if args.format == "yolo":
-        print(f"YOLO layout: train with --set data.name=yolo data.path={args.out / 'shapes.data'}")
+        from bigbatch.config.loading import override_word
+
+        path = override_word("data.path", str(args.out / "shapes.data"))
+        print(f"YOLO layout: train with --set data.name=yolo {path}")
     return 0
 
 
@@ -670,13 +673,16 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise UserError(f"--shard-size: {e}") from None
     if args.seed < 0:
         raise UserError(f"--seed: expected a whole number >= 0, got {args.seed}")
+    from bigbatch.config.loading import override_word
+
     counts = pack(args.src, args.out, shard_size, args.seed)
     for folder in counts["removed"]:
         print(f"removed {folder}, the unfinished output of a pack to {args.out} that was killed")
     train, val = counts["train"], counts["val"]
     print(f"shards written to {args.out}: {train['samples']} train images in {train['shards']} shards, "
           f"{val['samples']} val images in {val['shards']} shards, {counts['classes']} classes, "
-          f"{counts['bytes'] / 1e6:.1f} MB; train with data.name=shards data.path={args.out}")
+          f"{counts['bytes'] / 1e6:.1f} MB; train with --set data.name=shards "
+          f"{override_word('data.path', str(args.out))}")
     return 0
 
 

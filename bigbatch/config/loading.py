@@ -238,6 +238,20 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def override_word(key: str, value: str) -> str:
+    """The ``--set`` argument that gives ``key`` the text ``value``, as one shell word to paste: the value
+    YAML-quoted where YAML would read it otherwise (``off``, ``123``, ``a #b``), the whole ``shlex``-quoted where the
+    shell would split or expand it (a space, ``ü`` is fine). :func:`parse_override` reads it back as ``value``."""
+    import json
+    import shlex
+
+    try:
+        plain = load_yaml(value) == value
+    except yaml.YAMLError:
+        plain = False
+    return shlex.quote(f"{key}={value if plain else json.dumps(value, ensure_ascii=False)}")
+
+
 # Keys of which only one may be given; setting one from the command line drops the other (the recipe's), and
 # setting both there is refused.
 _EXCLUSIVE = {"steps": "epochs", "epochs": "steps"}

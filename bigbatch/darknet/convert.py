@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bigbatch.config.loading import load_yaml
+from bigbatch.config.loading import load_yaml, override_word
 from bigbatch.darknet.yolo_data import (
     MAX_CLASS_NAMES,
     MAX_LISTED_IMAGES,
@@ -671,9 +671,10 @@ def convert(src: Path, to: str, out: Path, layout: str | None = None, copy: bool
         lines.append(f"left out {source.crowd} crowd {regions} (iscrowd: 1): YOLO labels have no crowd flag")
     lines += source.notes
     if to == "yolo":
-        lines.append(f"train with --set data.name=yolo data.path={out / written}")
+        lines.append(f"train with --set data.name=yolo {override_word('data.path', str(out / written))}")
     else:
-        keys = " ".join(f"data.{s}.images={out / s} data.{s}.annotations={out / 'annotations' / f'{s}.json'}"
+        keys = " ".join(f"{override_word(f'data.{s}.images', str(out / s))} "
+                        f"{override_word(f'data.{s}.annotations', str(out / 'annotations' / f'{s}.json'))}"
                         for s in SPLITS)
         lines.append(f"train with --set data.name=coco {keys}")
     return lines

@@ -84,7 +84,8 @@ def predict(args: PredictArgs) -> list[str]:
                       coco=args.coco, annotations=args.annotations)
     settings = model.settings_with(conf=args.conf, iou=args.iou, max_det=args.max_det, top_k=args.top_k,
                                    batch=args.batch)
-    print(f"predicting with the {model.task} model: {model.source}; {len(sources)} files", flush=True)
+    files = f"{len(sources)} file{'' if len(sources) == 1 else 's'}"
+    print(f"predicting with the {model.task} model: {model.source}; {files}", flush=True)
     outputs.open()
     started, unreadable = time.perf_counter(), 0
     with _progress(sources) as bar:
@@ -99,7 +100,8 @@ def predict(args: PredictArgs) -> list[str]:
     written = outputs.close()
     count = outputs.count
     skipped = f"; {unreadable} unreadable, skipped" if unreadable else ""
-    return [f"{count} images in {elapsed:.1f} s ({count / elapsed:.1f} images/s){skipped}; written: "
+    images = f"{count} image{'' if count == 1 else 's'}"
+    return [f"{images} in {elapsed:.1f} s ({count / elapsed:.1f} images/s){skipped}; written: "
             f"{', '.join(str(path) for path in written)}"]
 
 

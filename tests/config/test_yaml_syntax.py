@@ -125,3 +125,17 @@ def test_a_name_given_by_cli_is_one_error_line():
     result = run_main("show", "digits", "--set", "name=../../escape")
     assert result.returncode == 2
     assert result.stderr.startswith("error: name: expected a plain name") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("text", ["runs/x", "spaced dir ü/shards", "off", "123", "1e9", "a #b", "a: b", "it's",
+                                  "$HOME/x", "-x", "[a]", "{a: 1}", "null", "~", "'quoted'", ""])
+def test_override_word_reads_back_as_the_same_text(text):
+    """``override_word`` (the ``--set`` words ``pack``, ``data convert`` and ``data shapes`` print) pastes into a
+    shell as one word that ``parse_override`` reads back as exactly the text, whatever YAML or the shell would make
+    of it unquoted."""
+    import shlex
+
+    from bigbatch.config.loading import override_word, parse_override
+
+    words = shlex.split(override_word("data.path", text))
+    assert len(words) == 1 and parse_override(words[0]) == (["data", "path"], text)

@@ -237,3 +237,19 @@ def test_bigbatch_pack_writes_shards_that_train(tmp_path, photos):
     refused = run_main("pack", str(photos), "--out", str(tmp_path / "other"), "--shard-size", "big")
     assert refused.returncode == 2 and refused.stderr.startswith("error: --shard-size: expected a size")
     assert train(tmp_path / "run", out).returncode == 0
+
+
+def test_the_printed_settings_paste_into_a_shell_for_any_folder_name(tmp_path, photos):
+    """``pack`` ends with the ``--set`` words to train with: one shell word a setting, read back as the folder
+    whatever its name holds (a space, ``ü``, a quote, a YAML word such as ``off``). They were printed unquoted."""
+    import shlex
+
+    from bigbatch.config import load_config
+
+    for name in ("spaced dir ü", "it's", "off"):
+        out = tmp_path / name / "shards"
+        result = run_main("pack", str(photos), "--out", str(out), "--shard-size", "64KB")
+        assert result.returncode == 0, result.stderr
+        words = shlex.split(result.stdout.strip().splitlines()[-1].partition("train with --set ")[2])
+        assert words[0] == "data.name=shards" and len(words) == 2
+        assert load_config("digits", words).data.path == str(out)

@@ -88,6 +88,9 @@ def test_outputs_unreadable_images_and_a_second_predict_into_the_same_folder(cla
     assert result.returncode == 0, result.stderr
     assert result.stderr.count(str(broken)) == 1 and "skipped" in result.stderr
     assert "2 images in" in result.stdout and "1 unreadable, skipped" in result.stdout
+    assert "; 3 files\n" in result.stdout  # the listed two and the image named
+    one = run_main("predict", str(china), "--from", str(run), "--out", str(tmp_path / "one"))
+    assert "; 1 file\n" in one.stdout and "\n1 image in " in one.stdout, one.stdout
     assert sorted(p.name for p in (out / "images").iterdir()) == ["000.jpg", "000_2.jpg"]
     assert Image.open(out / "images" / "000.jpg").size == Image.open(photos / "val" / "china" / "000.jpg").size
     again = run_main("predict", str(photos / "val" / "flower"), "--from", str(run), "--out", str(out))
