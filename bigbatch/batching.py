@@ -90,7 +90,7 @@ class BatchPlan:
         """The training set's size, to count ``key``'s length in epochs; when it is unknown, a ``UserError`` that
         names ``key`` and ``data.train_images``."""
         if self.train_images is None:
-            raise UserError(epochs_unknown(key))
+            raise EpochsUnknown(epochs_unknown(key))
         return self.train_images
 
     @property
@@ -186,6 +186,10 @@ class BatchPlan:
 
 
 EPOCHS_UNKNOWN = "the training set is not at hand to count (set data.train_images to count the epochs without it)"
+
+
+class EpochsUnknown(UserError):
+    """A length counted in epochs, and the training set's size unknown (:func:`epochs_unknown` is its message)."""
 
 
 def epochs_unknown(key: str) -> str:
@@ -291,7 +295,7 @@ def batch_phases(cfg: RunConfig, train_images: int | None) -> tuple[BatchPhase, 
             step = math.ceil(number - 1e-9)
         else:
             if kind == "epochs" and train_images is None:
-                raise UserError(epochs_unknown(f"schedule.batch[{i}].at"))
+                raise EpochsUnknown(epochs_unknown(f"schedule.batch[{i}].at"))
             images = number * train_images if kind == "epochs" else number
             step = previous.step + max(0, math.ceil((images - previous.images) / previous.batch - 1e-9))
         if step <= previous.step:
@@ -311,7 +315,7 @@ def total_steps(cfg: RunConfig, train_images: int | None, phases: tuple[BatchPha
         return cfg.steps
     assert cfg.epochs is not None
     if train_images is None:
-        raise UserError(epochs_unknown("epochs"))
+        raise EpochsUnknown(epochs_unknown("epochs"))
     if phases is None:
         phases = batch_phases(cfg, train_images)
     wanted = cfg.epochs * train_images
@@ -382,7 +386,7 @@ def adaptive_plan(cfg: RunConfig, world: int, train_images: int | None) -> Batch
     elif cfg.epochs is not None and train_images is not None:
         steps = math.ceil(cfg.epochs * train_images / base - 1e-9)
     else:
-        raise UserError(epochs_unknown("epochs"))
+        raise EpochsUnknown(epochs_unknown("epochs"))
     check_image_count(cfg, steps, "steps" if cfg.steps is not None else "epochs")
     return BatchPlan(batch=cfg.batch, world=world, subdivisions=subdivisions, steps=steps,
                      train_images=train_images, base=base, grow_to=cfg.adaptive.max if cfg.adaptive.grow else None)

@@ -381,7 +381,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from bigbatch.floor import distributed
     from bigbatch.largebatch.schedule import build_schedule
     from bigbatch.registry import MODELS
-    from bigbatch.tasks import train_set_size_if_known
+    from bigbatch.tasks import counted_if_at_hand
 
     cfg = load_checked(args.config, args.overrides, reads_data=False, needs_length=False)
     cfg, layout = resolve_batch(cfg, distributed.world_size_from_env())
@@ -389,8 +389,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not has_length:  # a Darknet .cfg without max_batches (Darknet trains it until stopped): the layout only
         plan = layout_plan(layout)
     else:
-        plan = make_plan(cfg, layout, train_set_size_if_known(cfg))
-        build_schedule(cfg, plan)  # refuses what a run would (an LR step down at a batch milestone) before printing
+        with counted_if_at_hand(cfg) as train_images:
+            plan = make_plan(cfg, layout, train_images)
+            build_schedule(cfg, plan)  # refuses what a run would (an LR step down at a batch milestone) first
     describe = MODELS.get(cfg.model.name).info.get("describe")
     model_text = describe(cfg) if describe is not None else None  # read (and checked) before anything is printed
     print(config_to_yaml(cfg).rstrip())
@@ -424,7 +425,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from bigbatch.floor.outputs import check_output_file
     from bigbatch.largebatch.schedule import build_schedule, warmup_note
     from bigbatch.report.schedule_files import is_schedule_csv, is_schedule_png, plot_png, write_csv
-    from bigbatch.tasks import train_set_size_if_known
+    from bigbatch.tasks import counted_if_at_hand
 
     if not 1 <= args.lines <= MAX_SCHEDULE_LINES:
         raise UserError(f"--lines: expected 1 to {MAX_SCHEDULE_LINES} steps to print, got {args.lines}")
@@ -436,8 +437,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         check_output_file(args.png, "--png", ours=is_schedule_png)
     cfg = load_checked(args.config, args.overrides, reads_data=False)
     cfg, layout = resolve_batch(cfg, distributed.world_size_from_env())
-    plan = make_plan(cfg, layout, train_set_size_if_known(cfg))
-    lr_at = build_schedule(cfg, plan)
+    with counted_if_at_hand(cfg) as train_images:
+        plan = make_plan(cfg, layout, train_images)
+        lr_at = build_schedule(cfg, plan)
     note = warmup_note(cfg, plan)
     if note is not None:
         print(note)

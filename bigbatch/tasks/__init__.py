@@ -6,7 +6,11 @@ Each task registers its class in ``registry.TASKS``; the data of a run comes fro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from bigbatch.config import RunConfig
+from bigbatch.errors import UserError
 from bigbatch.registry import DATASETS, TASKS
 from bigbatch.tasks.base import Task
 
@@ -23,15 +27,25 @@ def train_set_size(cfg: RunConfig) -> int:
     return DATASETS.get(cfg.data.name).info["count"](cfg)
 
 
-def train_set_size_if_known(cfg: RunConfig) -> int | None:
-    """:func:`train_set_size`, or None when the data is not at hand: ``show``, ``schedule`` and ``scale`` plan
-    without it (the epochs are then unknown, and a length counted in epochs is one error naming its key)."""
+@contextmanager
+def counted_if_at_hand(cfg: RunConfig) -> Iterator[int | None]:
+    """For ``show`` and ``schedule``, which plan before the data is at hand: the training set's size
+    (:func:`train_set_size`), or None when it cannot be counted (the epochs are then unknown). A length counted in
+    epochs, met inside the block without the size, is one error naming its key and why the set could not be counted
+    (``data.path: /data does not exist``)."""
+    from bigbatch.batching import EpochsUnknown
     from bigbatch.data.formats.counts import DataNotAtHand
 
     try:
-        return train_set_size(cfg)
-    except DataNotAtHand:
-        return None
+        size, missing = train_set_size(cfg), None
+    except DataNotAtHand as e:
+        size, missing = None, e
+    try:
+        yield size
+    except EpochsUnknown as e:
+        key = str(e).partition(": ")[0]
+        raise UserError(f"{key}: counted in epochs, but the training set cannot be counted: {missing}; or give "
+                        f"{key} in steps") from None
 
 
 def check_data_given(cfg: RunConfig) -> None:

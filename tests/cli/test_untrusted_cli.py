@@ -174,6 +174,11 @@ def test_a_length_counted_in_epochs_without_the_data_names_its_key_and_data_trai
     one_error(capsys, "epochs: counted in epochs", "data.train_images")
     assert main(["show", "digits", *folder, "steps=100"]) == 2  # its warmup is 5 epochs long
     one_error(capsys, "schedule.warmup[0].length: counted in epochs", "data.train_images")
+    missing = ["--set", "data.name=folder", f"data.path={tmp_path / 'nowhere'}"]
+    for command in (["show", "digits"], ["schedule", "digits", "--lines", "2"]):  # why the set was not counted
+        assert main([*command, *missing]) == 2
+        one_error(capsys, f"epochs: counted in epochs, but the training set cannot be counted: data.path: "
+                  f"{tmp_path / 'nowhere'} does not exist;", "data.train_images")
     assert main(["show", "digits", *folder, "steps=100", "schedule.warmup=[]"]) == 0, capsys.readouterr().err
     assert "epochs          unknown" in capsys.readouterr().out
     assert main(["schedule", "digits", *folder, "steps=100", "schedule.warmup=[]", "--lines", "2"]) == 0
