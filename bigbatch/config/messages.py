@@ -4,6 +4,7 @@ than 0, got -1``), an unknown key lists the keys its section takes."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import date
 from typing import Any, get_args
 
 from pydantic import ValidationError
@@ -57,6 +58,8 @@ def _describe(error: dict[str, Any], section: type[Section] | None) -> tuple[str
     text = f"{message[0].lower() + message[1:]}, got {error['input']!r}"
     if kind == "string_type" and isinstance(error["input"], bool):  # YAML 1.1: ``path: off`` is False
         text += " (YAML reads yes, no, on and off as true or false: quote the text, as 'off')"
+    elif kind == "string_type" and isinstance(error["input"], date):  # ``path: 2020-01-01`` is a date
+        text += " (YAML reads 2020-01-01 as a date: quote the text, as '2020-01-01')"
     return loc, text
 
 

@@ -23,6 +23,7 @@ BAD = [
     (["--set", "precision.loss_scale=foo"], "precision.loss_scale", "'dynamic'"),
     (["--set", "clip.max_norm=1", "clip.agc=0.1"], "clip.agc", "not several"),
     (["--set", "data.path=off"], "data.path", "got False (YAML reads yes, no, on and off as true or false: quote"),
+    (["--set", "data.path=2020-01-01"], "data.path", "(YAML reads 2020-01-01 as a date: quote the text"),
 ]
 
 
