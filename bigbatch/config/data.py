@@ -57,12 +57,14 @@ class DataConfig(PartSection):
     ``val``) or ``yolo`` (Darknet/YOLO text labels: a ``.data`` file or a folder, ``path``)."""
     size: int = Field(32, gt=0)
     """Classification: side of the square input images. Detection: the shorter side after resizing
-    (``shorter_side``) or the square side (``letterbox``), for evaluation and, without multi-scale, for training."""
+    (``shorter_side``) or the square side (``letterbox``, ``stretch``), for evaluation and, without multi-scale, for
+    training."""
     max_size: int | None = Field(None, gt=0)
     """Detection, ``shorter_side``: the longer side's cap (detectron's 1333 for 800); unset: size x 1333 / 800."""
-    resize: Literal["shorter_side", "letterbox"] = "shorter_side"
+    resize: Literal["shorter_side", "letterbox", "stretch"] = "shorter_side"
     """Detection: scale the shorter side to ``size`` (longer side at most ``max_size``; Faster R-CNN, RetinaNet,
-    FCOS), or letterbox into a ``size`` x ``size`` square (square-input detectors: SSD, YOLO)."""
+    FCOS), letterbox into a ``size`` x ``size`` square (YOLOv5/v8, Darknet's ``letter_box=1``), or stretch to the
+    square, the aspect ratio not kept (SSD, Darknet's default ``letter_box=0``)."""
     path: str | None = None
     """``folder``: the folder holding ``train/`` and ``val/``; ``shapes``: the folder of the generated set (default
     ``data/shapes``); ``yolo``: the ``.data`` file or the dataset folder."""

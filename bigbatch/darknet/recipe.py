@@ -99,6 +99,10 @@ def net_recipe(path: Path) -> dict[str, Any]:
         "gamma": get("gamma", 1.0),
     }
     if policy == "steps":  # Darknet reads steps and scales for this policy alone (and sgdr, whose rate ignores them)
+        missing = [key for key in ("steps", "scales") if key not in net]
+        if missing:  # parse_net_options: error("STEPS policy must have steps and scales in cfg file")
+            raise UserError(f"config: {path}:{line}: [net] policy=steps: {' and '.join(missing)} missing; Darknet "
+                            "refuses the policy without both (e.g. steps=4000,4500 and scales=.1,.1)")
         darknet["steps"] = _numbers(path, line, "steps", net.get("steps", ""), int)
         darknet["scales"] = _numbers(path, line, "scales", net.get("scales", ""), float)
     if policy == "sgdr":  # AlexeyAB's parse_net_options: learning_rate_min .00001, sgdr_cycle max_batches, sgdr_mult 2
@@ -130,7 +134,8 @@ def net_recipe(path: Path) -> dict[str, Any]:
 def darknet_config(path: Path) -> dict[str, Any]:
     """A Darknet ``.cfg`` given as the CONFIG (``bigbatch train yolov3.cfg``): the ``[net]`` recipe
     (:func:`net_recipe`: batch, subdivisions, optimizer, schedule), and the network: ``model.name: darknet``
-    with ``model.cfg`` this file (absolute), square inputs of the ``[net]`` width, letterboxed, and Darknet's
+    with ``model.cfg`` this file (absolute), square inputs of the ``[net]`` width, stretched (``data.resize:
+    stretch``) or letterboxed where ``[net] letter_box`` is non-zero (Darknet's training and ``map``), and Darknet's
     multi-scale when the last ``[yolo]`` layer has ``random`` (1: the range 1.4; a fraction such as 1.25: that
     range). Darknet's augmentation as the cfg asks: the last ``[yolo]`` layer's ``jitter``, ``[net]`` ``hue``,
     ``saturation``, ``exposure``, ``flip``, and ``mosaic`` (``data.mosaic: 0.5``, AlexeyAB's odds) with
@@ -161,6 +166,9 @@ def darknet_config(path: Path) -> dict[str, Any]:
         raise UserError(f"config: {path}:{net.lines.get('height', net.line)}: [net] height: {net.height} differs from "
                         f"width {net.width}; bigbatch trains square inputs")
     layer_shapes(cfg, net.channels or 3, net.height, net.width)  # every layer fits its input: checked before any work
+    letter_box = net.options.get("letter_box")  # Darknet's default 0: the image stretched to the input
+    resize = ("letterbox" if letter_box is not None and _number(path, net.lines["letter_box"], "letter_box",
+                                                                  letter_box, int) else "stretch")
     recipe["optim"]["no_decay_norm_bias"] = True  # Darknet decays the convolution weights, not biases or BN scales
     if not cfg.yolo_layers and classifier_head(cfg) is not None:
         recipe.update(task="classification", model={"name": "darknet_classifier", "cfg": os.path.abspath(path)},
@@ -169,10 +177,10 @@ def darknet_config(path: Path) -> dict[str, Any]:
         return recipe
     if not cfg.yolo_layers:  # a backbone, or YOLOv1/v2: shown and exported; a run says why it cannot train
         recipe.update(task="detection", model={"name": "darknet", "cfg": os.path.abspath(path)},
-                      data={"name": "shapes", "size": net.width, "resize": "letterbox"}, eval={"metric": "mAP50"})
+                      data={"name": "shapes", "size": net.width, "resize": resize}, eval={"metric": "mAP50"})
         return recipe
     last = cfg.yolo_layers[-1]  # Darknet reads jitter and random from its last detection layer
-    data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": "letterbox", "jitter": last.jitter,
+    data: dict[str, Any] = {"name": "shapes", "size": net.width, "resize": resize, "jitter": last.jitter,
                             "hue": net.hue, "saturation": max(net.saturation, 1 / net.saturation),
                             "exposure": max(net.exposure, 1 / net.exposure), "flip": 0.5 if net.flip else 0.0}
     if last.resize != 1:  # AlexeyAB's random zoom (detector.c: args.resize = l.resize, the last layer's)

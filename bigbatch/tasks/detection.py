@@ -151,7 +151,7 @@ class DetectionTask:
         longer side at its cap; both sides at most ``data.crop_size``), each with 4 random boxes: the peak memory
         ``bigbatch plan`` measures."""
         short = max(self.multiscale.sizes) if self.multiscale is not None else cfg.data.size
-        long = short if cfg.data.resize == "letterbox" else round(short * cfg.data.longest_side / cfg.data.size)
+        long = short if cfg.data.resize != "shorter_side" else round(short * cfg.data.longest_side / cfg.data.size)
         if cfg.data.crop_size is not None:  # the training crop bounds both sides
             short, long = min(short, cfg.data.crop_size), min(long, cfg.data.crop_size)
         gen = torch.Generator().manual_seed(0)

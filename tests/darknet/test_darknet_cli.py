@@ -17,7 +17,7 @@ def test_show_counts_the_parameters_as_darknet(name, layers, parameters):
     shown = run_main("show", str(DARKNET_DATA / name))
     assert shown.returncode == 0, shown.stderr
     assert f"; {layers} layers; {parameters} parameters" in shown.stdout
-    assert "model:\n  name: darknet" in shown.stdout and "resize: letterbox" in shown.stdout
+    assert "model:\n  name: darknet" in shown.stdout and "resize: stretch" in shown.stdout  # letter_box=0
     assert "keys Darknet uses and bigbatch ignores: net:angle\n" in shown.stdout
     assert "jitter: 0.3" in shown.stdout and "saturation: 1.5" in shown.stdout and "hue: 0.1" in shown.stdout
     table = shown.stdout.split("layer  type")[1].splitlines()

@@ -64,3 +64,31 @@ def test_adam_is_refused_in_one_line_naming_its_line_not_trained_as_sgd(tmp_path
 def test_adam_0_trains_sgd_as_without_it(tmp_path):
     cfg = load_config(str(write_cfg(tmp_path, "adam=0\n")), [])
     assert cfg.optim.name == "sgd" and cfg.optim.momentum == 0.9
+
+
+def test_the_input_is_stretched_unless_letter_box_is_set_as_darknet_trains_and_scores(tmp_path):
+    """AlexeyAB's load_data_detection and validate_detector_map stretch the image to the input unless ``[net]
+    letter_box`` is non-zero (default 0); a .cfg run once letterboxed every image, and predict stretched them."""
+    yolo = ("[convolutional]\nfilters=30\nsize=1\nstride=1\nactivation=linear\n"
+            "[yolo]\nmask=0,1,2\nanchors=10,14, 23,27, 37,58\nclasses=5\nnum=3\njitter=.2\n")
+
+    def resize(net: str) -> str:
+        path = tmp_path / "det.cfg"
+        path.write_text(f"[net]\nbatch=4\nwidth=64\nheight=64\nchannels=3\n{net}\n{LAYERS.split('[avgpool]')[0]}"
+                        f"{yolo}", encoding="utf-8")
+        return load_config(str(path), []).data.resize
+
+    assert resize("") == "stretch" and resize("letter_box=0") == "stretch"
+    assert resize("letter_box=1") == "letterbox"
+    with pytest.raises(UserError, match=r"det.cfg:6: \[net\] letter_box: expected an integer"):
+        resize("letter_box=yes")
+
+
+def test_policy_steps_without_steps_or_scales_is_refused_as_darknet_refuses_it(tmp_path):
+    """parse_net_options: error("STEPS policy must have steps and scales in cfg file"); a missing line once trained at
+    a constant rate."""
+    with pytest.raises(UserError, match=r"net.cfg:1: \[net\] policy=steps: scales missing"):
+        load_config(str(write_cfg(tmp_path, "policy=steps\nsteps=100")), [])
+    with pytest.raises(UserError, match=r"policy=steps: steps and scales missing"):
+        load_config(str(write_cfg(tmp_path, "policy=steps")), [])
+    assert load_config(str(write_cfg(tmp_path, "policy=steps\nsteps=100\nscales=.1")), []).steps == 200

@@ -274,7 +274,8 @@ def test_colour_jitter_changes_pixels_not_boxes_and_keeps_the_letterbox_grey():
 
 
 @pytest.mark.parametrize("resize, size, max_size", [("shorter_side", 800, 1333), ("shorter_side", 600, 1000),
-                                                    ("letterbox", 416, None), ("letterbox", 608, None)])
+                                                    ("letterbox", 416, None), ("letterbox", 608, None),
+                                                    ("stretch", 416, None), ("stretch", 96, None)])
 def test_boxes_to_original_inverts_eval_transform(resize, size, max_size):
     gen = torch.Generator().manual_seed(size)
     transform = eval_transform(resize, size, max_size)
@@ -285,6 +286,18 @@ def test_boxes_to_original_inverts_eval_transform(resize, size, max_size):
         image, target = sample(h, w, boxes.tolist(), value=1)
         _, t = transform(image, target)
         torch.testing.assert_close(boxes_to_original(plain(t["boxes"]), t), boxes, atol=1e-3, rtol=0)
+
+
+def test_stretch_scales_each_axis_to_the_square_as_darknets_resize_image():
+    """``resize: stretch`` (Darknet's default ``letter_box=0``, SSD): a 480 x 640 image becomes 416 x 416, x scaled
+    by 416 / 640 and y by 416 / 480, no padding; the whole input is the image (``image_region``)."""
+    image, target = sample(480, 640, [[64.0, 48.0, 320.0, 240.0]])
+    out, t = eval_transform("stretch", 416)(image, target)
+    assert tuple(out.shape[-2:]) == (416, 416) and t["image_region"] == (0, 0, 416, 416)
+    torch.testing.assert_close(plain(t["boxes"]), torch.tensor([[41.6, 41.6, 208.0, 208.0]]))
+    trained, tt = train_transform("stretch", 416, flip=0.0)(image, target, size=320)  # the step's size
+    assert tuple(trained.shape[-2:]) == (320, 320)
+    torch.testing.assert_close(plain(tt["boxes"]), torch.tensor([[32.0, 32.0, 160.0, 160.0]]))
 
 
 def test_boxes_to_original_clips_to_the_original_image():

@@ -13,13 +13,15 @@ clamp, sanitize) do all the box arithmetic; this module only chooses the output 
   ``size``, the shorter ``side * size // longer`` (C's integer division: truncated), centred on a
   ``size x size`` canvas (``left = (size - new_w) // 2``, the odd pixel goes right / bottom, as Darknet's
   integer division), padded with grey 114 (as YOLOv5/8).
+- stretch to ``size x size``, the aspect ratio not kept (Darknet's ``resize_image`` for ``letter_box=0``, the
+  default; torchvision's SSD ``Resize((300, 300))``): each axis scaled on its own.
 - random crop (detectron2 ``RandomCrop("relative_range")``, see :class:`RandomRelativeCrop`).
 - AlexeyAB Darknet's mosaic of four images (``data/transforms/mosaic.py``), which the training transform carries for the
   dataset (it needs three more records).
 
 Pipelines (:func:`train_transform`, :func:`eval_transform`) return a callable
 ``(image, target, size=None) -> (image, target)`` where ``size`` is this step's multi-scale size (the
-shorter side, or the square side for letterbox). ``image_id``, ``orig_size`` and any other non-box entry of
+shorter side, or the square side for letterbox and stretch). ``image_id``, ``orig_size`` and any other non-box entry of
 the target pass through untouched; the per-box entries ``labels``, ``iscrowd`` and ``area`` are dropped
 together with their boxes (``area`` is not recomputed after a crop or a resize).
 """
@@ -45,7 +47,7 @@ try:
 except ImportError:  # not built where the package was installed
     _hsv = None
 
-ResizeMode = Literal["shorter_side", "letterbox"]
+ResizeMode = Literal["shorter_side", "letterbox", "stretch"]
 Target = dict[str, Any]
 
 PAD_VALUE = 114  # letterbox grey, as YOLOv5/YOLOv8 (Darknet uses 0.5 on float images)
@@ -394,12 +396,15 @@ def _holds_tv_tensor(value: Any) -> bool:
 
 
 def resize_transform(resize: ResizeMode, size: int, max_size: int | None = None) -> v2.Transform:
-    """The geometric resize of a pipeline: :class:`ResizeShorterSide` or :class:`Letterbox`."""
+    """The geometric resize of a pipeline: :class:`ResizeShorterSide`, :class:`Letterbox` or a stretch to
+    ``size x size`` (``v2.Resize``)."""
     if resize == "shorter_side":
         return ResizeShorterSide(size, max_size)
     if resize == "letterbox":
         return Letterbox(size)
-    raise ValueError(f"resize must be 'shorter_side' or 'letterbox', got {resize!r}")
+    if resize == "stretch":
+        return v2.Resize((size, size))
+    raise ValueError(f"resize must be 'shorter_side', 'letterbox' or 'stretch', got {resize!r}")
 
 
 class TrainTransform:
@@ -498,11 +503,13 @@ def train_transform(resize: ResizeMode, size: int, max_size: int | None = None,
     contrast and saturation ``color_jitter`` (MegDet: 0.4); the resize to ``size`` (the step's multi-scale
     size; default the ``size`` given here): ``"shorter_side"`` with the longer side capped by ``max_size``
     (fixed, detectron2) or ``size * max_size_ratio`` (MegDet 1333 / 800, scaling with the size), or
-    ``"letterbox"`` to ``size x size``; with ``crop_size``, :class:`RandomFixedCrop` (MegDet's 800 x 800);
+    ``"letterbox"`` or ``"stretch"`` to ``size x size``; with ``crop_size``, :class:`RandomFixedCrop` (MegDet's
+    800 x 800);
     ``v2.RandomHorizontalFlip(flip)``; :func:`clamp_and_sanitize` (boxes under ``min_box_size`` pixels
     dropped with their labels); ``v2.ToDtype(float32, scale=True)``. Darknet's options: with ``jitter`` (and
     ``jitter_resize``, AlexeyAB's ``[yolo] resize``, also on each of a mosaic's images), :class:`DarknetJitter`
-    after the colour jitter, and the window stretched to ``size x size`` in place of the resize; with ``hue``,
+    after the colour jitter, and the window stretched to ``size x size`` in place of the resize, whatever
+    ``resize`` (Darknet's ``letter_box=1`` first widens the window to the input's shape: not followed); with ``hue``,
     ``saturation`` or ``exposure``, :class:`DarknetColor` last, in place of the ``ToDtype`` (it makes the uint8
     image float32 in its own pass, as ``ToDtype`` would). For an image and a dict of XYXY boxes the steps after
     the resize run as torchvision's kernels, without v2's dispatch: the same samples.
@@ -531,6 +538,8 @@ class EvalTransform:
         height, width = F.get_size(image)
         if self.resize == "letterbox":
             new_h, new_w, top, left = letterbox_geometry(height, width, size)
+        elif self.resize == "stretch":
+            new_h, new_w, top, left = size, size, 0, 0
         else:
             (new_h, new_w), top, left = shorter_side_size(height, width, size, self.max_size), 0, 0
         image, target = resize_transform(self.resize, size, self.max_size)(image, target)
@@ -541,7 +550,8 @@ class EvalTransform:
 
 
 def eval_transform(resize: ResizeMode, size: int, max_size: int | None = None) -> EvalTransform:
-    """The evaluation pipeline: resize (``"shorter_side"`` capped by ``max_size``, or ``"letterbox"``), no
+    """The evaluation pipeline: resize (``"shorter_side"`` capped by ``max_size``, ``"letterbox"`` or
+    ``"stretch"``), no
     augmentation, float32 in [0, 1]. Boxes follow but are neither clipped nor dropped. The target gains
     ``image_region = (top, left, height, width)``, where the resized original lies in the network input,
     and ``orig_size = (H, W)`` of the image given, unless the dataset already set it (it must then be that
