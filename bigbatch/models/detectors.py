@@ -93,9 +93,35 @@ class Detector(nn.Module):
         if targets is not None:
             targets = [{"boxes": t["boxes"].as_subclass(Tensor), "labels": t["labels"] + self.label_offset}
                        for t in targets]
-        out = self.detector(images, targets)
+        if targets is None and not self.training:
+            out = self.detect_by_padded_size(images)
+        else:
+            out = self.detector(images, targets)
         if isinstance(out, list) and self.label_offset:  # eval mode: detections
             out = [{**d, "labels": d["labels"] - self.label_offset} for d in out]
+        return out
+
+    def detect_by_padded_size(self, images: list[Tensor]) -> list[dict[str, Tensor]]:
+        """The detections of ``images``, each forward holding only images that pad to one size (sides rounded up to
+        a multiple of ``size_divisible``). The transform pads a batch to its largest image, and the padding changes
+        the features near an image's border (a normalisation layer turns the zeros into values the convolutions then
+        carry inwards); grouped so, an image's detections are the same whatever ``eval.batch`` and whichever images
+        share its batch, and the same as the exported model's, which takes one image at a time. detectron2 and
+        torchvision's references evaluate one image per forward for this reason. Letterboxed or stretched inputs
+        are one size: one forward."""
+        if len(images) <= 1:  # one image (predict, an exported graph's trace): nothing to group
+            return self.detector(images)
+        divisor = getattr(getattr(self.detector, "transform", None), "size_divisible", 1)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, image in enumerate(images):
+            height, width = image.shape[-2:]
+            groups.setdefault((-(-height // divisor), -(-width // divisor)), []).append(i)
+        if len(groups) <= 1:
+            return self.detector(images)
+        out: list[dict[str, Tensor]] = [{} for _ in images]
+        for members in groups.values():
+            for i, detections in zip(members, self.detector([images[i] for i in members]), strict=True):
+                out[i] = detections
         return out
 
     compile_sizes_vary = True
