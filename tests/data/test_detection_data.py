@@ -177,6 +177,37 @@ def test_coco_many_images_checked_in_parallel_keep_their_order(tmp_path, capsys)
         [str(images_dir / "33.jpg"), "image not found"], [str(images_dir / "34.jpg"), "unreadable image"]]
 
 
+def test_coco_file_names_inside_the_images_folder_are_read_through_links(tmp_path, capsys):
+    """Reads stay inside the folder named: a linked images folder, ``..`` that stays inside and a link inside the
+    folder (as the folder format follows one) are read; ``..`` through a link to a folder elsewhere is not."""
+    elsewhere = tmp_path / "elsewhere"
+    write_jpeg(elsewhere / "linked.jpg", 40, 30, seed=3)
+    write_jpeg(elsewhere / "secret.jpg", 40, 30, seed=4)
+    images = [{"id": 1, "file_name": "a.jpg", "width": 40, "height": 30},
+              {"id": 2, "file_name": "sub/../b.jpg", "width": 40, "height": 30},
+              {"id": 3, "file_name": "sub/../../real/c.jpg", "width": 40, "height": 30},
+              {"id": 4, "file_name": "link.jpg", "width": 40, "height": 30},
+              {"id": 5, "file_name": "out/../secret.jpg", "width": 40, "height": 30}]
+    real = tmp_path / "real"
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        write_jpeg(real / name, 40, 30)
+    (real / "sub").mkdir()
+    (real / "link.jpg").symlink_to(elsewhere / "linked.jpg")
+    (real / "out").symlink_to(elsewhere / "nested", target_is_directory=True)
+    (elsewhere / "nested").mkdir()
+    (tmp_path / "images").symlink_to(real, target_is_directory=True)  # the folder named is a link
+    file = tmp_path / "instances.json"
+    file.write_text(json.dumps({"images": images, "annotations": [ann(k, k, 3, [1, 1, 5, 5]) for k in range(1, 6)],
+                                "categories": CATEGORIES}))
+
+    records, _ = load_coco(tmp_path / "images", file, None, DataIssues(), keep_empty=True)
+    assert [r.image_id for r in records] == [1, 2, 3, 4]
+    (warning,) = warnings_in(capsys.readouterr().err)
+    assert warning.startswith(f"warning: {file}:image #4 (id 5): file_name 'out/../secret.jpg' leads outside")
+    with pytest.raises(UserError, match=r"image #4 \(id 5\): file_name 'out/\.\./secret\.jpg' leads outside"):
+        load_coco(tmp_path / "images", file, None, DataIssues(strict=True), keep_empty=True)
+
+
 # YOLO -----------------------------------------------------------------------------------------------------------
 
 
@@ -348,6 +379,22 @@ def coco_image_case(fragment: str, **options) -> Callable[[Path], Case]:
     return make
 
 
+def coco_outside_case(name: Callable[[Path], str], fragment: str) -> Callable[[Path], Case]:
+    """Image 2's file_name (``name(tmp_path)``) leaves the images folder; a real JPEG of the entry's size lies there."""
+    def make(tmp_path: Path) -> Case:
+        load, file, _ = coco_case(tmp_path)
+        data = json.loads(file.read_text())
+        data["images"][1]["file_name"] = name(tmp_path)
+        file.write_text(json.dumps(data))
+        write_jpeg(tmp_path / "outside.jpg", 60, 50)
+
+        def check(records: list[DetectionRecord]) -> None:
+            assert boxes_of(records) == {1: GOOD_COCO[1]}
+
+        return Case(load, file, "image #1 (id 2)", fragment, ONE_IMAGE, check)
+    return make
+
+
 def yolo_case(bad_line: str, fragment: str, summary: str = ONE_BOX, kept: list | None = None
               ) -> Callable[[Path], Case]:
     """images/a.jpg (100x50); its label file: a good line 1, ``bad_line`` as line 2."""
@@ -397,6 +444,10 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "coco unknown category": coco_box_case(fragment="category_id 99 is not in 'categories'", category_id=99),
     "coco unknown image": coco_box_case(fragment="image_id 5 is not in 'images'", image_id=5),
     "coco malformed bbox": coco_box_case([1, 2, 3], "bbox must be 4 numbers"),
+    "coco file_name with ..": coco_outside_case(lambda _: "../outside.jpg",
+                                                "file_name '../outside.jpg' leads outside the images folder"),
+    "coco file_name deeper ..": coco_outside_case(lambda _: "sub/../../outside.jpg", "leads outside the images folder"),
+    "coco absolute file_name": coco_outside_case(lambda tmp: str(tmp / "outside.jpg"), "is an absolute path"),
     "yolo field count": yolo_case("1 0.5 0.5 0.2", "expected '<class> <xc> <yc> <w> <h>', got 4 fields"),
     "yolo not numbers": yolo_case("dog 0.5 0.5 0.2 0.2", "expected numbers"),
     "yolo class out of range": yolo_case("2 0.5 0.5 0.1 0.1", "class 2 is not a class index 0..1"),

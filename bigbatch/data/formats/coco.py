@@ -15,7 +15,9 @@
 
 Bad data (see ``bigbatch.data.pipeline.problems``): images are checked by their headers (existence, format, the
 size against the file's width and height), or fully decoded in strict mode; annotations are checked one
-by one and reported as ``<annotation file>:annotation #k (id N): ...``.
+by one and reported as ``<annotation file>:annotation #k (id N): ...``. Images are read only inside the images
+folder: an entry whose ``file_name`` is absolute, or leads out of the folder by ``..``, is a bad entry
+(``<annotation file>:image #k (id N): ...``), skipped with its annotations.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +37,7 @@ from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.images import inspect_images
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
+from bigbatch.floor.user_files import lies_inside
 from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:
@@ -175,9 +178,30 @@ class AnnotatedImage:
         self.truth: list[tuple[tuple[float, ...], int, float]] = []
 
 
-def _images(data: dict[str, Any], images_dir: Path, path: Path, issues: DataIssues
+def _leaves(images_dir: Path, name: str) -> str | None:
+    """Why the image ``name`` (an entry's ``file_name``) is not read from ``images_dir``, or None: an absolute name, or
+    a name with ``..`` whose folder, ``..`` and links followed as the system follows them, is not ``images_dir`` or a
+    folder below it. A name without ``..`` is read as it stands: a link in the folder is followed, as the ``folder``
+    format follows one; the folder may itself be a link."""
+    if os.path.isabs(name):
+        return f"file_name {name!r} is an absolute path; file names are relative to the images folder {images_dir}"
+    parts = PurePosixPath(name).parts
+    if ".." not in parts:
+        return None
+    holder = images_dir / name if parts[-1] == ".." else images_dir.joinpath(*parts[:-1])
+    try:
+        inside = lies_inside(images_dir, holder)
+    except (OSError, ValueError):  # a NUL in the name, a loop of links
+        inside = False
+    if inside:
+        return None
+    return f"file_name {name!r} leads outside the images folder {images_dir} (.. and links followed)"
+
+
+def _images(data: dict[str, Any], images_dir: Path, path: Path, issues: DataIssues, contained: bool = False
             ) -> tuple[dict[int, AnnotatedImage], set[int]]:
-    """``({image id: entry}, ids of image entries skipped as malformed)``, in file order."""
+    """``({image id: entry}, ids of image entries skipped as malformed)``, in file order. ``contained``: an entry whose
+    ``file_name`` leaves ``images_dir`` (:func:`_leaves`) is one of them."""
     images: dict[int, AnnotatedImage] = {}
     skipped: set[int] = set()
     for k, entry in enumerate(data["images"]):
@@ -194,6 +218,9 @@ def _images(data: dict[str, Any], images_dir: Path, path: Path, issues: DataIssu
             skipped.add(image_id)
         elif image_id in images or image_id in skipped:
             issues.report(path, where, f"image id {image_id} appears twice; the first entry is kept")
+        elif contained and (problem := _leaves(images_dir, name)) is not None:
+            issues.report(path, where, problem)
+            skipped.add(image_id)
         else:
             images[image_id] = AnnotatedImage(name, os.path.abspath(images_dir / name), int(width), int(height))
     return images, skipped
@@ -244,11 +271,14 @@ def _gather(data: dict[str, Any], images: dict[int, AnnotatedImage], skipped_ima
 
 
 def annotated_images(data: dict[str, Any], images_dir: Path, path: Path, categories: dict[int, str],
-                     label_of: dict[int, int], issues: DataIssues) -> dict[int, AnnotatedImage]:
+                     label_of: dict[int, int], issues: DataIssues, contained: bool = False
+                     ) -> dict[int, AnnotatedImage]:
     """``{image id: entry}`` of a file :func:`read_annotation_file` read, in file order, each with its annotations of
     the categories in ``label_of`` (``{category id: label}``); malformed entries and annotations reported to
-    ``issues`` and skipped (the images are not opened)."""
-    images, skipped = _images(data, images_dir, path, issues)
+    ``issues`` and skipped (the images are not opened). ``contained``: the images are to be read, so an entry whose
+    ``file_name`` leaves ``images_dir`` (absolute, or ``..`` out of it) is reported and skipped too (a caller that only
+    compares the names, ``coco_ids``, takes any)."""
+    images, skipped = _images(data, images_dir, path, issues, contained)
     _gather(data, images, skipped, categories, label_of, path, issues)
     return images
 
@@ -265,7 +295,7 @@ def load_coco(images_dir: str | os.PathLike, annotation_file: str | os.PathLike,
     data = read_annotation_file(path)
     categories = categories_of(data, path)
     names, label_of = class_mapping(categories, classes, path)
-    images = annotated_images(data, Path(images_dir), path, categories, label_of, issues)
+    images = annotated_images(data, Path(images_dir), path, categories, label_of, issues, contained=True)
 
     chosen = [(image_id, image) for image_id, image in images.items() if image.boxes or keep_empty]
     records = []
