@@ -139,6 +139,24 @@ def test_a_file_it_did_not_write_is_not_overwritten(two_runs, tmp_path):
         write_report([two_runs[0]], tmp_path / "absent" / "r.html")
 
 
+def test_a_page_carrying_the_generator_tag_is_not_overwritten_without_a_record(two_runs, tmp_path):
+    """The generator meta tag proves nothing: a user's page quoting it (or an edited copy of a report) is kept; only
+    a report bigbatch recorded as it wrote it, unchanged since, is replaced."""
+    notes = tmp_path / "mynotes.html"
+    mine = '<html><head><meta name="generator" content="bigbatch report 1.0"></head><body>my text</body></html>'
+    notes.write_text(mine)
+    with pytest.raises(UserError, match=r"--out: .*mynotes\.html looks like a report but bigbatch has no record"):
+        write_report([two_runs[0]], notes)
+    assert notes.read_text() == mine
+    out = write_report([two_runs[0]], tmp_path / "r.html")
+    assert write_report([two_runs[0]], out) == out  # recorded as written: replaced
+    out.write_text(out.read_text(encoding="utf-8") + "<!-- my note -->", encoding="utf-8")  # edited since
+    edited = out.read_bytes()
+    with pytest.raises(UserError, match="no record"):
+        write_report([two_runs[0]], out)
+    assert out.read_bytes() == edited
+
+
 def test_a_failed_write_leaves_the_previous_report(two_runs, tmp_path, monkeypatch):
     out = write_report([two_runs[0]], tmp_path / "r.html")
     before = out.read_bytes()
@@ -416,6 +434,7 @@ def test_an_interrupted_run_resumed_is_marked_where_it_restarted(tmp_path):
     # the same run directory as a version before the start records left it: memory.csv says where it restarted
     old = tmp_path / "old"
     shutil.copytree(out, old)
+    (old / "report.html").unlink()  # a copy of a report is not one bigbatch recorded writing: it would be kept
     lines = (out / "metrics.jsonl").read_text().splitlines()
     (old / "metrics.jsonl").write_text("\n".join(line for line in lines if '"event": "started"' not in line
                                                  and '"event": "resumed"' not in line) + "\n")
