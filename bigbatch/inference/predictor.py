@@ -10,8 +10,11 @@ A record, one per image (or video frame), is what ``bigbatch predict`` writes as
      "detections": [{"box": [x1, y1, x2, y2], "score": 0.91, "class_id": 2, "class_name": "triangle"}, ...]}
 
 with the box in the original image's pixels (a detector), or ``"top": [{"class_id", "class_name", "probability"},
-...]``, the ``top_k`` most probable classes (a classifier). Images given as arrays or tensors are uint8 RGB, ``[H, W,
-3]`` (numpy's, PIL's layout) or ``[3, H, W]`` (torch's); a float tensor in ``[0, 1]`` is taken as torch's.
+...]``, the ``top_k`` most probable classes (a classifier). Images given as arrays or tensors are RGB, ``[H, W, 3]``
+(numpy's, PIL's layout) or ``[3, H, W]`` (torch's), of dtype uint8 (0-255) or floating point in ``[0, 1]`` (as
+torchvision's ``to_tensor`` gives, or ``a / 255``): a float image, array or tensor alike, is clamped to ``[0, 1]``,
+times 255, rounded to uint8, so one image as a numpy array or as a tensor predicts the same. Any other dtype (uint16,
+int, bool) is a :class:`~bigbatch.errors.UserError` naming it: a cast would wrap or darken it without a word.
 """
 
 from __future__ import annotations
@@ -138,7 +141,8 @@ class Predictor:
 
 
 def as_item(image: Any) -> Item:
-    """A path, a PIL image, a numpy array or a tensor as an :class:`Item` (see the module docstring)."""
+    """A path, a PIL image, a numpy array or a tensor as an :class:`Item` (see the module docstring): arrays and
+    tensors of uint8, or of floats in ``[0, 1]`` (clamped, times 255, rounded); other dtypes are refused."""
     if isinstance(image, Item):
         return image
     if isinstance(image, (str, bytes)) or hasattr(image, "__fspath__"):
@@ -152,8 +156,15 @@ def as_item(image: Any) -> Item:
             image = np.repeat(image[:, :, None], 3, axis=2)
         if image.ndim != 3 or image.shape[2] not in (1, 3, 4):
             raise UserError(f"predict: an array image must be [H, W, 3] (RGB), got shape {list(image.shape)}")
+        if image.dtype == np.uint8:
+            dtype = np.uint8
+        elif np.issubdtype(image.dtype, np.floating):
+            dtype = np.float32  # scaled below as a float tensor is: clamp to [0, 1], * 255, rounded
+        else:  # a cast would wrap (uint16, int) or make 0/1 pixels (bool): not guessed
+            raise UserError(f"predict: an array image must be uint8 (0-255) or float in [0, 1], got {image.dtype} "
+                            f"(scale it to one of these first, e.g. (a / 65535).astype('float32') for 16-bit)")
         rgb = image[:, :, :3] if image.shape[2] != 1 else np.repeat(image, 3, axis=2)
-        image = torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1)  # a copy: PIL's arrays are read-only
+        image = torch.from_numpy(np.array(rgb, dtype=dtype)).permute(2, 0, 1)  # a copy: PIL's arrays are read-only
     if isinstance(image, torch.Tensor):
         if image.ndim != 3 or image.shape[0] not in (1, 3):
             raise UserError(f"predict: a tensor image must be [3, H, W], got shape {list(image.shape)}")

@@ -75,6 +75,30 @@ def test_an_image_as_a_path_pil_image_array_or_tensor_gets_the_same_record(class
     assert model.transform(tensor)[0].shape == (3, 32, 32)
 
 
+def test_a_float_array_predicts_as_the_float_tensor_and_other_dtypes_are_refused(classifier):
+    """A float numpy image in [0, 1] is scaled as a float tensor is (it was cast to uint8 by truncation: all black);
+    uint16, int and bool arrays are refused naming their dtype (a cast wrapped or darkened them)."""
+    import bigbatch
+    from bigbatch.errors import UserError
+    from bigbatch.inference.predictor import as_item
+
+    run, photos = classifier
+    path = sorted((photos / "val" / "flower").glob("*.jpg"))[0]
+    array = np.array(Image.open(path).convert("RGB"))
+    floats = array / 255.0  # float64, as skimage and `img / 255` give
+    assert torch.equal(as_item(floats).pixels, as_item(array).pixels)
+    assert torch.equal(as_item(floats.astype(np.float32)).pixels, as_item(torch.from_numpy(array).permute(2, 0, 1)
+                                                                          .float() / 255).pixels)
+    assert torch.equal(as_item(np.full((4, 4, 3), 1.5)).pixels, torch.full((3, 4, 4), 255, dtype=torch.uint8))
+    model = bigbatch.load(run, device="cpu")
+    from_floats, from_tensor, from_bytes = model.predict([floats, torch.from_numpy(floats).permute(2, 0, 1), array],
+                                                         top_k=3)
+    assert from_floats == from_tensor == from_bytes
+    for bad in (array.astype(np.uint16) * 257, array.astype(np.int64), array > 127):
+        with pytest.raises(UserError, match=rf"must be uint8 \(0-255\) or float in \[0, 1\], got {bad.dtype}"):
+            model.predict([bad])
+
+
 def test_outputs_unreadable_images_and_a_second_predict_into_the_same_folder(classifier, tmp_path):
     run, photos = classifier
     broken = tmp_path / "broken.jpg"
