@@ -673,6 +673,32 @@ def test_ignored_keys_are_reported_once(tmp_path):
     assert yolo.beta_nms == 0.5 and yolo.masked_anchors == ((1, 2), (3, 4)) and yolo.filters == 14
 
 
+def test_cbn_turns_batch_norm_on_as_darknet_and_its_weights_hold_the_bn_values(tmp_path):
+    """AlexeyAB's parse_convolutional: ``if (cbn) batch_normalize = 2;``: a ``cbn=1`` layer has BN, and its
+    ``.weights`` values are biases, scales, rolling mean, rolling variance, weights (it was ignored: no BN, 916
+    bytes where Darknet writes 1,012)."""
+    conv = "\n[convolutional]\nfilters=8\nsize=3\npad=1\nactivation=leaky\n"
+    cfg = read_darknet_cfg(write_cfg(tmp_path, net_header(6, 6, 3) + conv.replace("size=3", "size=3\ncbn=1")))
+    assert cfg.layers[0].batch_normalize and ignored_keys(cfg) == []
+    assert any("cbn: batch norm on" in warning and "plain batch norm" in warning for warning in cfg.warnings)
+    network = DarknetNetwork(cfg)
+    assert [name for name, _ in network.layers[0].darknet_tensors()] == [
+        "biases", "scales", "rolling_mean", "rolling_variance", "weights"]
+    assert weights_size(network) == 20 + 4 * (8 + 8 + 8 + 8 + 8 * 3 * 3 * 3) == 1012
+    values = np.arange(4 * 8 + 216, dtype=np.float32) / 100 + 0.5  # Darknet's layout, written by hand
+    path = tmp_path / "cbn.weights"
+    path.write_bytes(struct.pack("<iiiQ", 0, 2, 5, 64) + values.tobytes())
+    assert read_weights(network, path) == 64
+    bn = network.layers[0].bn
+    for tensor, start in ((bn.bias, 0), (bn.weight, 8), (bn.running_mean, 16), (bn.running_var, 24)):
+        assert torch.equal(tensor.detach(), torch.from_numpy(values[start:start + 8]))
+    assert torch.equal(network.layers[0].conv.weight.detach().flatten(), torch.from_numpy(values[32:]))
+    assert network.layers[0].conv.bias is None
+    plain = read_darknet_cfg(write_cfg(tmp_path, net_header(6, 6, 3) + conv.replace("size=3", "size=3\ncbn=0"),
+                                       "plain.cfg"))
+    assert not plain.layers[0].batch_normalize and not plain.warnings  # cbn=0: as without the key
+
+
 def test_spaces_inside_a_cfg_line_are_deleted_as_darknets_strip_deletes_them(tmp_path):
     """Darknet's read_cfg calls strip (src/utils.c), which deletes every space and tab of a line: an item with a
     missing comma is two numbers joined, a header or key with spaces inside is read without them."""

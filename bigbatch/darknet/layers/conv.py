@@ -15,6 +15,11 @@ A dilated convolution runs in Darknet with ``padding * dilation`` cells of paddi
 ``(size - 1) * dilation + 1`` cells, while its output size is the formula above: the two agree only when
 ``2 * padding == size - 1``, which bigbatch requires of a dilated convolution.
 
+``cbn`` (AlexeyAB's cross-iteration batch norm): non-zero turns batch norm on, as parser.c's ``if (cbn)
+batch_normalize = 2`` does, with or without ``batch_normalize``: the layer has BN and its values are in the
+``.weights`` file. Darknet's CBN differs in training only (its statistics are averaged over the last iterations);
+bigbatch trains the layer as plain batch norm, and a warning says so.
+
 In a ``.weights`` file (save_convolutional_weights): biases (the BN shift), then with BN scales, rolling mean,
 rolling variance, then the weights (OIHW). A layer with AlexeyAB's ``share_index`` uses another convolution's
 weights, biases and BN (its dilation and stride may differ) and saves nothing.
@@ -70,6 +75,11 @@ def parse(s: SectionReader, common: dict[str, Any]) -> Convolutional:
     pad = s.integer("pad", 0, 0)
     padding = s.integer("padding", 0, 0)
     dilation = s.integer("dilation", 1, 1)
+    batch_normalize = s.flag("batch_normalize")
+    if s.integer("cbn", 0):  # parser.c: if (cbn) batch_normalize = 2; BN on, with its values in the .weights file
+        batch_normalize = True
+        s.warn("cbn", "batch norm on, as Darknet turns it on; its cross-iteration statistics (CBN) are trained as "
+                      "plain batch norm (the network and its .weights are Darknet's)")
     return Convolutional(
         **common,
         filters=s.integer("filters", 1, 1),
@@ -79,7 +89,7 @@ def parse(s: SectionReader, common: dict[str, Any]) -> Convolutional:
         padding=size // 2 if pad else padding,  # parser.c: if(pad) padding = size/2;
         groups=s.integer("groups", 1, 1),
         dilation=1 if size == 1 else dilation,  # parser.c: if (size == 1) dilation = 1;
-        batch_normalize=s.flag("batch_normalize"),
+        batch_normalize=batch_normalize,
         activation=s.activation("logistic"),  # Darknet's default for a convolution
         share_index=None if share == -1000000000 else s.layer_index(share, "share_index"),
     )
@@ -174,4 +184,4 @@ def row(spec: Convolutional, x: Shape, out: Shape, net: Shape) -> TableRow:
 
 register_kind(LayerKind(
     "convolutional", ("convolutional", "conv"), parse, shape, build, row,
-    ignored=frozenset({"cbn", "dot", "angle", "grad_centr", "reverse", "assisted_excitation"}), refused=REFUSED))
+    ignored=frozenset({"dot", "angle", "grad_centr", "reverse", "assisted_excitation"}), refused=REFUSED))
