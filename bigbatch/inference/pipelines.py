@@ -88,11 +88,16 @@ class EvalDetection:
         from bigbatch.data.transforms.det_transforms import boxes_to_original
 
         owner, names = detector_thresholds(module)
-        if not getattr(module, "fixed_thresholds", False):  # an exported graph's were fixed with it
-            for key, name in names.items():
+        kept = {} if getattr(module, "fixed_thresholds", False) else names  # an exported graph's were fixed with it
+        before = {name: getattr(owner, name) for name in kept.values()}
+        try:  # the predict thresholds for this forward only: the module's own (its evaluation's) are put back
+            for key, name in kept.items():
                 setattr(owner, name, getattr(settings, key))
-        device = next(module.parameters()).device
-        outputs = module([image.to(device, non_blocking=True) for image in inputs])
+            device = next(module.parameters()).device
+            outputs = module([image.to(device, non_blocking=True) for image in inputs])
+        finally:
+            for name, value in before.items():
+                setattr(owner, name, value)
         return [{"boxes": boxes_to_original(out["boxes"].float().cpu(), geometry), "scores": out["scores"].cpu(),
                  "labels": out["labels"].cpu()} for out, geometry in zip(outputs, geometries, strict=True)]
 

@@ -286,3 +286,21 @@ def test_a_checkpoint_whose_class_names_are_not_a_short_list_of_names_is_refused
         torch.save({**state, "classes": classes}, tmp_path / "bad.pt")
         with pytest.raises(UserError, match="'classes' is not a list of 1 to 65,536 class names"):
             bigbatch.load(tmp_path / "bad.pt", device="cpu")
+
+
+def test_predict_thresholds_hold_for_its_own_forward_only():
+    """``predict``'s ``--conf``/``--iou``/``--max-det`` are set on the detector for its forward and put back after:
+    a Python user who predicts and then evaluates or exports the same module gets the module's own (evaluation)
+    thresholds, not predict's (they were once left written into the module)."""
+    from bigbatch.data.transforms.det_transforms import eval_transform
+    from bigbatch.inference.pipelines import EvalDetection, Settings, own_thresholds
+    from bigbatch.models.detectors import build_detector
+
+    torch.manual_seed(0)
+    module = build_detector("small_detector", 3, min_size=64, max_size=64).eval()
+    before = own_thresholds(module)
+    pipeline = EvalDetection(eval_transform("letterbox", 64))
+    image, geometry = pipeline.prepare(torch.randint(0, 256, (3, 48, 64), dtype=torch.uint8))
+    out = pipeline.run(module, [image], [geometry], Settings(conf=0.0, iou=0.3, max_det=3))
+    assert len(out[0]["boxes"]) == 3  # predict's max_det held for the forward
+    assert own_thresholds(module) == before and before["max_det"] != 3
