@@ -177,6 +177,16 @@ def test_coco_many_images_checked_in_parallel_keep_their_order(tmp_path, capsys)
         [str(images_dir / "33.jpg"), "image not found"], [str(images_dir / "34.jpg"), "unreadable image"]]
 
 
+def test_coco_whole_float_ids_are_ids_and_a_missing_iscrowd_is_0(tmp_path, capsys):
+    images_dir, file = write_coco(tmp_path, [{"id": 2, "file_name": "a.jpg", "width": 64, "height": 48}], [
+        {"id": 1, "image_id": 2.0, "category_id": 7.0, "bbox": [1, 1, 10, 10]},  # no iscrowd: a box
+        ann(2, 2, 3, [2, 2, 10, 10], iscrowd=1)])
+    ((record,), _) = load_coco(images_dir, file, None, DataIssues(strict=True), keep_empty=True)
+    assert record.boxes.tolist() == [[1, 1, 11, 11]] and record.labels.tolist() == [2]  # cat: ids 1, 3, 7
+    assert record.crowd_boxes.tolist() == [[2, 2, 12, 12]] and record.crowd_labels.tolist() == [1]
+    assert warnings_in(capsys.readouterr().err) == []
+
+
 def test_coco_file_names_inside_the_images_folder_are_read_through_links(tmp_path, capsys):
     """Reads stay inside the folder named: a linked images folder, ``..`` that stays inside and a link inside the
     folder (as the folder format follows one) are read; ``..`` through a link to a folder elsewhere is not."""
@@ -444,6 +454,12 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "coco unknown category": coco_box_case(fragment="category_id 99 is not in 'categories'", category_id=99),
     "coco unknown image": coco_box_case(fragment="image_id 5 is not in 'images'", image_id=5),
     "coco malformed bbox": coco_box_case([1, 2, 3], "bbox must be 4 numbers"),
+    "coco image_id true": coco_box_case(fragment="image_id must be an integer, got True", image_id=True),
+    "coco category_id true": coco_box_case(fragment="category_id must be an integer, got True", category_id=True),
+    "coco image_id text": coco_box_case(fragment="image_id must be an integer, got '2'", image_id="2"),
+    "coco iscrowd text": coco_box_case(fragment="iscrowd must be 0 or 1, got '0'", iscrowd="0"),
+    "coco iscrowd 2": coco_box_case(fragment="iscrowd must be 0 or 1, got 2", iscrowd=2),
+    "coco iscrowd true": coco_box_case(fragment="iscrowd must be 0 or 1, got True", iscrowd=True),
     "coco file_name with ..": coco_outside_case(lambda _: "../outside.jpg",
                                                 "file_name '../outside.jpg' leads outside the images folder"),
     "coco file_name deeper ..": coco_outside_case(lambda _: "sub/../../outside.jpg", "leads outside the images folder"),

@@ -15,9 +15,10 @@
 
 Bad data (see ``bigbatch.data.pipeline.problems``): images are checked by their headers (existence, format, the
 size against the file's width and height), or fully decoded in strict mode; annotations are checked one
-by one and reported as ``<annotation file>:annotation #k (id N): ...``. Images are read only inside the images
-folder: an entry whose ``file_name`` is absolute, or leads out of the folder by ``..``, is a bad entry
-(``<annotation file>:image #k (id N): ...``), skipped with its annotations.
+by one and reported as ``<annotation file>:annotation #k (id N): ...`` (``image_id`` and ``category_id`` must be
+whole numbers, not ``true``; ``iscrowd``, 0 when absent, must be 0 or 1: a string ``"0"`` is no flag). Images are
+read only inside the images folder: an entry whose ``file_name`` is absolute, or leads out of the folder by ``..``,
+is a bad entry (``<annotation file>:image #k (id N): ...``), skipped with its annotations.
 """
 
 from __future__ import annotations
@@ -83,9 +84,9 @@ def _is_size(value: Any) -> bool:
     return _is_number(value) and value > 0 and float(value).is_integer()
 
 
-def _key(value: Any) -> Any:
-    """A JSON value usable as a dict key (ids are numbers; a list or object is no id)."""
-    return value if isinstance(value, (int, float, str)) else None
+def _is_id(value: Any) -> bool:
+    """An id as a COCO file gives one: a whole number (``true`` is no id, though Python's bool is an int)."""
+    return _is_number(value) and float(value).is_integer()
 
 
 def read_annotation_file(path: Path, key: str = "data") -> dict[str, Any]:
@@ -234,7 +235,16 @@ def _gather(data: dict[str, Any], images: dict[int, AnnotatedImage], skipped_ima
         if not isinstance(ann, dict):
             issues.report(path, where, f"annotation is not an object: {ann!r}", unit="box")
             continue
-        image_id, category_id, bbox = _key(ann.get("image_id")), _key(ann.get("category_id")), ann.get("bbox")
+        image_id, category_id, bbox = ann.get("image_id"), ann.get("category_id"), ann.get("bbox")
+        malformed = [f"{key} must be an integer, got {value!r}" for key, value in
+                     (("image_id", image_id), ("category_id", category_id)) if not _is_id(value)]
+        crowd = ann.get("iscrowd", 0)
+        if not (_is_number(crowd) and crowd in (0, 1)):
+            malformed.append(f"iscrowd must be 0 or 1, got {crowd!r}")
+        if malformed:
+            issues.report(path, where, "; ".join(malformed), unit="box")
+            continue
+        image_id, category_id = int(image_id), int(category_id)
         if image_id in skipped_images:
             continue  # its image entry was reported already
         if image_id not in images:
@@ -252,7 +262,7 @@ def _gather(data: dict[str, Any], images: dict[int, AnnotatedImage], skipped_ima
         x, y, w, h = (float(v) for v in bbox)
         xyxy = (x, y, x + w, y + h)  # COCO [x, y, w, h] -> [x1, y1, x2, y2]
         area = float(ann["area"]) if _is_number(ann.get("area")) else None
-        if ann.get("iscrowd"):
+        if crowd:
             image.crowd_boxes.append(xyxy)  # as given, like COCO's evaluation uses it
             image.crowd_labels.append(label_of[category_id])
             image.crowd_areas.append(w * h if area is None else area)
