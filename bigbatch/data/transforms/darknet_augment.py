@@ -73,7 +73,10 @@ class DarknetTrainCrop:
 
 
 class DarknetEvalCrop:
-    """The evaluation crop: the shorter side to ``size``, the centre kept, in [0, 1]."""
+    """The evaluation crop: the shorter side to ``size`` (the longer truncated, as ``resize_min``), the centre kept at
+    Darknet's offset ``((h - size) // 2, (w - size) // 2)``: ``validate_classifier_single`` crops at ``(resized.w -
+    net.w)/2`` in C's integer division, where torchvision's ``center_crop`` rounds (a pixel apart for odd margins). In
+    [0, 1]."""
 
     def __init__(self, size: int, fast: bool = False) -> None:
         self.size, self.fast = size, fast
@@ -86,5 +89,7 @@ class DarknetEvalCrop:
         return (math.ceil(box_height * self.size / shorter), math.ceil(box_width * self.size / shorter))
 
     def finish(self, crop: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        image = TF.center_crop(TF.resize(crop, self.size, antialias=True), [self.size, self.size])
+        image = TF.resize(crop, self.size, antialias=True)
+        height, width = image.shape[-2:]
+        image = TF.crop(image, (height - self.size) // 2, (width - self.size) // 2, self.size, self.size)
         return into(TF.to_dtype(image, torch.float32, scale=True), out)
