@@ -20,6 +20,7 @@ from bigbatch.data.transforms.det_transforms import (
     alexeyab_window,
     boxes_to_original,
     clamp_and_sanitize,
+    distort_colors,
     distort_hsv,
     eval_transform,
     letterbox_geometry,
@@ -593,6 +594,17 @@ def test_distort_hsv_is_the_kernels_saturation_then_hue_then_exposure(seed: int)
     expected = (adjust_hue(adjust_saturation(image, saturation), hue) * exposure).clamp(0, 1)
     torch.testing.assert_close(distort_hsv(image, hue, saturation, exposure), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(distort_hsv(image, 0.0, 1.0, exposure), (image * exposure).clamp(0, 1))
+
+
+def test_the_saturation_is_clamped_to_1_where_darknet_leaves_it_above():
+    """The departure DarknetColor's docstring states. RGB (1, .5, .2): v = 1, s = .8, hue .375 sixths (sector 0,
+    f = .375); saturation x1.5 makes s 1.2. Darknet's hsv_to_rgb takes it as is: (v, t, p) = (1, 1 - 1.2 (1 - f),
+    1 - 1.2) = (1, .25, -.2), (1, .25, 0) after constrain_image; clamped to 1 (TF's adjust_saturation): (1, .375, 0).
+    Below 1 the two agree: x1.2 makes s .96, (1, 1 - .96 * .625, 1 - .96) in both."""
+    pixel = torch.tensor([1.0, 0.5, 0.2]).view(3, 1, 1)
+    torch.testing.assert_close(distort_hsv(pixel, 0.0, 1.5, 1.0).flatten(), torch.tensor([1.0, 0.375, 0.0]))
+    torch.testing.assert_close(distort_colors(pixel, 0.0, 1.5, 1.0).flatten(), torch.tensor([1.0, 0.375, 0.0]))
+    torch.testing.assert_close(distort_hsv(pixel, 0.0, 1.2, 1.0).flatten(), torch.tensor([1.0, 0.4, 0.04]))
 
 
 @pytest.mark.parametrize("options", [dict(jitter=0.3, hue=0.1, saturation=1.5, exposure=1.5),

@@ -294,7 +294,8 @@ def distort_hsv(image: torch.Tensor, hue: float, saturation: float, exposure: fl
 
     ``rgb_to_hsv`` (as TF's kernels and ``colorsys``): ``v = max``, ``s = (max - min) / v`` (0 where v = 0), the
     hue in sixths ``h = (g - b) / span`` mod 6 where r is the max, ``(b - r) / span + 2`` where g is, else
-    ``(r - g) / span + 4``. The distortion: ``s' = clip(s * saturation, 0, 1)``, ``h' = (h + 6 hue) mod 6``.
+    ``(r - g) / span + 4``. The distortion: ``s' = clip(s * saturation, 0, 1)`` (Darknet leaves ``s'`` unclipped:
+    :class:`DarknetColor`), ``h' = (h + 6 hue) mod 6``.
     Back to RGB by the closed form of ``hsv_to_rgb``: channel ``n`` (R 5, G 3, B 1) is
     ``v (1 - s' clip(min(k, 4 - k), 0, 1))`` with ``k = (n + h') mod 6``; then times ``exposure`` and clipped to
     [0, 1] (``constrain_image``). Equal, to float rounding, to TF's ``adjust_saturation`` then ``adjust_hue``
@@ -336,7 +337,11 @@ class DarknetColor(v2.Transform):
     """Darknet's colour distortion (``random_distort_image``): on an RGB image in [0, 1] (float, or uint8 made float32
     as ``v2.ToDtype(scale=True)`` does), the HSV saturation times ``rand_scale(saturation)`` (clipped at 1), the hue
     shifted by ``U(-hue, hue)`` turns (wrapped), the value (exposure) times ``rand_scale(exposure)``, then clipped to
-    [0, 1] (``constrain_image``): :func:`distort_colors`."""
+    [0, 1] (``constrain_image``): :func:`distort_colors`. One departure from Darknet: the saturation is clamped to 1
+    before the conversion back to RGB, which Darknet's ``distort_image`` does not do (its ``hsv_to_rgb`` takes an
+    ``s`` above 1, so a colour's smaller channels fall further, clipped at 0 by ``constrain_image``: a more saturated
+    colour; RGB (1, .5, .2) at saturation x1.5 is (1, .25, 0) there, (1, .375, 0) here); the clamp is kept on purpose
+    from TF's ``adjust_saturation`` (``tf1_ops.py``), which :func:`distort_hsv` equals and replaced."""
 
     _transformed_types = (tv_tensors.Image,)
 
