@@ -68,9 +68,11 @@ from bigbatch.darknet.yolo_data import (
     MAX_CLASS_NAMES,
     MAX_LISTED_IMAGES,
     NAMES_FILE_LIMIT,
+    darknet_label_path,
     list_images,
     read_darknet_data,
     read_names,
+    ultralytics_label_path,
     yolo_label_path,
     yolo_records,
 )
@@ -542,10 +544,11 @@ def _plan_yolo(source: Source, out: Path, layout: str) -> dict[str, list[tuple[I
         planned[split] = []
         for item in items:
             image = f"{folder}/{item.name}"
-            label_path = Path(yolo_label_path(out / image))
+            rule = darknet_label_path if layout == "darknet" else ultralytics_label_path  # where each reader looks
+            label_path = Path(rule(out / image))
             if not label_path.is_relative_to(out):
-                raise UserError(f"--out: {out} lies in a folder named images or JPEGImages: Darknet's rule would put "
-                                f"the label file of {image} outside it, at {label_path}")
+                raise UserError(f"--out: {out} lies in a folder named images or JPEGImages: the layout's rule would "
+                                f"put the label file of {image} outside it, at {label_path}")
             label = label_path.relative_to(out).as_posix()
             for path in (image, label):
                 if path in taken:
@@ -577,7 +580,8 @@ def write_yolo(source: Source, writer: Writer, layout: str) -> str:
     writer.text(f"{name}{IDS_SUFFIX}", json.dumps({"written_by": WRITTEN_BY, "categories": source.categories,
                                                    "images": ids}, indent=1) + "\n")
     if layout == "ultralytics":
-        header = f"# written by {WRITTEN_BY}; Darknet's files: {name}.data, {name}.names\n"
+        header = (f"# written by {WRITTEN_BY}; also as {name}.data and {name}.names, which bigbatch reads (Darknet "
+                  "itself looks for a label file beside its image: --layout darknet)\n")
         body = {"train": "images/train", "val": "images/val", "nc": len(source.categories),
                 "names": {label: c["name"] for label, c in enumerate(source.categories)}}
         writer.text("data.yaml", header + yaml.safe_dump(body, sort_keys=False, allow_unicode=True))

@@ -20,11 +20,11 @@ Sources:
 - a folder holding ``images/`` and ``labels/`` (or holding the images), with the class names given, or in
   ``classes.txt`` or a single ``*.names`` file in the folder or one of its two parents.
 
-The label file of an image follows Darknet's rule (``replace_image_to_label``; ultralytics'
-``img2label_paths`` likewise): the last ``images`` (or VOC's ``JPEGImages``) folder of the path becomes
-``labels`` and the extension ``.txt``; without such a folder the label file sits beside the image. A missing
-label file is an image without boxes, as in Darknet. ``image_id`` is the image's index in the list, stable
-whatever is skipped.
+The label file of an image (:func:`yolo_label_path`) is found by AlexeyAB Darknet's rule (``replace_image_to_label``:
+beside the image, but for COCO's ``images/train2017``-style folders and VOC's ``JPEGImages``, which become
+``labels``), else by Ultralytics' (``img2label_paths``: the last ``images`` folder of the path becomes ``labels``);
+the extension ``.txt``. A missing label file is an image without boxes, as in both; how many are missing, and where
+they were looked for, is one warning. ``image_id`` is the image's index in the list, stable whatever is skipped.
 
 Every file a ``.data`` file names may be hostile, as a dataset's images are (``data/pipeline/files.py``): each is read
 only as a regular file, opened without blocking (a FIFO or a link to ``/dev/zero`` is refused, never read), line by line
@@ -97,14 +97,52 @@ pjreddie's), the first of them here; this is 20 times the larger, and above the 
 objects an image)."""
 
 
-def yolo_label_path(image_path: str | os.PathLike) -> str:
-    """Darknet's rule: the last ``images``/``JPEGImages`` folder becomes ``labels``, the extension ``.txt``."""
+_DARKNET_LABEL_FOLDERS = (  # AlexeyAB's replace_image_to_label (src/utils.c), in its order; each the first match
+    ("/images/train2017/", "/labels/train2017/"), ("/images/val2017/", "/labels/val2017/"),
+    ("/JPEGImages/", "/labels/"),
+    ("\\images\\train2017\\", "\\labels\\train2017\\"), ("\\images\\val2017\\", "\\labels\\val2017\\"),
+    ("\\images\\train2014\\", "\\labels\\train2014\\"), ("\\images\\val2014\\", "\\labels\\val2014\\"),
+    ("/images/train2014/", "/labels/train2014/"), ("/images/val2014/", "/labels/val2014/"),
+    ("\\JPEGImages\\", "\\labels\\"),
+)
+_DARKNET_IMAGE_SUFFIXES = (".jpg", ".JPG", ".jpeg", ".JPEG", ".png", ".PNG", ".bmp", ".BMP", ".ppm", ".PPM",
+                           ".tiff", ".TIFF")
+
+
+def darknet_label_path(image_path: str | os.PathLike) -> str:
+    """AlexeyAB Darknet's rule (``replace_image_to_label``, src/utils.c): only COCO's ``/images/train2017/``,
+    ``/images/val2017/`` (and 2014) folders become ``/labels/...``, and VOC's ``/JPEGImages/`` becomes ``/labels/``
+    (each its first occurrence); anywhere else the label file sits beside the image. The extension becomes ``.txt``
+    (Darknet knows twelve; another is replaced too, where Darknet warns)."""
+    path = str(image_path)
+    for old, new in _DARKNET_LABEL_FOLDERS:
+        path = path.replace(old, new, 1)
+    path = path.strip()
+    suffix = next((s for s in _DARKNET_IMAGE_SUFFIXES if path.endswith(s)), None)
+    return path[: -len(suffix)] + ".txt" if suffix else str(PurePath(path).with_suffix(".txt"))
+
+
+def ultralytics_label_path(image_path: str | os.PathLike) -> str:
+    """Ultralytics' rule (``img2label_paths``): the last ``images`` (or VOC's ``JPEGImages``) folder of the path
+    becomes ``labels``, the extension ``.txt``; without such a folder the label file sits beside the image."""
     parts = list(PurePath(image_path).parts)
     for i in range(len(parts) - 2, -1, -1):  # folders only, the last one first
         if parts[i] in IMAGE_FOLDERS:
             parts[i] = "labels"
             break
     return str(PurePath(*parts).with_suffix(".txt"))
+
+
+def yolo_label_path(image_path: str | os.PathLike) -> str:
+    """The label file of an image: Darknet's (:func:`darknet_label_path`) where it exists, else Ultralytics'
+    (:func:`ultralytics_label_path`) where that exists; neither: Darknet's, missing (an image without boxes). A
+    Darknet set keeps its ``.txt`` files beside the images, in a folder of any name, ``images`` too; an Ultralytics
+    set keeps them in ``labels/`` beside ``images/``; COCO's and VOC's layouts give one file by both rules."""
+    darknet = darknet_label_path(image_path)
+    if os.path.lexists(darknet):
+        return darknet
+    ultralytics = ultralytics_label_path(image_path)
+    return ultralytics if os.path.lexists(ultralytics) else darknet
 
 
 def _read_error(error: OSError, path: str | os.PathLike, what: str) -> UserError:
@@ -325,19 +363,37 @@ def yolo_records(paths: list[str], num_classes: int, issues: DataIssues, keep_em
     (default: in strict mode), else read their headers only."""
     decode = issues.strict if decode is None else decode
     records = []
+    missing: list[str] = []
     inspected = inspect_oriented_images(paths, decode=decode)
     for image_id, (path, (size, orientation, problem)) in enumerate(zip(paths, inspected, strict=True)):
         if problem is not None:
             issues.report(path, None, problem)
             continue
         width, height = size
-        found = _read_labels(yolo_label_path(path), width, height, num_classes, issues)
+        label = yolo_label_path(path)
+        if not os.path.lexists(label):
+            missing.append(path)
+        found = _read_labels(label, width, height, num_classes, issues)
         if found is None or not (found[0] or keep_empty):
             continue
         records.append(DetectionRecord(path=path, width=width, height=height, image_id=image_id,
                                        boxes=np.array(found[0], np.float32).reshape(-1, 4),
                                        labels=np.array(found[1], np.int64), orientation=orientation))
+    if missing:
+        say_missing_labels(missing, len(paths))
     return records
+
+
+def say_missing_labels(missing: list[str], images: int) -> None:
+    """One warning for the images without a label file (read as images without boxes, as Darknet and Ultralytics
+    read them; Darknet prints a line for each, Ultralytics counts them): how many, and where the first one's was
+    looked for by both rules."""
+    import sys
+
+    first = missing[0]
+    places = dict.fromkeys([darknet_label_path(first), ultralytics_label_path(first)])
+    print(f"warning: data: {len(missing):,} of {images:,} images have no label file, read as images without boxes "
+          f"(the first: {first}; looked for {' and '.join(places)})", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- the ``yolo`` dataset format

@@ -21,8 +21,15 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from bigbatch.config import load_config
+from bigbatch.darknet.yolo_data import (
+    darknet_label_path,
+    load_yolo,
+    read_darknet_data,
+    read_names,
+    ultralytics_label_path,
+    yolo_records,
+)
 from bigbatch.darknet.yolo_data import load as load_yolo_format
-from bigbatch.darknet.yolo_data import load_yolo, read_darknet_data, read_names, yolo_label_path
 from bigbatch.data.formats.coco import coco_ground_truth, load_coco
 from bigbatch.data.formats.detection import DetectionDataset, DetectionRecord
 from bigbatch.data.pipeline.problems import DataIssues
@@ -321,8 +328,51 @@ def test_darknet_reference_data_and_names_files():
     ("/d/images/images.jpeg", "/d/labels/images.txt"),  # a file named images stays
     ("rel/images/a.b.jpg", "rel/labels/a.b.txt"),
 ])
-def test_label_path_rule(image, label):
-    assert yolo_label_path(image) == label
+def test_ultralytics_label_path_rule(image, label):
+    assert ultralytics_label_path(image) == label
+
+
+@pytest.mark.parametrize(("image", "label"), [  # AlexeyAB's replace_image_to_label, compiled and run on these paths
+    ("/d/images/train2017/a.jpg", "/d/labels/train2017/a.txt"),
+    ("/d/images/val2014/a.JPEG", "/d/labels/val2014/a.txt"),
+    ("/d/VOC2007/JPEGImages/000001.jpg", "/d/VOC2007/labels/000001.txt"),
+    ("/d/images/x.jpg", "/d/images/x.txt"),  # any other images folder: beside the image
+    ("images/train/a.png", "images/train/a.txt"),
+    ("/home/me/images/proj/obj/0.jpg", "/home/me/images/proj/obj/0.txt"),
+    ("/d/obj/a.b.bmp", "/d/obj/a.b.txt"),
+])
+def test_darknet_label_path_rule(image, label):
+    assert darknet_label_path(image) == label
+
+
+def test_a_label_file_is_darknets_where_it_is_else_ultralytics_and_missing_ones_are_one_warning(tmp_path, capsys):
+    """A Darknet set keeps its labels beside the images, in a folder of any name (``images`` too); an Ultralytics
+    set in ``labels/`` beside ``images/``. Both are read; the images without either are one warning. Once only
+    Ultralytics' rule was followed: a Darknet set in an ``images`` folder (or under one) read as no boxes, silently,
+    and a file at the Ultralytics place outside the set was paired with its images."""
+    darknet, ultra = tmp_path / "home" / "images" / "proj" / "obj", tmp_path / "u" / "images" / "train"
+    (tmp_path / "home" / "labels" / "proj" / "obj").mkdir(parents=True)  # where Ultralytics' rule looks: a decoy
+    (tmp_path / "home" / "labels" / "proj" / "obj" / "0.txt").write_text("0 0.1 0.1 0.05 0.05\n")
+    for folder in (darknet, ultra, tmp_path / "u" / "labels" / "train"):
+        folder.mkdir(parents=True)
+    paths = []
+    for folder in (darknet, ultra):
+        for i in range(3):
+            Image.new("RGB", (40, 20), (i * 40, 90, 30)).save(folder / f"{i}.jpg", quality=90)
+            paths.append(str(folder / f"{i}.jpg"))
+    (darknet / "0.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (darknet / "1.txt").write_text("1 0.25 0.5 0.5 1\n")
+    (tmp_path / "u" / "labels" / "train" / "0.txt").write_text("0 0.5 0.5 1 1\n")
+    records = yolo_records(paths, 2, DataIssues(), keep_empty=True)
+    boxes = {Path(r.path).relative_to(tmp_path).as_posix(): r.boxes.tolist() for r in records}
+    assert boxes["home/images/proj/obj/0.jpg"] == [[10.0, 5.0, 30.0, 15.0]]  # beside it, not the decoy
+    assert boxes["home/images/proj/obj/1.jpg"] == [[0.0, 0.0, 20.0, 20.0]]
+    assert boxes["u/images/train/0.jpg"] == [[0.0, 0.0, 40.0, 20.0]]  # Ultralytics' labels/ folder
+    assert boxes["home/images/proj/obj/2.jpg"] == boxes["u/images/train/1.jpg"] == []
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and warning[0].startswith("warning: data: 3 of 6 images have no label file, read as "
+                                                       f"images without boxes (the first: {darknet / '2.jpg'}; "
+                                                       f"looked for {darknet / '2.txt'} and ")
 
 
 # Bad data -------------------------------------------------------------------------------------------------------
@@ -426,6 +476,7 @@ def yolo_image_case(kind: str) -> Callable[[Path], Case]:
     """A .data file listing images/a.jpg (good) and images/b.jpg (missing or garbage)."""
     def make(tmp_path: Path) -> Case:
         write_jpeg(tmp_path / "images" / "a.jpg", 100, 50)
+        (tmp_path / "images" / "a.txt").write_text("")  # a label file with no box: no "no label file" warning
         if kind == "garbage":
             (tmp_path / "images" / "b.jpg").write_bytes(np.random.default_rng(1).bytes(500))
         (tmp_path / "train.txt").write_text(f"{tmp_path}/images/a.jpg\n{tmp_path}/images/b.jpg\n")
