@@ -675,7 +675,11 @@ def convert(src: Path, to: str, out: Path, layout: str | None = None, copy: bool
         lines.append(f"left out {source.crowd} crowd {regions} (iscrowd: 1): YOLO labels have no crowd flag")
     lines += source.notes
     if to == "yolo":
-        lines.append(f"train with --set data.name=yolo {override_word('data.path', str(out / written))}")
+        words = f"data.name=yolo {override_word('data.path', str(out / written))}"
+        coco = _coco_files(path) if fmt == "coco" else None
+        if coco is not None:  # the source's own image and category ids for saved detections, and the same mAP
+            words += f" {override_word('data.annotations', str(coco['val'][0].resolve()))}"
+        lines.append(f"train with --set {words}")
     else:
         keys = " ".join(f"{override_word(f'data.{s}.images', str(out / s))} "
                         f"{override_word(f'data.{s}.annotations', str(out / 'annotations' / f'{s}.json'))}"

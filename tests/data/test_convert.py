@@ -99,6 +99,8 @@ def test_coco_to_yolo_and_back_keeps_every_box_and_the_ids(shapes, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"COCO {shapes} converted to YOLO (Darknet's layout) in {yolo}" in result.stdout
     assert f"train with --set data.name=yolo data.path={yolo / 'shapes.data'}" in result.stdout
+    # the source's COCO file, for its image and category ids in saved detections (the YOLO set numbers its own)
+    assert f" data.annotations={(shapes / 'annotations' / 'val.json').resolve()}\n" in result.stdout
     for split in SPLITS:  # the generator's own label files, byte for byte, and its lists and names
         labels = sorted((shapes / split).glob("*.txt"))
         assert labels and [p.name for p in sorted((yolo / split).glob("*.txt"))] == [p.name for p in labels]
