@@ -13,7 +13,10 @@ With ``--upto N`` the ``.weights`` file holds the first N layers (a ``.conv.N`` 
 Beside ``--darknet-weights OUT.weights`` goes ``OUT.cfg``, the network the weights are of (a run's cfg for the classes
 it trained), so that Darknet loads the two together.
 
-Nothing existing is overwritten: each output must be a new file (``OUT.cfg`` may replace a cfg ``export`` wrote).
+Nothing existing is overwritten: each output must be a new file. ``OUT.cfg`` may replace a cfg ``export`` wrote and
+recorded as it wrote it (``floor/written.py``), unchanged since: its first line alone proves nothing (a cfg copied from
+one bigbatch wrote and tuned by hand keeps it), so a cfg edited since, copied there or written by anything else is the
+user's and is refused.
 """
 
 from __future__ import annotations
@@ -101,13 +104,30 @@ def from_cfg(path: Path, weights: Path | None, seed: int) -> Exported:
     return Exported(network, seen, f"{path} with {weights}")
 
 
+def is_exported_cfg(path: Path) -> bool:
+    """Whether ``path`` is a cfg bigbatch wrote and recorded as it wrote it (``floor/written.py``: its path, inode,
+    size, time and SHA-256), unchanged since, starting with the ``# kept by bigbatch:`` line. That line alone proves
+    nothing: every cfg bigbatch writes starts with it, and so does a copy of one tuned by hand."""
+    from bigbatch.darknet.cfg_edit import KEPT_CFG_MARK
+    from bigbatch.floor import written
+    from bigbatch.floor.user_files import open_regular
+
+    if not written.is_ours(path):
+        return False
+    try:
+        with open_regular(path, limit=2**63 - 1, what="a cfg") as f:  # its first bytes only: the size is no matter
+            return f.read(len(KEPT_CFG_MARK)) == KEPT_CFG_MARK.encode()
+    except OSError:
+        return False
+
+
 def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | None, weights: Path | None = None,
            seed: int = 0, upto: int | None = None) -> list[str]:
     """Write the outputs asked for; -> the lines to print. Every output is checked before anything is written."""
     from bigbatch.darknet import write_weights
     from bigbatch.darknet.cfg_edit import KEPT_CFG_MARK, cfg_text_of
     from bigbatch.floor.files import atomic_write
-    from bigbatch.floor.outputs import check_output_file, starts_with
+    from bigbatch.floor.outputs import check_output_file
 
     if darknet_weights is None and checkpoint_out is None:
         raise UserError("export: nothing to write; give --darknet-weights OUT.weights and/or --checkpoint OUT.pt")
@@ -117,9 +137,10 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
     # a whole network's .weights: its cfg beside (a backbone's .conv.N is loaded with the cfg of another network)
     cfg_out = None if darknet_weights is None or upto is not None else darknet_weights.with_suffix(".cfg")
     if cfg_out is not None:
-        check_output_file(cfg_out, "--darknet-weights", ours=starts_with(KEPT_CFG_MARK.encode(), len(KEPT_CFG_MARK)),
-                          what=f"the network's cfg goes beside {darknet_weights.name}; bigbatch does not overwrite "
-                               "it (choose another name)")
+        check_output_file(cfg_out, "--darknet-weights", ours=is_exported_cfg,
+                          what=f"the network's cfg goes beside {darknet_weights.name}; it is not a cfg bigbatch "
+                               "export wrote, unchanged since (a cfg edited since, copied, or written by anything "
+                               "else is yours): not overwritten (choose another name, or move the file away)")
     if upto is not None and darknet_weights is None:
         raise UserError("--upto: writes the first layers of --darknet-weights; give --darknet-weights OUT")
     if darknet_weights is not None and darknet_weights == checkpoint_out:
@@ -145,7 +166,7 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
         header = (f"{KEPT_CFG_MARK} the network of {darknet_weights.name}, written by bigbatch export from "
                   f"{exported.network.cfg.path}")
         text = cfg_text_of(exported.network.cfg, header)
-        atomic_write(cfg_out, lambda f: f.write(text), mode="w")
+        atomic_write(cfg_out, lambda f: f.write(text), mode="w", record=True)  # the proof a later export may replace
         lines.append(f"its network written to {cfg_out} (Darknet: darknet detector test DATA {cfg_out.name} "
                      f"{darknet_weights.name})" if exported.network.cfg.yolo_layers else
                      f"its network written to {cfg_out}")

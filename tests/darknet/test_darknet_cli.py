@@ -68,6 +68,33 @@ def test_export_refuses_to_overwrite_and_names_a_mismatched_file(tmp_path):
     assert result.returncode == 2 and "nothing to write" in result.stderr
 
 
+def test_export_replaces_only_the_cfg_it_wrote_unchanged_and_refuses_an_edited_or_copied_one(tmp_path):
+    """``OUT.cfg`` beside ``--darknet-weights OUT.weights`` is replaced only while it is the file export wrote and
+    recorded, unchanged: a cfg tuned by hand since, or a copy of an exported one (its ``# kept by bigbatch:`` first
+    line too), is the user's and is refused in one line naming the option and the file; nothing is written."""
+    from tests.helpers import SMALL
+
+    cfg = tmp_path / "small.cfg"
+    cfg.write_text(SMALL)
+    weights, beside = tmp_path / "out.weights", tmp_path / "out.cfg"
+    assert run_main("export", str(cfg), "--darknet-weights", str(weights)).returncode == 0
+    assert beside.read_text().startswith("# kept by bigbatch:")
+    weights.unlink()
+    result = run_main("export", str(cfg), "--darknet-weights", str(weights), "--seed", "3")  # its own cfg: replaced
+    assert result.returncode == 0, result.stderr
+    lines = beside.read_text().splitlines()
+    beside.write_text("\n".join([lines[0], "# MY HAND-TUNED CFG", *lines[1:]]) + "\n")
+    weights.unlink()
+    copied = tmp_path / "copy.cfg"
+    copied.write_bytes(tmp_path.joinpath("out.cfg").read_bytes().replace(b"# MY HAND-TUNED CFG\n", b""))
+    for cfg_out, out in ((beside, weights), (copied, tmp_path / "copy.weights")):
+        before = cfg_out.read_bytes()
+        result = run_main("export", str(cfg), "--darknet-weights", str(out))
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"error: --darknet-weights: {cfg_out} exists; "), result.stderr
+        assert cfg_out.read_bytes() == before and not out.exists()
+
+
 def test_a_cfg_written_back_changes_its_keys_where_darknet_reads_them_and_keeps_every_other_line(tmp_path):
     from bigbatch.darknet.cfg_edit import KEPT_CFG_MARK, cfg_text_for_classes, edit_cfg_text
 
