@@ -44,7 +44,8 @@ source is only read. Every file of the source is read as an untrusted one, insid
 ``..`` followed): a path that leads out of it is an error naming it; only regular files are read, each within the
 bounds of its reader (``coco.read_annotation_file``, ``darknet/yolo_data.py``). Everything is read and checked before
 anything is written; the first bad annotation stops the conversion in one ``error:`` line naming its file and line
-(or annotation). A conversion that fails while writing removes the files it made; the ``.data`` file (COCO: the
+(or annotation), but for a box that reaches over its image's edge, which is clipped, as training clips it, with a
+warning naming it. A conversion that fails while writing removes the files it made; the ``.data`` file (COCO: the
 ``annotations/val.json``) is written last.
 """
 
@@ -639,7 +640,7 @@ def convert(src: Path, to: str, out: Path, layout: str | None = None, copy: bool
         raise UserError(f"--layout: expected darknet or ultralytics, got {layout!r}")
     out = check_out(out)
     fmt, src_layout, path = find_source(Path(src), to, layout)
-    issues = DataIssues(strict=True)
+    issues = DataIssues(strict=True, tolerated=frozenset({"clipped"}))  # a box over the edge: clipped, as training
     if fmt == "coco":
         source = read_coco(path, issues)
     elif src_layout == "darknet":
@@ -674,6 +675,8 @@ def convert(src: Path, to: str, out: Path, layout: str | None = None, copy: bool
         regions = "region" if source.crowd == 1 else "regions"
         lines.append(f"left out {source.crowd} crowd {regions} (iscrowd: 1): YOLO labels have no crowd flag")
     lines += source.notes
+    if issues.problems:  # boxes over an image's edge, clipped (each named in a warning above)
+        lines.append(issues.summary())
     if to == "yolo":
         words = f"data.name=yolo {override_word('data.path', str(out / written))}"
         coco = _coco_files(path) if fmt == "coco" else None

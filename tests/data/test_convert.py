@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 
 from bigbatch.config import load_config
 from bigbatch.darknet.yolo_data import load as load_yolo_format
@@ -280,6 +281,24 @@ def test_bad_annotations_name_their_file_and_line(shapes, coco_only, tmp_path):
     line = error_line(convert(yolo / "shapes.data", "--to", "coco", "--out", out))
     assert line == f"error: data: {label}:2: class 7 is not a class index 0..4 (5 names)"
     assert not out.exists()
+
+
+def test_a_box_over_the_edge_is_clipped_as_training_clips_it_not_the_end_of_the_conversion(shapes, tmp_path):
+    """``0 0.98 0.5 0.1 0.1`` is a label Darknet and Ultralytics train on (Ultralytics clips it): convert clips it,
+    names it in a warning and counts it, where it once stopped in an error line that said "clipped"."""
+    yolo = Path(shutil.copytree(shapes, tmp_path / "yolo"))
+    label = yolo / "train" / "000001.txt"
+    label.write_text("0 0.98 0.5 0.1 0.1\n")
+    width, height = Image.open(yolo / "train" / "000001.jpg").size
+    result = convert(yolo / "shapes.data", "--to", "coco", "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {label}:1: box ") and "; clipped" in warnings[0]
+    assert "data: 1 problem in 1 file: 1 box clipped\n" in result.stdout
+    data = json.loads((tmp_path / "out" / "annotations" / "train.json").read_text())
+    image = next(i for i in data["images"] if i["file_name"] == "000001.jpg")
+    (box,) = [a["bbox"] for a in data["annotations"] if a["image_id"] == image["id"]]
+    assert box[0] + box[2] == pytest.approx(width) and box[0] == pytest.approx(0.93 * width, abs=0.01)
 
 
 @pytest.mark.fast

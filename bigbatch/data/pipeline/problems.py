@@ -68,8 +68,11 @@ class DataIssues:
     Picklable; a DataLoader worker holds its own copy, so "once" is once per process.
     """
 
-    def __init__(self, strict: bool = False):
+    def __init__(self, strict: bool = False, tolerated: frozenset[str] = frozenset()):
         self.strict = strict
+        self.tolerated = tolerated
+        """Actions (``clipped``) reported as warnings even in strict mode: ``data convert`` clips a box that
+        overshoots the image, as training does, and stops at anything else."""
         self.problems: list[DataProblem] = []
         self._held: list[DataProblem] | None = None  # inside held(): the warnings not printed yet
         self._seen: set[DataProblem] = set()
@@ -79,7 +82,7 @@ class DataIssues:
                action: str = "skipped") -> None:
         """A problem with ``path`` (at ``line``); what happened to it: ``unit`` (image, box) ``action``."""
         problem = DataProblem(str(path), line, message)
-        if self.strict:
+        if self.strict and action not in self.tolerated:
             raise UserError(f"data: {problem}")
         if problem in self._seen:
             return
