@@ -688,3 +688,21 @@ def test_a_phone_cameras_multi_picture_jpeg_is_read_as_its_first_picture(tmp_pat
     assert [(r.width, r.height) for r in records] == [(64, 48)] and not issues.problems
     image, _ = DetectionDataset(records, issues=issues)[0]
     np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), first)
+
+
+def test_a_polygon_label_line_is_its_bounding_box_as_ultralytics_reads_it(tmp_path, capsys):
+    """Ultralytics' segmentation labels (``<class> x1 y1 x2 y2 x3 y3 ...``) train a detector there
+    (``segments2boxes``): each polygon is its points' bounding box. A box line beside it stays a box; an even count of
+    fields (no whole point) is malformed. The polygon lines were once refused as malformed."""
+    folder = tmp_path / "obj"
+    folder.mkdir()
+    Image.new("RGB", (100, 50), (20, 90, 30)).save(folder / "a.jpg", quality=90)
+    (folder / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n"
+                                  "1 0.1 0.1 0.3 0.1 0.3 0.3 0.1 0.3\n"
+                                  "1 0.1 0.2 0.3 0.4 0.5 0.6 0.7\n")
+    (record,) = yolo_records([str(folder / "a.jpg")], 2, DataIssues(), keep_empty=True)
+    np.testing.assert_allclose(record.boxes, [[40, 20, 60, 30], [10, 5, 30, 15]], rtol=0, atol=1e-4)
+    assert record.labels.tolist() == [0, 1]
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warning == (f"warning: {folder / 'a.txt'}:3: malformed label line: expected '<class> <xc> <yc> <w> <h>' "
+                       "or a polygon, got 8 fields")
