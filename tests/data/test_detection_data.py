@@ -515,7 +515,7 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                                 "file_name '../outside.jpg' leads outside the images folder"),
     "coco file_name deeper ..": coco_outside_case(lambda _: "sub/../../outside.jpg", "leads outside the images folder"),
     "coco absolute file_name": coco_outside_case(lambda tmp: str(tmp / "outside.jpg"), "is an absolute path"),
-    "yolo field count": yolo_case("1 0.5 0.5 0.2", "expected '<class> <xc> <yc> <w> <h>', got 4 fields"),
+    "yolo field count": yolo_case("1 0.5 0.5 0.2", "expected '<class> <xc> <yc> <w> <h>' or a polygon, got 4 fields"),
     "yolo not numbers": yolo_case("dog 0.5 0.5 0.2 0.2", "expected numbers"),
     "yolo class out of range": yolo_case("2 0.5 0.5 0.1 0.1", "class 2 is not a class index 0..1"),
     "yolo value outside [0, 1]": yolo_case("0 1.5 0.5 0.1 0.1", "normalised to [0, 1]"),
