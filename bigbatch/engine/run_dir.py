@@ -12,9 +12,10 @@
   kernel releases when the process ends, however it ends, and that forked DataLoader workers do not inherit.
   A second ``train`` or ``--resume`` on a held folder stops at once: ``--out: DIR is in use by process PID``.
   The holding process reads its lock file only through the held descriptor: closing another would release it.
-- **Tidy** what an earlier run of this folder left: temporary checkpoint files (``checkpoints/.last.pt.tmp-PID``)
-  of a process killed while writing. Only files of that exact naming are removed, and only while the lock is
-  held, so no other bigbatch process can be writing them.
+- **Tidy** what an earlier run of this folder left: the temporary files of a process killed while writing a
+  checkpoint or the config (``checkpoints/.last.pt.tmp-PID-TOKEN``, :func:`remove_stale_temporaries`), whatever
+  their PID (a resumed run in a container has the PID of the one killed). Only files of that exact naming are
+  removed, and only while the lock is held, so no other bigbatch process can be writing them.
 - **Leave nothing** when the run stops before it wrote anything (a data or config error found after the folder
   was made): the lock file it made and the folders it made are removed again, so a folder of the user's is left
   as it was.
@@ -61,8 +62,6 @@ is read through its held descriptor, never opened and closed again (that let a s
 RUN_FILES = run_files.RUN_FILES
 """What a run writes at the top of its folder (``floor/run_files.py``; besides ``eval-*.json`` from ``bigbatch
 eval``); ``model.cfg``: a Darknet run's network, kept (:func:`keep_model_files`)."""
-_TEMPORARY = re.compile(r"^\.(?:last|best)\.pt\.tmp-(\d+)$")
-"""``floor/files.py``'s ``atomic_write`` temporary files in ``checkpoints/``: ``.<name>.tmp-<pid>``."""
 
 
 @contextlib.contextmanager
@@ -81,7 +80,7 @@ def hold_run_dir(path: Path, key: str = "--out") -> Iterator[Path]:
         fd, lock_made = _lock(path, key)
         held = os.fstat(fd)
         _HELD[held.st_dev, held.st_ino] = fd
-        remove_stale_temporaries(path / run_files.CHECKPOINTS)
+        remove_stale_temporaries(path)
         yield path
     finally:
         try:
@@ -352,19 +351,33 @@ def _lock_text(fd: int) -> tuple[int | None, bool]:
     return int(pid), rest == [RUN_MARK]
 
 
-def remove_stale_temporaries(checkpoints: Path) -> list[Path]:
-    """Remove the temporary checkpoint files a killed process left (``.last.pt.tmp-PID``, ``.best.pt.tmp-PID``).
+TIDIED = {".": (run_files.CONFIG, run_files.MODEL_CFG), run_files.CHECKPOINTS: (run_files.LAST, run_files.BEST)}
+"""The files, by folder of the run, whose ``atomic_write`` temporaries a start tidies: those only a run writes, and
+only with the run's lock held (``eval`` writes its ``eval-*.json`` without it: a temporary of one may be in flight)."""
 
-    Called with the run's lock held, so no other bigbatch process writes in this folder; a file of that naming
-    is still kept if its PID is this process's own. Returns what was removed."""
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Remove the temporary files a process killed mid-write left in the run folder ``run_dir``
+    (``checkpoints/.last.pt.tmp-PID-TOKEN``, ``.config.yaml.tmp-PID-TOKEN``; ``.last.pt.tmp-PID`` of earlier versions):
+    of the files :data:`TIDIED` names only, regular files, whatever their PID (in a container every run is PID 1).
+
+    Called with the run's lock held, so no other bigbatch process writes these; a write this process has in flight is
+    spared (``files.remove_temporary``). A ``checkpoints`` that is a link is not followed. Returns what was removed."""
+    from bigbatch.floor import files
+
     removed = []
-    if not checkpoints.is_dir():
-        return removed
-    for entry in checkpoints.iterdir():
-        match = _TEMPORARY.match(entry.name)
-        if match and int(match.group(1)) != os.getpid() and entry.is_file() and not entry.is_symlink():
-            entry.unlink()
-            removed.append(entry)
+    for sub, targets in TIDIED.items():
+        folder = run_dir / sub if sub != "." else run_dir
+        try:  # the run folder as named; its checkpoints/ never through a link
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if sub != "." else 0) | os.O_CLOEXEC)
+        except OSError:
+            continue  # none yet, or a link (refused before any work: check_run_folders)
+        try:
+            for name in sorted(os.listdir(fd)):
+                if files.temporary_target(name) in targets and files.remove_temporary(fd, name):
+                    removed.append(folder / name)
+        finally:
+            os.close(fd)
     return removed
 
 

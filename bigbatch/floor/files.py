@@ -3,6 +3,10 @@
 Writing: a temporary file in the same folder, flushed and fsync'ed, then renamed over the target and the folder
 fsync'ed. A crash at any point leaves either the old or the new file, never a partial one. A second name for a file
 just written (``best.pt`` and ``last.pt`` at the same step) is a hard link made the same way (:func:`atomic_link`).
+Each temporary file has a name of its own, ``.<name>.tmp-<pid>-<16 hex digits>`` (random), made new (``O_EXCL``):
+a process with the PID of one killed mid-write (every run in a container is PID 1) never meets its leftover, and
+the leftovers of a folder only bigbatch writes in are tidied by that naming (:func:`temporary_target`), sparing the
+writes this process has in flight (:func:`remove_temporary`).
 Reading: ``torch.load(weights_only=True)``, with one line of ours for a file it refuses, after a check that no entry
 of a zip file expands (:func:`check_zip_entries`).
 """
@@ -14,8 +18,10 @@ import io
 import os
 import pickle
 import re
+import secrets
 import stat
 import struct
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -35,12 +41,9 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = record or written.wanted(path)
-    # The temporary file is made new (O_EXCL): a file of that name that is not ours stops the write untouched.
-    tmp = _temporary(path)
-    try:
-        fd = os.open(tmp, (os.O_RDWR if record else os.O_WRONLY) | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        raise _in_the_way(path, tmp) from None
+    # The temporary file is made new (O_EXCL), under a name of its own: nothing of anyone's is opened or replaced.
+    flags = (os.O_RDWR if record else os.O_WRONLY) | os.O_CREAT | os.O_EXCL
+    tmp, key, fd = _new_temporary(path, lambda tmp: os.open(tmp, flags, 0o666))
     made = digest = replaced = None
     try:
         with open(fd, mode) as f:
@@ -55,8 +58,11 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
                 replaced = os.lstat(path)
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()  # made above by this call
+        try:
+            if tmp.exists():
+                tmp.unlink()  # made above by this call
+        finally:
+            _landed(key)
     _sync_folder(path.parent)
     if replaced is not None:
         written.forget(path, replaced)  # the record of the file just replaced vouches for nothing now
@@ -69,12 +75,67 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
             written.record(path, now, digest)
 
 
-def _temporary(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")  # run_dir.py tidies these by PID
+_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.tmp-\d+(?:-[0-9a-f]{16})?$")
+"""The name of a temporary file of :func:`atomic_write` or :func:`atomic_link`: ``.<target>.tmp-<pid>-<token>``
+(``.<target>.tmp-<pid>`` by earlier versions)."""
+_TRIES = 8
+_IN_FLIGHT: set[tuple[int, int, str]] = set()
+"""The temporary files this process is writing now (their folder's device and inode, their name), which
+:func:`remove_temporary` spares."""
+_IN_FLIGHT_LOCK = threading.Lock()  # checkpoints are written on a thread of their own
 
 
-def _in_the_way(path: Path, tmp: Path) -> UserError:
-    return UserError(f"{path}: {tmp.name} is in the way of the write and is not bigbatch's; move it away")
+def temporary_target(name: str) -> str | None:
+    """The name of the file that the temporary file ``name`` was made for (``last.pt`` for
+    ``.last.pt.tmp-1-0123456789abcdef``), or None where ``name`` is not of :func:`atomic_write`'s naming."""
+    match = _TEMPORARY.match(name)
+    return match.group("target") if match else None
+
+
+def remove_temporary(dir_fd: int, name: str) -> bool:
+    """Unlink the temporary file ``name`` (of :func:`temporary_target`'s naming) of the folder open as ``dir_fd``
+    where it is a regular file (not a link) and no write of this process has it in flight; whether it was removed.
+    For a folder no other process writes in (a run's, its lock held)."""
+    if temporary_target(name) is None:
+        return False
+    held = os.fstat(dir_fd)
+    with _IN_FLIGHT_LOCK:  # a write of this process registers its name before it makes the file
+        if (held.st_dev, held.st_ino, name) in _IN_FLIGHT:
+            return False
+        try:
+            if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                return False
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def _new_temporary(path: Path, make: Callable[[Path], Any]) -> tuple[Path, tuple[int, int, str], Any]:
+    """A temporary file beside ``path``, made by ``make(tmp)`` (which raises ``FileExistsError`` where the name is
+    taken): its path, its key in :data:`_IN_FLIGHT` and what ``make`` returned. The name is the PID and a random
+    token, registered as in flight before it is made; a name taken (by anyone) is left untouched and another drawn."""
+    folder = os.stat(path.parent)
+    for _ in range(_TRIES):
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
+        key = (folder.st_dev, folder.st_ino, tmp.name)
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.add(key)
+        try:
+            return tmp, key, make(tmp)
+        except FileExistsError:
+            _landed(key)
+        except BaseException:
+            _landed(key)
+            raise
+    raise UserError(f"{path}: {_TRIES} temporary names drawn beside it were all taken ({tmp.name} the last); "
+                    f"not written")
+
+
+def _landed(key: tuple[int, int, str]) -> None:
+    """The write of the temporary file ``key`` (of :data:`_IN_FLIGHT`) is over (renamed, or removed)."""
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT.discard(key)
 
 
 def _sync_folder(folder: Path) -> None:
@@ -96,13 +157,12 @@ def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int] 
     """Make ``path`` a second name of ``existing`` (a hard link, renamed over ``path`` as :func:`atomic_write` does;
     the folder fsync'ed), provided ``existing`` is still the file whose :func:`identity` is ``expected``. False,
     with nothing changed, where it is not or the filesystem has no hard links: the caller then writes the file."""
-    tmp = _temporary(path)
+    if expected is None:
+        return False
     try:
-        if expected is None or identity(existing) != expected:
+        if identity(existing) != expected:
             return False
-        os.link(existing, tmp, follow_symlinks=False)
-    except FileExistsError:
-        raise _in_the_way(path, tmp) from None
+        tmp, key, _ = _new_temporary(path, lambda tmp: os.link(existing, tmp, follow_symlinks=False))
     except OSError:  # gone, or no hard links here (EPERM, EXDEV, EMLINK, ENOTSUP...)
         return False
     try:
@@ -113,8 +173,11 @@ def atomic_link(existing: Path, path: Path, expected: tuple[int, int, int, int] 
             return False
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()  # made above by this call
+        try:
+            if tmp.exists():
+                tmp.unlink()  # made above by this call
+        finally:
+            _landed(key)
     _sync_folder(path.parent)
     return True
 

@@ -273,3 +273,62 @@ def test_a_kept_file_linked_inside_the_run_is_read(tmp_path):
     (run / "model.cfg").symlink_to("../outside.cfg")
     with pytest.raises(UserError, match="^model.cfg: .* leads outside"):
         kept_overrides(run, darknet)
+
+
+# --- 4. temporary files a killed write left ----------------------------------------------------------------------
+
+
+def test_a_resume_in_the_pid_of_the_killed_run_removes_its_temporaries_and_writes_its_checkpoints(tmp_path, capsys):
+    """In a container every run is PID 1: a resumed run has the PID of the one killed mid-write. The tidy kept a
+    ``.last.pt.tmp-PID`` of its own PID, and the resumed run died at its first checkpoint ("... is in the way of the
+    write and is not bigbatch's"). Here the resume runs in this very process, so its PID is the leftovers' PID."""
+    from bigbatch.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "digits", "--out", str(run), "--set", *TINY, "steps=1"]) == 0
+    pid = os.getpid()
+    left = [run / "checkpoints" / f".last.pt.tmp-{pid}",  # an earlier version's naming
+            run / "checkpoints" / f".best.pt.tmp-{pid}-0123456789abcdef",
+            run / f".config.yaml.tmp-{pid}-fedcba9876543210"]
+    for path in left:
+        path.write_bytes(b"PK\x03\x04 half a file")
+    theirs = tmp_path / "theirs.pt"
+    theirs.write_text("the user's")
+    kept = {run / "checkpoints" / "notes.tmp-1": "not bigbatch's", run / "checkpoints" / ".last.pt.tmp-x": "x",
+            run / ".last.pt.tmp-1": "not where a checkpoint is written",
+            run / f".eval-last.json.tmp-{pid}-0123456789abcdef": "eval writes without the run's lock"}
+    for path, text in kept.items():
+        path.write_text(text)
+    link = run / "checkpoints" / f".last.pt.tmp-{pid}-00000000000000aa"
+    link.symlink_to(theirs)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--set", "steps=2"]) == 0, capsys.readouterr().err
+    assert not any(os.path.lexists(path) for path in left)
+    assert all(path.read_text() == text for path, text in kept.items())
+    assert link.is_symlink() and theirs.read_text() == "the user's"
+    from bigbatch.engine import checkpoint
+
+    assert checkpoint.load(run / "checkpoints" / "last.pt", checkpoint.RESUME_KEYS)["step"] == 2
+
+
+def test_the_tidy_spares_a_write_this_process_has_in_flight(tmp_path):
+    """Under the run's lock no other bigbatch process writes in the folder; this one may (a write on the checkpoint
+    thread): its temporary file is not removed from under it."""
+    from bigbatch.engine.run_dir import hold_run_dir, remove_stale_temporaries
+    from bigbatch.floor import files
+
+    run = tmp_path / "run"
+    stale = run / "checkpoints" / ".last.pt.tmp-1-0123456789abcdef"
+    seen = []
+
+    def write(f):
+        f.write(b"a checkpoint")
+        f.flush()
+        stale.write_bytes(b"left by a killed run")
+        seen.extend(remove_stale_temporaries(run))  # while this write is in flight
+
+    with hold_run_dir(run):
+        files.atomic_write(run / "checkpoints" / "last.pt", write)
+    assert seen == [stale]
+    assert (run / "checkpoints" / "last.pt").read_bytes() == b"a checkpoint"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt"]

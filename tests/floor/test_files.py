@@ -180,3 +180,48 @@ def test_zip64_extra_fields_give_the_sizes_zipfile_reads(tmp_path):
     only_offset = struct.pack("<2HQ", 1, 8, offset)
     assert files._zip64_sizes(b"\x0a\x00\x00\x00" + only_offset, 12, 12, 0xFFFFFFFF) == (12, 12, offset)
     assert files._zip64_sizes(b"", 5, 5, 100) == (5, 5, 100)
+
+
+def test_each_write_has_a_temporary_name_of_its_own_and_never_meets_a_leftover(tmp_path, monkeypatch):
+    """A process killed mid-write leaves ``.NAME.tmp-PID-TOKEN``; the next process may have the same PID (in a
+    container, PID 1): its write draws another name and goes through, the leftover untouched (the temporary name was
+    PID alone, and the write stopped: "... is in the way of the write and is not bigbatch's")."""
+    import os
+    import re
+
+    path = tmp_path / "last.pt"
+    leftovers = [tmp_path / f".last.pt.tmp-{os.getpid()}", tmp_path / f".last.pt.tmp-{os.getpid()}-0123456789abcdef"]
+    for left in leftovers:
+        left.write_bytes(b"left by a killed write")
+    names = []
+    real_open = os.open
+
+    def seen(name, *args, **kwargs):
+        names.append(Path(name).name)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", seen)
+    files.atomic_write(path, lambda f: f.write(b"one"))
+    files.atomic_write(path, lambda f: f.write(b"two"))
+    monkeypatch.undo()
+    made = [name for name in names if name.startswith(".last.pt.tmp-")]
+    assert len(made) == 2 and made[0] != made[1]
+    assert all(re.fullmatch(rf"\.last\.pt\.tmp-{os.getpid()}-[0-9a-f]{{16}}", name) for name in made)
+    assert all(files.temporary_target(name) == "last.pt" for name in made)
+    assert path.read_bytes() == b"two"
+    assert all(left.read_bytes() == b"left by a killed write" for left in leftovers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["last.pt", *(left.name for left in leftovers)])
+
+
+def test_a_temporary_name_taken_is_left_alone_and_another_drawn(tmp_path, monkeypatch):
+    import os
+    import secrets
+
+    path = tmp_path / "best.pt"
+    tokens = iter(["0123456789abcdef", "00000000000000ff"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(tokens))
+    taken = tmp_path / f".best.pt.tmp-{os.getpid()}-0123456789abcdef"
+    taken.write_text("someone's")
+    files.atomic_write(path, lambda f: f.write(b"written"))
+    assert path.read_bytes() == b"written" and taken.read_text() == "someone's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["best.pt", taken.name])
