@@ -12,17 +12,22 @@ COCO results file (``--coco``).
   the entry whose ``file_name`` ends its path and a class's the category of its name (``data/formats/coco_ids.py``'s
   rule); without, the image id is its place in the order predicted (from 0) and the category id the class + 1.
 
-``--out`` is a new or empty folder, or one an earlier ``predict`` wrote: it holds ``.bigbatch-predict``, the list of
-the files it wrote (each name added before its file is made), and nothing else; those files (and only they) are
-removed before the new ones are written.
-Anything else there stops ``predict`` before any work: bigbatch never deletes or overwrites a file it did not
-create. An existing ``--coco`` file is never overwritten.
+``--out`` is a new or empty folder, or one an earlier ``predict`` wrote and finished: it holds ``.bigbatch-predict``,
+the list of the files it wrote with each one's identity as it was closed (device, inode, size, modification time in
+ns, SHA-256), and nothing else. The list itself is recorded as bigbatch's as it is closed (``floor/written.py``), so
+that it cannot be forged or edited; a file counts as the earlier predict's only while it is still exactly what that
+predict wrote. Those files (and only they) are removed before the new ones are written. Anything else there (a
+file of yours, a file predict wrote and you edited since, a list not as a finished predict left it: a predict cut
+short, an older bigbatch's) stops ``predict`` before any work, naming it, with nothing removed: bigbatch never
+deletes or overwrites a file it did not create. An existing ``--coco`` file is never overwritten.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
@@ -31,17 +36,23 @@ import torch
 from bigbatch.errors import UserError
 
 MARKER = ".bigbatch-predict"
-MARKER_HEAD = "bigbatch predict wrote these files here, one a line:"
+MARKER_HEAD = "bigbatch predict 2: the files it wrote here, one JSON object a line:"
 PREDICTIONS = "predictions.jsonl"
 LABELS = "labels"
 IMAGES = "images"
 MAX_LISTED = 2**24
 """The most files a marker may list (an earlier run's record, read before anything is removed)."""
+MAX_MARKER = 2**32
+"""The most bytes a marker is read to (a line is about 250 bytes: 2^24 files fit)."""
+MAX_MARKER_LINE = 16384
+"""The longest line of a marker (a name is at most a few hundred bytes, escaped at most 6 bytes a character)."""
+_IDENTITY = ("device", "inode", "size", "mtime_ns")
 
 
-def check_out_dir(out: Path) -> list[Path]:
-    """The files an earlier ``predict`` wrote in ``out`` (to remove before writing), after checking that ``out`` is
-    new, empty or holds nothing else (see the module docstring); a ``UserError`` otherwise."""
+def check_out_dir(out: Path) -> list[tuple[Path, os.stat_result]]:
+    """The files an earlier ``predict`` wrote in ``out`` and the marker, each with its ``lstat`` as proven (to remove
+    before writing), after checking that ``out`` is new, empty or holds nothing else, each file still exactly what
+    that predict wrote (see the module docstring); one ``UserError`` naming the first file that is not otherwise."""
     if not out.exists() and not out.is_symlink():
         if not out.parent.is_dir():
             raise UserError(f"--out: the folder {out.parent} does not exist")
@@ -51,30 +62,85 @@ def check_out_dir(out: Path) -> list[Path]:
     present = sorted(str(p.relative_to(out)) for p in out.rglob("*") if not p.is_dir() or p.is_symlink())
     if not present:
         return []
-    listed = _listed(out / MARKER)
+    marker = out / MARKER
+    if not marker.exists() and not marker.is_symlink():
+        raise UserError(f"--out: {out} holds files bigbatch predict did not write ({out / present[0]}, ...); "
+                        "nothing removed: choose a new or empty folder")
+    listed = _listed(marker)
     if listed is None:
-        raise UserError(f"--out: {out} holds files bigbatch predict did not write ({present[0]}, ...); choose a new "
-                        "or empty folder")
-    foreign = [name for name in present if name != MARKER and name not in listed]
-    if foreign:
-        raise UserError(f"--out: {out} holds {foreign[0]}, which no earlier bigbatch predict wrote there; choose a "
-                        "new or empty folder")
-    return [out / name for name in present if name != MARKER]
+        raise UserError(f"--out: {marker} is not the list of files a finished bigbatch predict left (edited since, "
+                        "copied, a predict cut short, or an older bigbatch's); nothing removed: choose a new or empty "
+                        "folder, or empty this one yourself")
+    proven = []
+    for name in present:
+        path = out / name
+        st = marker.lstat() if name == MARKER else _unchanged(path, listed.get(name))
+        if st is None:
+            raise UserError(f"--out: {path} is not a file an earlier bigbatch predict wrote there, unchanged since "
+                            "(edited since, or put there by anything else); nothing removed: choose a new or empty "
+                            "folder, or move the file away")
+        proven.append((path, st))
+    return sorted(proven, key=lambda kept: kept[0].name == MARKER)  # the marker last: removed after its files
 
 
-def _listed(marker: Path) -> set[str] | None:
-    """The files a marker lists, or None when ``marker`` is not one (missing, not a regular file, not ours)."""
+def _listed(marker: Path) -> dict[str, dict] | None:
+    """The files a marker lists, each with its identity, or None when ``marker`` is not one bigbatch predict wrote
+    and finished, unchanged since (``written.is_ours``), or is not a regular file of at most :data:`MAX_MARKER`
+    bytes, or is not a list."""
     from bigbatch.data.pipeline.files import read_lines
+    from bigbatch.floor import written
 
-    if marker.is_symlink() or not marker.is_file():
+    if not written.is_ours(marker):
+        return None
+    listed: dict[str, dict] = {}
+    try:
+        lines = read_lines(marker, MAX_LISTED + 1, "a predict marker", limit=MAX_MARKER, max_line=MAX_MARKER_LINE)
+        if next(lines, (0, None))[1] != MARKER_HEAD:
+            return None
+        for _, line in lines:
+            entry = json.loads(line)
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("sha256"), str)
+                    and all(type(entry.get(key)) is int for key in _IDENTITY)):
+                return None
+            name = entry["name"]
+            if name and ".." not in PurePath(name).parts and not PurePath(name).is_absolute():
+                listed[name] = entry
+    except (OSError, ValueError):
+        return None
+    return listed
+
+
+def _unchanged(path: Path, entry: dict | None) -> os.stat_result | None:
+    """``path``'s ``lstat`` when it is a regular file whose device, inode, size, modification time and SHA-256 are
+    ``entry``'s (what predict wrote there); else None."""
+    from bigbatch.floor.written import sha256_of_fd
+
+    if entry is None:
         return None
     try:
-        lines = [line for _, line in read_lines(marker, MAX_LISTED, "a predict marker")]
+        st = os.lstat(path)
     except OSError:
         return None
-    if not lines or lines[0] != MARKER_HEAD:
+    if not stat.S_ISREG(st.st_mode) or _identity(st) != {key: entry[key] for key in _IDENTITY}:
         return None
-    return {name for name in lines[1:] if name and ".." not in PurePath(name).parts}
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if _identity(os.fstat(fd)) != _identity(st):  # replaced between the lstat and the open
+            return None
+        same = sha256_of_fd(fd, st.st_size) == entry["sha256"] and _identity(os.fstat(fd)) == _identity(st)
+        return st if same else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _identity(st: os.stat_result) -> dict[str, int]:
+    return {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 class Outputs:
@@ -102,29 +168,48 @@ class Outputs:
         self._marker = None
 
     def open(self) -> None:
-        """Remove the earlier predict's files (proven its own by :func:`check_out_dir`), write the marker first, then
-        start ``predictions.jsonl``."""
-        for path in self.stale:
-            path.unlink()
+        """Remove the earlier predict's files (proven its own, unchanged, by :func:`check_out_dir`), start the marker,
+        then ``predictions.jsonl``."""
+        from bigbatch.floor import written
+
+        for path, proven in self.stale:
+            try:
+                now = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(now.st_mode) or _identity(now) != _identity(proven):
+                raise UserError(f"--out: {path} changed since predict started; not removed (choose a new or empty "
+                                "folder)")
+            path.unlink()  # proven predict's own, unchanged, by check_out_dir
+            if path.name == MARKER:
+                written.forget(path, proven)  # its record vouches for a file that is gone
         for folder in (self.out / LABELS, self.out / IMAGES):
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()  # an empty folder an earlier predict made (it held only listed files)
         self.out.mkdir(exist_ok=True)
-        self._marker = open(self.out / MARKER, "w", encoding="utf-8")
-        self._marker.write(MARKER_HEAD + "\n")
-        self._claim(PREDICTIONS)
-        self._jsonl = open(self.out / PREDICTIONS, "x", encoding="utf-8")
+        self._marker = open(self.out / MARKER, "xb")  # new: the earlier one was removed above
+        self._marker_sha = hashlib.sha256()
+        self._marker_line(MARKER_HEAD)
+        self._jsonl = open(self.out / PREDICTIONS, "xb")
+        self._jsonl_sha = hashlib.sha256()
 
-    def _claim(self, name: str) -> None:
-        """Add ``name`` to the marker before its file is made: a predict cut short leaves no file it did not list."""
-        self._marker.write(name + "\n")
+    def _marker_line(self, line: str) -> None:
+        data = (line + "\n").encode()
+        self._marker.write(data)
         self._marker.flush()
+        self._marker_sha.update(data)
+
+    def _list(self, name: str, st: os.stat_result, sha256: str) -> None:
+        """Add ``name`` to the marker with its identity as closed: the proof a later predict may remove it."""
+        self._marker_line(json.dumps({"name": name, **_identity(st), "sha256": sha256}))
         self.written.append(name)
 
     def add(self, record: dict[str, Any], pixels: torch.Tensor | None) -> None:
         """One record; ``pixels`` (uint8 [3, H, W]) are drawn for ``--save-images``."""
         assert self._jsonl is not None
-        self._jsonl.write(json.dumps(_rounded(record)) + "\n")
+        line = (json.dumps(_rounded(record)) + "\n").encode()
+        self._jsonl.write(line)
+        self._jsonl_sha.update(line)
         name = self._name(record)
         if self.txt:
             self._write(f"{LABELS}/{name}.txt", _yolo_lines(record).encode())
@@ -137,8 +222,11 @@ class Outputs:
     def close(self) -> list[Path]:
         """Finish every file; -> the paths written (``predictions.jsonl``, the folders, the COCO file)."""
         if self._jsonl is not None:
+            self._jsonl.flush()
+            st = os.fstat(self._jsonl.fileno())
             self._jsonl.close()
-            self._marker.close()
+            self._list(PREDICTIONS, st, self._jsonl_sha.hexdigest())
+            self._close_marker()
         written = [self.out / PREDICTIONS]
         written += [self.out / folder for folder in (LABELS, IMAGES) if (self.out / folder).is_dir()]
         if self.coco is not None:
@@ -160,12 +248,31 @@ class Outputs:
         self.names_used.add(name)
         return name
 
+    def _close_marker(self) -> None:
+        """Close the marker and record it as bigbatch's (``floor/written.py``): a later predict trusts only a list
+        it finds unchanged since."""
+        from bigbatch.floor import written
+
+        self._marker.flush()
+        os.fsync(self._marker.fileno())
+        made = os.fstat(self._marker.fileno())
+        self._marker.close()
+        path = self.out / MARKER
+        try:
+            now = os.lstat(path)
+        except OSError:
+            return
+        if _identity(now) == _identity(made):  # still the file made
+            written.record(path, now, self._marker_sha.hexdigest())
+
     def _write(self, name: str, data: bytes) -> None:
         path = self.out / name
         path.parent.mkdir(exist_ok=True)
-        self._claim(name)
         with open(path, "xb") as f:  # a new file: what was there was removed in open()
             f.write(data)
+            f.flush()
+            st = os.fstat(f.fileno())
+        self._list(name, st, hashlib.sha256(data).hexdigest())
 
     def _drawn(self, record: dict[str, Any], pixels: torch.Tensor) -> bytes:
         from torchvision.io import encode_jpeg
