@@ -64,13 +64,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bigbatch.config.loading import load_yaml, override_word
+from bigbatch.config.loading import override_word
 from bigbatch.darknet.yolo_data import (
-    MAX_CLASS_NAMES,
     MAX_LISTED_IMAGES,
-    NAMES_FILE_LIMIT,
     darknet_label_path,
     list_images,
+    names_of_yaml,
     read_darknet_data,
     read_names,
     ultralytics_label_path,
@@ -95,10 +94,9 @@ COCO_LAYOUTS = (("annotations/{split}.json", "{split}"), ("annotations/instances
 """Where a COCO source's split is: (annotation file, images folder), relative to ``SRC``; the first found is read."""
 LAYOUTS = {"darknet": "Darknet's layout", "ultralytics": "Ultralytics' layout"}
 IDS_SUFFIX = ".coco-ids.json"
-IDS_FILE_LIMIT = 2**30
-"""The largest ids file read (1 GiB): a category and an image id a line of JSON, some 40 bytes an image."""
-YAML_FILE_LIMIT = NAMES_FILE_LIMIT
-"""The largest ``data.yaml`` read (bytes): its ``names`` are those of a names file."""
+IDS_FILE_LIMIT = 2**28
+"""The largest ids file read (256 MiB): an image's path and id are some 40-60 bytes of JSON, so the two splits at
+:data:`MAX_LISTED_IMAGES` each need about 250 MB; parsed, a file costs about 5 times its size in memory."""
 BOX_DECIMALS = 3
 """Decimals of a COCO box written from YOLO labels: a thousandth of a pixel, finer than the labels' six decimals of
 the side of an image up to 1,000 px."""
@@ -341,27 +339,6 @@ def _folder_images(folder: Path, root: Path) -> list[str]:
     return paths
 
 
-def _names_of_yaml(path: Path) -> list[str]:
-    """The ``names`` of an Ultralytics ``data.yaml``: a list, or a mapping of the indices 0..C-1."""
-    try:
-        data = load_yaml(read_regular(path, YAML_FILE_LIMIT, "a data.yaml file").decode("utf-8"))
-    except OSError as error:
-        raise _read_error(error, path, "the file") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise UserError(f"SRC: {path}: not a YAML file bigbatch reads ({type(error).__name__})") from None
-    except yaml.YAMLError as error:
-        line = getattr(getattr(error, "problem_mark", None), "line", None)
-        raise UserError(f"SRC: {path}{'' if line is None else f':{line + 1}'}: invalid YAML") from None
-    names = data.get("names") if isinstance(data, dict) else None
-    if isinstance(names, dict) and sorted(names) == list(range(len(names))):
-        names = [names[i] for i in range(len(names))]
-    if not (isinstance(names, list) and 0 < len(names) <= MAX_CLASS_NAMES
-            and all(isinstance(n, (str, int, float)) and not isinstance(n, bool) for n in names)):
-        raise UserError(f"SRC: {path}: expected 'names': a list of class names, or a mapping of the class indices 0, "
-                        f"1, ... to names (at most {MAX_CLASS_NAMES:,})")
-    return [str(n).strip() for n in names]
-
-
 def _read_ids(path: Path, root: Path) -> dict[str, Any] | None:
     """The ids file ``path`` (``NAME.coco-ids.json``), checked: ``{"categories": [{"id", "name", ...}], "images":
     {path in the set: id}}``; None when there is none."""
@@ -467,7 +444,7 @@ def read_ultralytics(root: Path, issues: DataIssues) -> Source:
         if names_file is None:
             raise UserError(f"SRC: no class names in {root}: expected classes.txt, a .names file or data.yaml")
     _check_inside(names_file, root, "the names file")
-    names = _names_of_yaml(names_file) if names_file.suffix in (".yaml", ".yml") else read_names(names_file)
+    names = names_of_yaml(names_file, "SRC") if names_file.suffix in (".yaml", ".yml") else read_names(names_file)
     lists = {split: _folder_images(root / "images" / split, root) for split in SPLITS}
     return _yolo_source("ultralytics", root, names_file, names, lists, issues)
 

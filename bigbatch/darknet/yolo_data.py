@@ -62,7 +62,7 @@ from bigbatch.data.formats.coco_ids import take_coco_ids
 from bigbatch.data.formats.counts import train_images_given
 from bigbatch.data.formats.detection import EDGE_TOLERANCE, DetectionRecord, check_box
 from bigbatch.data.formats.shapes import own_annotation_file
-from bigbatch.data.pipeline.files import BadLine, read_lines
+from bigbatch.data.pipeline.files import BadLine, read_lines, read_regular
 from bigbatch.data.pipeline.images import inspect_oriented_images
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
@@ -220,6 +220,38 @@ def _read_list(listing: Path, *bases: Path) -> list[str]:
     return paths
 
 
+def names_of_yaml(path: Path, key: str = "data") -> list[str]:
+    """The ``names`` of an Ultralytics ``data.yaml``: a list, or a mapping of the indices 0..C-1 (read as a regular
+    file of at most :data:`NAMES_FILE_LIMIT` bytes); a problem is one ``UserError`` starting with ``key``."""
+    import yaml
+
+    from bigbatch.config.loading import load_yaml
+
+    try:
+        data = load_yaml(read_regular(path, NAMES_FILE_LIMIT, "a data.yaml file").decode("utf-8"))
+    except OSError as error:
+        reason = "not found" if isinstance(error, FileNotFoundError) else (error.strerror or str(error))
+        raise UserError(f"{key}: cannot read {path}: {reason}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise UserError(f"{key}: {path}: not a YAML file bigbatch reads ({type(error).__name__})") from None
+    except yaml.YAMLError as error:
+        line = getattr(getattr(error, "problem_mark", None), "line", None)
+        raise UserError(f"{key}: {path}{'' if line is None else f':{line + 1}'}: invalid YAML") from None
+    names = data.get("names") if isinstance(data, dict) else None
+    if isinstance(names, dict) and sorted(names) == list(range(len(names))):
+        names = [names[i] for i in range(len(names))]
+    if not (isinstance(names, list) and 0 < len(names) <= MAX_CLASS_NAMES
+            and all(isinstance(n, (str, int, float)) and not isinstance(n, bool) for n in names)):
+        raise UserError(f"{key}: {path}: expected 'names': a list of class names, or a mapping of the class indices "
+                        f"0, 1, ... to names (at most {MAX_CLASS_NAMES:,})")
+    return [str(n).strip() for n in names]
+
+
+def _names_in(path: Path) -> list[str]:
+    """The class names of a names file (one a line) or of an Ultralytics ``data.yaml``."""
+    return names_of_yaml(path) if path.suffix in (".yaml", ".yml") else read_names(path)
+
+
 def _find_names(folder: Path) -> Path:
     folder = folder.absolute()
     for place in (folder, *list(folder.parents)[:2]):
@@ -231,8 +263,10 @@ def _find_names(folder: Path) -> Path:
                             "give the one to use")
         if found:
             return found[0]
+        if (place / "data.yaml").is_file():  # Ultralytics' layout: the names in its data.yaml
+            return place / "data.yaml"
     raise UserError(f"data: no class names for {folder}: put a classes.txt or a .names file there (one name a "
-                    "line), or give the names")
+                    "line), or a data.yaml with names, or give the names")
 
 
 def names_of_data_file(path: Path, options: dict[str, str] | None = None, key: str = "data") -> list[str]:
@@ -369,7 +403,7 @@ def load_yolo(source: str | os.PathLike, issues: DataIssues, keep_empty: bool, s
     if source.is_file():
         paths, class_names = _from_data_file(source, split, given)
     elif source.is_dir():
-        paths, class_names = list_images(source), given or read_names(_find_names(source))
+        paths, class_names = list_images(source), given or _names_in(_find_names(source))
     else:
         raise UserError(f"data: {source} not found; expected a Darknet .data file or a folder with images/ and "
                         "labels/")

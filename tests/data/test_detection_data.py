@@ -706,3 +706,19 @@ def test_a_polygon_label_line_is_its_bounding_box_as_ultralytics_reads_it(tmp_pa
     (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert warning == (f"warning: {folder / 'a.txt'}:3: malformed label line: expected '<class> <xc> <yc> <w> <h>' "
                        "or a polygon, got 8 fields")
+
+
+def test_an_ultralytics_folder_takes_its_class_names_from_data_yaml(tmp_path):
+    """Ultralytics' layout carries the names in data.yaml only (``names``: a list or a mapping of indices); training
+    read only classes.txt or a .names file, and refused such a folder (``data convert`` read it)."""
+    images, labels = tmp_path / "set" / "images" / "train", tmp_path / "set" / "labels" / "train"
+    images.mkdir(parents=True)
+    labels.mkdir(parents=True)
+    Image.new("RGB", (40, 20), (20, 90, 30)).save(images / "a.jpg", quality=90)
+    (labels / "a.txt").write_text("1 0.5 0.5 0.5 0.5\n")
+    (tmp_path / "set" / "data.yaml").write_text("train: images/train\nval: images/train\nnames: {0: cat, 1: dog}\n")
+    records, names = load_yolo(images, DataIssues(), keep_empty=True)
+    assert names == ["cat", "dog"] and records[0].labels.tolist() == [1]
+    (tmp_path / "set" / "data.yaml").write_text("names: 7\n")
+    with pytest.raises(UserError, match=r"^data: .*data.yaml: expected 'names': a list of class names"):
+        load_yolo(images, DataIssues(), keep_empty=True)
