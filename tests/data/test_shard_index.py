@@ -93,6 +93,25 @@ def test_the_packed_index_reads_whole_and_only_inside_the_folder(packed):
     assert opened and not outside(opened, packed), outside(opened, packed)
 
 
+def test_an_index_too_large_to_read_in_the_memory_available_is_refused_before_it_is_read(packed, monkeypatch):
+    """Reading an index takes about 16 times its size (JSON's objects, their checked copy, the arrays): one that
+    would not fit the memory available is one line naming it, not the kernel's out-of-memory kill; nothing read."""
+    import psutil
+
+    from bigbatch.data.formats import shard_index
+
+    size = (packed / INDEX).stat().st_size
+    available = shard_index.PARSE_MEMORY_FACTOR * size - 1
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": available})())
+    with recording_opens() as opened, pytest.raises(UserError) as refused:
+        read_index(packed)
+    assert str(refused.value).startswith(f"data.path: {packed / INDEX} is ")
+    assert "reading it takes about 16 times that" in str(refused.value) and "memory available" in str(refused.value)
+    assert not any(path.endswith(".tar") for path in opened)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": available + 1})())
+    assert len(read_index(packed).train) > 0
+
+
 def shard(k: int = 0, split: str = "train"):
     return lambda index: index["splits"][split]["shards"][k]
 
