@@ -7,7 +7,8 @@
   and an existing folder must be empty or a run bigbatch wrote (:func:`is_bigbatch_run`: what only bigbatch
   writes there, never a file a user may have, such as a ``config.yaml`` that reads as a config): any other folder
   is refused, naming one of its files, so nothing of the user's is overwritten; in a run, the files a run rewrites
-  or appends to must be regular files (not links, which would lead the write elsewhere).
+  or appends to must be regular files (not links, which would lead the write elsewhere), and the folders it writes
+  in (``checkpoints/``, ``tensorboard/``) folders of its own inside it (:func:`check_run_folders`).
 - **Hold** it: an exclusive lock on ``.bigbatch.lock`` inside it, an OS record lock (``fcntl.lockf``) that the
   kernel releases when the process ends, however it ends, and that forked DataLoader workers do not inherit.
   A second ``train`` or ``--resume`` on a held folder stops at once: ``--out: DIR is in use by process PID``.
@@ -142,6 +143,27 @@ def _check_not_foreign(path: Path, key: str) -> None:
         raise UserError(f"{key}: {path} is not a bigbatch run directory and {what}; choose a new or empty folder")
     for name in REWRITTEN:
         _refuse_other_than_regular(path / name, key)
+    check_run_folders(path, key)
+
+
+WRITTEN_IN = (run_files.CHECKPOINTS, run_files.TENSORBOARD)
+"""The folders of a run directory a run writes in: each must be a folder of its own inside it, not a link (the
+checkpoints would replace a ``best.pt`` wherever it leads, the start's tidy remove files there), as
+:func:`run_file` reads only inside the folder."""
+
+
+def check_run_folders(run_dir: Path, key: str = "--out") -> None:
+    """Before a run writes in its folders (:data:`WRITTEN_IN`): each absent, or a folder (not a link) whose real path
+    lies inside ``run_dir``; else one ``UserError`` naming ``key`` and the entry, nothing written there."""
+    for name in WRITTEN_IN:
+        entry = run_dir / name
+        if not os.path.lexists(entry):
+            continue
+        if entry.is_symlink() or not entry.is_dir() or not lies_inside(run_dir, entry):
+            kind = ("a symbolic link" if entry.is_symlink() else "not a folder" if not entry.is_dir()
+                    else f"outside {run_dir}")
+            raise UserError(f"{key}: {entry} is {kind}, not a folder of the run's own; a run writes only inside its "
+                            f"folder: nothing written there (move it away or choose another folder)")
 
 
 def is_bigbatch_run(path: Path) -> bool:
@@ -230,9 +252,11 @@ def run_file(run_dir: Path, name: str, key: str) -> Path | None:
 
 
 def check_run_files(run_dir: Path, key: str = "--out") -> None:
-    """:func:`check_run_file` for each file a run rewrites (:data:`REWRITTEN`), before the first is written."""
+    """:func:`check_run_file` for each file a run rewrites (:data:`REWRITTEN`), and :func:`check_run_folders`, before
+    the first is written."""
     for name in REWRITTEN:
         check_run_file(run_dir, name, key)
+    check_run_folders(run_dir, key)
 
 
 def check_run_file(run_dir: Path, name: str, key: str = "--out") -> None:
@@ -500,6 +524,7 @@ def check_resumable(run_dir: Path) -> None:
     held_by = holder(run_dir) if distributed.rank_from_env() == 0 else None
     if held_by is not None:  # a run still going, perhaps before its first checkpoint
         raise UserError(f"--resume: {run_dir} is in use by {held_by}")
+    check_run_folders(run_dir, "--resume")  # a linked checkpoints/: a folder the run would write in, read or not
     if run_checkpoint(run_dir, "--resume") is None:
         raise UserError(f"--resume: {run_dir} holds no checkpoints/last.pt")
     run_file(run_dir, run_files.CONFIG, "--resume")  # read as the run's config: inside the folder, a regular file

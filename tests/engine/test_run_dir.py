@@ -332,3 +332,52 @@ def test_the_tidy_spares_a_write_this_process_has_in_flight(tmp_path):
     assert seen == [stale]
     assert (run / "checkpoints" / "last.pt").read_bytes() == b"a checkpoint"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt"]
+
+
+# --- 5. a run writes only inside its folder -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["checkpoints", "tensorboard"])
+@pytest.mark.parametrize("where", ["outside", "inside"])
+@pytest.mark.parametrize("command", [["train", "digits", "--out", "{run}", "--set", *TINY],
+                                     ["train", "--resume", "{run}"]])
+def test_a_run_folder_whose_checkpoints_or_tensorboard_is_a_link_is_refused_before_any_work(
+        tmp_path, capsys, no_training, name, where, command):
+    """A run folder (its lock file marked) whose ``checkpoints/`` was a link to a folder of the user's: ``train``
+    replaced the user's ``best.pt`` there with a checkpoint and the start's tidy removed a ``.best.pt.tmp-N`` there,
+    while reads through the same link are refused ("leads outside"). Writes now agree: one line, nothing touched."""
+    from bigbatch.cli import main
+    from bigbatch.engine.run_dir import check_run_files, remove_stale_temporaries
+
+    run = copy_of_format1(tmp_path)
+    (run / LOCK_NAME).write_text("4242\nrun\n")  # a run's lock file, its holder gone
+    victim = tmp_path / "victim" if where == "outside" else run / "kept"
+    victim.mkdir()
+    (victim / "best.pt").write_text("THE USER'S OWN MODEL")
+    (victim / ".best.pt.tmp-12345").write_text("the user's notes")
+    if name == "checkpoints":  # the run's own checkpoint kept beside, so that --resume gets as far as the check
+        (run / "checkpoints" / "last.pt").rename(run / "last.pt")
+        (run / "checkpoints").rmdir()
+    (run / name).symlink_to(victim)
+    before = contents(tmp_path)
+    args = [part.format(run=run) for part in command]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and str(run / name) in err, err
+    assert contents(tmp_path) == before
+    with pytest.raises(UserError, match=f"--out: {run / name} is a symbolic link, not a folder of the run's own"):
+        check_run_files(run)  # what train itself checks before it writes (a script calling it without the CLI)
+    assert remove_stale_temporaries(run) == [] and contents(tmp_path) == before  # the tidy follows no link
+
+
+def test_a_run_folder_whose_tensorboard_is_a_file_is_refused(tmp_path, capsys, no_training):
+    from bigbatch.cli import main
+
+    run = copy_of_format1(tmp_path)
+    (run / "tensorboard").write_text("not a folder")
+    before = contents(tmp_path)
+    assert main(["train", "digits", "--out", str(run), "--set", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out: {run / 'tensorboard'} is not a folder, not a folder of the run's own; a run writes " \
+                  f"only inside its folder: nothing written there (move it away or choose another folder)\n"
+    assert contents(tmp_path) == before
