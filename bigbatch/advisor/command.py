@@ -1,6 +1,12 @@
 """``bigbatch plan CONFIG --devices ...``: check the options, take the largest micro-batch from the memory plan,
 measure (``measure.py``), take the target from a run (``from_run.py``), and build the table (``table.py``); with
-``--out RUN``, write ``RUN/advisor.json``. Every check that can fail runs before the measurement."""
+``--out RUN``, write ``RUN/advisor.json``. Every check that can fail runs before the measurement.
+
+``RUN/advisor.json`` is written atomically (a reader sees the old file or the new one) and recorded as bigbatch's as
+it is written (``floor/written.py``); an existing one is replaced only while it is that file, unchanged since, and
+carries :data:`MARK`. Its content alone proves nothing (a hand-edited advisor file keeps the key): anything else there
+is the user's, refused in one line and never overwritten; a link or what is not a regular file (a FIFO) is neither
+followed nor read."""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from bigbatch.config import RunConfig
 from bigbatch.errors import UserError
 
 MARK = "bigbatch_advisor"
-"""The key that says an advisor.json is bigbatch's (one that lacks it is not overwritten)."""
+"""The key an advisor.json bigbatch writes carries (a label: the proof it is bigbatch's is its write record)."""
 MAX_DEVICES = 1_000_000
 """``--devices`` at most this many devices a count (past any cluster built)."""
 MAX_BATCH = 2**40
@@ -68,21 +74,53 @@ def check(cfg: RunConfig, o: Options) -> list[int]:
     if o.price is not None and not o.price > 0:
         raise UserError(f"--price: a price per device-hour above 0, got {o.price:g}")
     if o.out is not None:
-        file = o.out / ADVISOR_FILE
-        if o.out.exists() and not o.out.is_dir():
-            raise UserError(f"--out: {o.out} is not a folder")
-        if file.exists() and not _ours(file):
-            raise UserError(f"--out: {file} exists and is not a bigbatch advisor file; not overwritten")
+        check_out(o.out)
     batches = sorted(set(o.batches)) if o.batches is not None else default_batches(cfg.batch, o.devices)
     check_layouts(batches, sorted(set(o.devices)))
     return batches
 
 
-def _ours(file: Path) -> bool:
+def check_out(out: Path) -> None:
+    """``UserError`` (one line, naming ``--out`` and the file) unless ``out/advisor.json`` may be written: nothing is
+    there, or what is there is an advisor file bigbatch wrote, unchanged since (the module docstring)."""
+    import os
+    import stat
+
+    from bigbatch.floor import written
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} is not a folder")
+    file = out / ADVISOR_FILE
     try:
-        return json.loads(file.read_text(encoding="utf-8")).get(MARK) == 1
-    except (ValueError, OSError, AttributeError):
+        st = os.lstat(file)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise UserError(f"--out: cannot look at {file} ({error.strerror or error})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"--out: {file} is a link; bigbatch neither follows nor replaces it (move it away)")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"--out: {file} is not a regular file; not read, not overwritten (move it away)")
+    marked = _has_mark(file)
+    if not (written.is_ours(file) and marked):
+        if marked:
+            raise UserError(f"--out: {file} looks like a bigbatch advisor file but bigbatch has no record of writing "
+                            "it as it is now (edited since, copied, or written by an older bigbatch); not overwritten "
+                            "(move it away)")
+        raise UserError(f"--out: {file} exists and is not a bigbatch advisor file; not overwritten")
+
+
+def _has_mark(file: Path) -> bool:
+    """Whether ``file`` is a regular file of at most ``MAX_ADVISOR_BYTES`` holding JSON with :data:`MARK` 1 (a label:
+    it proves nothing)."""
+    from bigbatch.config.adaptive import MAX_ADVISOR_BYTES
+    from bigbatch.floor.user_files import read_regular
+
+    try:
+        data = json.loads(read_regular(file, MAX_ADVISOR_BYTES, "an advisor file"))
+    except (ValueError, OSError, RecursionError):
         return False
+    return isinstance(data, dict) and data.get(MARK) == 1
 
 
 def with_pair(cfg: RunConfig, o: Options, largest: int, measured: Measured,
@@ -159,7 +197,19 @@ def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | N
         target = Target(b_noise, b_sd, s_min, run.batch, source)
     advice = advise(measured, batches, sorted(set(o.devices)), largest, o.link, target, o.price)
     if o.out is not None:
-        o.out.mkdir(parents=True, exist_ok=True)
-        data = {MARK: 1, "config": cfg.name, "largest_micro_batch": largest, **advice_json(advice)}
-        (o.out / ADVISOR_FILE).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        write_advice(o.out, {MARK: 1, "config": cfg.name, "largest_micro_batch": largest, **advice_json(advice)})
     return advice, why
+
+
+def write_advice(out: Path, data: dict) -> None:
+    """``out/advisor.json``, checked again (the measurement took a while), written atomically and recorded as
+    bigbatch's (``floor/written.py``): the proof by which a later ``plan`` may replace it."""
+    from bigbatch.floor.files import atomic_write
+
+    check_out(out)
+    text = json.dumps(data, indent=1) + "\n"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / ADVISOR_FILE, lambda f: f.write(text), mode="w", record=True)
+    except OSError as error:  # a read-only file system, a full disk, no permission
+        raise UserError(f"--out: cannot write {out / ADVISOR_FILE} ({error.strerror or error})") from None

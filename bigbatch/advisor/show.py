@@ -16,15 +16,18 @@ ADVISOR_FILE = "advisor.json"
 
 def predicted_time(config_source: str, batch: int, world: int, micro_batch: int, steps: int) -> str | None:
     """One line, or None where no readable advisor.json lies beside the config file."""
+    from bigbatch.config.adaptive import MAX_ADVISOR_BYTES
+    from bigbatch.floor.user_files import read_regular
+
     file = Path(config_source).parent / ADVISOR_FILE
-    if not Path(config_source).is_file() or not file.is_file():
+    if not Path(config_source).is_file() or not (file.exists() or file.is_symlink()):
         return None
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+    try:  # only a regular file, only within the bound: a FIFO or a link to /dev/zero is never read
+        data = json.loads(read_regular(file, MAX_ADVISOR_BYTES, "an advisor file"))
         measured = StepMeasurement(**data["measurement"]["step"])
         link = Link(**data["link"])
         device = str(data["measurement"]["device"])
-    except (ValueError, KeyError, TypeError, OSError):
+    except (ValueError, KeyError, TypeError, OSError, RecursionError):
         return f"predicted time: {file} is not a readable advisor file (bigbatch plan --devices --out writes one)"
     if batch % (world * micro_batch):
         return None

@@ -29,6 +29,9 @@ ADAPTIVE_KEYS = ("mode", "base", "max", "grow")
 ADVISOR = "advisor"
 """``batch.max: advisor``: the batch ``bigbatch plan --devices`` recommended."""
 ADVISOR_FILE = "advisor.json"
+MAX_ADVISOR_BYTES = 16 << 20
+"""The most bytes an ``advisor.json`` is read to: ``plan --devices`` writes about 500 bytes a row, and its table has at
+most 100 x 100 rows (about 5 MB)."""
 
 
 class AdaptiveBatch(Section):
@@ -60,16 +63,26 @@ def advisor_max(data: Any, places: Sequence[Path]) -> Any:
     batch = data.get("batch") if isinstance(data, dict) else None
     if not isinstance(batch, dict) or batch.get("max") != ADVISOR:
         return data
+    from bigbatch.floor.user_files import NotARegularFile, read_regular
+
     files = [Path(place) / ADVISOR_FILE for place in places]
-    found = next((file for file in files if file.is_file()), None)
+    found = next((file for file in files if file.exists() or file.is_symlink()), None)
     if found is None:
         where = " or ".join(str(file) for file in files) or "advisor.json (no config file or run directory given)"
         raise UserError(f"batch.max: advisor: no {where}; bigbatch plan CONFIG --devices N,N,... --out DIR writes "
                         f"DIR/{ADVISOR_FILE}")
+    try:  # only a regular file, only within the bound: a FIFO or a link to /dev/zero is refused, never read
+        text = read_regular(found, MAX_ADVISOR_BYTES, "an advisor file")
+    except NotARegularFile:
+        raise UserError(f"batch.max: advisor: {found} is not a regular file; not read (bigbatch plan --devices --out "
+                        "writes one)") from None
+    except OSError as error:  # unreadable, or past the bound (its message names the file)
+        detail = f"cannot read {found} ({error.strerror})" if error.strerror else str(error)
+        raise UserError(f"batch.max: advisor: {detail}") from None
     try:
-        advice = json.loads(found.read_text(encoding="utf-8"))
+        advice = json.loads(text)
         recommended = advice["rows"][advice["recommended"]]["batch"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         recommended = None
     if isinstance(recommended, bool) or not isinstance(recommended, int) or recommended <= 0:
         raise UserError(f"batch.max: advisor: {found} holds no recommended batch (bigbatch plan --devices --out "

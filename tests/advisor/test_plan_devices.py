@@ -215,6 +215,77 @@ def test_batch_max_advisor_reads_the_recommended_batch_beside_the_config_or_in_t
 
 
 @pytest.mark.fast
+def test_an_advisor_json_not_bigbatchs_own_as_it_is_now_is_refused_before_any_work(tmp_path):
+    """``plan --out RUN`` replaces ``RUN/advisor.json`` only while it is the file a plan wrote and recorded, unchanged:
+    one edited by hand (its ``bigbatch_advisor`` key kept), a copy, a link (to an advisor file elsewhere, which the
+    old code wrote through) and a FIFO (the old code waited on it for a writer) are each one line, never read or
+    written."""
+    import os
+    import threading
+
+    from tests.helpers import HANG_GUARD_S
+
+    out = tmp_path / "run"
+    out.mkdir()
+    file = out / "advisor.json"
+    mine = json.dumps({"bigbatch_advisor": 1, "rows": [], "recommended": 0, "note": "tuned by hand"}) + "\n"
+    file.write_text(mine)
+    line = refused("--devices", "2", "--out", str(out))
+    assert line == (f"error: --out: {file} looks like a bigbatch advisor file but bigbatch has no record of writing "
+                    "it as it is now (edited since, copied, or written by an older bigbatch); not overwritten (move "
+                    "it away)")
+    assert file.read_text() == mine
+    file.unlink()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(mine)
+    file.symlink_to(elsewhere)
+    assert refused("--devices", "2", "--out", str(out)) == (
+        f"error: --out: {file} is a link; bigbatch neither follows nor replaces it (move it away)")
+    assert elsewhere.read_text() == mine and file.is_symlink()
+    file.unlink()
+    os.mkfifo(file)
+    guard = threading.Timer(HANG_GUARD_S, lambda: open(file, "wb").close())  # hang guard: frees a waiting reader
+    guard.start()
+    try:
+        assert refused("--devices", "2", "--out", str(out)) == (
+            f"error: --out: {file} is not a regular file; not read, not overwritten (move it away)")
+    finally:
+        guard.cancel()
+
+
+@pytest.mark.fast
+def test_batch_max_advisor_and_show_read_advisor_json_only_as_a_bounded_regular_file(tmp_path):
+    import os
+    import threading
+
+    from bigbatch.advisor.show import predicted_time
+    from bigbatch.config import load_config
+    from bigbatch.config.adaptive import MAX_ADVISOR_BYTES
+    from bigbatch.errors import UserError
+    from tests.helpers import HANG_GUARD_S
+
+    config = tmp_path / "digits.yaml"
+    config.write_text((ROOT / "bigbatch" / "configs" / "digits.yaml").read_text())
+    file = tmp_path / "advisor.json"
+    with open(file, "wb") as f:
+        f.truncate(MAX_ADVISOR_BYTES + 1)  # holes: past the bound, never read
+    with pytest.raises(UserError, match=rf"^batch.max: advisor: {file} is {MAX_ADVISOR_BYTES + 1:,} bytes, more "):
+        load_config(str(config), [ADVISOR_MAX])
+    assert predicted_time(str(config), 64, 1, 64, 10).endswith("is not a readable advisor file (bigbatch plan "
+                                                               "--devices --out writes one)")
+    file.unlink()
+    os.mkfifo(file)
+    guard = threading.Timer(HANG_GUARD_S, lambda: open(file, "wb").close())  # hang guard: frees a waiting reader
+    guard.start()
+    try:
+        with pytest.raises(UserError, match=rf"^batch.max: advisor: {file} is not a regular file; not read"):
+            load_config(str(config), [ADVISOR_MAX])
+        assert "is not a readable advisor file" in predicted_time(str(config), 64, 1, 64, 10)
+    finally:
+        guard.cancel()
+
+
+@pytest.mark.fast
 def test_batch_max_advisor_without_an_advisor_file_is_one_line_naming_the_key(tmp_path):
     result = run_main("show", "digits", "--set", ADVISOR_MAX)
     assert result.returncode == 2
