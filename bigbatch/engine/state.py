@@ -41,6 +41,7 @@ The file is read with ``torch.load(weights_only=True)`` (``engine/checkpoint.py`
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,8 @@ import torch.nn as nn
 
 from bigbatch.config import RunConfig
 from bigbatch.engine import checkpoint
-from bigbatch.errors import UserError
-from bigbatch.floor import files
+from bigbatch.errors import TrainingStopped, UserError
+from bigbatch.floor import files, run_files
 
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import Hooks
@@ -73,6 +74,11 @@ class Best:
         if self.value is None:
             return True
         return value > self.value if self.mode == "max" else value < self.value
+
+
+class CheckpointWriteFailed(TrainingStopped):
+    """A checkpoint could not be written (the disk full, ...): the message names the file, the checkpoint kept whole
+    (``atomic_write``: the previous file is untouched, the temporary one removed) and the command that resumes."""
 
 
 class TrainingState:
@@ -97,6 +103,7 @@ class TrainingState:
         """Writes the checkpoints off the training thread (``finish_writes`` waits for them)."""
         self._saved: tuple[int, Path, memoryview] | None = None  # (step, path, bytes) of this step's last save
         self._identities: dict[Path, tuple[int, int, int, int]] = {}  # of each file as the writer left it
+        self._steps: dict[Path, int] = {}  # the step of each file as the writer left it (or the resume read it)
         self.hook_states: dict[str, Any] = {}
         """The hooks' states a resumed checkpoint holds, by hook name: read before the hooks exist, handed to them
         by the trainer once they are built."""
@@ -177,6 +184,7 @@ class TrainingState:
         saved = self._saved
         if saved is not None and saved[0] != self.progress.step:
             saved = self._saved = None  # the bytes of the last save serve a link at the same step only: let them go
+        step = self.progress.step
         if may_link and saved is not None and saved[1] != path:
             source, data = saved[1], saved[2]
 
@@ -188,12 +196,37 @@ class TrainingState:
 
             def write() -> None:
                 self._write(path, data)
-        self._saved = (self.progress.step, path, data)
-        self.writer.submit(write)
+
+        def job() -> None:
+            try:
+                write()
+            except OSError as e:  # the disk full, gone, read-only: one line, not the writer thread's traceback
+                raise self._failed(path, e) from None
+            self._steps[path] = step
+
+        self._saved = (step, path, data)
+        self.writer.submit(job)
 
     def _write(self, path: Path, data: memoryview) -> None:
         files.atomic_write(path, lambda f: f.write(data))
         self._identities[path] = files.identity(path)
+
+    def _failed(self, path: Path, error: OSError) -> CheckpointWriteFailed:
+        """What a failed write of the checkpoint ``path`` says: the file and why, the run's last checkpoint kept
+        whole (``atomic_write`` never leaves part of one) and the command that resumes from it."""
+        from bigbatch.engine.run_dir import run_dir_of
+
+        failed = f"checkpoint: cannot write {path}: {error.strerror or error}"
+        last = path.parent / run_files.LAST
+        run_dir = run_dir_of(path)
+        resume = (f"; resume with: bigbatch train --resume {shlex.quote(str(run_dir))}" if run_dir is not None
+                  else "")
+        if last in self._steps:
+            return CheckpointWriteFailed(f"{failed}; kept: {last} at step {self._steps[last]}, intact{resume}")
+        if last.is_file():  # a file this run did not write (train called on a folder holding one): left as it was
+            return CheckpointWriteFailed(f"{failed}; {last}, written before this run, is left as it was")
+        return CheckpointWriteFailed(f"{failed}; no checkpoint had been written yet, so nothing is kept: the same "
+                                     f"command starts the run again")
 
     def finish_writes(self, failing: bool = False) -> None:
         """Wait until every checkpoint saved so far is on disk. A failed write is raised, unless the run is
@@ -206,7 +239,9 @@ class TrainingState:
             print(f"warning: a checkpoint write failed: {e}", file=sys.stderr, flush=True)
 
     def resume(self, path: Path) -> None:
-        self.load_state_dict(checkpoint.load(path, checkpoint.RESUME_KEYS))
+        state = checkpoint.load(path, checkpoint.RESUME_KEYS)
+        self.load_state_dict(state)
+        self._steps[path] = state["step"]
 
 
 def check_resumable(cfg: RunConfig, saved: dict[str, Any]) -> None:
