@@ -99,9 +99,24 @@ def build_schedule(cfg: RunConfig, plan: BatchPlan) -> Schedule:
                         "schedule as schedule.warmup and schedule.decay to grow the batch")
     cfg, plan = written_for(cfg, plan)
     lr = SCHEDULES.get(cfg.schedule.preset).obj(cfg, plan)
+    check_finite(plan, lr)
     if not cfg.schedule.decay_at_batch_milestones:
         check_batch_milestones(plan, lr)
     return lr
+
+
+def check_finite(plan: BatchPlan, lr: Schedule) -> None:
+    """Refuse a schedule whose LR overflows within the run: a ``gamma`` above 1 grows it without bound (``exponential``,
+    ``step``, Darknet's ``exp`` and ``step`` policies), which once stopped ``train`` mid-run (or ``schedule`` at once)
+    in Python's ``OverflowError``. A growing factor is largest at the run's last step, so that step is asked."""
+    for step in {0, max(plan.steps - 1, 0)}:
+        try:
+            value = lr(step)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise UserError(f"schedule: the learning rate at step {step} is past the largest float (a factor above "
+                            "1, such as gamma > 1, raised to the step); give a factor of at most 1, or fewer steps")
 
 
 STEP_DOWN = 0.99

@@ -10,8 +10,9 @@ import torch
 
 from bigbatch.batching import make_plan
 from bigbatch.config import load_config
+from bigbatch.errors import UserError
 from bigbatch.largebatch.schedule import build_schedule, scaled_lr
-from tests.helpers import DARKNET_DATA, run_cli
+from tests.helpers import DARKNET_DATA, run_cli, run_main
 
 TRAIN_IMAGES = 1437  # the digits training split
 
@@ -329,3 +330,27 @@ def test_schedule_csv_is_written_in_blocks_and_keeps_every_row(tmp_path):
     schedule_files.write_csv(tmp_path / "b.csv", lrs, batches)
     rows = [line.split(",") for line in (tmp_path / "b.csv").read_text().splitlines()[1:]]
     assert [int(r[0]) for r in rows] == list(range(steps)) and [int(r[2]) for r in rows] == batches
+
+
+@pytest.mark.parametrize("overrides", [
+    ["schedule.decay.kind=exponential", "schedule.decay.gamma=10", "schedule.decay.every=1", "steps=1000"],
+    ["schedule.decay.kind=step", "schedule.decay.gamma=1e10", "schedule.decay.every=10", "steps=1000"],
+])
+def test_a_learning_rate_that_overflows_within_the_run_is_refused_before_it_starts(overrides):
+    """A growing factor (gamma > 1) raised to the step passes the largest float: one line before any work, where
+    ``train`` once stopped mid-run in Python's OverflowError (and ``schedule`` at once)."""
+    cfg = load_config("digits", overrides)
+    with pytest.raises(UserError, match=r"^schedule: the learning rate at step 999 is past the largest float"):
+        build_schedule(cfg, make_plan(cfg, 1, 1437))
+    shrinking = load_config("digits", [*overrides[:1], "schedule.decay.gamma=0.5", *overrides[2:]])
+    assert build_schedule(shrinking, make_plan(shrinking, 1, 1437))(999) >= 0
+
+
+def test_darknets_exp_policy_growing_past_a_float_is_refused(tmp_path):
+    cfg_file = tmp_path / "exp.cfg"
+    cfg_file.write_text("[net]\nbatch=4\nwidth=32\nheight=32\nchannels=3\nlearning_rate=0.01\nmax_batches=100000\n"
+                        "policy=exp\ngamma=1.01\n[convolutional]\nfilters=4\nsize=3\nstride=2\npad=1\n"
+                        "activation=leaky\n[avgpool]\n[softmax]\n")
+    result = run_main("schedule", str(cfg_file))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: schedule: the learning rate at step 99999 is past the largest float")
