@@ -320,39 +320,27 @@ def _parse_line(fields: list[str], width: int, height: int, num_classes: int
     """``(label, pixel XYXY box)`` of a label line, or why it is malformed. A line of a class and three or more
     points ``x1 y1 x2 y2 ...`` (an Ultralytics segmentation label) is the polygon's bounding box, as Ultralytics'
     detection loader takes it (``segments2boxes``)."""
-    if len(fields) >= 7 and len(fields) % 2:
-        return _parse_polygon(fields, width, height, num_classes)
-    if len(fields) != 5:
+    polygon = len(fields) >= 7 and len(fields) % 2 == 1
+    if len(fields) != 5 and not polygon:
         return f"malformed label line: expected {LINE_FORMAT} or a polygon, got {len(fields)} fields"
     try:
         values = [float(f) for f in fields]
     except ValueError:
         field = next(n for n, f in enumerate(fields, 1) if not _is_number(f))
-        return f"malformed label line: expected numbers {LINE_FORMAT}, field {field} is not a number"
+        expected = "numbers" if polygon else f"numbers {LINE_FORMAT}"
+        return f"malformed label line: expected {expected}, field {field} is not a number"
     if not values[0].is_integer() or not 0 <= values[0] < num_classes:
         return f"class {fields[0]} is not a class index 0..{num_classes - 1} ({num_classes} names)"
-    xc, yc, w, h = values[1:]
     tx, ty = EDGE_TOLERANCE / width, EDGE_TOLERANCE / height  # one pixel of rounding
+    if polygon:
+        xs, ys = values[1::2], values[2::2]
+        if not all(-tx <= x <= 1 + tx for x in xs) or not all(-ty <= y <= 1 + ty for y in ys):
+            return "polygon points must be normalised to [0, 1]"
+        return int(values[0]), (min(xs) * width, min(ys) * height, max(xs) * width, max(ys) * height)
+    xc, yc, w, h = values[1:]
     if not (-tx <= xc <= 1 + tx and -ty <= yc <= 1 + ty and -tx <= w <= 1 + tx and -ty <= h <= 1 + ty):
         return f"values must be normalised to [0, 1], got {' '.join(fields[1:])}"
     return int(values[0]), ((xc - w / 2) * width, (yc - h / 2) * height, (xc + w / 2) * width, (yc + h / 2) * height)
-
-
-def _parse_polygon(fields: list[str], width: int, height: int, num_classes: int
-                   ) -> tuple[int, tuple[float, ...]] | str:
-    """``(label, pixel XYXY box)`` of a polygon line ``<class> x1 y1 x2 y2 ...``: the points' bounding box."""
-    try:
-        values = [float(f) for f in fields]
-    except ValueError:
-        field = next(n for n, f in enumerate(fields, 1) if not _is_number(f))
-        return f"malformed label line: expected numbers, field {field} is not a number"
-    if not values[0].is_integer() or not 0 <= values[0] < num_classes:
-        return f"class {fields[0]} is not a class index 0..{num_classes - 1} ({num_classes} names)"
-    xs, ys = values[1::2], values[2::2]
-    tx, ty = EDGE_TOLERANCE / width, EDGE_TOLERANCE / height
-    if not all(-tx <= x <= 1 + tx for x in xs) or not all(-ty <= y <= 1 + ty for y in ys):
-        return "polygon points must be normalised to [0, 1]"
-    return int(values[0]), (min(xs) * width, min(ys) * height, max(xs) * width, max(ys) * height)
 
 
 def _read_labels(path: str, width: int, height: int, num_classes: int, issues: DataIssues
