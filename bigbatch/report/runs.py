@@ -40,6 +40,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from bigbatch.config.adaptive import MAX_ADVISOR_BYTES
 from bigbatch.config.loading import MAX_CONFIG_BYTES
 from bigbatch.errors import UserError
 from bigbatch.floor import run_files
@@ -50,10 +51,10 @@ PHASES = ("data", "forward", "backward", "sync", "update", "other")
 _PHASE_KEYS = tuple(f"t_{phase}" for phase in PHASES)
 
 FILES = (run_files.CONFIG, run_files.METRICS, run_files.MEMORY, run_files.UPDATES)
-ADVISOR = "advisor.json"
-"""What ``bigbatch plan --devices --out RUN`` writes (``advisor/command.py``); read where it is there."""
-MAX_ADVISOR_BYTES = 4 << 20
 """The files of a run directory the report reads."""
+ADVISOR = "advisor.json"
+"""What ``bigbatch plan --devices --out RUN`` writes (``advisor/command.py``); read where it is there, within
+:data:`~bigbatch.config.adaptive.MAX_ADVISOR_BYTES`, the bound every reader of it keeps."""
 
 MAX_POINTS = 2000
 """The most points a curve gives (a training key, an evaluation metric, a memory column), whatever the file's
