@@ -64,7 +64,7 @@ def _number(value: object) -> float | None:
 def reached(run: Path, target: float) -> Reached:
     """The first step of ``run`` at which its loss was at most ``target`` (``UserError`` naming ``--from`` or
     ``--target-loss`` where the run has no such record)."""
-    from bigbatch.config.loading import load_yaml, read_config_bytes
+    from bigbatch.config.loading import MAX_CONFIG_BYTES, load_yaml, read_config_bytes
     from bigbatch.engine.run_dir import run_file
 
     # each read only from inside the run and from a regular file (a link out of it, a FIFO: one error line)
@@ -72,7 +72,8 @@ def reached(run: Path, target: float) -> Reached:
     if metrics is None or config is None:
         raise UserError(f"--from: {run} is not a bigbatch run directory (it needs config.yaml and metrics.jsonl)")
     try:
-        settings = load_yaml(read_config_bytes(config).decode("utf-8"))  # bigbatch's loader, as for any config
+        # bigbatch's loader, as for any config
+        settings = load_yaml(read_config_bytes(config, MAX_CONFIG_BYTES).decode("utf-8"))
     except OSError as error:
         raise UserError(f"--from: {config}: {error}") from None
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:

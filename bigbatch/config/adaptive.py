@@ -63,7 +63,7 @@ def advisor_max(data: Any, places: Sequence[Path]) -> Any:
     batch = data.get("batch") if isinstance(data, dict) else None
     if not isinstance(batch, dict) or batch.get("max") != ADVISOR:
         return data
-    from bigbatch.floor.user_files import NotARegularFile, read_regular
+    from bigbatch.config.files import NotAConfigFile, read_config_bytes
 
     files = [Path(place) / ADVISOR_FILE for place in places]
     found = next((file for file in files if file.exists() or file.is_symlink()), None)
@@ -72,10 +72,9 @@ def advisor_max(data: Any, places: Sequence[Path]) -> Any:
         raise UserError(f"batch.max: advisor: no {where}; bigbatch plan CONFIG --devices N,N,... --out DIR writes "
                         f"DIR/{ADVISOR_FILE}")
     try:  # only a regular file, only within the bound: a FIFO or a link to /dev/zero is refused, never read
-        text = read_regular(found, MAX_ADVISOR_BYTES, "an advisor file")
-    except NotARegularFile:
-        raise UserError(f"batch.max: advisor: {found} is not a regular file; not read (bigbatch plan --devices --out "
-                        "writes one)") from None
+        text = read_config_bytes(found, MAX_ADVISOR_BYTES, "an advisor file")
+    except NotAConfigFile as error:
+        raise UserError(f"batch.max: advisor: {error}; not read (bigbatch plan --devices --out writes one)") from None
     except OSError as error:  # unreadable, or past the bound (its message names the file)
         detail = f"cannot read {found} ({error.strerror})" if error.strerror else str(error)
         raise UserError(f"batch.max: advisor: {detail}") from None

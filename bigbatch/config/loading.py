@@ -5,9 +5,7 @@ into a :class:`RunConfig` (every mistake one :class:`UserError`), and the YAML a
 from __future__ import annotations
 
 import copy
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from bigbatch.config.adaptive import advisor_max
+from bigbatch.config.files import NotAConfigFile, read_config_bytes
 from bigbatch.config.messages import describe_validation_error, dotted
 from bigbatch.config.run import RunConfig
 from bigbatch.config.unknown_keys import unknown_keys_line
@@ -144,35 +143,11 @@ MAX_CONFIG_BYTES = 1 << 20
 directory's ``config.yaml`` (``train --resume``, ``report``) is a file anyone may have handed over."""
 
 
-class NotAConfigFile(OSError):
-    """A config's name on something :func:`read_config_bytes` does not read: not a regular file, or too large."""
-
-
-def read_config_bytes(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
-    """The bytes of the config file ``path``, read only once it is known to be a regular file of at most ``limit``
-    bytes: opened without blocking (a FIFO's open waits for a writer forever; ``O_NONBLOCK`` does not) and checked
-    on the open descriptor (``fstat``: the file checked is the file read), so that neither a FIFO nor a link to
-    ``/dev/zero`` nor a huge file is read. ``OSError`` otherwise (:class:`NotAConfigFile` for these two refusals).
-    (``floor/user_files.py``'s ``open_regular`` does the same for a data set's and a run's files; the config package
-    imports only the errors and the registries, so it keeps these few lines of its own.)"""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb", buffering=0) as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise NotAConfigFile(f"{path} is not a regular file")
-        if info.st_size > limit:
-            raise NotAConfigFile(f"{path} is {info.st_size:,} bytes, more than a config may be ({limit:,})")
-        raw = file.read(limit + 1)
-    if len(raw) > limit:  # grew since fstat
-        raise NotAConfigFile(f"{path} is more than {limit:,} bytes, more than a config may be")
-    return raw
-
-
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping (:func:`read_config_bytes`: a regular file within :data:`MAX_CONFIG_BYTES`); every mistake
     (not a regular file, too large, not UTF-8, syntax, a malformed value) names the file and line."""
     try:
-        raw = read_config_bytes(Path(path))
+        raw = read_config_bytes(Path(path), MAX_CONFIG_BYTES)
     except NotAConfigFile as e:
         raise UserError(f"config: {e}; not read") from None
     except OSError as e:
