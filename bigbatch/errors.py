@@ -10,4 +10,5 @@ class UserError(Exception):
 
 class TrainingStopped(Exception):
     """Training cannot go on (the CLI prints the message and exits with code 1): ``engine/step.py``'s non-finite
-    gradients and out-of-memory stops."""
+    gradients and out-of-memory stops, and a checkpoint that cannot be written (``engine/state.py``'s
+    ``CheckpointWriteFailed``: a full disk)."""
