@@ -408,9 +408,13 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
 def keep_model_files(run_dir: Path, cfg: RunConfig, model: Any) -> None:
     """Write the model's own files into the run directory (``MODELS``' ``keeps``: a Darknet run's ``model.cfg``, for
     the classes it trains), each under its config key's name, unless the run was started from that very copy (a
-    resumed run). A file of that name is replaced only if bigbatch wrote it (its first line is the new one's)."""
+    resumed run). A file of that name is replaced only if it is already the text to write, or bigbatch wrote it and
+    nothing changed it since (``floor/written.py``'s record): a ``model.cfg`` edited by hand is the user's, whatever
+    its first line says."""
     from bigbatch.config import flatten
+    from bigbatch.floor import written
     from bigbatch.floor.files import atomic_write
+    from bigbatch.floor.user_files import read_regular
 
     keeps = cfg.model.part().info.get("keeps") or {}
     given = flatten(cfg.model_dump(mode="json"))
@@ -420,13 +424,14 @@ def keep_model_files(run_dir: Path, cfg: RunConfig, model: Any) -> None:
             continue  # resumed from its own copy: kept as it is
         text = text_of(model)
         if path.exists() or path.is_symlink():
-            first, ours = text.split("\n", 1)[0].encode(), False
+            wanted, same = text.encode(), False
             if path.is_file() and not path.is_symlink():
-                with contextlib.suppress(OSError), open(path, "rb") as f:
-                    ours = f.read(len(first)) == first
-            if not ours:
-                raise UserError(f"--out: {path} is not a file bigbatch kept; not overwritten (choose another --out)")
-        atomic_write(path, lambda f, text=text: f.write(text), mode="w")
+                with contextlib.suppress(OSError):
+                    same = bytes(read_regular(path, len(wanted), "a kept model file")) == wanted
+            if not (same or written.is_ours(path)):
+                raise UserError(f"--out: {path} is not a file bigbatch kept as it is now (edited since, or another's); "
+                                "not overwritten (move it away, or choose another --out)")
+        atomic_write(path, lambda f, text=text: f.write(text), mode="w", record=True)
 
 
 def kept_overrides(run_dir: Path, config: dict[str, Any]) -> list[str]:

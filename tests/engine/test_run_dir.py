@@ -381,3 +381,34 @@ def test_a_run_folder_whose_tensorboard_is_a_file_is_refused(tmp_path, capsys, n
     assert err == f"error: --out: {run / 'tensorboard'} is not a folder, not a folder of the run's own; a run writes " \
                   f"only inside its folder: nothing written there (move it away or choose another folder)\n"
     assert contents(tmp_path) == before
+
+
+def test_a_kept_model_cfg_edited_by_hand_is_not_overwritten(tmp_path, monkeypatch):
+    """A run's ``model.cfg`` (``keep_model_files``) is replaced when it is the text to write or bigbatch wrote it and
+    nothing changed it since; one edited by hand is the user's, refused in one line and left as it is. Its first line,
+    ``# kept by bigbatch: ...``, was once the proof, and an edited copy kept it."""
+    from types import SimpleNamespace
+
+    from bigbatch.engine.run_dir import keep_model_files
+
+    monkeypatch.setenv("BIGBATCH_CACHE_DIR", str(tmp_path / "cache"))
+    texts = iter(["# kept by bigbatch: net.cfg\n[net]\nbatch=1\n", "# kept by bigbatch: net.cfg\n[net]\nbatch=2\n",
+                  "# kept by bigbatch: net.cfg\n[net]\nbatch=3\n"])
+
+    class Config:
+        model = SimpleNamespace(part=lambda: SimpleNamespace(info={"keeps": {"model.cfg": lambda model: next(texts)}}))
+
+        @staticmethod
+        def model_dump(mode: str) -> dict:
+            return {"model": {"cfg": str(tmp_path / "net.cfg")}}
+
+    run = tmp_path / "run"
+    run.mkdir()
+    keep_model_files(run, Config(), None)
+    keep_model_files(run, Config(), None)  # its own, unchanged since: replaced
+    assert (run / "model.cfg").read_text().endswith("batch=2\n")
+    edited = (run / "model.cfg").read_text() + "# my own note\n"
+    (run / "model.cfg").write_text(edited)
+    with pytest.raises(UserError, match=r"^--out: .*model.cfg is not a file bigbatch kept as it is now"):
+        keep_model_files(run, Config(), None)
+    assert (run / "model.cfg").read_text() == edited
