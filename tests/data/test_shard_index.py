@@ -101,6 +101,7 @@ def test_an_index_too_large_to_read_in_the_memory_available_is_refused_before_it
     from bigbatch.data.formats import shard_index
 
     size = (packed / INDEX).stat().st_size
+    monkeypatch.setattr(shard_index, "MEMORY_CHECKED_FROM", 0)  # checked from 16 MiB on; this index is smaller
     available = shard_index.PARSE_MEMORY_FACTOR * size - 1
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": available})())
     with recording_opens() as opened, pytest.raises(UserError) as refused:

@@ -43,6 +43,9 @@ PARSE_MEMORY_FACTOR = 16
 """Memory reading an index takes, in times its size: JSON's lists of Python objects, their checked copy and the
 arrays. Measured: an 87 MB index of 3 million samples raised the peak RSS by 1.26 GiB (15.6x; 2026-12-06, AMD EPYC).
 An index whose reading would take more than the memory available is refused before it is read."""
+MEMORY_CHECKED_FROM = 16 << 20
+"""The size (16 MiB, about 580,000 samples) from which an index's reading is checked against the memory available:
+a smaller one takes under 256 MiB, and is read without asking the system (``/proc/meminfo``)."""
 
 Count = Annotated[int, Field(ge=0, lt=2**63)]
 """A whole number of bytes or samples, as a 64-bit integer holds it."""
@@ -140,6 +143,8 @@ def _where(loc: tuple[Any, ...]) -> str:
 def _check_parse_memory(path: Path, size: int) -> None:
     """Refuse an index whose reading would take more memory than is available (:data:`PARSE_MEMORY_FACTOR` times
     its size), before any of it is read: one line, not the kernel's out-of-memory kill."""
+    if size < MEMORY_CHECKED_FROM:
+        return
     import psutil
 
     need, available = PARSE_MEMORY_FACTOR * size, psutil.virtual_memory().available
