@@ -88,14 +88,18 @@ def predict(args: PredictArgs) -> list[str]:
     print(f"predicting with the {model.task} model: {model.source}; {files}", flush=True)
     outputs.open()
     started, unreadable = time.perf_counter(), 0
-    with _progress(sources) as bar:
-        for item, record in model.records(_items(sources, args.vid_stride), settings):
-            if isinstance(record, Unreadable):
-                unreadable += 1
-                warn(f"{item.file}: {record.reason}: skipped")
-                continue
-            outputs.add(record, _pixels(item) if args.save_images else None)
-            bar.update(1)
+    try:
+        with _progress(sources) as bar:
+            for item, record in model.records(_items(sources, args.vid_stride), settings):
+                if isinstance(record, Unreadable):
+                    unreadable += 1
+                    warn(f"{item.file}: {record.reason}: skipped")
+                    continue
+                outputs.add(record, _pixels(item) if args.save_images else None)
+                bar.update(1)
+    except BaseException:  # Ctrl-C or an error: the files written so far listed as predict's, for the next predict
+        outputs.close(complete=False)
+        raise
     elapsed = max(time.perf_counter() - started, 1e-9)
     written = outputs.close()
     count = outputs.count

@@ -219,8 +219,10 @@ class Outputs:
             self._coco(record)
         self.count += 1
 
-    def close(self) -> list[Path]:
-        """Finish every file; -> the paths written (``predictions.jsonl``, the folders, the COCO file)."""
+    def close(self, complete: bool = True) -> list[Path]:
+        """Finish every file; -> the paths written (``predictions.jsonl``, the folders, the COCO file). Not
+        ``complete`` (a predict stopped by Ctrl-C or an error): the files written so far are finished and listed,
+        so that the next ``predict`` to the folder may replace them; no COCO file."""
         if self._jsonl is not None:
             self._jsonl.flush()
             st = os.fstat(self._jsonl.fileno())
@@ -229,7 +231,7 @@ class Outputs:
             self._close_marker()
         written = [self.out / PREDICTIONS]
         written += [self.out / folder for folder in (LABELS, IMAGES) if (self.out / folder).is_dir()]
-        if self.coco is not None:
+        if self.coco is not None and complete:
             from bigbatch.tasks.coco_eval import save_detections
 
             save_detections(self.coco, self.detections)

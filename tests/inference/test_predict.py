@@ -304,3 +304,27 @@ def test_predict_thresholds_hold_for_its_own_forward_only():
     out = pipeline.run(module, [image], [geometry], Settings(conf=0.0, iou=0.3, max_det=3))
     assert len(out[0]["boxes"]) == 3  # predict's max_det held for the forward
     assert own_thresholds(module) == before and before["max_det"] != 3
+
+
+def test_a_predict_stopped_by_ctrl_c_lists_what_it_wrote_and_the_next_predict_replaces_it(classifier, tmp_path,
+                                                                                         monkeypatch):
+    """Ctrl-C (or an error) during ``predict``: the files written so far are finished and listed as predict's own, so
+    the next ``predict`` to the folder replaces them (a list never closed is refused, as a kill -9 leaves it)."""
+    from bigbatch.cli import main
+    from bigbatch.inference import outputs as outputs_module
+
+    run, photos = classifier
+    out = tmp_path / "pred"
+    added = outputs_module.Outputs.add
+
+    def add_then_stop(self, record, pixels):
+        added(self, record, pixels)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(outputs_module.Outputs, "add", add_then_stop)
+    assert main(["predict", str(photos / "val"), "--from", str(run), "--out", str(out)]) != 0  # interrupted
+    assert len(records(out)) == 1
+    monkeypatch.setattr(outputs_module.Outputs, "add", added)
+    again = run_main("predict", str(photos / "val" / "flower"), "--from", str(run), "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    assert len(records(out)) == len(list((photos / "val" / "flower").iterdir()))
