@@ -224,7 +224,7 @@ def override_word(key: str, value: str) -> str:
         plain = load_yaml(value) == value
     except yaml.YAMLError:
         plain = False
-    return shlex.quote(f"{key}={value if plain else json.dumps(value, ensure_ascii=False)}")
+    return shlex.quote(f"{key}={value if plain else json.dumps(value)}")  # escaped: YAML reads back any character
 
 
 # Keys of which only one may be given; setting one from the command line drops the other (the recipe's), and

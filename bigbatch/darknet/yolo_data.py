@@ -238,7 +238,8 @@ def names_of_yaml(path: Path, key: str = "data") -> list[str]:
         line = getattr(getattr(error, "problem_mark", None), "line", None)
         raise UserError(f"{key}: {path}{'' if line is None else f':{line + 1}'}: invalid YAML") from None
     names = data.get("names") if isinstance(data, dict) else None
-    if isinstance(names, dict) and sorted(names) == list(range(len(names))):
+    if (isinstance(names, dict) and all(type(k) is int for k in names)
+            and sorted(names) == list(range(len(names)))):
         names = [names[i] for i in range(len(names))]
     if not (isinstance(names, list) and 0 < len(names) <= MAX_CLASS_NAMES
             and all(isinstance(n, (str, int, float)) and not isinstance(n, bool) for n in names)):

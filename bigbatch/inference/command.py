@@ -97,7 +97,7 @@ def predict(args: PredictArgs) -> list[str]:
                     continue
                 outputs.add(record, _pixels(item) if args.save_images else None)
                 bar.update(1)
-    except BaseException:  # Ctrl-C or an error: the files written so far listed as predict's, for the next predict
+    except KeyboardInterrupt:  # Ctrl-C: the files written so far listed as predict's, for the next predict
         outputs.close(complete=False)
         raise
     elapsed = max(time.perf_counter() - started, 1e-9)

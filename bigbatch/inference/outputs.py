@@ -221,7 +221,7 @@ class Outputs:
 
     def close(self, complete: bool = True) -> list[Path]:
         """Finish every file; -> the paths written (``predictions.jsonl``, the folders, the COCO file). Not
-        ``complete`` (a predict stopped by Ctrl-C or an error): the files written so far are finished and listed,
+        ``complete`` (a predict stopped by Ctrl-C between images): the files written so far are finished and listed,
         so that the next ``predict`` to the folder may replace them; no COCO file."""
         if self._jsonl is not None:
             self._jsonl.flush()

@@ -128,7 +128,8 @@ def test_a_name_given_by_cli_is_one_error_line():
 
 
 @pytest.mark.parametrize("text", ["runs/x", "spaced dir ü/shards", "off", "123", "1e9", "a #b", "a: b", "it's",
-                                  "$HOME/x", "-x", "[a]", "{a: 1}", "null", "~", "'quoted'", ""])
+                                  "$HOME/x", "-x", "[a]", "{a: 1}", "null", "~", "'quoted'", "",
+                                  "sh\x7fdel/x", "a\x85b", "bad\udcffbyte", "off ü"])
 def test_override_word_reads_back_as_the_same_text(text):
     """``override_word`` (the ``--set`` words ``pack``, ``data convert`` and ``data shapes`` print) pastes into a
     shell as one word that ``parse_override`` reads back as exactly the text, whatever YAML or the shell would make

@@ -719,6 +719,7 @@ def test_an_ultralytics_folder_takes_its_class_names_from_data_yaml(tmp_path):
     (tmp_path / "set" / "data.yaml").write_text("train: images/train\nval: images/train\nnames: {0: cat, 1: dog}\n")
     records, names = load_yolo(images, DataIssues(), keep_empty=True)
     assert names == ["cat", "dog"] and records[0].labels.tolist() == [1]
-    (tmp_path / "set" / "data.yaml").write_text("names: 7\n")
-    with pytest.raises(UserError, match=r"^data: .*data.yaml: expected 'names': a list of class names"):
-        load_yolo(images, DataIssues(), keep_empty=True)
+    for bad in ("names: 7\n", "names: {0: cat, x: dog}\n"):  # the second: keys that do not sort
+        (tmp_path / "set" / "data.yaml").write_text(bad)
+        with pytest.raises(UserError, match=r"^data: .*data.yaml: expected 'names': a list of class names"):
+            load_yolo(images, DataIssues(), keep_empty=True)

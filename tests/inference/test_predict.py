@@ -308,7 +308,7 @@ def test_predict_thresholds_hold_for_its_own_forward_only():
 
 def test_a_predict_stopped_by_ctrl_c_lists_what_it_wrote_and_the_next_predict_replaces_it(classifier, tmp_path,
                                                                                          monkeypatch):
-    """Ctrl-C (or an error) during ``predict``: the files written so far are finished and listed as predict's own, so
+    """Ctrl-C during ``predict``: the files written so far are finished and listed as predict's own, so
     the next ``predict`` to the folder replaces them (a list never closed is refused, as a kill -9 leaves it)."""
     from bigbatch.cli import main
     from bigbatch.inference import outputs as outputs_module
