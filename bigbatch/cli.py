@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -715,6 +716,11 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "show"
             "export": cmd_export, "profile": cmd_profile, "report": cmd_report}
 
 
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+"""An ``OSError`` of these, naming its file, ends a command in one line (``floor/files.atomic_write`` names the file
+it was writing), not a traceback."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -731,6 +737,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TrainingStopped as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the machine, not bigbatch or the input: a full disk, a quota, a read-only file system
+        if e.errno not in _STORAGE_ERRORS or e.filename is None:
+            raise
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C; or SIGTERM while train sets up (engine.step.Terminated: its signal)
         print("interrupted", file=sys.stderr)

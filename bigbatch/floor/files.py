@@ -57,6 +57,10 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
             with contextlib.suppress(OSError):
                 replaced = os.lstat(path)
         os.replace(tmp, path)
+    except OSError as error:  # a full disk, a quota: said of the file written (a write on a descriptor names none)
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
     finally:
         try:
             if tmp.exists():

@@ -225,3 +225,26 @@ def test_a_temporary_name_taken_is_left_alone_and_another_drawn(tmp_path, monkey
     files.atomic_write(path, lambda f: f.write(b"written"))
     assert path.read_bytes() == b"written" and taken.read_text() == "someone's"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["best.pt", taken.name])
+
+
+def test_a_full_disk_during_a_write_is_one_line_naming_the_file_and_the_old_file_is_kept(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """A write on a descriptor fails naming no file (``OSError: [Errno 28] No space left on device``): atomic_write
+    names the file it was writing, and the CLI ends in one line (exit 1), not a traceback; the temporary is gone and
+    the file it was to replace is as it was. (A checkpoint's own message, with the resume command, is state.py's.)"""
+    import errno
+    import os
+
+    csv = tmp_path / "lr.csv"
+    assert main(["schedule", "digits", "--csv", str(csv), "--lines", "2"]) == 0
+    before = csv.read_bytes()
+    capsys.readouterr()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    assert main(["schedule", "digits", "--csv", str(csv), "--lines", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {csv}: No space left on device"]
+    assert csv.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["lr.csv"]
