@@ -22,7 +22,7 @@ import secrets
 import stat
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,7 +46,7 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     tmp, key, fd = _new_temporary(path, lambda tmp: os.open(tmp, flags, 0o666))
     made = digest = replaced = None
     try:
-        with open(fd, mode) as f:
+        with naming(path), open(fd, mode) as f:  # a full disk, a quota: said of ``path``
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -56,11 +56,8 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
         if record:
             with contextlib.suppress(OSError):
                 replaced = os.lstat(path)
-        os.replace(tmp, path)
-    except OSError as error:  # a full disk, a quota: said of the file written (a write on a descriptor names none)
-        if error.filename is not None:
-            raise
-        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        with naming(path):
+            os.replace(tmp, path)
     finally:
         try:
             if tmp.exists():
@@ -87,6 +84,18 @@ _IN_FLIGHT: set[tuple[int, int, str]] = set()
 """The temporary files this process is writing now (their folder's device and inode, their name), which
 :func:`remove_temporary` spares."""
 _IN_FLIGHT_LOCK = threading.Lock()  # checkpoints are written on a thread of their own
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Inside, an ``OSError`` that names no file (a write on a descriptor: ``[Errno 28] No space left on device``)
+    names ``path``, the file being written, so the CLI can say it in one line (``cli.py``'s storage errors)."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
 
 
 def temporary_target(name: str) -> str | None:

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from bigbatch.errors import UserError
+from bigbatch.floor.files import naming
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,10 @@ class UpdatesCSV:
 
     def write(self, step: int, updates: Iterable[LayerUpdate]) -> None:
         """One row per parameter for optimizer step ``step``."""
-        self._writer.writerows((step, u.name, repr(u.max_abs), "" if u.relative is None else repr(u.relative))
-                               for u in updates)
-        self._file.flush()
+        with naming(self.path):  # a full disk: one line naming the file
+            self._writer.writerows((step, u.name, repr(u.max_abs), "" if u.relative is None else repr(u.relative))
+                                   for u in updates)
+            self._file.flush()
 
     def close(self) -> None:
         self._file.close()

@@ -248,3 +248,36 @@ def test_a_full_disk_during_a_write_is_one_line_naming_the_file_and_the_old_file
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {csv}: No space left on device"]
     assert csv.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["lr.csv"]
+
+
+def test_a_full_disk_while_a_run_appends_its_metrics_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """``metrics.jsonl`` is appended to, not written atomically: a full disk there names the file too (``naming``),
+    and the run ends in one line, exit 1, not a traceback naming none."""
+    import builtins
+    import errno
+    import os
+
+    from bigbatch.engine.hooks import jsonl
+    from tests.helpers import TINY, run_main
+
+    class FillsUp:
+        """The metrics file, whose third line meets a full disk (a write on a descriptor: no file named)."""
+
+        def __init__(self, *args, **kwargs):
+            self.file, self.lines = builtins.open(*args, **kwargs), 0
+            self.name = self.file.name
+
+        def write(self, text: str) -> int:
+            self.lines += 1
+            if self.lines > 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.file.write(text)
+
+        def __getattr__(self, name: str):
+            return getattr(self.file, name)
+
+    monkeypatch.setattr(jsonl, "open", FillsUp, raising=False)
+    result = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", *TINY, "steps=3")
+    assert result.returncode == 1
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert result.stderr.strip().splitlines()[-1] == f"error: {metrics}: No space left on device"

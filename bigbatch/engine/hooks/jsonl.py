@@ -13,6 +13,7 @@ from bigbatch.engine.hooks.base import Hook
 from bigbatch.engine.run import Run
 from bigbatch.engine.run_dir import check_run_file
 from bigbatch.floor import run_files
+from bigbatch.floor.files import naming
 from bigbatch.floor.outputs import keep_lines
 from bigbatch.registry import HOOKS
 
@@ -77,8 +78,9 @@ class JsonLines(Hook):
         run.events.event(run.progress.step, *segment_record(run, highest))
 
     def write(self, record: Record) -> None:
-        self.file.write(json.dumps(record.values) + "\n")
-        self.file.flush()
+        with naming(self.file.name):  # a full disk: one line naming metrics.jsonl
+            self.file.write(json.dumps(record.values) + "\n")
+            self.file.flush()
 
     def close(self, run: Run) -> None:
         self.file.close()
