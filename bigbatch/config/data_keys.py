@@ -155,7 +155,9 @@ def detection_keys_unset(data: Any) -> None:
 
 
 DATASET_KEYS: dict[str, Fields] = {
-    "folder": CLASSIFICATION,
+    "folder": {**CLASSIFICATION, "follow_links": (bool, False)},
+    # follow_links: read the files that links in data.path lead to outside it (a set of links to a shared store,
+    # as torchvision's ImageFolder reads them); false: such a link is one error naming it
     "shards": CLASSIFICATION,
     "shapes": {"shapes_images": (Annotated[int, Field(gt=0, le=MAX_SHAPES_IMAGES)], 2000), **AUGMENTATION},
     # shapes_images: images to generate (train and val together) when data.path holds no set yet; at most

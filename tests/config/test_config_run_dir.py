@@ -25,7 +25,7 @@ ADDED_SINCE = {"  val: null\n": "  annotations: auto\n", "  jitter: 0.0\n": "  j
     "    saturation: 1.0\n    exposure: 1.0\n    flip: true\n"
     "  standard:\n    scale:\n    - 0.08\n    - 1.0\n    ratio:\n    - 0.75\n    - 1.3333333333333333\n"
     "    hflip: 0.5\n    color_jitter: 0.0\n    interpolation: bilinear\n    crop_pct: 0.875\n"
-    "  decode: exact\n"),
+    "  decode: exact\n  follow_links: false\n"),
     "  cfg: null\n": "  memory_format: auto\n  compile: false\n  darknet_dialect: alexeyab\n  weights_cfg: null\n",
     "  weights: null\n": "  weights_from: ema\n  mismatched: error\n  freeze: none\n  unfreeze_at: null\n",
     "  min_lr_ratio: null\n": "  batch: []\n  decay_at_batch_milestones: false\n",
@@ -36,7 +36,7 @@ ADDED_SINCE = {"  val: null\n": "  annotations: auto\n", "  jitter: 0.0\n": "  j
 ``data.annotations`` (a COCO file of a YOLO set's validation images); ``data.jitter_resize`` (AlexeyAB's zoom);
 ``data.mosaic`` and ``data.mosaic_bound``
 (detection augmentation); ``data.darknet``, Darknet's classifier augmentation (``data.preprocessing: darknet``);
-``data.standard``, the keys of ``data.preprocessing: standard``; ``data.decode``; ``model.memory_format``;
+``data.standard``, the keys of ``data.preprocessing: standard``; ``data.decode``; ``data.follow_links``; ``model.memory_format``;
 ``model.compile`` (torch.compile); ``model.darknet_dialect``; ``model.weights_from``, ``mismatched``, ``freeze``,
 ``unfreeze_at`` and ``weights_cfg`` (fine-tuning); ``optim.backbone_lr_scale``; ``schedule.batch`` and
 ``schedule.decay_at_batch_milestones`` (a batch schedule); ``optim.fused`` (AdamW's fused kernel);
@@ -85,7 +85,7 @@ def test_an_unknown_data_key_lists_every_key_in_the_written_order():
     written[after:after] = ["mosaic", "mosaic_bound"]  # added since (ADDED_SINCE), as the next four
     written.insert(written.index("val") + 1, "annotations")
     written.insert(written.index("jitter") + 1, "jitter_resize")
-    assert listed == [*written, "darknet", "standard", "decode"]
+    assert listed == [*written, "darknet", "standard", "decode", "follow_links"]
 
 
 def test_show_says_where_a_filled_in_metric_came_from(capsys):

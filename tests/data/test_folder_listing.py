@@ -48,6 +48,46 @@ def test_folders_and_links_to_folders_are_listed_as_imagefolder_lists_them(photo
     assert len(expected) == 9  # 8, two moved away and back, and the moved one again through the link
 
 
+def test_a_link_leading_outside_the_set_is_refused_unless_follow_links(photos, tmp_path):
+    """A folder set is read only inside data.path, as every other user folder is (coco, pack, convert): a link to a
+    file or a folder elsewhere is one error naming it and the opt-in, before any image is read. data.follow_links:
+    true reads it, as torchvision's ImageFolder does; a link that stays inside the set is read either way."""
+    from bigbatch.config import load_config
+    from bigbatch.data.formats.folder import load
+
+    (tmp_path / "elsewhere").mkdir()
+    secret = tmp_path / "elsewhere" / "secret.jpg"
+    (photos / "train" / "flower" / "001.jpg").rename(secret)
+    (photos / "train" / "china" / "inside.jpg").symlink_to(photos / "train" / "flower" / "000.jpg")
+    base = ["data.name=folder", f"data.path={photos}"]
+    assert len(load(load_config("digits", base))[0]) == 8  # the link inside: read
+
+    for link, target, named in (("flower/001.jpg", secret, "flower/001.jpg"),
+                                ("flower/shared", tmp_path / "elsewhere", "flower/shared/secret.jpg")):
+        for old in (photos / "train" / "flower" / "001.jpg", photos / "train" / "flower" / "shared"):
+            if old.is_symlink():
+                old.unlink()
+        (photos / "train" / link).symlink_to(target)
+        with pytest.raises(UserError) as error:
+            load(load_config("digits", base))
+        assert str(error.value) == (
+            f"data.path: {photos / 'train' / named} leads outside {photos} (links and .. followed); a folder set is "
+            "read only inside data.path. If the links are yours (a set of links to a shared store), set "
+            "data.follow_links=true to read what they lead to")
+        train, _, _ = load(load_config("digits", [*base, "data.follow_links=true"]))
+        assert str(photos / "train" / named) in [path for path, _ in train.samples]
+    # pack refuses it the same way, with no opt-in: shards may be shared
+    result = run_main("pack", str(photos), "--out", str(tmp_path / "shards"))
+    assert result.returncode == 2 and "flower/shared/secret.jpg leads outside" in result.stderr, result.stderr
+
+
+def test_follow_links_is_a_key_of_the_folder_format_only(photos):
+    from bigbatch.config import load_config
+
+    with pytest.raises(UserError, match="follow_links"):
+        load_config("digits", ["data.follow_links=true"])
+
+
 @pytest.mark.parametrize("loops", [["china/loop -> ."], ["china/up -> ..", "flower/a/b -> ../.."],
                                    ["china/l1 -> .", "china/sub/l2 -> .."]])
 def test_a_cycle_of_links_is_one_line_naming_the_link(photos, tmp_path, loops):

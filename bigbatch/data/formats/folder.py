@@ -36,6 +36,7 @@ from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.images import inspect_images
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
+from bigbatch.floor.user_files import lies_inside
 from bigbatch.registry import DATASETS
 
 if TYPE_CHECKING:
@@ -139,6 +140,37 @@ def list_samples(split_dir: Path, classes: Sequence[str], issues: DataIssues | N
     return samples
 
 
+def first_outside(root: str | os.PathLike, samples: Sequence[tuple[str, int]]) -> str | None:
+    """The first listed file whose real path (links and ``..`` followed) lies outside ``root``, None if none: a link
+    to a file elsewhere (``/etc/passwd``), or a file under a link to a folder elsewhere. Each folder's real path is
+    found once; a file in a folder inside ``root`` is resolved only when it is itself a link."""
+    root_real = os.path.realpath(root)
+    folders: dict[str, bool] = {}
+    for path, _ in samples:
+        folder = os.path.dirname(path)
+        if folder not in folders:
+            folders[folder] = lies_inside(root_real, folder)
+        if folders[folder] and not os.path.islink(path):
+            continue
+        if not lies_inside(root_real, path):
+            return path
+    return None
+
+
+def check_links_inside(data: DataConfig, samples: Sequence[tuple[str, int]]) -> None:
+    """Unless ``data.follow_links``, refuse a listed file whose real path lies outside ``data.path``
+    (:func:`first_outside`): bigbatch reads a data set only inside the folder it is given. A link farm (a set made
+    of links to a shared store, which torchvision's ``ImageFolder`` follows) is read with ``data.follow_links:
+    true``."""
+    if data.follow_links:
+        return
+    outside = first_outside(data.path, samples)
+    if outside is not None:
+        raise UserError(f"data.path: {outside} leads outside {data.path} (links and .. followed); a folder set is "
+                        f"read only inside data.path. If the links are yours (a set of links to a shared store), "
+                        f"set data.follow_links=true to read what they lead to")
+
+
 def split_dir(data: DataConfig, split: str) -> Path:
     _path_given(data)
     root = Path(data.path)
@@ -201,6 +233,7 @@ def load(cfg: RunConfig) -> tuple[FolderImages, FolderImages, list[str]]:
                         f"{', '.join(extra[:5])}")
     issues = DataIssues(strict=data.strict)
     train, val = list_split(data, "train", classes, issues), list_split(data, "val", classes, issues)
+    check_links_inside(data, train + val)
     if data.strict:
         paths = [path for path, _ in train + val]
         for path, (_, problem) in zip(paths, inspect_images(paths, decode=True), strict=True):

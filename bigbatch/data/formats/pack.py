@@ -58,11 +58,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bigbatch.data.formats.folder import SPLITS, find_classes, list_samples
+from bigbatch.data.formats.folder import SPLITS, find_classes, first_outside, list_samples
 from bigbatch.data.pipeline.files import read_regular
 from bigbatch.data.pipeline.problems import DataIssues
 from bigbatch.errors import UserError
-from bigbatch.floor.user_files import lies_inside
 
 FORMAT = "bigbatch shards"
 VERSION = 1
@@ -123,22 +122,14 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]
 
 
 def check_inside(src: Path, splits: dict[str, list[tuple[str, int]]]) -> None:
-    """Refuse, before any work, a listed file whose real path (links and ``..`` followed) lies outside ``src``: a
-    link to a file (``/etc/passwd``) or a folder elsewhere would copy another file's bytes into shards the user may
-    share. One ``UserError`` naming the first such file, worded as ``data convert`` refuses one. Each folder's real
-    path is found once; a file below a folder inside ``src`` is resolved only when it is itself a link."""
-    root = Path(os.path.realpath(src))
-    folders: dict[str, bool] = {}
-    for samples in splits.values():
-        for path, _ in samples:
-            folder = os.path.dirname(path)
-            if folder not in folders:
-                folders[folder] = lies_inside(root, folder)
-            if folders[folder] and not os.path.islink(path):
-                continue
-            if not lies_inside(root, path):
-                raise UserError(f"SRC: {path} leads outside {src} (links and .. followed); pack reads only inside "
-                                "the folder it is given")
+    """Refuse, before any work, a listed file whose real path (links and ``..`` followed) lies outside ``src``
+    (:func:`folder.first_outside`): a link to a file (``/etc/passwd``) or a folder elsewhere would copy another
+    file's bytes into shards the user may share. One ``UserError`` naming the first such file, worded as ``data
+    convert`` refuses one."""
+    outside = first_outside(src, [sample for samples in splits.values() for sample in samples])
+    if outside is not None:
+        raise UserError(f"SRC: {outside} leads outside {src} (links and .. followed); pack reads only inside "
+                        "the folder it is given")
 
 
 def check_out(out: Path, src: Path) -> Path:
