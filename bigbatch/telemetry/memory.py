@@ -23,6 +23,8 @@ from typing import NamedTuple
 import psutil
 import torch
 
+from bigbatch.floor.files import naming
+
 MiB = 2**20
 COLUMNS = ["time", "elapsed_s", "step", "rss_mib", "system_used_mib", "swap_used_mib",
            "cuda_allocated_mib", "cuda_reserved_mib", "cuda_peak_mib", "unified_gpu_mib"]
@@ -72,6 +74,9 @@ class MemorySampler:
         self.first_row = self._file.tell()
         """Where this process's samples begin in the file (a resumed run's follow those of the runs before)."""
         self._thread = threading.Thread(target=self._run, name="bigbatch-memory", daemon=True)
+        self.failure: OSError | None = None
+        """Why the background thread stopped sampling (a full disk while it appended a row), or None; the training
+        loop raises it (:meth:`check`), so the run ends in one line naming ``memory.csv``."""
 
     def start(self) -> MemorySampler:
         self.sample()
@@ -80,7 +85,16 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.sample()
+            try:
+                self.sample()
+            except OSError as error:  # kept for the main thread: a thread's exception would be a traceback
+                self.failure = error
+                return
+
+    def check(self) -> None:
+        """Raise what stopped the background thread's sampling, if anything did."""
+        if self.failure is not None:
+            raise self.failure
 
     def sample(self) -> dict[str, float | None]:
         vm, swap = psutil.virtual_memory(), psutil.swap_memory()
@@ -100,7 +114,7 @@ class MemorySampler:
             row["cuda_allocated_mib"] = torch.cuda.memory_allocated(self.device) / MiB
             row["cuda_reserved_mib"] = torch.cuda.memory_reserved(self.device) / MiB
             row["cuda_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / MiB
-        with self._lock:
+        with self._lock, naming(self.path):  # a full disk: an OSError naming memory.csv
             self._csv.writerow([_cell(c, row.get(c, "")) for c in self.columns])
             self._file.flush()
             for key, value in row.items():
@@ -109,12 +123,17 @@ class MemorySampler:
         return row
 
     def stop(self) -> dict[str, float]:
-        """Stop sampling, take a last sample, close the file; returns the peaks (MiB)."""
+        """Stop sampling, take a last sample, close the file; returns the peaks (MiB). What stopped the background
+        thread's sampling (:meth:`check`) is raised, the file closed."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self.sample()
-        self._file.close()
+        try:
+            self.check()
+            self.sample()
+        finally:
+            with naming(self.path):
+                self._file.close()
         return {k: round(v, 1) for k, v in self.peaks.items() if v > 0}
 
 

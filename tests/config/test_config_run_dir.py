@@ -36,7 +36,8 @@ ADDED_SINCE = {"  val: null\n": "  annotations: auto\n", "  jitter: 0.0\n": "  j
 ``data.annotations`` (a COCO file of a YOLO set's validation images); ``data.jitter_resize`` (AlexeyAB's zoom);
 ``data.mosaic`` and ``data.mosaic_bound``
 (detection augmentation); ``data.darknet``, Darknet's classifier augmentation (``data.preprocessing: darknet``);
-``data.standard``, the keys of ``data.preprocessing: standard``; ``data.decode``; ``data.follow_links``; ``model.memory_format``;
+``data.standard``, the keys of ``data.preprocessing: standard``; ``data.decode``; ``data.follow_links``;
+``model.memory_format``;
 ``model.compile`` (torch.compile); ``model.darknet_dialect``; ``model.weights_from``, ``mismatched``, ``freeze``,
 ``unfreeze_at`` and ``weights_cfg`` (fine-tuning); ``optim.backbone_lr_scale``; ``schedule.batch`` and
 ``schedule.decay_at_batch_milestones`` (a batch schedule); ``optim.fused`` (AdamW's fused kernel);

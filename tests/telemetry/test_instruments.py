@@ -316,3 +316,61 @@ def test_a_unified_memory_run_reports_the_trend_of_the_gpus_share(tmp_path, caps
     assert len(growth) == 1 and growth[0]["unified_gpu_mib_per_1000_steps"] == 0.0
     assert growth[0]["unified_gpu_steady"] is False and "rss_mib_per_1000_steps" in growth[0]
     assert "MiB of the GPU's share of RAM (NvMapMemUsed)" in capsys.readouterr().out
+
+
+def test_a_full_disk_met_by_the_background_sampler_ends_the_run_in_one_line_naming_memory_csv(tmp_path,
+                                                                                             monkeypatch):
+    """The sampler's thread appends ``memory.csv`` every ``memory.interval`` s: a full disk there was a thread's
+    traceback, naming no file, while the run went on. The thread now keeps the error; the loop raises it at its next
+    step (or ``stop`` at the end), naming the file, and the CLI says it in one line, exit 1."""
+    import errno
+    import os
+    import threading
+
+    import torch
+
+    from bigbatch.telemetry import memory
+    from tests.helpers import TINY, run_main
+
+    class FillsUp:
+        """memory.csv, whose flushes after the ``room``-th meet a full disk (a write on a descriptor: no name)."""
+
+        room = 2
+
+        def __init__(self, *args, **kwargs):
+            self.file, self.flushes = open(*args, **kwargs), 0
+
+        def flush(self):
+            self.flushes += 1
+            if self.flushes > self.room:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.file.flush()
+
+        def close(self):
+            self.file.close()
+
+        def __getattr__(self, name: str):
+            return getattr(self.file, name)
+
+    thread_errors = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    monkeypatch.setattr(memory, "open", lambda path, *args, **kwargs: (
+        FillsUp(path, *args, **kwargs) if str(path).endswith("memory.csv") else open(path, *args, **kwargs)),
+        raising=False)
+    path = tmp_path / "memory.csv"
+    sampler = memory.MemorySampler(path, 0.001, torch.device("cpu")).start()  # the header, then the first sample
+    sampler._thread.join()  # ends when its sample meets the full disk
+    assert thread_errors == [] and sampler.failure is not None
+    with pytest.raises(OSError) as raised:
+        sampler.check()
+    assert raised.value.filename == str(path) and raised.value.errno == errno.ENOSPC
+    with pytest.raises(OSError, match="No space left on device"):
+        sampler.stop()
+
+    # through the CLI: one line, whichever of the thread and the last sample meets it first
+    result = run_main("train", "digits", "--out", str(tmp_path / "run"), "--set", *TINY, "steps=3",
+                      "memory.interval=0.001")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'run' / 'memory.csv'}: No space left on device"), result.stderr
+    assert thread_errors == []

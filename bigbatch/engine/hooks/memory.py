@@ -53,6 +53,7 @@ class MemoryLog(Hook):
         self.sampler.start()
 
     def after_step(self, run: Run) -> None:
+        self.sampler.check()  # a full disk met by the background thread ends the run, in one line naming the file
         self.sampler.step = run.progress.step
 
     def after_eval(self, run: Run, split: str, metrics: dict[str, float]) -> None:
