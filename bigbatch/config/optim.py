@@ -67,7 +67,9 @@ class OptimConfig(PartSection):
     """How ``lr`` follows the batch: lr * (batch / ref_batch) (Goyal et al. 2017), its square root, or not at all."""
     weight_decay: float = Field(0.0, ge=0)
     no_decay_norm_bias: bool = False
-    """No weight decay on normalisation layers' parameters and on biases (1-d parameters)."""
+    """No weight decay on normalisation layers' parameters and on biases (1-d parameters), nor on what a module's
+    own ``no_weight_decay()`` names (a timm ViT's position embedding and class token), as timm's optimizer factory
+    splits them."""
     backbone_lr_scale: float = Field(1.0, gt=0)
     """The backbone's LR as a fraction of the rest's (the head learns faster when fine-tuning: 0.1 is common); the
     backbone is ``model.freeze: backbone``'s (``largebatch/freeze.py``). Multiplies the LR of every step, inside

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from fnmatch import fnmatch
 from typing import Any
 
 import torch
@@ -259,11 +260,26 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
+def exempt_from_decay(model: nn.Module) -> list[str]:
+    """The parameter names (``fnmatch`` patterns, from the model's root) that modules exempt from weight decay by a
+    ``no_weight_decay()`` method, as timm's ``create_optimizer_v2`` reads it from the model (``no_weight_decay_list``
+    of ``param_groups_weight_decay``); here from every module, so a timm model inside another (a detector's
+    backbone) keeps its list."""
+    exempt = []
+    for prefix, module in model.named_modules():
+        method = getattr(module, "no_weight_decay", None)
+        if callable(method):
+            exempt += [f"{prefix}.{name}" if prefix else name for name in method()]
+    return exempt
+
+
 def param_groups(cfg: OptimConfig, model: nn.Module, model_name: str = "the model") -> list[dict[str, Any]]:
     """The trainable parameters, split as timm's ``param_groups_weight_decay`` does when ``no_decay_norm_bias``:
 
-    1-d parameters (biases, normalisation weights and biases) and any ``*.bias`` first, with weight_decay 0;
-    the rest with ``cfg.weight_decay``. Otherwise (or without weight decay), one group. With ``backbone_lr_scale``
+    1-d parameters (biases, normalisation weights and biases), any ``*.bias`` and the names a module's own
+    ``no_weight_decay()`` gives (a timm ViT's ``pos_embed`` and ``cls_token``: :func:`exempt_from_decay`) first, with
+    weight_decay 0; the rest with ``cfg.weight_decay``. Otherwise (or without weight decay), one group. With
+    ``backbone_lr_scale``
     other than 1, each is split again into the backbone's parameters (``lr_scale``: that fraction of the step's LR,
     :func:`set_lr`) and the rest.
     """
@@ -271,8 +287,13 @@ def param_groups(cfg: OptimConfig, model: nn.Module, model_name: str = "the mode
     if not (cfg.no_decay_norm_bias and cfg.weight_decay > 0):
         groups = [{"params": named, "weight_decay": cfg.weight_decay}]
     else:
-        no_decay = [(name, p) for name, p in named if p.ndim <= 1 or name.endswith(".bias")]
-        decay = [(name, p) for name, p in named if not (p.ndim <= 1 or name.endswith(".bias"))]
+        exempt = exempt_from_decay(model)
+
+        def decayed(name: str, p: nn.Parameter) -> bool:
+            return not (p.ndim <= 1 or name.endswith(".bias") or any(fnmatch(name, e) for e in exempt))
+
+        no_decay = [(name, p) for name, p in named if not decayed(name, p)]
+        decay = [(name, p) for name, p in named if decayed(name, p)]
         groups = [group for group in ({"params": no_decay, "weight_decay": 0.0},
                                       {"params": decay, "weight_decay": cfg.weight_decay}) if group["params"]]
     if cfg.backbone_lr_scale != 1:

@@ -69,7 +69,8 @@ def scale_length(value: Any, old_batch: int, new_batch: int) -> Any:
     steps = number * old_batch / new_batch
     if _whole(steps):
         return int(round(steps))
-    return f"{number * old_batch:g} images"
+    images = number * old_batch
+    return f"{int(round(images)) if _whole(images) else images!r} images"  # every digit: ':g' kept 6 (2.88001e+07)
 
 
 def scale_steps(value: int, marker: Steps, old_batch: int, new_batch: int) -> int:

@@ -292,3 +292,28 @@ def test_state_dict_round_trip(name: str, tmp_path) -> None:
             o.step()
         for p, q in zip(model.parameters(), resumed_model.parameters(), strict=True):
             assert torch.equal(p, q), f"step {t}"
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_no_decay_norm_bias_leaves_out_what_the_model_exempts_as_timms_factory_does(wrapped):
+    """A timm ViT exempts its position embedding and class token (``no_weight_decay()``, 3-d tensors the 1-d rule
+    misses); timm's ``create_optimizer_v2`` puts them in the no-decay group, and so must bigbatch, also for a ViT
+    inside another module (its names prefixed)."""
+    import timm
+    from timm.optim import create_optimizer_v2
+
+    from bigbatch.largebatch.optim import param_groups
+
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    model = nn.Sequential(nn.Identity(), vit) if wrapped else vit
+    cfg = OptimConfig(name="adamw", weight_decay=0.05, no_decay_norm_bias=True)
+    names = {id(p): name for name, p in model.named_parameters()}
+
+    def split(groups) -> tuple[set[str], set[str]]:
+        return ({names[id(p)] for g in groups if g["weight_decay"] == 0 for p in g["params"]},
+                {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]})
+
+    theirs = split(create_optimizer_v2(vit, "adamw", weight_decay=0.05).param_groups)  # named from our root
+    ours = split(param_groups(cfg, model))
+    assert ours == theirs
+    assert {"pos_embed", "cls_token"} <= {name.removeprefix("1.") for name in ours[0]}

@@ -98,3 +98,16 @@ def test_per_step_rates_keep_their_effect_per_image(policy, gamma):
     for new_step in (0, 50, 99, 150):  # the same images seen -> the same fraction of the peak LR
         old_step = 4 * (new_step + 1) - 1
         assert new_lr(new_step) / scaled_lr(new.optim, 1024) == pytest.approx(old_lr(old_step) / 0.1, rel=1e-9)
+
+
+@pytest.mark.parametrize("steps, old, new", [(450_001, 64, 96), (1_234_567, 256, 1024), (3, 10, 4), (7.5, 2, 3)])
+def test_a_rescaled_length_keeps_every_digit_of_its_images(steps, old, new):
+    """A length that is no whole number of steps at the new batch is written in images: every digit of them, so the
+    milestone falls on the step the images give (``:g`` kept 6 digits: 450,001 steps of 64 became 2.88001e+07 images,
+    a decay one step late at batch 96)."""
+    from bigbatch.largebatch.rescale import scale_length
+
+    written = scale_length(steps, old, new)
+    number, unit = parse_length(written)
+    assert unit in ("steps", "images")
+    assert (number if unit == "images" else number * new) == pytest.approx(steps * old, rel=1e-15, abs=0)
