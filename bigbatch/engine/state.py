@@ -53,6 +53,7 @@ from bigbatch.config import RunConfig
 from bigbatch.engine import checkpoint
 from bigbatch.errors import TrainingStopped, UserError
 from bigbatch.floor import files, run_files
+from bigbatch.largebatch.optim import apply_settings, group_settings
 
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import Hooks
@@ -143,10 +144,14 @@ class TrainingState:
         self._saved = None  # a file written before is not this state
         load_weights(self.model, state["model"], "model")
         step = self.train_step
+        configured = group_settings(step.optimizer)
         try:
             step.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError, RuntimeError) as e:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
+        changed = apply_settings(step.optimizer, configured)  # the checkpoint's buffers, this config's settings
+        if changed and checkpoint.process_group()[0] == 0:
+            print(f"optim: this config's settings replace the checkpoint's: {', '.join(changed)}", flush=True)
         note = step.scaler.resume(state["scaler"])  # None: loaded; else why this run's scaler starts fresh
         if note is not None and checkpoint.process_group()[0] == 0:
             print(f"precision.loss_scale: {note}", flush=True)

@@ -367,6 +367,31 @@ def _lamb(groups: list[dict[str, Any]], lr: float, cfg: OptimConfig) -> torch.op
                 weight_decay=cfg.weight_decay)
 
 
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings as the config made them (weight decay, momentum, betas, eps, ``lr_scale``
+    ...): everything but its parameters and its LR, which the schedule sets every step."""
+    return [{key: value for key, value in group.items() if key not in ("params", "lr")}
+            for group in optimizer.param_groups]
+
+
+def apply_settings(optimizer: torch.optim.Optimizer, settings: list[dict[str, Any]]) -> list[str]:
+    """Put ``settings`` (:func:`group_settings` of an optimizer built from this config) back into the groups after
+    ``load_state_dict``, which brings the checkpoint's: a resume with ``--set optim.weight_decay=...`` trains with
+    the value asked for. Its momentum buffers and LR stay the checkpoint's. What changed, as ``key old -> new``."""
+    def same(a: Any, b: Any) -> bool:
+        return (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
+
+    changed = []
+    for group, wanted in zip(optimizer.param_groups, settings, strict=True):
+        for key, value in wanted.items():
+            if key in group and not same(group[key], value):
+                change = f"{key} {group[key]} -> {value}"
+                if change not in changed:
+                    changed.append(change)
+            group[key] = value
+    return changed
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set every group's LR (``lr`` times its ``lr_scale``); with the LR inside the momentum buffer and
     ``momentum_correction``, rescale it.
