@@ -80,7 +80,10 @@ def advisor_max(data: Any, places: Sequence[Path]) -> Any:
         raise UserError(f"batch.max: advisor: {detail}") from None
     try:
         advice = json.loads(text)
-        recommended = advice["rows"][advice["recommended"]]["batch"]
+        rows, index = advice["rows"], advice["recommended"]
+        # a row's position only: Python would also read -1 (the last row) and True (row 1) as one
+        in_rows = isinstance(rows, list) and type(index) is int and 0 <= index < len(rows)
+        recommended = rows[index]["batch"] if in_rows else None
     except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         recommended = None
     if isinstance(recommended, bool) or not isinstance(recommended, int) or recommended <= 0:

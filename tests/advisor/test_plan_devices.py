@@ -215,6 +215,25 @@ def test_batch_max_advisor_reads_the_recommended_batch_beside_the_config_or_in_t
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("recommended", [-1, True, 3, 1.0, "1", None])
+def test_batch_max_advisor_takes_the_recommended_index_only_as_a_row_of_the_file(tmp_path, recommended):
+    """``recommended`` is a row's position, 0 to len(rows) - 1: -1 (the last row) or true (row 1) is no row."""
+    from bigbatch.config import load_config
+    from bigbatch.errors import UserError
+
+    config = tmp_path / "digits.yaml"
+    config.write_text((ROOT / "bigbatch" / "configs" / "digits.yaml").read_text())
+    rows = [{"devices": 1, "batch": 64}, {"devices": 1, "batch": 128}, {"devices": 1, "batch": 1024}]
+    (tmp_path / "advisor.json").write_text(json.dumps({"bigbatch_advisor": 1, "rows": rows, "recommended": 1}))
+    assert load_config(str(config), [ADVISOR_MAX]).adaptive.max == 128  # the oracle: rows[1] by hand
+    (tmp_path / "advisor.json").write_text(json.dumps({"bigbatch_advisor": 1, "rows": rows,
+                                                       "recommended": recommended}))
+    with pytest.raises(UserError, match=rf"^batch.max: advisor: {tmp_path / 'advisor.json'} holds no recommended "
+                                        r"batch"):
+        load_config(str(config), [ADVISOR_MAX])
+
+
+@pytest.mark.fast
 def test_an_advisor_json_not_bigbatchs_own_as_it_is_now_is_refused_before_any_work(tmp_path):
     """``plan --out RUN`` replaces ``RUN/advisor.json`` only while it is the file a plan wrote and recorded, unchanged:
     one edited by hand (its ``bigbatch_advisor`` key kept), a copy, a link (to an advisor file elsewhere, which the
