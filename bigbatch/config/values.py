@@ -102,18 +102,23 @@ Interval = Annotated[int | _AnyFloat | str, AfterValidator(_check_interval), InI
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+MAX_SIZE = 2**63
+"""The largest size read (8 EiB, more than any machine's memory): within a float's range, so any arithmetic on it is."""
 
 
 def parse_size(value: int | str) -> int:
-    """Bytes from a number of bytes or a size such as ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``."""
+    """Bytes from a number of bytes or a size such as ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``; more than ``MAX_SIZE``
+    (a number with more digits than a float holds, ``1e400``, included) is refused as a ``ValueError``."""
     if isinstance(value, int) and not isinstance(value, bool):
-        number, unit = float(value), "b"
+        number: int | float = value
     else:
         match = _SIZE.match(str(value))
         if match is None:
             raise ValueError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {value!r}")
-        number, unit = float(match.group(1)), (match.group(2) or "b").lower()
-    size = int(number * _UNITS[unit])
+        number = float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()]  # inf past a float's range
+    if not number <= MAX_SIZE:
+        raise ValueError(f"expected a size of at most {MAX_SIZE // 2**60} EiB, got {value!r}")
+    size = int(number)
     if size <= 0:
         raise ValueError(f"expected a size > 0, got {value!r}")
     return size

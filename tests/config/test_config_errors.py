@@ -160,3 +160,26 @@ def test_multiscale_sizes_are_refused_by_a_classification_format(name, extra):
                                         rf"'{name}'"):
         load_config("digits", [f"data.name={name}", *extra, "data.multiscale.sizes=[32, 64]"])
     assert load_config("shapes-detect", ["data.multiscale.sizes=[64, 96]"]).data.multiscale.sizes == [64, 96]
+
+
+NINES = "9" * 400
+"""A number with more digits than a float holds: it reads as infinity."""
+
+
+@pytest.mark.parametrize("args, key", [(["show", "digits", "--set", f"memory.limit={NINES}MiB"], "memory.limit"),
+                                       (["plan", "digits", "--memory-limit", f"{NINES}GiB"], "--memory-limit"),
+                                       (["plan", "digits", "--memory-limit", f"1{'0' * 400}"], "--memory-limit")])
+def test_a_size_past_a_floats_range_is_one_error_line_naming_its_key(args, key):
+    result = run_main(*args)
+    assert result.returncode == 2 and "measuring" not in result.stdout
+    assert result.stderr.strip().splitlines() == [f"error: {key}: expected a size of at most 8 EiB, got "
+                                                  f"'{args[-1].split('=')[-1]}'"]
+
+
+def test_the_largest_size_is_8_eib_exactly():
+    from bigbatch.config import parse_size
+
+    assert parse_size("8388608TiB") == 2**63 == parse_size(2**63)  # 2^23 x 2^40
+    for bigger in ("8388609TiB", 2**63 + 1):
+        with pytest.raises(ValueError, match="at most 8 EiB"):
+            parse_size(bigger)
