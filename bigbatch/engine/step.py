@@ -366,13 +366,13 @@ class TrainStep:
                 break
             self._skipped, in_a_row = self._skipped + 1, in_a_row + 1
             self._forget(bn_before)
-            self.events.event(step, "skipped", {"skipped": self.skipped, "loss_scale": self.scaler.scale,
+            self.events.event(step + 1, "skipped", {"skipped": self.skipped, "loss_scale": self.scaler.scale,
                                                 "nonfinite": result.nonfinite_layer},
                               f"step {step + 1}: non-finite gradient (first in {result.nonfinite_layer}); "
                               f"not applied, loss scale now {self.scaler.scale:g}")
             if in_a_row >= self.max_skipped:
                 raise NonFiniteTraining(f"{in_a_row} optimizer steps in a row had non-finite gradients at step "
-                                        f"{step}; the first parameter with one: {result.nonfinite_layer}. "
+                                        f"{step + 1}; the first parameter with one: {result.nonfinite_layer}. "
                                         f"{self.last_good()}.")
         if self.running_stats is not None:
             self.running_stats.end_step()
@@ -396,17 +396,17 @@ class TrainStep:
         parts = smallest_prime_factor(micro)
         if self.plan.world > 1:  # the other ranks wait in a collective: recovering in place would need them to agree
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            raise OutOfMemory(f"out of memory at step {step} on rank {rank} ({error}); with several processes "
+            raise OutOfMemory(f"out of memory at step {step + 1} on rank {rank} ({error}); with several processes "
                               f"bigbatch does not re-cut micro-batches in place: relaunch with subdivisions="
                               f"{self.first.subdivisions * self.split * parts} (the run resumes from its last "
                               "checkpoint)")
         if micro == 1:
-            raise OutOfMemory(f"out of memory at step {step} with micro-batches of 1 image, which cannot be cut "
+            raise OutOfMemory(f"out of memory at step {step + 1} with micro-batches of 1 image, which cannot be cut "
                               f"further ({error}); lower the batch or the input size")
         self._set_split(self.split * parts)
         if next(unwrap(self.model).parameters()).is_cuda:
             torch.cuda.empty_cache()
-        self.events.event(step, "out_of_memory", {"subdivisions": self.subdivisions, "micro_batch": micro // parts,
+        self.events.event(step + 1, "out_of_memory", {"subdivisions": self.subdivisions, "micro_batch": micro // parts,
                                                   "reason": str(error).splitlines()[0][:200]})
 
 

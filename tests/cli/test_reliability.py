@@ -377,7 +377,7 @@ def test_the_nonfinite_stop_says_that_no_checkpoint_exists_yet(tmp_path, capsys)
     assert main(["train", "digits", "--out", str(out), "--set", *TINY, "steps=5", "checkpoint.every=3",
                  "debug.nonfinite_at_step=1", "debug.nonfinite_repeats=100", "precision.max_skipped=2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: 2 optimizer steps in a row had non-finite gradients at step 1")
+    assert len(err) == 1 and err[0].startswith("error: 2 optimizer steps in a row had non-finite gradients at step 2")
     assert err[0].endswith("No checkpoint had been written yet (the first was due at step 3).")
     assert "holds finite weights" not in err[0]
     assert not (out / "checkpoints" / "last.pt").exists()

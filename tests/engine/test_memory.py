@@ -31,7 +31,7 @@ def test_out_of_memory_doubles_subdivisions_and_loses_nothing(tmp_path):
         torch.testing.assert_close(recovered["model"][key], value, rtol=1e-6, atol=1e-6, msg=key)
     events = [json.loads(line) for line in (tmp_path / "recovered" / "metrics.jsonl").open()]
     oom = [e for e in events if e.get("event") == "out_of_memory"]
-    assert len(oom) == 1 and oom[0]["step"] == 3 and oom[0]["subdivisions"] == 8 and oom[0]["micro_batch"] == 8
+    assert len(oom) == 1 and oom[0]["step"] == 4 and oom[0]["subdivisions"] == 8 and oom[0]["micro_batch"] == 8
     assert [e["step"] for e in events if "lr" in e] == [1, 2, 3, 4, 5, 6]
 
 
@@ -61,7 +61,7 @@ def test_a_run_that_cannot_fit_stops_with_one_error_line(tmp_path, monkeypatch, 
     monkeypatch.setattr(memory, "rss_bytes", lambda: 2 * 2**40)
     assert main(["train", "digits", "--out", str(tmp_path / "r"), "--set", *SMALL, "steps=2", "memory.limit=1TiB"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: out of memory at step 0 with micro-batches of 1 image")
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory at step 1 with micro-batches of 1 image")
     assert "memory.limit" in lines[0]
 
 

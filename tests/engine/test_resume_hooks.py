@@ -334,3 +334,28 @@ def test_a_resume_drops_log_lines_past_the_checkpoint_and_a_line_a_kill_cut(tmp_
     mine = tmp_path / "mine.csv"  # not an update-size log: left as it is
     mine.write_text("my,own\n9,rows\n")
     assert drop_rows_after(mine, 2) == 0 and mine.read_text() == "my,own\n9,rows\n"
+
+
+def test_the_events_of_a_step_run_twice_are_recorded_once(tmp_path):
+    """A step's ``skipped`` event is stamped with that step's number (the one its training record has), so a resume
+    from the checkpoint before it cuts the event with the rest of the step's records: it used to carry the step's
+    0-based index, which the cut kept, and the resumed run wrote it again."""
+    args = [*ARGS, "debug.nonfinite_at_step=10", "debug.nonfinite_repeats=2", "precision.loss_scale=dynamic"]
+
+    def skips(out: Path) -> list[dict]:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in r.items() if k != "time"} for r in map(json.loads, lines)
+                if r.get("event") == "skipped"]
+
+    reference = tmp_path / "reference"
+    assert main(["train", *args, "--out", str(reference)]) == 0
+    interrupted = tmp_path / "interrupted"
+    HOOKS.register("toy_interrupt", lambda run: Interrupt())
+    try:
+        assert main(["train", *args, "--out", str(interrupted)]) == 130
+    finally:
+        HOOKS.unregister("toy_interrupt")
+    assert len(skips(interrupted)) == 2  # the 11th step's two attempts, past the checkpoint of step 10
+    assert main(["train", "--resume", str(interrupted)]) == 0
+    assert [r["step"] for r in skips(reference)] == [11, 11]
+    assert skips(interrupted) == skips(reference)

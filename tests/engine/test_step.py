@@ -110,7 +110,7 @@ def test_out_of_memory_cuts_each_micro_batch_in_two_and_keeps_the_update():
     clean(0, copy.deepcopy(batches))
     step(0, copy.deepcopy(batches), hooks(before_forward=out_of_memory_at_the_second_micro_batch))
     assert (clean.subdivisions, step.subdivisions) == (2, 4) and calls == [0, 1, 0, 1, 2, 3]
-    assert records[0].values == {"step": 0, "event": "out_of_memory", "subdivisions": 4, "micro_batch": 8,
+    assert records[0].values == {"step": 1, "event": "out_of_memory", "subdivisions": 4, "micro_batch": 8,
                                  "reason": "test"}
     expected = weights(clean_state)
     for key, value in weights(state).items():  # the same mean gradient, summed in another order
