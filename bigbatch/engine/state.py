@@ -160,7 +160,10 @@ class TrainingState:
         if not isinstance(hooks, dict):
             raise UserError(f"checkpoint: 'hooks' is a {type(hooks).__name__}, not a dict")
         self.progress.load_state_dict(data, hooks)
-        split = data.get("split")
+        split, saved_micro = data.get("split"), data.get("micro_batch")
+        if isinstance(saved_micro, int) and saved_micro != self.progress.plan.micro_batch:
+            split = 1  # a micro-batch other than the checkpoint's asked for (--set subdivisions=...): it replaces the
+            # out-of-memory re-cut, which a relaunch on another world size, keeping the micro-batch, keeps
         step.load_state_dict({"skipped": state["skipped"],
                               "subdivisions": data.get("subdivisions", self.progress.plan.subdivisions),
                               "split": split if isinstance(split, int) and not isinstance(split, bool) else None},

@@ -128,3 +128,21 @@ def test_no_second_copy_of_the_data_on_the_cpu():
     micro_batches = next(steps)
     assert to_device(micro_batches, torch.device("cpu")) is micro_batches
     assert not micro_batches[0][0].is_pinned()
+
+
+def test_a_resume_with_other_subdivisions_takes_them_in_place_of_an_out_of_memory_re_cut(tmp_path):
+    """A run re-cut from 4 to 8 micro-batches by an out-of-memory error resumes at 8 (its checkpoint keeps the cut).
+    Resumed with ``--set subdivisions=8``, the layout the re-cut reached, it trains 8 micro-batches of 8, as its
+    printed plan says: the re-cut applied on top of the new subdivisions made it 16 of 4, BatchNorm normalising over
+    half the images asked for."""
+    def resumed(out) -> dict:
+        lines = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+        return [e for e in lines if e.get("event") == "resumed"][-1]
+
+    for name, extra in (("kept", []), ("asked", ["subdivisions=8"]), ("other", ["subdivisions=2"])):
+        out = tmp_path / name
+        train(load_config("digits", [*SMALL, "steps=2", "checkpoint.every=2", "debug.oom_at_step=1"]), out)
+        assert checkpoint.load(out / "checkpoints" / "last.pt")["data"]["subdivisions"] == 8
+        train(load_config("digits", [*SMALL, "steps=3", *extra]), out, resume=True)
+        got = resumed(out)
+        assert (got["subdivisions"], got["micro_batch"]) == {"kept": (8, 8), "asked": (8, 8), "other": (2, 32)}[name]
