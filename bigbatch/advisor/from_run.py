@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +40,9 @@ MAX_LINE = 1 << 20
 """The longest ``metrics.jsonl`` line read (a record is a few hundred bytes); a longer one is skipped unread."""
 
 
-def _records(path: Path) -> list[dict]:
-    """The step records of ``metrics.jsonl``, line by line, each line read only up to :data:`MAX_LINE` bytes."""
-    records = []
+def _records(path: Path) -> Iterator[dict]:
+    """The step records of ``metrics.jsonl``, one at a time, each line read only up to :data:`MAX_LINE` bytes: the
+    file is never held, so its size costs time, not memory."""
     with path.open("rb") as f:
         while line := f.readline(MAX_LINE + 1):
             if len(line) > MAX_LINE:  # skip the rest of an overlong line, unread
@@ -53,8 +54,7 @@ def _records(path: Path) -> list[dict]:
             except (ValueError, RecursionError):  # a line cut by a killed run; nested too deeply
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-    return records
+                yield record
 
 
 def _number(value: object) -> float | None:
@@ -87,18 +87,28 @@ def reached(run: Path, target: float) -> Reached:
     if isinstance(schedule, dict) and schedule.get("batch"):
         raise UserError(f"--from: {config} has no fixed global batch (its schedule.batch changes the batch during "
                         "the run: its steps were not all taken at one batch)")
-    records = _records(metrics)
-    evals = [(r["step"], _number(r.get("loss"))) for r in records if r.get("split") == "val"]
-    evals = [(s, v) for s, v in evals if v is not None]
-    trains = [(r["step"], _number(r.get("loss"))) for r in records if "lr" in r and "split" not in r]
-    trains = [(s, v) for s, v in trains if v is not None]
-    points, kind = (evals, "validation") if evals else (trains, "training")
-    if not points:
+    # first pass: of each kind of loss, the first step at or under the target and the lowest loss
+    first: dict[str, int | None] = {"validation": None, "training": None}
+    lowest: dict[str, float | None] = {"validation": None, "training": None}
+    for r in _records(metrics):
+        kind = "validation" if r.get("split") == "val" else "training" if "lr" in r and "split" not in r else None
+        loss = _number(r.get("loss"))
+        if kind is None or loss is None:
+            continue
+        low = lowest[kind]
+        lowest[kind] = loss if low is None else min(low, loss)
+        if first[kind] is None and loss <= target:
+            first[kind] = r["step"]
+    kind = "validation" if lowest["validation"] is not None else "training"
+    hit, low = first[kind], lowest[kind]
+    if low is None:
         raise UserError(f"--from: {metrics} holds no loss")
-    hit = next((s for s, v in points if v <= target), None)
     if hit is None:
-        lowest = min(v for _, v in points)
-        raise UserError(f"--target-loss: {run} never reached a {kind} loss of {target:g} (its lowest: {lowest:.4g})")
-    noise = [(r["step"], _number(r.get("noise_scale"))) for r in records if "noise_scale" in r and "split" not in r]
-    before = [v for s, v in noise if s <= hit and v is not None and v > 0]
-    return Reached(hit, batch, kind, before[-1] if before else None)
+        raise UserError(f"--target-loss: {run} never reached a {kind} loss of {target:g} (its lowest: {low:.4g})")
+    # second pass, the step known: the last noise scale at or before it, in the file's order
+    noise = None
+    for r in _records(metrics):
+        value = _number(r.get("noise_scale")) if "split" not in r and r["step"] <= hit else None
+        if value is not None and value > 0:
+            noise = value
+    return Reached(hit, batch, kind, noise)

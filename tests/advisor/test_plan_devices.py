@@ -159,6 +159,37 @@ def test_a_run_without_evaluations_counts_its_training_loss_and_an_adaptive_batc
 
 
 @pytest.mark.fast
+def test_a_large_metrics_file_is_read_a_record_at_a_time(tmp_path):
+    """``plan --from RUN`` holds one record of ``metrics.jsonl`` at a time, not the file (a 200 MB file once took
+    800 MB): the memory Python allocates while reading an 8 MiB file stays under 1/4 of it, and the answer is what
+    the records say (the first validation loss under the target, the last noise scale at or before its step)."""
+    import tracemalloc
+
+    from bigbatch.advisor.from_run import reached
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: digits\nbatch: 32\n")
+    padding = json.dumps({"step": 1, "x": "0" * 150_000}) + "\n"  # 150 kB
+    records = [{"step": 8, "lr": 0.1, "loss": 0.3, "noise_scale": 40.0}, {"step": 9, "split": "val", "loss": 0.6},
+               {"step": 10, "lr": 0.1, "loss": 0.3, "noise_scale": 70.0}, {"step": 10, "split": "val", "loss": 0.4},
+               {"step": 11, "lr": 0.1, "loss": 0.2, "noise_scale": 90.0}, {"step": 12, "split": "val", "loss": 0.3}]
+    with open(run / "metrics.jsonl", "w") as f:
+        for record in records:
+            f.write(padding * 10 + json.dumps(record) + "\n")
+    size = (run / "metrics.jsonl").stat().st_size
+    assert size > 8 * 2**20
+    tracemalloc.start()
+    try:
+        got = reached(run, 0.5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (got.steps, got.loss_kind, got.noise_scale) == (10, "validation", 70.0)
+    assert peak < size / 4, f"{peak:,} bytes allocated reading {size:,}"
+
+
+@pytest.mark.fast
 def test_a_runs_files_are_read_only_from_inside_it_and_only_as_regular_files(tmp_path):
     """``plan --from RUN`` reads ``config.yaml`` and ``metrics.jsonl`` as every reader of a run folder does: a link
     leading out of the run, or a FIFO, is one error line and never read (it once read both unchecked); an overlong
