@@ -282,6 +282,17 @@ def default_budget(cfg: RunConfig) -> int:
     return int(psutil.virtual_memory().available * (1 - MARGIN)) // local_processes()
 
 
+def default_budget_source(cfg: RunConfig) -> tuple[str, str]:
+    """Where :func:`default_budget` took its number, as an error line names it: the key (``memory.limit``, or
+    ``memory`` where it is unset) and, for the free memory, which memory and what was left out of it."""
+    if cfg.memory.limit is not None:
+        return "memory.limit", ""
+    if torch.cuda.is_available() and not unified_memory():
+        return "memory", f"the device's free memory less {MARGIN:.0%}; memory.limit unset"
+    shared = f", shared by {local_processes()} processes" if local_processes() > 1 else ""
+    return "memory", f"this machine's available memory less {MARGIN:.0%}{shared}; memory.limit unset"
+
+
 def local_processes() -> int:
     """The run's processes on this machine, which share its host memory: torchrun's ``LOCAL_WORLD_SIZE`` (1 without
     it, or where it is not a positive number)."""
@@ -342,10 +353,13 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
+def plan_layout(cfg: RunConfig, world: int, budget: int | None = None,
+                budget_from: tuple[str, str] = ("--memory-limit", "")) -> Plan:
     """Measure, fit, and choose the smallest subdivisions whose micro-batch's whole run, with the margin, fits under
-    the budget."""
-    budget = budget if budget is not None else default_budget(cfg)
+    the budget: ``budget`` (the key and note that ``budget_from`` gives, ``--memory-limit`` unless said), else
+    :func:`default_budget` (named by :func:`default_budget_source`)."""
+    if budget is None:
+        budget, budget_from = default_budget(cfg), default_budget_source(cfg)
     per_device = cfg.batch // world
     if cfg.batch % world:
         raise UserError(f"batch: {cfg.batch} is not divisible by world size {world}")
@@ -370,8 +384,10 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None) -> Plan:
     if not fitting:
         need = needed(measurements[0])
         need_text = "more than the machine has" if math.isinf(need) else f"{need / MiB:.0f} MiB"
-        raise UserError(f"memory.limit: even a micro-batch of 1 image needs {need_text} (the whole run's measured "
-                        f"peak and a {RUN_MARGIN:.0%} margin), over the budget of {budget / MiB:.0f} MiB")
+        key, note = budget_from
+        raise UserError(f"{key}: even a micro-batch of 1 image needs {need_text} (the whole run's measured peak and "
+                        f"a {RUN_MARGIN:.0%} margin), over the budget of {budget / MiB:.0f} MiB"
+                        + (f" ({note})" if note else ""))
     best = max(fitting, key=lambda p: p.micro_batch)
     return Plan(measurements, budget, best.micro_batch, per_device // best.micro_batch, fit)
 
@@ -385,10 +401,10 @@ def measure_micro_batch(cfg: RunConfig, world: int, micro_batch: int) -> Measure
 
 def resolve_auto_subdivisions(cfg: RunConfig, world: int, budget: int | None = None) -> tuple[RunConfig, Plan | None]:
     """``subdivisions: auto`` -> the planner's choice (a config with a number); other configs unchanged.
-    ``budget``: the plan's (default: :func:`default_budget`)."""
+    ``budget``: the plan's, found as :func:`default_budget` finds it (default: that one)."""
     if cfg.subdivisions != "auto":
         return cfg, None
-    plan = plan_layout(cfg, world, budget)
+    plan = plan_layout(cfg, world, budget, default_budget_source(cfg))
     return with_subdivisions(cfg, plan.subdivisions), plan
 
 

@@ -96,7 +96,30 @@ def test_plan_with_room_for_the_whole_batch_chooses_one_subdivision():
 def test_plan_that_cannot_fit_is_a_clear_error():
     result = run_main("plan", "digits", "--set", "batch=8", *TINY, "--memory-limit", "1MiB")
     assert result.returncode == 2
-    assert result.stderr.startswith("error: memory.limit: even a micro-batch of 1 image needs")
+    assert result.stderr.startswith("error: --memory-limit: even a micro-batch of 1 image needs")
+
+
+@pytest.mark.parametrize("sets, given, key, note", [
+    ([], True, "--memory-limit", ""),
+    (["memory.limit=1149MiB"], False, "memory.limit", ""),
+    ([], False, "memory", " (this machine's available memory less 10%; memory.limit unset)")])
+def test_a_plan_that_cannot_fit_names_where_its_budget_came_from(monkeypatch, sets, given, key, note):
+    """The budget is ``--memory-limit`` (given to the plan), else ``memory.limit``, else the available memory less
+    10 % (here made 1149 MiB): the error names the one it was (``memory.limit`` once named all three)."""
+    import psutil
+
+    monkeypatch.setattr(planner, "measure", synthetic(PEAKS, []))
+    monkeypatch.setattr(planner.torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 1149 * MiB / 0.9 + 10})())
+    cfg = load_config("digits", ["batch=32", "subdivisions=auto", *sets])
+    with pytest.raises(UserError) as error:
+        if given:
+            plan_layout(cfg, 1, 1149 * MiB)
+        else:
+            planner.resolve_auto_subdivisions(cfg, 1)  # as train and show plan subdivisions: auto
+    assert str(error.value) == (f"{key}: even a micro-batch of 1 image needs 1150 MiB (the whole run's measured peak "
+                                f"and a 15% margin), over the budget of 1149 MiB{note}")
 
 
 @pytest.mark.slow  # make test-slow: keeps make test under 10 minutes on 2 cores
