@@ -49,8 +49,8 @@ def evaluate_checkpoint(path: Path, overrides: list[str], save_detections: Path 
     model = task.build_model(cfg)
     weights, use_ema = counted_weights(state, cfg)
     load_weights(model, weights, "model")
-    print(f"weights  {'EMA' if use_ema else 'raw'} from {path}; evaluating {len(task.val_set)} validation images",
-          flush=True)
+    images = f"{len(task.val_set)} validation image{'' if len(task.val_set) == 1 else 's'}"
+    print(f"weights  {'EMA' if use_ema else 'raw'} from {path}; evaluating {images}", flush=True)
     metrics, predictions = task.predict(model, cfg.eval.batch, progress=True)
     if save_detections is not None:
         with written.recorded(save_detections):  # the task's atomic write records the file it makes

@@ -14,10 +14,10 @@ from bigbatch.config import RunConfig
 from bigbatch.engine.events import EventStorage
 from bigbatch.engine.progress import Progress
 from bigbatch.engine.state import TrainingState
-from bigbatch.engine.step import StepResult, TrainStep
+from bigbatch.engine.step import StepResult, TrainStep, unwrap
 from bigbatch.floor import run_files
 from bigbatch.floor.distributed import Process
-from bigbatch.largebatch.ema import ema_counts
+from bigbatch.largebatch.ema import ema_counts, share_buffers
 
 if TYPE_CHECKING:
     from bigbatch.engine.hooks.base import EveryImages, Hooks
@@ -89,12 +89,18 @@ class Run:
 
         The EMA weights count when there is an EMA and ``ema.evaluate`` (the default: ``largebatch.ema.ema_counts``);
         the raw ones are then evaluated too (``raw_too``), for comparison. Each rank evaluates its shard of the
-        validation set with rank 0's weights: the raw model's buffers are rank 0's through DDP (broadcast at the
-        forward), the EMA's are made rank 0's first (``WeightEMA.share_buffers``; each rank's BN statistics are its own
-        without ``norm.sync``), so the metrics are those of the weights rank 0 saves. Called on every rank."""
+        validation set with rank 0's weights: the buffers of the raw model, and of the EMA, are made rank 0's first
+        (``largebatch/ema.py``'s ``share_buffers``; each rank's BN statistics are its own without ``norm.sync``), so the
+        metrics are those of the weights rank 0 saves. The bare model is evaluated, not the DDP wrapper: the
+        wrapper's first forward is a collective itself, which a rank with no validation image to forward never
+        joins (a set smaller than the world: a hang). Called on every rank."""
         cfg, task, proc, ema = self.cfg, self.task, self.proc, self.state.ema
-        if not ema_counts(ema, cfg):
-            return task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world), None
-        raw = task.evaluate(self.model, cfg.eval.batch, proc.rank, proc.world) if raw_too else None
+        model = unwrap(self.model)
+        counts = ema_counts(ema, cfg)
+        if not counts or raw_too:
+            share_buffers(model)  # a collective under torchrun: every rank is here
+        if not counts:
+            return task.evaluate(model, cfg.eval.batch, proc.rank, proc.world), None
+        raw = task.evaluate(model, cfg.eval.batch, proc.rank, proc.world) if raw_too else None
         ema.share_buffers()  # a collective under torchrun: every rank is here
         return task.evaluate(ema.module, cfg.eval.batch, proc.rank, proc.world), raw

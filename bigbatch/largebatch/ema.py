@@ -52,6 +52,23 @@ def counted_weights(state: dict[str, Any], cfg: RunConfig) -> tuple[dict[str, An
     return (state["ema"]["module"] if use_ema else state["model"]), use_ema
 
 
+def share_buffers(module: nn.Module) -> None:
+    """Every rank's floating-point buffers of ``module`` (BatchNorm running mean and variance) made rank 0's, in one
+    broadcast per dtype and device, as DDP's ``broadcast_buffers`` makes them at its forward. Nothing without a
+    process group of 2 or more, or without such buffers. A collective: every rank calls it at the same point."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for buffer in module.buffers():
+        if buffer.is_floating_point():
+            groups.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+    for buffers in groups.values():
+        flat = torch.cat([b.reshape(-1) for b in buffers])
+        dist.broadcast(flat, src=0)
+        for buffer, value in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
+            buffer.copy_(value.view_as(buffer))
+
+
 class WeightEMA:
     def __init__(self, model: nn.Module, decay: float, warmup: bool = False):
         self.decay = decay
@@ -85,21 +102,9 @@ class WeightEMA:
 
     @torch.no_grad()
     def share_buffers(self) -> None:
-        """Every rank's floating-point buffers (BatchNorm running mean and variance) made rank 0's, in one broadcast
-        per dtype and device: then every rank holds rank 0's EMA (the parameters are equal already). Nothing without a
-        process group of 2 or more, or without such buffers. A collective: every rank calls it, at the same point
-        (``engine/run.py``'s ``Run.evaluate``, before the sharded evaluation)."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for buffer in self.module.buffers():
-            if buffer.is_floating_point():
-                groups.setdefault((buffer.dtype, buffer.device), []).append(buffer)
-        for buffers in groups.values():
-            flat = torch.cat([b.reshape(-1) for b in buffers])
-            dist.broadcast(flat, src=0)
-            for buffer, value in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
-                buffer.copy_(value.view_as(buffer))
+        """Every rank's EMA made rank 0's (:func:`share_buffers`; the parameters are equal already). A collective:
+        every rank calls it, at the same point (``engine/run.py``'s ``Run.evaluate``, before the sharded evaluation)."""
+        share_buffers(self.module)
 
     def state_dict(self) -> dict[str, Any]:
         return {"module": self.module.state_dict(), "updates": self.updates}

@@ -93,3 +93,28 @@ def test_global_means_are_the_means_over_every_process_items(tmp_path):
     assert gathered[0] == pytest.approx(expected, rel=1e-12)
     alone = global_means(_means(ITEMS[1]), len(ITEMS[1]))
     assert alone == pytest.approx({k: v.item() for k, v in _means(ITEMS[1]).items()}, rel=1e-12)
+
+
+def test_a_validation_set_smaller_than_the_world_is_evaluated_not_a_hang(tmp_path):
+    """One validation image on 2 processes: rank 1 has none to forward. Evaluating through the DDP wrapper hung
+    there, since the wrapper's first forward after a step broadcasts the BatchNorm buffers (a collective rank 1
+    never joined). The bare model is evaluated, rank 0's buffers shared first; the metric is the one image's, the
+    same as one process evaluating the checkpoint."""
+    import json
+
+    from tests.helpers import write_photo_folder
+
+    root = write_photo_folder(tmp_path / "set", train=2, val=1)
+    for extra in sorted((root / "val").glob("*/*"))[1:]:
+        extra.unlink()
+    args = ["data.name=folder", f"data.path={root}", "data.size=16", "model.norm=batch", "batch=8", "subdivisions=2",
+            "steps=2", "eval.every=2", "eval.batch=1", "data.preprocessing=standard"]
+    result = torchrun(tmp_path / "two", *args, common=["model.width=8", "log.tensorboard=false"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    evals = [r for r in map(json.loads, (tmp_path / "two" / "metrics.jsonl").open()) if r.get("split") == "val"]
+    assert evals and evals[-1]["images"] == 1, evals
+    alone = run_main("eval", str(tmp_path / "two"))
+    assert alone.returncode == 0, alone.stderr
+    record = evals[-1]
+    assert "evaluating 1 validation image\n" in alone.stdout
+    assert f"top1 {record['top1']:.2f}  top5 {record['top5']:.2f}  loss {record['loss']:.2f}" in alone.stdout
