@@ -48,6 +48,20 @@ def test_bad_options_are_refused_in_one_line(tmp_path):
     assert (tmp_path / "advisor.json").read_text() == '{"mine": true}\n'  # not overwritten
 
 
+@pytest.mark.fast
+def test_a_batch_show_would_refuse_for_this_machine_is_refused_naming_batches():
+    """Every ``--batches`` value passes the check ``show`` and ``train`` make before any work, so no row (and no
+    recommendation) is a ``--set batch=...`` that fails: 2^40 images need 8 TiB for the data order alone."""
+    largest = 2**40
+    shown = run_main("show", "digits", "--set", f"batch={largest}", "subdivisions=1")
+    assert shown.returncode == 2 and "for the data order alone" in shown.stderr  # the oracle: show refuses it
+    line = refused("--devices", "1", "--batches", f"64,{largest}")
+    assert line.startswith(f"error: --batches: at batch {largest}, {largest} images per step need 8.0 TiB for the "
+                           "data order alone")
+    line = refused("--devices", "1", "--batches", "64,2048", "--set", f"steps={2**53}")
+    assert line.startswith(f"error: --batches: at batch 2048, {2**53} steps of 2048 images are")  # past 64 bits
+
+
 def fake_run(path, batch=64, noise=100.0):
     """A finished run's files: validation loss 0.5 at step 20, 0.2 at step 30 (B_noise then 100), 0.1 at 40."""
     path.mkdir()
