@@ -12,8 +12,9 @@ From batch B to batch B' (ratio r = B' / B):
 - per-step rates (``config.PerStep``, or a registered part's ``rates``) keep their effect per image:
   ``POWER`` x' = x ** r (the EMA decay: the same half-life in images; Darknet's ``exp`` gamma),
   ``COMPLEMENT`` (1 - x') = (1 - x) ** r (the BatchNorm momentum), ``SLOPE`` x' = x * r (sigmoid slopes);
-- the micro-batch stays the same where it can (subdivisions' = B' / (world x micro-batch)),
-  so memory does not change.
+- the micro-batch stays the same where it can (subdivisions' = B' / (world x micro-batch)), so memory does not
+  change; where B' is no whole number of them, it is the largest divisor of the per-device batch below it (and of a
+  batch schedule's, whose batches share the micro-batch), so memory does not grow (:func:`micro_batch_within`).
 Lengths in epochs or images, and ``norm.half_life_images``, need no change. The fields are found from the
 config's types (sections, lists of sections, and the fields parts add), not from a list: a new field typed as a
 length is rescaled. A sub-section marked ``UsedWhen`` is left alone unless its choice is made.
@@ -30,6 +31,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+from bigbatch.batching import reachable_batches
 from bigbatch.config import (
     COMPLEMENT,
     POWER,
@@ -132,6 +134,13 @@ class Rescaling:
             yield path, RATE_RULES[rule](value, self.new / self.old)
 
 
+def micro_batch_within(per_device: int, largest: int) -> int:
+    """The largest divisor of ``per_device`` (images per process in every step) that is at most ``largest`` (the
+    old micro-batch): the divisors come in pairs d, per_device / d with d <= sqrt(per_device)."""
+    pairs = ((d, per_device // d) for d in range(1, math.isqrt(per_device) + 1) if per_device % d == 0)
+    return max(m for pair in pairs for m in pair if m <= largest)
+
+
 def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, list[Change]]:
     """The recipe for ``new_batch`` and the list of (key, before, after) it changed."""
     if cfg.adaptive is not None:
@@ -152,9 +161,6 @@ def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, 
             node[index] = value
 
     put("batch", new_batch)
-    micro = old_batch // (world * cfg.subdivisions)
-    if new_batch % (world * micro) == 0:
-        put("subdivisions", new_batch // (world * micro))
     if cfg.optim.ref_batch is None and cfg.optim.scaling != "none":
         put("optim.ref_batch", old_batch)
     for path, value in Rescaling(old_batch, new_batch).fields(cfg):
@@ -162,6 +168,15 @@ def rescale(cfg: RunConfig, new_batch: int, world: int = 1) -> tuple[RunConfig, 
     for i, milestone in enumerate(cfg.schedule.batch):  # a batch schedule's batches grow with the first
         if milestone.batch is not None:
             put(f"schedule.batch.{i}.batch", max(1, round(milestone.batch * new_batch / old_batch)))
+    # every batch the new recipe reaches is a whole number of its micro-batches on each process
+    reached = [batch for _, batch in reachable_batches(validate_config({**new, "subdivisions": 1}))]
+    every = math.gcd(*reached)
+    if every % world:
+        batches = ", ".join(map(str, reached))
+        raise UserError(f"--batch: the new recipe's batches ({batches}) cannot be cut for {world} processes: a "
+                        f"whole number of images each, {every} (their common divisor) / {world} is not")
+    micro = micro_batch_within(every // world, old_batch // (world * cfg.subdivisions))
+    put("subdivisions", new_batch // (world * micro))
 
     rescaled = validate_config(new)
     before_lr, after_lr = scaled_lr(cfg.optim, old_batch), scaled_lr(rescaled.optim, new_batch)

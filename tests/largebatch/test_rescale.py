@@ -80,10 +80,36 @@ def test_scale_cli_writes_a_recipe_that_loads(tmp_path):
     assert "micro-batch     32 images (= 1024 / (1 x 32))" in shown.stdout
 
 
-def test_scale_to_an_indivisible_batch_is_an_error():
-    result = run_main("scale", "digits", "--set", "subdivisions=8", "--batch", "100")
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: batch: 100 is not divisible")
+@pytest.mark.parametrize("batch, sets, world", [(2000, [], 1), (100, [], 1), (1024, [], 1), (96, [], 2),
+                                               (3000, ["schedule.batch=[{at: 100, batch: 512}]"], 1),
+                                               (2**12 * 3**5, ["subdivisions=1"], 1)])
+def test_scale_never_raises_the_micro_batch(batch, sets, world):
+    """The new micro-batch is the largest at most the old one (digits: 256 / 8 = 32) that cuts every batch of the
+    new recipe into whole micro-batches per process: brute force over 1..old as the oracle. It once kept the old
+    subdivisions where the new batch was no multiple of the micro-batch: 2000 / 8 = 250 images a micro-batch,
+    7.8 x the memory, without a word."""
+    cfg = load_config("digits", sets)
+    old_micro = cfg.batch // (world * cfg.subdivisions)
+    new, changes = rescale(cfg, batch, world)
+    reached = [batch] + [m.batch for m in new.schedule.batch]
+    expected = max(m for m in range(1, old_micro + 1) if all(b % (world * m) == 0 for b in reached))
+    assert new.batch // (world * new.subdivisions) == expected
+    assert new.batch % (world * new.subdivisions) == 0
+    assert ("subdivisions", cfg.subdivisions, new.subdivisions) in changes or new.subdivisions == cfg.subdivisions
+
+
+def test_scale_to_a_batch_the_processes_cannot_share_is_one_line_naming_batch():
+    from bigbatch.errors import UserError
+
+    with pytest.raises(UserError, match=r"^--batch: the new recipe's batches \(101\) cannot be cut for 2 processes"):
+        rescale(load_config("digits"), 101, 2)
+
+
+def test_scale_to_a_smaller_batch_keeps_the_micro_batch_below_it():
+    result = run_main("scale", "digits", "--batch", "100")  # digits: 256 = 8 x 32; 100 = 4 x 25
+    assert result.returncode == 0, result.stderr
+    written = yaml.safe_load(result.stdout[result.stdout.index("\n\n"):])
+    assert (written["batch"], written["subdivisions"]) == (100, 4)
 
 
 @pytest.mark.parametrize(("policy", "gamma"), [("exp", 0.999**4), ("sig", 0.1 * 4)])
