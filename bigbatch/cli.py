@@ -576,7 +576,7 @@ its record, ``floor/written.py``)."""
 
 def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.batching import batch_layout
-    from bigbatch.config import config_to_yaml
+    from bigbatch.config import config_to_yaml, validate_config
     from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.floor import distributed, written
     from bigbatch.floor.files import atomic_write
@@ -590,10 +590,14 @@ def cmd_scale(args: argparse.Namespace) -> int:
         check_output_file(args.out, "--out", ours=written.is_ours,  # content proves nothing: its record does
                           what="bigbatch did not write it, or it changed since: remove it or choose another path")
     world = distributed.world_size_from_env()
-    cfg, _ = resolve_batch(load_checked(args.config, args.overrides, reads_data=False, needs_length=False), world)
+    loaded = load_checked(args.config, args.overrides, reads_data=False, needs_length=False)
+    cfg, _ = resolve_batch(loaded, world)
     new, changes = rescale(cfg, args.batch, world)
     batch_layout(new, world)  # the new recipe's layout, checked as its own run would check it
     check_capacity(new, world)  # and what could never fit this machine, as show and train refuse it
+    if loaded.subdivisions == "auto":  # the measured micro-batch checked the layout; the recipe plans where it trains
+        new = validate_config({**new.model_dump(mode="json"), "subdivisions": "auto"})
+        changes = [change for change in changes if change[0] != "subdivisions"]
     print(changes_table(changes))
     if args.out is not None:
         text = (f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} {SCALE_MARK.decode()}\n"

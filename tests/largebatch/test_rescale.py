@@ -112,6 +112,26 @@ def test_scale_to_a_smaller_batch_keeps_the_micro_batch_below_it():
     assert (written["batch"], written["subdivisions"]) == (100, 4)
 
 
+def test_scale_of_subdivisions_auto_keeps_auto_in_the_recipe(monkeypatch, tmp_path):
+    """``subdivisions: auto`` is planned where the recipe trains: the rescaled recipe keeps ``auto`` (it once wrote
+    the number this machine planned), and the change table lists no subdivisions. The new layout is still checked
+    with the micro-batch measured here (a stand-in for the measuring processes)."""
+    from bigbatch.engine import planner
+    from bigbatch.engine.planner import Measurement
+
+    monkeypatch.setattr(planner, "measure", lambda cfg, m, per_device: Measurement(m, (100 + m) * 2**20, 1.0))
+    out = tmp_path / "auto.yaml"
+    result = run_main("scale", "digits", "--set", "subdivisions=auto", "memory.limit=120MiB", "--batch", "512",
+                      "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    # planned: (100 + 4) x 1.15 = 119.6 MiB fits 120 MiB, (100 + 8) x 1.15 = 124.2 does not
+    assert "subdivisions: auto -> 64 (micro-batch 4)" in result.stdout
+    assert yaml.safe_load(out.read_text())["subdivisions"] == "auto"
+    table = result.stdout[result.stdout.index("key "):]
+    assert not any(line.startswith("subdivisions") for line in table.splitlines())
+    assert load_config(str(out), []).subdivisions == "auto"
+
+
 @pytest.mark.parametrize(("policy", "gamma"), [("exp", 0.999**4), ("sig", 0.1 * 4)])
 def test_per_step_rates_keep_their_effect_per_image(policy, gamma):
     base = 0.999 if policy == "exp" else 0.1
