@@ -465,6 +465,36 @@ def kept_run_files(run_dir: Path) -> list[str]:
     return kept_overrides(run_dir, saved)
 
 
+def set_aside_unrecorded_best(run_dir: Path, step: int, best_step: int | None) -> str | None:
+    """Resuming at ``step`` from a checkpoint whose best evaluation was at ``best_step`` (None: none yet): a
+    ``best.pt`` of another step was written by the process that stopped, after its last checkpoint, from steps this
+    run runs again. The run's records, cut back to ``step``, no longer hold its evaluation, and the resumed steps may
+    not repeat it (a changed LR, another world size, a GPU's kernels). It is renamed
+    ``best-stepN-before-resume.pt`` (kept: bigbatch wrote it, and it may be the best weights you have), so ``best.pt``
+    holds only what this run's records show: the next evaluation better than the best recorded writes it again.
+    Returns the line that says so, or None where there is nothing to set aside (no ``best.pt``, a link, one that is
+    no checkpoint, or the one of ``best_step``)."""
+    from bigbatch.engine import checkpoint
+
+    best = run_dir / run_files.CHECKPOINTS / run_files.BEST
+    if best.is_symlink() or not best.is_file():
+        return None
+    try:
+        saved = checkpoint.read_part(best, "step")
+    except (UserError, OSError):
+        return None
+    if not isinstance(saved, int) or isinstance(saved, bool) or saved == best_step:
+        return None
+    target, n = best.with_name(f"best-step{saved}-before-resume.pt"), 1
+    while target.exists() or target.is_symlink():
+        n += 1
+        target = best.with_name(f"best-step{saved}-before-resume-{n}.pt")
+    os.rename(best, target)
+    recorded = f"the best it records is step {best_step}'s" if best_step is not None else "it records no evaluation"
+    return (f"note: {best} held step {saved}, which the checkpoint resumed from (step {step}) does not record "
+            f"({recorded}): kept as {target.name}; best.pt follows this run's evaluations from here on")
+
+
 def run_dir_of(checkpoint: Path) -> Path | None:
     """The run directory of a checkpoint in its ``checkpoints/`` folder, else None."""
     return checkpoint.parent.parent if checkpoint.parent.name == run_files.CHECKPOINTS else None

@@ -45,7 +45,7 @@ from bigbatch.engine.preflight import resolve_batch
 from bigbatch.engine.progress import Progress
 from bigbatch.engine.relaunch import relaunch
 from bigbatch.engine.run import LastCheckpoint, Run
-from bigbatch.engine.run_dir import check_run_files, claim, keep_model_files
+from bigbatch.engine.run_dir import check_run_files, claim, keep_model_files, set_aside_unrecorded_best
 from bigbatch.engine.state import Best, TrainingState
 from bigbatch.engine.step import Interrupted, Terminated, TrainStep
 from bigbatch.floor import collector, distributed, files, run_files
@@ -102,6 +102,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
         out_dir.mkdir(parents=True, exist_ok=True)
         check_run_files(out_dir)  # config.yaml and the logs: replaced only in a folder bigbatch wrote, never a user's
         claim(out_dir)  # the lock file now proves the folder a run's
+        if resume and (note := set_aside_unrecorded_best(out_dir, progress.step, state.best.step)) is not None:
+            print(note, flush=True)
         files.atomic_write(out_dir / run_files.CONFIG, lambda f: f.write(config_to_yaml(cfg)), mode="w")
         keep_model_files(out_dir, cfg, parts.model)  # a Darknet run's cfg: the run evaluates after it is moved
         print(plan.describe(), flush=True)

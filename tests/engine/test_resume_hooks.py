@@ -359,3 +359,42 @@ def test_the_events_of_a_step_run_twice_are_recorded_once(tmp_path):
     assert main(["train", "--resume", str(interrupted)]) == 0
     assert [r["step"] for r in skips(reference)] == [11, 11]
     assert skips(interrupted) == skips(reference)
+
+
+def test_a_best_pt_the_resumed_checkpoint_does_not_record_is_set_aside(tmp_path):
+    """Stopped after step 7, with ``last.pt`` of step 5 and ``best.pt`` of step 6 (evaluations every 2): the resume
+    cuts the records back to step 5, so step 6's evaluation is in none, and a resume with another LR does not repeat
+    it. ``best.pt`` kept step 6's weights while the run reported another best. It is now kept aside under its step's
+    name, and ``best.pt`` is what the run's records show."""
+
+    class StopAfter7(Hook):
+        stage = "write"
+
+        def after_step(self, run):
+            if run.progress.step == 7:
+                raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    args = ["digits", "--set", "steps=10", "batch=64", "subdivisions=2", "data.size=16", "model.width=8",
+            "schedule.warmup=[]", "log.tensorboard=false", "eval.every=2", "checkpoint.every=5", "memory.interval=60",
+            "--out", str(out)]
+    HOOKS.register("toy_interrupt", lambda run: StopAfter7())
+    try:
+        assert main(["train", *args]) == 130
+    finally:
+        HOOKS.unregister("toy_interrupt")
+    checkpoints = out / "checkpoints"
+    before = torch.load(checkpoints / "best.pt", weights_only=True)
+    assert before["step"] == 6 and torch.load(checkpoints / "last.pt", weights_only=True)["best"]["step"] == 4
+
+    result = run_main("train", "--resume", str(out), "--set", "optim.lr=30")  # far too high: no later best
+    assert result.returncode == 0, result.stderr
+    assert (f"note: {checkpoints / 'best.pt'} held step 6, which the checkpoint resumed from (step 5) does not "
+            "record (the best it records is step 4's): kept as best-step6-before-resume.pt") in result.stdout
+    kept = torch.load(checkpoints / "best-step6-before-resume.pt", weights_only=True)
+    assert all(torch.equal(kept["model"][k], v) for k, v in before["model"].items())
+    evaluations = {r["step"]: r["top1"] for r in map(json.loads, (out / "metrics.jsonl").open()) if "top1" in r}
+    final = torch.load(checkpoints / "last.pt", weights_only=True)["best"]
+    assert final["value"] == max(evaluations.values()) and evaluations[final["step"]] == final["value"]
+    if (checkpoints / "best.pt").exists():  # only what the records show
+        assert torch.load(checkpoints / "best.pt", weights_only=True)["step"] == final["step"] > 5
