@@ -575,6 +575,7 @@ its record, ``floor/written.py``)."""
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
+    from bigbatch.advisor.command import check_batch_fits
     from bigbatch.batching import batch_layout
     from bigbatch.config import config_to_yaml, validate_config
     from bigbatch.engine.preflight import load_checked, resolve_batch
@@ -591,6 +592,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
                           what="bigbatch did not write it, or it changed since: remove it or choose another path")
     world = distributed.world_size_from_env()
     loaded = load_checked(args.config, args.overrides, reads_data=False, needs_length=False)
+    check_batch_fits(loaded, args.batch, "--batch")  # bounded before the new layout is worked out
     cfg, _ = resolve_batch(loaded, world)
     new, changes = rescale(cfg, args.batch, world)
     batch_layout(new, world)  # the new recipe's layout, checked as its own run would check it

@@ -78,15 +78,16 @@ def check(cfg: RunConfig, o: Options) -> list[int]:
     batches = sorted(set(o.batches)) if o.batches is not None else default_batches(cfg.batch, o.devices)
     check_layouts(batches, sorted(set(o.devices)))
     if o.batches is not None:
-        check_batches_fit(cfg, max(batches))
+        check_batch_fits(cfg, max(batches), "--batches")
     return batches
 
 
-def check_batches_fit(cfg: RunConfig, largest: int) -> None:
-    """``UserError`` naming ``--batches`` where the config at the largest of them, a fixed batch, is what ``show``
-    and ``train`` refuse before any work as more than this machine could hold (``telemetry/capacity.py``'s
-    ``check_capacity``: the data order's 8 bytes an image, the images counted in 64 bits): no row's
-    ``--set batch=...`` may be one that fails. Each of its checks grows with the batch, so the largest decides."""
+def check_batch_fits(cfg: RunConfig, largest: int, option: str) -> None:
+    """``UserError`` naming ``option`` where the config at batch ``largest``, a fixed batch, is what ``show`` and
+    ``train`` refuse before any work as more than this machine could hold (``telemetry/capacity.py``'s
+    ``check_capacity``: the data order's 8 bytes an image, the images counted in 64 bits): no row's (``plan``) or
+    new recipe's (``scale``) ``batch`` may be one that fails. Each of its checks grows with the batch, so the
+    largest decides."""
     from bigbatch.config import validate_config
     from bigbatch.telemetry.capacity import check_capacity
 
@@ -97,7 +98,7 @@ def check_batches_fit(cfg: RunConfig, largest: int) -> None:
         check_capacity(validate_config(data), 1)
     except UserError as error:
         detail = str(error).split(": ", 1)[1] if str(error).startswith(("batch: ", "steps: ", "epochs: ")) else error
-        raise UserError(f"--batches: at batch {largest}, {detail}") from None
+        raise UserError(f"{option}: at batch {largest}, {detail}") from None
 
 
 def check_out(out: Path) -> None:

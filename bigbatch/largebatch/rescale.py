@@ -136,8 +136,12 @@ class Rescaling:
 
 def micro_batch_within(per_device: int, largest: int) -> int:
     """The largest divisor of ``per_device`` (images per process in every step) that is at most ``largest`` (the
-    old micro-batch): the divisors come in pairs d, per_device / d with d <= sqrt(per_device)."""
-    pairs = ((d, per_device // d) for d in range(1, math.isqrt(per_device) + 1) if per_device % d == 0)
+    old micro-batch), in at most min(largest, sqrt(per_device)) trials: counted down from ``largest`` where that is
+    the fewer, else every divisor pair d, per_device / d with d <= sqrt(per_device)."""
+    root = math.isqrt(per_device)
+    if largest <= root:
+        return next(m for m in range(largest, 0, -1) if per_device % m == 0)
+    pairs = ((d, per_device // d) for d in range(1, root + 1) if per_device % d == 0)
     return max(m for pair in pairs for m in pair if m <= largest)
 
 

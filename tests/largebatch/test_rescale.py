@@ -105,6 +105,25 @@ def test_scale_to_a_batch_the_processes_cannot_share_is_one_line_naming_batch():
         rescale(load_config("digits"), 101, 2)
 
 
+def test_scale_to_a_batch_past_this_machine_is_refused_naming_batch_before_the_layout_is_worked_out():
+    """The new batch is bounded as ``show`` bounds a batch (8 bytes an image of data order) before its micro-batch is
+    searched among its divisors."""
+    result = run_main("scale", "digits", "--batch", str(2**61 - 1))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --batch: at batch {2**61 - 1}, {2**61 - 1} images per step need 16.0 EiB for the "
+                           "data order alone (8 bytes an image), more than this machine's ")
+
+
+@pytest.mark.parametrize("per_device", [1, 2, 97, 360, 1000, 4096, 2**12 * 3**5])
+@pytest.mark.parametrize("largest", [1, 7, 32, 100, 5000])
+def test_the_micro_batch_within_is_the_largest_divisor_at_most_the_old_one(per_device, largest):
+    from bigbatch.largebatch.rescale import micro_batch_within
+
+    assert micro_batch_within(per_device, largest) == max(m for m in range(1, min(per_device, largest) + 1)
+                                                          if per_device % m == 0)
+
+
 def test_scale_to_a_smaller_batch_keeps_the_micro_batch_below_it():
     result = run_main("scale", "digits", "--batch", "100")  # digits: 256 = 8 x 32; 100 = 4 x 25
     assert result.returncode == 0, result.stderr
