@@ -41,6 +41,7 @@ The file is read with ``torch.load(weights_only=True)`` (``engine/checkpoint.py`
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from dataclasses import dataclass
@@ -72,7 +73,12 @@ class Best:
     step: int | None = None
 
     def improves(self, value: float) -> bool:
-        if self.value is None:
+        """Whether ``value`` is better than the best so far. A NaN (a diverged evaluation) is never the best, and a
+        NaN best (a checkpoint of a version that kept one) gives way to any number: every comparison with NaN is
+        false, so a first NaN used to stay the best for the whole run."""
+        if math.isnan(value):
+            return False
+        if self.value is None or math.isnan(self.value):
             return True
         return value > self.value if self.mode == "max" else value < self.value
 

@@ -230,3 +230,19 @@ def test_truncated_file_is_a_clear_error(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(UserError, match=f"checkpoint: {path}"):
         checkpoint.load(path)
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_a_nan_evaluation_is_never_the_best_and_a_nan_best_gives_way(mode):
+    """A diverged model's first evaluation (a NaN loss or mAP) became the best, and no later number could beat it:
+    every comparison with NaN is false, so ``best.pt`` stayed at that step for the whole run."""
+    from bigbatch.engine.state import Best
+
+    best = Best("metric", mode)
+    assert not best.improves(float("nan"))
+    assert best.improves(3.0)
+    best.value = 3.0
+    assert not best.improves(float("nan"))
+    assert best.improves(4.0 if mode == "max" else 2.0) and not best.improves(2.0 if mode == "max" else 4.0)
+    best.value = float("nan")  # as an older checkpoint may hold it
+    assert best.improves(-1e9) and best.improves(1e9)
