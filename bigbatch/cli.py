@@ -402,7 +402,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         multiscale = describe_multiscale(cfg, plan.steps)
         if multiscale is not None:
             print(multiscale)
-        predicted = predicted_time(args.config, plan.batch, plan.world, plan.micro_batch, plan.steps)
+        predicted = predicted_time(args.config, plan)
         if predicted is not None:
             print(predicted)
     else:

@@ -323,6 +323,7 @@ def test_batch_max_advisor_and_show_read_advisor_json_only_as_a_bounded_regular_
     import threading
 
     from bigbatch.advisor.show import predicted_time
+    from bigbatch.batching import BatchPlan
     from bigbatch.config import load_config
     from bigbatch.config.adaptive import MAX_ADVISOR_BYTES
     from bigbatch.errors import UserError
@@ -335,8 +336,8 @@ def test_batch_max_advisor_and_show_read_advisor_json_only_as_a_bounded_regular_
         f.truncate(MAX_ADVISOR_BYTES + 1)  # holes: past the bound, never read
     with pytest.raises(UserError, match=rf"^batch.max: advisor: {file} is {MAX_ADVISOR_BYTES + 1:,} bytes, more "):
         load_config(str(config), [ADVISOR_MAX])
-    assert predicted_time(str(config), 64, 1, 64, 10).endswith("is not a readable advisor file (bigbatch plan "
-                                                               "--devices --out writes one)")
+    assert predicted_time(str(config), BatchPlan(64, 1, 1, 10, None)).endswith(
+        "is not a readable advisor file (bigbatch plan --devices --out writes one)")
     file.unlink()
     os.mkfifo(file)
     guard = threading.Timer(HANG_GUARD_S, lambda: open(file, "wb").close())  # hang guard: frees a waiting reader
@@ -344,7 +345,7 @@ def test_batch_max_advisor_and_show_read_advisor_json_only_as_a_bounded_regular_
     try:
         with pytest.raises(UserError, match=rf"^batch.max: advisor: {file} is not a regular file; not read"):
             load_config(str(config), [ADVISOR_MAX])
-        assert "is not a readable advisor file" in predicted_time(str(config), 64, 1, 64, 10)
+        assert "is not a readable advisor file" in predicted_time(str(config), BatchPlan(64, 1, 1, 10, None))
     finally:
         guard.cancel()
 
