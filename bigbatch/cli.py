@@ -577,7 +577,8 @@ its record, ``floor/written.py``)."""
 def cmd_scale(args: argparse.Namespace) -> int:
     from bigbatch.advisor.command import check_batch_fits
     from bigbatch.batching import batch_layout
-    from bigbatch.config import config_to_yaml, validate_config
+    from bigbatch.config import config_to_yaml
+    from bigbatch.engine.planner import with_auto_kept
     from bigbatch.engine.preflight import load_checked, resolve_batch
     from bigbatch.floor import distributed, written
     from bigbatch.floor.files import atomic_write
@@ -597,9 +598,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     new, changes = rescale(cfg, args.batch, world)
     batch_layout(new, world)  # the new recipe's layout, checked as its own run would check it
     check_capacity(new, world)  # and what could never fit this machine, as show and train refuse it
-    if loaded.subdivisions == "auto":  # the measured micro-batch checked the layout; the recipe plans where it trains
-        new = validate_config({**new.model_dump(mode="json"), "subdivisions": "auto"})
-        changes = [change for change in changes if change[0] != "subdivisions"]
+    kept = with_auto_kept(loaded, new)  # subdivisions: auto: the measured micro-batch checked the layout
+    if kept is not new:  # and the recipe plans it where it trains: no number of this machine's is written
+        new, changes = kept, [change for change in changes if change[0] != "subdivisions"]
     print(changes_table(changes))
     if args.out is not None:
         text = (f"# {cfg.name} rescaled from batch {cfg.batch} to {args.batch} {SCALE_MARK.decode()}\n"

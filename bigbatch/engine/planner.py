@@ -463,6 +463,14 @@ def with_subdivisions(cfg: RunConfig, subdivisions: int) -> RunConfig:
     return validate_config(data)
 
 
+def with_auto_kept(written: RunConfig, cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``subdivisions: auto`` again where the config as ``written`` has it, else ``cfg`` itself: a
+    recipe for another batch (``scale``) is planned where it trains, and ``cfg``'s number is this machine's plan."""
+    if written.subdivisions != "auto":
+        return cfg
+    return validate_config({**cfg.model_dump(mode="json"), "subdivisions": "auto"})
+
+
 def _main(argv: list[str]) -> None:
     config = json.loads(argv[0])
     config["subdivisions"] = 1
