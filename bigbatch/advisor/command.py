@@ -162,27 +162,32 @@ def with_pair(cfg: RunConfig, o: Options, largest: int, measured: Measured,
     return replace(measured, pair_note=reason)
 
 
-def largest_micro_batch(cfg: RunConfig, budget: int | None) -> tuple[int, str]:
+def largest_micro_batch(cfg: RunConfig, budget: int | None, per_device: int = 0) -> tuple[int, str]:
     """The largest micro-batch a device takes: the memory plan's (``subdivisions: auto``), else the config's; with
     ``budget`` (``--memory-limit``) the config's is measured as the plan measures it (``engine/planner.py``, one
-    fresh process) and refused in one line where it does not fit."""
+    fresh process) and refused in one line where it does not fit. Either is measured beside a step of ``per_device``
+    images (the table's largest per-device batch) where that is more than the config's: on the CPU and on unified
+    memory a run holds its whole step's data (docs/memory.md), so a row's memory grows with its per-device batch."""
+    from bigbatch.batching import largest_batch
     from bigbatch.engine.planner import RUN_MARGIN, MiB, measure_micro_batch, needed, plan_layout
 
+    own = largest_batch(cfg)[1]  # the most images a step of the config's own run holds on one device
+    beside = f" beside a step of {per_device} images a device (the largest row's)" if per_device > own else ""
     if cfg.subdivisions == "auto":
-        plan = plan_layout(cfg, 1, budget)
-        return plan.micro_batch, f"{plan.micro_batch}, the memory plan's at batch {cfg.batch}"
+        plan = plan_layout(cfg, 1, budget, at_least=per_device)
+        return plan.micro_batch, f"{plan.micro_batch}, the memory plan's at batch {cfg.batch}{beside}"
     micro = cfg.batch // int(cfg.subdivisions)
     why = f"{micro}, the config's ({cfg.batch} / subdivisions {cfg.subdivisions}; subdivisions=auto plans it)"
     if budget is None:
         return micro, why
-    need = needed(measure_micro_batch(cfg, 1, micro))
+    need = needed(measure_micro_batch(cfg, 1, micro, per_device))
     if need > budget:
         need_text = "more than the machine has" if need == float("inf") else f"{need / MiB:.0f} MiB"
         raise UserError(f"--memory-limit: the config's micro-batch of {micro} images (batch {cfg.batch} / "
-                        f"subdivisions {cfg.subdivisions}) needs {need_text} (its measured peak and a "
+                        f"subdivisions {cfg.subdivisions}){beside} needs {need_text} (its measured peak and a "
                         f"{RUN_MARGIN:.0%} margin), over {budget / MiB:.0f} MiB: raise subdivisions, or set "
-                        "subdivisions=auto to plan it")
-    return micro, f"{why}, within --memory-limit: planned at {need / MiB:.0f} MiB"
+                        "subdivisions=auto to plan it" + (", or give smaller --batches" if beside else ""))
+    return micro, f"{why}, within --memory-limit{beside}: planned at {need / MiB:.0f} MiB"
 
 
 def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | None = None) -> tuple[Advice, str]:
@@ -194,7 +199,7 @@ def plan_devices(cfg: RunConfig, o: Options, announce: Callable[[str], None] | N
         announce(f"measuring {o.measure_steps} training steps of {cfg.name} on this device (after one warm-up)")
     from bigbatch.engine.step import OUT_OF_MEMORY
 
-    largest, why = largest_micro_batch(cfg, o.budget)
+    largest, why = largest_micro_batch(cfg, o.budget, max(batches) // min(o.devices))
     try:
         measured = measure(cfg, largest, o.measure_steps)
     except OUT_OF_MEMORY as error:  # the measured micro-batch did not fit this device (recut_on_oom=False)

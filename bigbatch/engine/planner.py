@@ -354,10 +354,11 @@ class Plan:
 
 
 def plan_layout(cfg: RunConfig, world: int, budget: int | None = None,
-                budget_from: tuple[str, str] = ("--memory-limit", "")) -> Plan:
+                budget_from: tuple[str, str] = ("--memory-limit", ""), at_least: int = 0) -> Plan:
     """Measure, fit, and choose the smallest subdivisions whose micro-batch's whole run, with the margin, fits under
     the budget: ``budget`` (the key and note that ``budget_from`` gives, ``--memory-limit`` unless said), else
-    :func:`default_budget` (named by :func:`default_budget_source`)."""
+    :func:`default_budget` (named by :func:`default_budget_source`). ``at_least``: a per-device step to measure each
+    micro-batch beside where it is larger than the run's own (``plan --devices``'s largest row)."""
     if budget is None:
         budget, budget_from = default_budget(cfg), default_budget_source(cfg)
     per_device = cfg.batch // world
@@ -375,7 +376,7 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None,
                             "micro-batches per process, which AdaScale needs")
     measurements: list[Measurement] = []
     for m in sizes:
-        measurements.append(measure_micro_batch(cfg, world, m))
+        measurements.append(measure_micro_batch(cfg, world, m, at_least))
         if needed(measurements[-1]) > budget:
             break  # larger micro-batches need more memory still
     fitting = [p for p in measurements if needed(p) <= budget]
@@ -392,10 +393,11 @@ def plan_layout(cfg: RunConfig, world: int, budget: int | None = None,
     return Plan(measurements, budget, best.micro_batch, per_device // best.micro_batch, fit)
 
 
-def measure_micro_batch(cfg: RunConfig, world: int, micro_batch: int) -> Measurement:
+def measure_micro_batch(cfg: RunConfig, world: int, micro_batch: int, at_least: int = 0) -> Measurement:
     """The measurement of ``micro_batch`` on each of ``world`` processes, its data the largest step the run reaches
-    (a batch schedule's, a growing adaptive batch's) cut into whole micro-batches."""
-    largest = max(batch for _, batch in reachable_batches(cfg)) // world  # the step that holds the most data
+    (a batch schedule's, a growing adaptive batch's), or ``at_least`` images where that is more, cut into whole
+    micro-batches."""
+    largest = max(max(batch for _, batch in reachable_batches(cfg)) // world, at_least)  # the most data held
     return measure(cfg, micro_batch, largest - largest % micro_batch)
 
 

@@ -57,9 +57,37 @@ def test_a_numeric_subdivisions_whose_micro_batch_does_not_fit_the_memory_limit_
     line = one_error_line(run_main("plan", "digits", "--set", "batch=1024", "subdivisions=2", "--devices", "1",
                                    "--memory-limit", "1GiB", "--no-pair"))
     assert line == ("error: --memory-limit: the config's micro-batch of 512 images (batch 1024 / subdivisions 2) "
-                    "needs 1150 MiB (its measured peak and a 15% margin), over 1024 MiB: raise subdivisions, or set "
-                    "subdivisions=auto to plan it")
-    assert asked == [(512, 1024)]  # that micro-batch alone, beside a whole step of the batch's data
+                    "beside a step of 4096 images a device (the largest row's) needs 1150 MiB (its measured peak and "
+                    "a 15% margin), over 1024 MiB: raise subdivisions, or set subdivisions=auto to plan it, or give "
+                    "smaller --batches")
+    assert asked == [(512, 4096)]  # that micro-batch alone, beside the largest row's step (the default rows: x1/4..x4)
+
+
+def test_the_micro_batch_is_measured_beside_the_largest_rows_step(monkeypatch):
+    """On the CPU and on unified memory a run holds its whole step's data, so a row at batch 8192 on one device needs
+    more than the config's batch of 1024 at the same micro-batch: the stand-in's peak is 1,000 MiB + 1/8 MiB an image
+    of the step, 1,128 MiB x 1.15 = 1,297 at the config's step (under 2 GiB: once vouched for) and 2,024 x 1.15 =
+    2,328 at the largest row's (over). The memory plan of ``subdivisions: auto`` measures beside that step too."""
+    asked: list[tuple[int, int]] = []
+
+    def measure(cfg, micro_batch, per_device):
+        asked.append((micro_batch, per_device))
+        return Measurement(micro_batch, int((1000 + per_device / 8) * MiB), 1.0)
+
+    monkeypatch.setattr(planner, "measure", measure)
+    monkeypatch.setattr(command, "measure", lambda *args: pytest.fail("measured past the limit"))
+    args = ("plan", "digits", "--set", "batch=1024", "subdivisions=2", "--devices", "1,2", "--batches", "1024,8192",
+            "--memory-limit", "2GiB", "--no-pair")
+    line = one_error_line(run_main(*args))
+    assert line == ("error: --memory-limit: the config's micro-batch of 512 images (batch 1024 / subdivisions 2) "
+                    "beside a step of 8192 images a device (the largest row's) needs 2328 MiB (its measured peak and "
+                    "a 15% margin), over 2048 MiB: raise subdivisions, or set subdivisions=auto to plan it, or give "
+                    "smaller --batches")
+    assert asked == [(512, 8192)]  # 8192 / 1 device
+    asked.clear()
+    one_error_line(run_main("plan", "digits", "--set", "batch=1024", "subdivisions=auto", "--devices", "1,2",
+                            "--batches", "1024,8192", "--memory-limit", "1GiB", "--no-pair"))  # none fits 1 GiB
+    assert asked and {per_device for _, per_device in asked} == {8192}
 
 
 def test_out_of_memory_in_the_advisors_measurement_is_one_line_naming_subdivisions(monkeypatch):
