@@ -130,7 +130,7 @@ def test_config_counts_within_the_bounds_are_kept() -> None:
 def test_scale_refuses_a_recipe_show_would_refuse(tmp_path: Path, capsys) -> None:
     out = tmp_path / "huge.yaml"
     assert main(["scale", "--batch", "1000000000000", "--out", str(out)]) == 2
-    one_error(capsys, "error: batch: 1000000000000 images per step")
+    one_error(capsys, "error: --batch: at batch 1000000000000, 1000000000000 images per step")
     assert not out.exists()
 
 
