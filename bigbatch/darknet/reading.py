@@ -27,6 +27,18 @@ LAYER_KEYS_IGNORED = frozenset({"clip", "onlyforward", "learning_rate", "stream"
 """Keys parse_network_cfg reads for every layer (training controls bigbatch does not use; the freezing keys it also
 reads for every layer, ``spec.FREEZING_KEYS``, are read by ``cfg.py``)."""
 
+TRAINING_KEYS_IGNORED = {
+    "learning_rate": (1.0, "Darknet multiplies this layer's learning rate by it (learning_rate_scale); bigbatch trains "
+                           "it at the run's learning rate"),
+    "onlyforward": (0.0, "Darknet runs no backward through this layer (no update of it, and no gradient through it "
+                         "to the layers before); bigbatch trains it"),
+    "clip": (0.0, "Darknet clips this layer's weights to [-clip, clip] after each update on the GPU; bigbatch "
+                  "does not"),
+}
+"""Keys of :data:`LAYER_KEYS_IGNORED` that change training where set to other than their default (AlexeyAB's
+``parse_network_cfg``; ``network.c``'s ``backward_network``, ``update_convolutional_layer``): said once each, in a
+warning naming the line, since the run then trains otherwise than Darknet would."""
+
 LAYER_KEYS_REFUSED = frozenset({"dontload", "dontloadscales"})
 """Keys of every layer that change how ``.weights`` are read when non-zero."""
 
@@ -227,6 +239,10 @@ class SectionReader:
                 continue
             if key in LAYER_KEYS_IGNORED or key in ignored_here:
                 ignored.append(f"{self.name}:{key}")
+                default, effect = TRAINING_KEYS_IGNORED.get(key, (None, ""))
+                value = parse_number(self.options[key], float) if default is not None else None
+                if value is not None and value != default:
+                    self.warn(key, f"{self.options[key]} is not used: {effect}")
                 continue
             expected = sorted(self.read - LAYER_KEYS_REFUSED - set(refused_here))
             self.warn(key, f"unknown key, not used (Darknet does not read it either; [{self.name}] reads: "

@@ -278,3 +278,22 @@ def test_gradient_clipping_covers_a_layer_once_its_freeze_ends(shapes, tmp_path)
                         if key.startswith(("network.layers.0.", "network.layers.1.")) and "running" not in key
                         and "num_batches" not in key])
     assert 0 < update.norm() <= lr * max_norm * (1 + 1e-4)
+
+
+@pytest.mark.fast
+def test_an_ignored_key_that_changes_training_is_a_warning_naming_its_line(tmp_path):
+    """``learning_rate`` (Darknet's per-layer ``learning_rate_scale``), ``onlyforward`` and ``clip`` set to other than
+    their defaults make Darknet train otherwise (``network.c``, ``update_convolutional_layer``); bigbatch does not
+    use them, and says so once each, naming the line. At their defaults, and ``stream``, they are only listed."""
+    text = net_header(8, 8, 3) + "".join(f"\n{section}\n" for section in CLASSIFIER)
+    path = tmp_path / "net.cfg"
+    line = text.split("\n").index("[maxpool]") + 2
+    path.write_text(text.replace("[maxpool]\n", "[maxpool]\nlearning_rate=1\nonlyforward=0\nclip=0\nstream=1\n"))
+    cfg = read_darknet_cfg(path)
+    assert len(ignored_keys(cfg)) == 4 and not cfg.warnings
+    path.write_text(text.replace("[maxpool]\n", "[maxpool]\nlearning_rate=0.1\nonlyforward=1\nclip=2.5\n"))
+    cfg = read_darknet_cfg(path)
+    assert [w.split(": ", 1)[0] for w in cfg.warnings] == [f"{path}:{line + i}" for i in range(3)]
+    assert [w.split("] ", 1)[1].split(" is not used")[0] for w in cfg.warnings] == [
+        "learning_rate: 0.1", "onlyforward: 1", "clip: 2.5"]
+    assert "learning_rate_scale" in cfg.warnings[0] and "bigbatch trains it" in cfg.warnings[1]
