@@ -91,7 +91,7 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_run_naming_the_last_good_wei
             p.grad.fill_(float("inf"))
 
     before = weights(state)
-    with pytest.raises(NonFiniteTraining, match=r"^3 optimizer steps in a row .* step 0; .*The last checkpoint is"):
+    with pytest.raises(NonFiniteTraining, match=r"^3 optimizer steps in a row .* step 1; .*The last checkpoint is"):
         step(0, batches, hooks(after_backward=poison))
     assert len(records) == 3 and all(torch.equal(v, before[k]) for k, v in weights(state).items())
 
