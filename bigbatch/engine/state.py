@@ -252,6 +252,11 @@ class TrainingState:
                 raise
             print(f"warning: a checkpoint write failed: {e}", file=sys.stderr, flush=True)
 
+    def written_step(self, path: Path) -> int | None:
+        """The step of the checkpoint at ``path`` as this process last wrote it (or resumed from it), None where it
+        wrote none there: after :meth:`finish_writes`, what is on the disk, a failed write not counted."""
+        return self._steps.get(path)
+
     def resume(self, path: Path) -> None:
         state = checkpoint.load(path, checkpoint.RESUME_KEYS)
         self.load_state_dict(state)

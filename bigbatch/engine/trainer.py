@@ -145,7 +145,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
         progress.detach()
         state.finish_writes(failing=True)  # the checkpoints saved before the error reach the disk
         if isinstance(error, KeyboardInterrupt):  # Ctrl-C (or SIGTERM): say where a resume would continue from
-            kept = last_checkpoint.step
+            # the writer's (rank 0): a checkpoint whose write failed is not kept; the other ranks know what was saved
+            kept = state.written_step(last_checkpoint.path) if proc.is_main else last_checkpoint.step
             raise Interrupted(progress.step, run.plan.steps, last_checkpoint.path if kept is not None else None,
                               kept, signal=15 if isinstance(error, Terminated) else 2) from None
         raise

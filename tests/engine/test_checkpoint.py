@@ -246,3 +246,33 @@ def test_a_nan_evaluation_is_never_the_best_and_a_nan_best_gives_way(mode):
     assert best.improves(4.0 if mode == "max" else 2.0) and not best.improves(2.0 if mode == "max" else 4.0)
     best.value = float("nan")  # as an older checkpoint may hold it
     assert best.improves(-1e9) and best.improves(1e9)
+
+
+def test_ctrl_c_after_a_checkpoint_write_that_failed_names_the_one_kept(tmp_path, monkeypatch, capsys):
+    """Ctrl-C right after ``last.pt`` of step 4 was saved, its write failing in the background (a full disk): the
+    write's error is a warning and the interrupt message names what is on the disk, ``last.pt`` of step 2, not the
+    step 4 that was only submitted."""
+    from bigbatch.cli import main
+    from bigbatch.engine.hooks import Hook
+    from bigbatch.registry import HOOKS
+
+    class CtrlCAfter4(Hook):
+        stage = "write"  # after the checkpoint hook
+
+        def after_step(self, run):
+            if run.progress.step == 4:
+                raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    disk_full_after(monkeypatch, 1)  # last.pt of step 2 written; step 4's fails
+    HOOKS.register("toy_interrupt", lambda run: CtrlCAfter4())
+    try:
+        assert main(["train", "digits", "--out", str(out), "--set", *TINY, "steps=6", "checkpoint.every=2",
+                     "eval.every=100"]) == 130
+    finally:
+        HOOKS.unregister("toy_interrupt")
+    err = capsys.readouterr().err
+    last = out / "checkpoints" / "last.pt"
+    assert f"warning: a checkpoint write failed: checkpoint: cannot write {last}" in err, err
+    assert f"kept: {last} at step 2" in err, err
+    assert torch.load(last, weights_only=True)["step"] == 2
