@@ -274,5 +274,5 @@ def test_ctrl_c_after_a_checkpoint_write_that_failed_names_the_one_kept(tmp_path
     err = capsys.readouterr().err
     last = out / "checkpoints" / "last.pt"
     assert f"warning: a checkpoint write failed: checkpoint: cannot write {last}" in err, err
-    assert f"kept: {last} at step 2" in err, err
+    assert f"interrupted after step 4 of 6; kept: {last} at step 2 (" in err, err
     assert torch.load(last, weights_only=True)["step"] == 2
