@@ -244,6 +244,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node = data
         for i, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
+            if child is None:  # an optional section left unset (``data.val: null`` in a run's config.yaml): begun
+                child = node[key] = {}
             if not isinstance(child, dict):
                 raise UserError(f"{dotted(keys[: i + 1])}: is a value, not a section; cannot set {dotted(keys)}")
             node = child

@@ -183,3 +183,22 @@ def test_the_largest_size_is_8_eib_exactly():
     for bigger in ("8388609TiB", 2**63 + 1):
         with pytest.raises(ValueError, match="at most 8 EiB"):
             parse_size(bigger)
+
+
+def test_a_dotted_key_under_an_unset_section_begins_it(tmp_path):
+    """A run's config.yaml writes ``data.val: null`` when no COCO split is set; ``--set data.val.images=DIR`` (the
+    words ``data convert`` prints) then said "data.val: is a value, not a section". An unset section is begun, and
+    what it still lacks is named; a key under a plain value is still refused."""
+    from bigbatch.config import config_to_yaml
+
+    written = tmp_path / "config.yaml"
+    written.write_text(config_to_yaml(load_config("shapes-detect")))
+    assert "  val: null\n" in written.read_text()
+    split = ["data.val.images=/sets/val", "data.val.annotations=/sets/val.json"]
+    cfg = load_config(str(written), ["data.name=coco", "data.train.images=/sets/train",
+                                     "data.train.annotations=/sets/train.json", *split])
+    assert str(cfg.data.val.images) == "/sets/val" and str(cfg.data.train.annotations) == "/sets/train.json"
+    with pytest.raises(UserError, match=r"^data\.val\.annotations: missing"):
+        load_config(str(written), ["data.name=coco", "data.val.images=/sets/val"])
+    with pytest.raises(UserError, match=r"^data\.size: is a value, not a section; cannot set data\.size\.x"):
+        load_config(str(written), ["data.size.x=1"])
