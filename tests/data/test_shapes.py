@@ -291,3 +291,19 @@ def test_a_data_file_or_a_yolo_folder_given_to_the_shapes_format_names_data_name
         assert len(err.splitlines()) == 1 and err.startswith("error: data.path: "), err
         assert "--set data.name=yolo" in err, err
     assert sorted(p.name for p in yolo.rglob("*")) == ["images", "train"]  # nothing written into it
+
+
+def test_a_set_of_another_size_already_there_is_used_and_said(tmp_path: Path, capsys) -> None:
+    """``data.shapes_images`` sizes a set generated where there is none; a set generated earlier with another size
+    is trained on as it is (it may be the one ``data shapes --images N`` made), and the run says so: a small trial
+    left a set that every later run took silently, the demo's 2,000 images never generated."""
+    root = tmp_path / "shapes"
+    shapes.ensure_shapes(root, 20, seed=0)
+    assert "generating the shapes set (20 images)" in capsys.readouterr().out
+    shapes.ensure_shapes(root, 20, seed=0)
+    assert capsys.readouterr().out == ""
+    shapes.ensure_shapes(root, 2000, seed=0)
+    out = capsys.readouterr().out
+    assert out.startswith(f"note: {root} holds a shapes set generated earlier, of 20 images; data.shapes_images "
+                          "(2000) is the size of a set generated where there is none"), out
+    assert len(list((root / "train").iterdir())) + len(list((root / "val").iterdir())) == 20  # used as it is

@@ -292,17 +292,22 @@ MARKER_LIMIT = 2**16
 """The largest marker file read (bytes; the generator writes about 130)."""
 
 
-def is_generated_set(root: Path) -> bool:
-    """Whether ``root`` carries the marker of a set bigbatch generated: a regular file (no link), read within
-    ``MARKER_LIMIT`` bytes."""
+def read_marker(root: Path) -> dict | None:
+    """The marker of a set bigbatch generated at ``root`` (a regular file, no link, read within ``MARKER_LIMIT``
+    bytes, signed by the generator), or None."""
     marker_path = root / MARKER
     try:
         if marker_path.is_symlink():
-            return False
+            return None
         marker = json.loads(read_regular(marker_path, MARKER_LIMIT, "a marker").decode("utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("written_by") == MARKER_SIGNATURE
+        return None
+    return marker if isinstance(marker, dict) and marker.get("written_by") == MARKER_SIGNATURE else None
+
+
+def is_generated_set(root: Path) -> bool:
+    """Whether ``root`` carries the marker of a set bigbatch generated (:func:`read_marker`)."""
+    return read_marker(root) is not None
 
 
 def own_annotation_file(root: Path, split: str = "val") -> Path | None:
@@ -423,6 +428,12 @@ def ensure_shapes(root: Path, images: int, seed: int, rank: int = 0) -> Path:
         target = shapes_target(root, "data.path")
         print(f"generating the shapes set ({images} images) in {target}", flush=True)
         generate_shapes(target, images, seed, key="data.path")
+    elif rank == 0:
+        generated = (read_marker(root) or {}).get("images")
+        if isinstance(generated, int) and not isinstance(generated, bool) and generated != images:
+            print(f"note: {root} holds a shapes set generated earlier, of {generated} images; data.shapes_images "
+                  f"({images}) is the size of a set generated where there is none: to train on {images}, remove "
+                  f"that folder (bigbatch wrote it) or set another data.path", flush=True)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return root
