@@ -111,6 +111,8 @@ class TrainingState:
         self._saved: tuple[int, Path, memoryview] | None = None  # (step, path, bytes) of this step's last save
         self._identities: dict[Path, tuple[int, int, int, int]] = {}  # of each file as the writer left it
         self._steps: dict[Path, int] = {}  # the step of each file as the writer left it (or the resume read it)
+        self.resume_notes: list[str] = []
+        """What a resume changed from the checkpoint, one line each, said after the run's ``resumed from`` line."""
         self.hook_states: dict[str, Any] = {}
         """The hooks' states a resumed checkpoint holds, by hook name: read before the hooks exist, handed to them
         by the trainer once they are built."""
@@ -156,11 +158,11 @@ class TrainingState:
         except (ValueError, KeyError, RuntimeError) as e:
             raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
         changed = apply_settings(step.optimizer, configured)  # the checkpoint's buffers, this config's settings
-        if changed and checkpoint.process_group()[0] == 0:
-            print(f"optim: this config's settings replace the checkpoint's: {', '.join(changed)}", flush=True)
+        if changed:
+            self.resume_notes.append(f"optim: this config's settings replace the checkpoint's: {', '.join(changed)}")
         note = step.scaler.resume(state["scaler"])  # None: loaded; else why this run's scaler starts fresh
-        if note is not None and checkpoint.process_group()[0] == 0:
-            print(f"precision.loss_scale: {note}", flush=True)
+        if note is not None:
+            self.resume_notes.append(f"precision.loss_scale: {note}")
         data = state["data"]
         hooks = state.get("hooks", {})  # absent in checkpoints written before hooks kept state: they start fresh
         if not isinstance(hooks, dict):

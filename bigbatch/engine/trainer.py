@@ -99,6 +99,8 @@ def train(cfg: RunConfig, out_dir: Path, resume: bool = False, hooks: Sequence[H
     if proc.is_main:
         if resume:
             print(f"resumed from step {progress.step} of {plan.steps} ({last_checkpoint.path})", flush=True)
+            for note in state.resume_notes:
+                print(note, flush=True)
         out_dir.mkdir(parents=True, exist_ok=True)
         check_run_files(out_dir)  # config.yaml and the logs: replaced only in a folder bigbatch wrote, never a user's
         claim(out_dir)  # the lock file now proves the folder a run's

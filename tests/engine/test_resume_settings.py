@@ -27,8 +27,10 @@ def test_a_resume_with_changed_optimizer_settings_trains_with_them(tmp_path):
     result = run_main("train", "--resume", str(run), "--set", "steps=5", "optim.weight_decay=0.05",
                       "optim.momentum=0.5")
     assert result.returncode == 0, result.stderr
-    assert ("optim: this config's settings replace the checkpoint's: weight_decay 0.0005 -> 0.05, "
-            "momentum 0.9 -> 0.5") in result.stdout
+    lines = result.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("resumed from step 3 of 5"))
+    assert lines[first + 1] == ("optim: this config's settings replace the checkpoint's: weight_decay 0.0005 -> 0.05, "
+                                "momentum 0.9 -> 0.5")  # said right after the resume's first line
     assert {(g["weight_decay"], g["momentum"]) for g in groups(run / "checkpoints" / "last.pt")} == {(0.05, 0.5)}
 
     result = run_main("train", "--resume", str(same), "--set", "steps=5")
