@@ -45,6 +45,15 @@ class Interrupt(Hook):
             raise KeyboardInterrupt
 
 
+def train_interrupted(args: list[str], hook: Hook | None = None) -> None:
+    """``bigbatch train ARGS`` stopped by Ctrl-C from ``hook`` (default: after step INTERRUPT_AT): exit code 130."""
+    HOOKS.register("toy_interrupt", lambda run: hook or Interrupt())
+    try:
+        assert main(["train", *args]) == 130
+    finally:
+        HOOKS.unregister("toy_interrupt")
+
+
 def records(out: Path) -> list[dict]:
     """The training and evaluation records of metrics.jsonl, without their wall-clock fields."""
     kept = []
@@ -70,11 +79,7 @@ def test_a_resumed_run_keeps_what_its_hooks_learned(tmp_path):
     assert main(["train", *ARGS, "--out", str(reference)]) == 0
 
     interrupted = tmp_path / "interrupted"
-    HOOKS.register("toy_interrupt", lambda run: Interrupt())
-    try:
-        assert main(["train", *ARGS, "--out", str(interrupted)]) == 130
-    finally:
-        HOOKS.unregister("toy_interrupt")
+    train_interrupted([*ARGS, "--out", str(interrupted)])
     assert max(r["step"] for r in records(interrupted)) == INTERRUPT_AT
     assert torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["step"] == 10
     older = tmp_path / "older"  # the same checkpoint as a bigbatch without hook states wrote it
@@ -350,11 +355,7 @@ def test_the_events_of_a_step_run_twice_are_recorded_once(tmp_path):
     reference = tmp_path / "reference"
     assert main(["train", *args, "--out", str(reference)]) == 0
     interrupted = tmp_path / "interrupted"
-    HOOKS.register("toy_interrupt", lambda run: Interrupt())
-    try:
-        assert main(["train", *args, "--out", str(interrupted)]) == 130
-    finally:
-        HOOKS.unregister("toy_interrupt")
+    train_interrupted([*args, "--out", str(interrupted)])
     assert len(skips(interrupted)) == 2  # the 11th step's two attempts, past the checkpoint of step 10
     assert main(["train", "--resume", str(interrupted)]) == 0
     assert [r["step"] for r in skips(reference)] == [11, 11]
@@ -378,11 +379,7 @@ def test_a_best_pt_the_resumed_checkpoint_does_not_record_is_set_aside(tmp_path)
     args = ["digits", "--set", "steps=10", "batch=64", "subdivisions=2", "data.size=16", "model.width=8",
             "schedule.warmup=[]", "log.tensorboard=false", "eval.every=2", "checkpoint.every=5", "memory.interval=60",
             "--out", str(out)]
-    HOOKS.register("toy_interrupt", lambda run: StopAfter7())
-    try:
-        assert main(["train", *args]) == 130
-    finally:
-        HOOKS.unregister("toy_interrupt")
+    train_interrupted(args, StopAfter7())
     checkpoints = out / "checkpoints"
     before = torch.load(checkpoints / "best.pt", weights_only=True)
     assert before["step"] == 6 and torch.load(checkpoints / "last.pt", weights_only=True)["best"]["step"] == 4
