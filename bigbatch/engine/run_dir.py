@@ -44,8 +44,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bigbatch.config.adaptive import ADVISOR_FILE
 from bigbatch.errors import UserError
-from bigbatch.floor import run_files
+from bigbatch.floor import run_files, written
 from bigbatch.floor.user_files import lies_inside
 
 if TYPE_CHECKING:
@@ -134,8 +135,8 @@ def _check_not_foreign(path: Path, key: str) -> None:
         raise UserError(f"{key}: {path / LOCK_NAME} is a symbolic link, not bigbatch's lock file; choose another "
                         f"folder")
     held = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
-    if not held:
-        return
+    if not held or held == [ADVISOR_FILE] and written.is_ours(path / ADVISOR_FILE):
+        return  # empty, or prepared by ``plan --devices --out DIR`` for the run (``batch.max: advisor`` reads it)
     if not is_bigbatch_run(path):
         taken = [name for name in RUN_FILES if name in held]
         what = (f"already holds {path / taken[0]}, which the run would overwrite" if taken else

@@ -376,3 +376,29 @@ def test_a_failed_rank_is_reported_by_its_python_error_not_by_what_went_down_aft
     assert failure_line("loading\nKilled\n") == "Killed"
     assert failure_line("Traceback (most recent call last):\n  File \"x.py\", line 1\n") == "File \"x.py\", line 1"
     assert failure_line("\n \n") is None
+
+
+def test_a_folder_holding_only_the_advisor_file_a_plan_wrote_takes_the_run_that_reads_it(tmp_path):
+    """``plan --devices --out RUN`` then ``train CONFIG --out RUN`` with ``batch.max: advisor``, as docs/recipe.md
+    describes: the new run was refused, its folder "not a bigbatch run directory", so the run directory's
+    advisor.json never served a new run. A folder holding only the advisor file bigbatch wrote (and recorded) is taken;
+    a copy of it, which bigbatch has no record of, is still someone's file, and refused."""
+    from bigbatch.floor.files import atomic_write
+    from tests.helpers import TINY as RUN
+
+    advice = {"bigbatch_advisor": 1, "rows": [{"devices": 1, "batch": 64}, {"devices": 4, "batch": 512}],
+              "recommended": 1}
+    run = tmp_path / "run"
+    run.mkdir()
+    atomic_write(run / "advisor.json", lambda f: f.write(json.dumps(advice)), mode="w", record=True)
+    result = run_main("train", "digits", "--out", str(run), "--set", *RUN, "steps=1", ADVISOR_MAX)
+    assert result.returncode == 0, result.stderr
+    assert "max: 512" in (run / "config.yaml").read_text()
+    assert json.loads((run / "advisor.json").read_text()) == advice  # read, left as it was
+
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    (copied / "advisor.json").write_text(json.dumps(advice))
+    result = run_main("train", "digits", "--out", str(copied), "--set", *RUN, "steps=1", ADVISOR_MAX)
+    assert result.returncode == 2 and "is not a bigbatch run directory and holds" in result.stderr, result.stderr
+    assert sorted(p.name for p in copied.iterdir()) == ["advisor.json"]
