@@ -427,7 +427,7 @@ def render(runs: list[RunData]) -> str:
     else:
         points = evaluation_points(runs, undrawn)
     body["evaluation"] = (
-        '<p class="how">Each split (<code>val</code>, <code>val_ema</code>, ...) is its own line style, the run its '
+        '<p class="how">Each split (<code>val</code>, <code>val_raw</code>, ...) is its own line style, the run its '
         f"colour; images seen = step × batch (interpolated from the training records under a batch schedule). A "
         f"metric evaluated fewer than {charts.MIN_POINTS} times in every run is a table, not a chart.</p>"
         + (_figure(evaluation, f"{more} more metrics in the table below" if more > 0 else "") if evaluation

@@ -355,7 +355,7 @@ class RunData:
     """The training record of the highest step."""
     train_records: int = 0
     evals: dict[str, dict[str, Curve]] = field(default_factory=dict)
-    """Evaluation curves by ``split`` (``val``, ``val_ema``, ...), then metric (per-class ones, with a ``/``, left
+    """Evaluation curves by ``split`` (``val``, ``val_raw``, ...), then metric (per-class ones, with a ``/``, left
     out)."""
     last_evals: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The evaluation record of the highest step of each split."""
