@@ -6,7 +6,11 @@ A source is, as Ultralytics' and Darknet's users give it:
 - a folder: its image and video files, and those of the folders below it, listed by the rules of ``data.name:
   folder`` (``data/formats/folder.py``'s ``walk_folder``: links to folders followed, a cycle of links refused,
   sorted by path); a name on anything but a regular file (a FIFO, a device, a broken link) is skipped with a warning;
-- a glob pattern (``*``, ``?``, ``[``; ``**`` for any depth), expanded by Python's ``glob`` and sorted;
+- a glob pattern (``*``, ``?``, ``[``; ``**`` for any depth), matched as Python's ``glob`` matches it (a name
+  starting with ``.`` only by a pattern that does, ``**`` never into such a folder) and sorted; below ``**`` the
+  folders are walked as a folder source is (links followed, a cycle of links refused: Python's own ``**`` follows
+  a link back to a folder it is in without end), and a pattern matching more than :data:`MAX_LISTED` files is
+  refused;
 - a list file (any other file, such as Darknet's ``train.txt``): one path per line, blank lines and ``#`` comments
   skipped, a relative path taken from the current folder as Darknet does, else from the list's own folder. At most
   :data:`MAX_LISTED` lines are read, each at most ``data/pipeline/files.py``'s line limit.
@@ -17,7 +21,9 @@ cannot be read is reported then. A source that names nothing is one ``UserError`
 
 from __future__ import annotations
 
+import fnmatch
 import glob
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -68,7 +74,7 @@ def _expand(source: str, warn: Callable[[str], None]) -> Iterator[SourceFile]:
     elif os.path.lexists(source):
         yield from _file(source, warn, listed=False)
     elif GLOB_CHARS & set(source):
-        matches = sorted(glob.glob(source, recursive=True))
+        matches = sorted(_glob(source))
         if not matches:
             raise UserError(f"predict: {source} matches no file")
         for match in matches:
@@ -78,6 +84,58 @@ def _expand(source: str, warn: Callable[[str], None]) -> Iterator[SourceFile]:
                 yield from _file(match, warn, listed=True)
     else:
         raise UserError(f"predict: {source} does not exist")
+
+
+def _glob(pattern: str) -> list[str]:
+    """The paths ``pattern`` matches (see the module docstring), at most :data:`MAX_LISTED`. With ``**``, files
+    only: each file that matches, and each file below a folder that matches (a matched folder is a folder source)."""
+    if "**" not in pattern:
+        matches = list(itertools.islice(glob.iglob(pattern), MAX_LISTED + 1))
+    else:
+        from bigbatch.data.formats.folder import walk_folder
+
+        parts = pattern.split(os.sep)
+        fixed = next(i for i, part in enumerate(parts) if GLOB_CHARS & set(part))
+        top = os.sep.join(parts[:fixed]) or (os.sep if pattern.startswith(os.sep) else "")
+        if not os.path.isdir(top or "."):
+            return []
+        rest = tuple(part for part in parts[fixed:] if part)
+        matches, taken = [], {}  # taken: whether a folder, or one above it, matches
+        for folder, entries in walk_folder(top or ".", frozenset()):
+            below = tuple(os.path.relpath(folder, top or ".").split(os.sep))
+            below = () if below == (".",) else below
+            if below:
+                taken[below] = taken.get(below[:-1], False) or _matches(below, rest)
+            else:  # the top itself: a match of glob's (``sub/**`` gives ``sub/``) where it is named, not for ``**``
+                taken[below] = bool(top) and _matches(below, rest)
+            for entry in entries:
+                if taken[below] or _matches((*below, entry.name), rest):
+                    matches.append(os.path.join(folder, entry.name) if top else os.path.join(*below, entry.name))
+                    if len(matches) > MAX_LISTED:
+                        break
+            if len(matches) > MAX_LISTED:
+                break
+    if len(matches) > MAX_LISTED:
+        raise UserError(f"predict: {pattern} matches more than {MAX_LISTED:,} files, the most a source may name")
+    return matches
+
+
+def _matches(names: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether the path components ``names`` match ``pattern``'s, ``**`` standing for any number of folders, as
+    ``glob`` matches: a name starting with ``.`` only by a component that does, none of them crossed by ``**``."""
+    if not pattern:
+        return not names
+    head = pattern[0]
+    if head == "**":
+        for skipped in range(len(names) + 1):
+            if skipped and names[skipped - 1].startswith("."):
+                return False
+            if _matches(names[skipped:], pattern[1:]):
+                return True
+        return False
+    if not names or (names[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(names[0], head) and _matches(names[1:], pattern[1:])
 
 
 def _file(path: str, warn: Callable[[str], None], listed: bool) -> Iterator[SourceFile]:
