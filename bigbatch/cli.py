@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "generated (replaced)")
     shapes.add_argument("--images", type=count, default=2000, help="images, train and val together "
                         "(default: %(default)s; 20%% go to val; at most 10,000,000)")
-    shapes.add_argument("--seed", type=count, default=0, help="the generator's seed (default: %(default)s)")
+    shapes.add_argument("--seed", type=seed, default=0, help="the generator's seed (default: %(default)s)")
     shapes.add_argument("--format", choices=("coco", "yolo"), default="coco",
                         help="coco: JPEG + COCO JSON; yolo: the Darknet/YOLO layout as well (a label file beside "
                         "each image, train.txt, val.txt, shapes.names, shapes.data) (default: %(default)s)")
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     anchors.add_argument("--cfg", type=Path, metavar="IN.cfg", help="with --out: a cfg whose [yolo] anchors, mask, "
                          "num and the filters before each are replaced")
     anchors.add_argument("--out", type=Path, metavar="OUT.cfg", help="with --cfg: the new cfg to write (a new file)")
-    anchors.add_argument("--seed", type=count, default=0, help="srand()'s seed for the first centres, as Darknet "
+    anchors.add_argument("--seed", type=seed, default=0, help="srand()'s seed for the first centres, as Darknet "
                          "started at that Unix time draws them (default: %(default)s)")
     anchors.add_argument("--tries", type=count, default=5, help="k-means runs, seeds S, S+1, ...: the best average "
                          "IoU kept (default: %(default)s; 1: one Darknet run)")
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--out", type=Path, required=True, help="the folder to write: new or empty")
     pack.add_argument("--shard-size", default="256MB", metavar="SIZE",
                       help="the largest shard, e.g. 256MB, 1GiB (default: %(default)s)")
-    pack.add_argument("--seed", type=count, default=0, help="the seed of the training samples' shuffle (default: "
+    pack.add_argument("--seed", type=seed, default=0, help="the seed of the training samples' shuffle (default: "
                       "%(default)s)")
 
     export = sub.add_parser("export", help="write a trained model as ONNX, TorchScript or OpenVINO (--format), each "
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights (Darknet .weights or a state dict): a conversion")
     export.add_argument("--upto", type=count, default=None, metavar="N",
                         help="write only the first N layers' weights (a backbone, as `darknet partial` writes)")
-    export.add_argument("--seed", type=count, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
+    export.add_argument("--seed", type=seed, default=0, help="with a .cfg SOURCE and no --weights: the seed of the "
                         "fresh network (default: %(default)s)")
     export.add_argument("--format", choices=("onnx", "torchscript", "openvino", "tensorrt"),
                         help="write the model for another runtime, checked in it first: onnx (onnxruntime), "
@@ -256,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--batch", type=count, required=True, help="the new global batch")
     scale.add_argument("--out", type=Path, help="write the new recipe here (YAML); default: print it")
     return parser
+
+
+def seed(text: str) -> int:
+    """A seed from the command line: a whole number >= 0 (numpy's generators take no negative one)."""
+    value = count(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
 
 
 def counts(text: str) -> list[int]:
@@ -681,8 +689,6 @@ def cmd_pack(args: argparse.Namespace) -> int:
         shard_size = parse_size(args.shard_size)
     except ValueError as e:
         raise UserError(f"--shard-size: {e}") from None
-    if args.seed < 0:
-        raise UserError(f"--seed: expected a whole number >= 0, got {args.seed}")
     from bigbatch.config.loading import override_word
 
     counts = pack(args.src, args.out, shard_size, args.seed)

@@ -69,6 +69,8 @@ def make_trace_dir(out: Path) -> None:
     from bigbatch.errors import UserError
     from bigbatch.floor.outputs import probe_writable
 
+    if out.is_symlink() and not out.exists():
+        raise UserError(f"--out: {out} is a link to nothing; give a new or empty folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out: {out} exists and is not an empty folder; bigbatch writes its trace into a new or "
                         "empty one")

@@ -100,6 +100,8 @@ def hold_run_dir(path: Path, key: str = "--out") -> Iterator[Path]:
 
 def _make(path: Path, key: str) -> list[Path]:
     """Make ``path`` (and its parents) if absent; the folders this call made, outermost first."""
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{key}: {path} is a link to nothing; give a new or empty folder")
     if path.exists() and not path.is_dir():
         raise UserError(f"{key}: {path} is a file, not a folder")
     if path.is_dir():

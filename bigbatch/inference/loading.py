@@ -51,6 +51,8 @@ def load(source: str | os.PathLike, weights: str | os.PathLike | None = None, we
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as error:
         raise UserError(f"--device: {device!r} is not a device ({error})") from None
+    if device.type not in ("cpu", "cuda"):  # mps, xpu, meta, ...: not what bigbatch predicts on
+        raise UserError(f"--device: {device} is not a device bigbatch predicts on (cpu, cuda or cuda:N)")
     if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
         raise UserError(f"--device: {device} is not on this machine ({torch.cuda.device_count()} CUDA devices)")
     if weights_from not in (None, "ema", "raw"):

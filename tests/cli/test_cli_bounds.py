@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -70,10 +69,8 @@ def test_schedule_lines_out_of_range_are_refused(lines: str, capsys) -> None:
     (["--devices", "2", "--batches", str(2**41)], "--batches: at most"),
 ])
 def test_plan_devices_bounds(args: list[str], expected: str, capsys) -> None:
-    start = time.monotonic()
-    assert main(["plan", *args]) == 2
+    assert main(["plan", *args]) == 2  # before any work: a loop over the number given would not end in the suite
     one_error(capsys, expected)
-    assert time.monotonic() - start < 30
 
 
 def test_nearest_device_counts_are_found_among_the_divisors() -> None:
@@ -84,20 +81,17 @@ def test_nearest_device_counts_are_found_among_the_divisors() -> None:
                 below = max((n for n in range(1, devices) if batch % n == 0), default=None)
                 above = min((n for n in range(devices + 1, batch + 1) if batch % n == 0), default=None)
                 assert nearest_device_counts(batch, devices) == (below, above)
-    start = time.monotonic()
+    # up to the square root: a loop to the number itself (10^12 steps for the prime) would not end in the suite
     assert nearest_device_counts(256, 100_000_000_000) == (256, None)
     assert nearest_device_counts(2**40, 1_000_001) == (2**19, 2**20)
-    assert nearest_device_counts(1_000_000_000_039, 3) == (1, 1_000_000_000_039)  # a prime: its square root
-    assert time.monotonic() - start < 5
+    assert nearest_device_counts(1_000_000_000_039, 3) == (1, 1_000_000_000_039)
 
 
-def test_plan_devices_past_the_batch_names_the_nearest_quickly(capsys) -> None:
-    start = time.monotonic()
+def test_plan_devices_past_the_batch_names_the_nearest(capsys) -> None:
     assert main(["plan", "--devices", "999999", "--batches", "256"]) == 2
     one_error(capsys, "--devices: batch 256 cannot be cut for 999999 devices", "the nearest that work: 256")
     assert main(["plan", "--devices", "3", "--batches", "1000000000039"]) == 2  # a prime: the old loop ran to it
     one_error(capsys, "--devices: batch 1000000000039 cannot be cut for 3 devices", "work: 1 or 1000000000039")
-    assert time.monotonic() - start < 30
 
 
 # ----------------------------------------------------------------------------- data shapes, data.* counts
@@ -151,3 +145,25 @@ def test_set_replaces_the_recipes_steps_or_epochs(tmp_path: Path) -> None:
     assert (cfg.steps, cfg.epochs) == (None, 2)
     cfg = load_config(str(recipe), ["steps=5", "steps=7"])  # one key twice: the last, as any key
     assert cfg.steps == 7
+
+
+@pytest.mark.parametrize("command", [["data", "shapes", "--out", "{tmp}/x"], ["pack", "{tmp}", "--out", "{tmp}/y"],
+                                     ["data", "anchors", "{tmp}"]])
+def test_a_negative_seed_is_one_line(tmp_path: Path, command: list[str], capsys) -> None:
+    """``data shapes --seed -1`` ended in numpy's traceback after the set was begun; every ``--seed`` is a whole number
+    >= 0, checked as the command line is read."""
+    with pytest.raises(SystemExit) as exited:
+        main([part.format(tmp=tmp_path) for part in command] + ["--seed", "-1"])
+    assert exited.value.code == 2
+    one_error(capsys, "argument --seed: expected a whole number >= 0, got '-1'")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["train", "digits"], ["profile", "digits"]])
+def test_an_out_that_is_a_link_to_nothing_is_one_line(tmp_path: Path, command: list[str], capsys) -> None:
+    """``train --out`` on a dangling link was a FileNotFoundError traceback; ``profile --out`` said "File exists"."""
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "absent")
+    assert main([*command, "--out", str(link)]) == 2
+    one_error(capsys, f"--out: {link} is a link to nothing; give a new or empty folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"] and not (tmp_path / "absent").exists()

@@ -132,6 +132,8 @@ def test_outputs_unreadable_images_and_a_second_predict_into_the_same_folder(cla
     (["{photos}/val", "--from", "model.onnx"], "--from: model.onnx does not exist"),
     (["{photos}/val", "--device", "cuda:7"], "--device: cuda:7 is not on this machine"),
     (["{photos}/val", "--device", "toaster"], "--device: 'toaster' is not a device"),
+    (["{photos}/val", "--device", "meta"], "--device: meta is not a device bigbatch predicts on (cpu, cuda"),
+    (["{photos}/val", "--device", "mps"], "--device: mps is not a device bigbatch predicts on"),
     (["{photos}/val", "--coco", "{photos}/val/china/000.jpg"], "--coco: "),
 ])
 def test_mistakes_are_one_line_naming_the_option(classifier, tmp_path, args, message):
