@@ -242,6 +242,7 @@ def evaluate_exported(path: Path, overrides: list[str], save_detections: Path | 
     from bigbatch.floor import files, written
     from bigbatch.floor.outputs import check_output_file, probe_writable
     from bigbatch.tasks import build_task
+    from bigbatch.telemetry.capacity import check_capacity
 
     out = eval_record_path(path)
     probe_writable(out.parent, "eval")
@@ -252,8 +253,10 @@ def evaluate_exported(path: Path, overrides: list[str], save_detections: Path | 
         raise UserError(f"eval: {path} was exported from a .cfg, not a run: it has no validation set to evaluate on "
                         "(bigbatch predict runs it)")
     cfg = validate_config(apply_overrides(model.origin["config"], overrides))
+    check_capacity(cfg)  # what could never fit this machine (data.size=100000), as a checkpoint's eval refuses it
     task = build_task(cfg)
-    print(f"model    {model.source}; evaluating {len(task.val_set)} validation images", flush=True)
+    images = f"{len(task.val_set)} validation image{'' if len(task.val_set) == 1 else 's'}"
+    print(f"model    {model.source}; evaluating {images}", flush=True)
     metrics, predictions = task.predict(model.module, cfg.eval.batch, progress=True)
     if save_detections is not None and task.prediction_format is not None:
         with written.recorded(save_detections):  # the task's atomic write records the file it makes

@@ -199,6 +199,12 @@ def test_eval_of_an_exported_run_is_the_checkpoints(digits_run, tmp_path):
     checkpoint = json.loads((digits_run / "eval-last.json").read_text())
     assert exported["images"] == checkpoint["images"] == 360
     assert abs(exported["top1"] - checkpoint["top1"]) <= 0.001 and abs(exported["loss"] - checkpoint["loss"]) <= 1e-3
+    # a size no machine holds is refused before any image is read, as a checkpoint's eval refuses it (it was numpy's
+    # traceback, asking for 57 TB)
+    for source in (out, digits_run):
+        refused = run_main("eval", str(source), "--set", "data.size=100000")
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "data.size" in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize(("model", "size", "fmt"), [
