@@ -55,6 +55,9 @@ MAX_ITERATIONS = 1000
 DEFAULT_TRIES = 5
 """``--tries``: runs of the k-means (seeds ``S`` to ``S + 4``), the best kept. One run of Darknet's stops in one local
 minimum of several; the best of a few is as good as Darknet's typical run or better (docs/benchmarks.md)."""
+MAX_ANCHORS = 256
+"""The most anchors ``--num`` fits: far past any detector's (9 in YOLOv3 and v4, 12 in yolov4-tiny-3l), and a bound
+on the k-means' table of boxes x anchors (a number of anchors near the boxes' asked numpy for tens of GiB)."""
 MAX_TRIES = 1000
 SMALL_INPUT = 32
 """Darknet prints the anchors as whole pixels for a network wider than this, else with 4 decimals."""
@@ -359,8 +362,8 @@ def anchors_command(data: Path, num: int, size: str | None, cfg: Path | None, ou
     if (cfg is None) != (out is None):
         raise UserError("--cfg: goes with --out OUT.cfg (the new cfg to write)" if out is None else
                         "--out: goes with --cfg IN.cfg (the cfg whose anchors are replaced)")
-    if num < 1:
-        raise UserError(f"--num: expected 1 or more anchors, got {num}")
+    if not 1 <= num <= MAX_ANCHORS:
+        raise UserError(f"--num: expected 1 to {MAX_ANCHORS} anchors, got {num}")
     if not 0 <= seed < 2**32:
         raise UserError(f"--seed: expected a whole number from 0 to 2^32 - 1 (srand's unsigned int), got {seed}")
     if not 1 <= tries <= MAX_TRIES:
