@@ -240,7 +240,7 @@ def test_an_anchor_count_the_heads_cannot_share_is_refused_before_any_work(shape
     (["--num", "6", "--size", "416", "--out", "x.cfg"], "--out"),  # --out without --cfg
     (["--num", "6", "--size", "416", "--tries", "0"], "--tries"),
     (["--num", "100000", "--size", "416"], "--num"),  # more anchors than boxes
-    (["--num", "257", "--size", "416"], "--num: expected 1 to 256 anchors"),  # past any detector's, before any work
+    (["--num", "257", "--size", "416"], "--num"),  # past any detector's (256 at most), before any work
 ])
 def test_argument_mistakes_are_one_line_naming_the_key(shapes, args, key):
     error = one_error(run_main("data", "anchors", str(shapes / "shapes.data"), *args))
