@@ -55,9 +55,9 @@ class LogConfig(Section):
 
 
 class MemoryConfig(Section):
-    interval: float = Field(5.0, gt=0)
+    interval: float = Field(5.0, ge=0.001)
     """Seconds between two samples of ``memory.csv`` (the tegrastats interval of the Darknet-on-Jetson write-up,
-    docs/references.md)."""
+    docs/references.md); at least 1 ms, at most 1,000 rows a second (``1e-300`` spun the sampler's thread)."""
     limit: Size | None = None
     """On the CPU, a micro-batch starting while the process's RSS exceeds this counts as out of memory
     (``subdivisions`` is doubled, or an odd micro-batch cut by its smallest prime factor, and the step re-run). On

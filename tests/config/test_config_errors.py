@@ -202,3 +202,10 @@ def test_a_dotted_key_under_an_unset_section_begins_it(tmp_path):
         load_config(str(written), ["data.name=coco", "data.val.images=/sets/val"])
     with pytest.raises(UserError, match=r"^data\.size: is a value, not a section; cannot set data\.size\.x"):
         load_config(str(written), ["data.size.x=1"])
+
+
+def test_the_memory_sampling_interval_has_a_floor():
+    """``memory.interval=1e-300`` was taken: the sampler's thread spun, ``memory.csv`` growing 800 rows a second."""
+    with pytest.raises(UserError, match=r"^memory\.interval: input should be greater than or equal to 0\.001"):
+        load_config("digits", ["memory.interval=1e-300"])
+    assert load_config("digits", ["memory.interval=0.001"]).memory.interval == 0.001
