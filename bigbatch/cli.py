@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import math
 import os
 import sys
 import time
@@ -117,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--txt", action="store_true", help="detectors: write Darknet/YOLO label files (labels/)")
     predict.add_argument("--save-images", action="store_true", help="write each image drawn with its predictions "
                          "(images/)")
-    predict.add_argument("--conf", type=float, help="detectors: the lowest score kept (default: 0.25)")
-    predict.add_argument("--iou", type=float, help="detectors: the NMS IoU threshold (default: the model's own; "
+    predict.add_argument("--conf", type=number, help="detectors: the lowest score kept (default: 0.25)")
+    predict.add_argument("--iou", type=number, help="detectors: the NMS IoU threshold (default: the model's own; "
                          "Darknet's 0.45)")
     predict.add_argument("--max-det", type=count, help="detectors: the most detections per image (default: the "
                          "model's own, as eval)")
@@ -258,6 +259,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def number(text: str) -> float:
+    """A finite number from the command line (``inf``, ``nan`` and ``1e400`` refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def seed(text: str) -> int:
     """A seed from the command line: a whole number >= 0 (numpy's generators take no negative one)."""
     value = count(text)
@@ -284,11 +296,11 @@ def _add_advisor_args(plan: argparse.ArgumentParser) -> None:
                       "measured, after one warm-up (default: %(default)s)")
     plan.add_argument("--from", dest="from_run", type=Path, metavar="RUN", help="with --devices and --target-loss: "
                       "a finished run whose steps to that loss give S_min")
-    plan.add_argument("--target-loss", type=float, metavar="L", help="with --from: the loss (validation, else "
+    plan.add_argument("--target-loss", type=number, metavar="L", help="with --from: the loss (validation, else "
                       "training) the steps are counted to")
     plan.add_argument("--out", type=Path, metavar="RUN", help="with --devices: write RUN/advisor.json")
     plan.add_argument("--json", action="store_true", help="with --devices: print the table as JSON")
-    plan.add_argument("--price", type=float, metavar="X", help="with --devices: the price of a device-hour (adds "
+    plan.add_argument("--price", type=number, metavar="X", help="with --devices: the price of a device-hour (adds "
                       "device-hours and cost)")
     plan.add_argument("--no-pair", dest="pair", action="store_false", help="with --devices: no two-process "
                       "measurement of DDP's overlap, the wait and the BN sums (they are then assumed, with a wider "

@@ -167,3 +167,15 @@ def test_an_out_that_is_a_link_to_nothing_is_one_line(tmp_path: Path, command: l
     assert main([*command, "--out", str(link)]) == 2
     one_error(capsys, f"--out: {link} is a link to nothing; give a new or empty folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"] and not (tmp_path / "absent").exists()
+
+
+@pytest.mark.parametrize(("command", "option"), [(["plan", "digits", "--devices", "1,2"], "--price"),
+                                                 (["plan", "digits"], "--target-loss"),
+                                                 (["predict", "x.jpg"], "--conf"), (["predict", "x.jpg"], "--iou")])
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400"])
+def test_a_number_option_is_finite(command: list[str], option: str, value: str, capsys) -> None:
+    """``plan --devices --price inf`` was taken (``--json`` then printed ``"price": Infinity``, not JSON)."""
+    with pytest.raises(SystemExit) as exited:
+        main([*command, option, value])
+    assert exited.value.code == 2
+    one_error(capsys, f"argument {option}: expected a finite number, got '{value}'")
