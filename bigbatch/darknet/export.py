@@ -21,6 +21,7 @@ user's and is refused.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,8 +144,15 @@ def export(source: Path, darknet_weights: Path | None, checkpoint_out: Path | No
                                "else is yours): not overwritten (choose another name, or move the file away)")
     if upto is not None and darknet_weights is None:
         raise UserError("--upto: writes the first layers of --darknet-weights; give --darknet-weights OUT")
-    if darknet_weights is not None and darknet_weights == checkpoint_out:
-        raise UserError("--checkpoint: the same file as --darknet-weights; give two files")
+    def same(a: Path | None, b: Path | None) -> bool:  # by absolute path: ./x and /abs/x are one file
+        return a is not None and b is not None and os.path.abspath(a) == os.path.abspath(b)
+
+    if same(darknet_weights, cfg_out):
+        raise UserError(f"--darknet-weights: {darknet_weights} ends in .cfg, the name of the network's cfg written "
+                        "beside the weights; give the weights a name of their own (NAME.weights)")
+    if same(checkpoint_out, darknet_weights) or same(checkpoint_out, cfg_out):
+        which = "--darknet-weights" if same(checkpoint_out, darknet_weights) else "the cfg written beside the weights"
+        raise UserError(f"--checkpoint: {checkpoint_out} is also {which}; give each output a file of its own")
     if not source.exists():
         raise UserError(f"SOURCE: {source} does not exist (expected a run directory, a checkpoint or a .cfg)")
     if source.suffix == ".cfg":

@@ -167,3 +167,22 @@ def test_export_upto_writes_seen_zero_as_darknet_partial_does(tmp_path):
     lines = export(cfg, whole, None, weights=full)
     assert struct.unpack("<3iQ", whole.read_bytes()[:20]) == (0, 2, 5, 64_000)
     assert any("seen 64,000)" in line for line in lines), lines
+
+
+def test_export_gives_each_output_a_file_of_its_own(tmp_path, monkeypatch):
+    """``--darknet-weights x.cfg`` wrote the weights, then the cfg beside them over them; ``--checkpoint`` given the
+    weights' path another way (absolute against relative), or the cfg's, wrote over that file: both were reported
+    written. Each case is one line before anything is written."""
+    from tests.helpers import ROOT
+
+    cfg = ROOT / "bigbatch" / "configs" / "yolov3-tiny-shapes.cfg"
+    monkeypatch.chdir(tmp_path)
+    for args, expected in (
+            (["--darknet-weights", "x.cfg"], "--darknet-weights: x.cfg ends in .cfg, the name of the network's cfg"),
+            (["--darknet-weights", "a.weights", "--checkpoint", str(tmp_path / "a.weights")],
+             f"--checkpoint: {tmp_path / 'a.weights'} is also --darknet-weights"),
+            (["--darknet-weights", "s.weights", "--checkpoint", "s.cfg"],
+             "--checkpoint: s.cfg is also the cfg written beside the weights")):
+        result = run_main("export", str(cfg), *args, cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.startswith(f"error: {expected}"), result.stderr
+        assert result.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == [], result.stderr
