@@ -65,7 +65,9 @@ def _write_atomically(out: Path, text: str) -> None:
     folder that cannot be written is one line. The file is recorded as bigbatch's (``floor/written.py``), the proof
     by which a later report may replace it."""
     from bigbatch.floor.files import atomic_write
+    from bigbatch.report.runs import printable
 
+    text = printable(text)  # a run folder's name that is not UTF-8: its bytes as \xff, the page stays UTF-8
     try:
         atomic_write(out, lambda f: f.write(text), mode="w", record=True)
     except OSError as error:  # a read-only file system, a full disk, no permission

@@ -395,7 +395,7 @@ class RunData:
     # --- what the header shows -------------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return str(self.config.get("name") or self.path.name)
+        return printable(str(self.config.get("name") or self.path.name))
 
     @property
     def task(self) -> str | None:
@@ -1017,5 +1017,11 @@ def read_runs(paths: list[Path]) -> list[RunData]:
     seen: dict[str, int] = {}
     for run, label in zip(runs, labels, strict=True):
         seen[label] = seen.get(label, 0) + 1
-        run.label = label if labels.count(label) == 1 else f"{label} #{seen[label]}"
+        run.label = printable(label if labels.count(label) == 1 else f"{label} #{seen[label]}")
     return runs
+
+
+def printable(name: str) -> str:
+    """Text holding a file name, to draw and write: a byte of the name that is not UTF-8 (Python keeps it as a lone
+    surrogate, which matplotlib's fonts and a UTF-8 page refuse) written as ``\\xff``; the rest as it is."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

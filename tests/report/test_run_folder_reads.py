@@ -69,3 +69,13 @@ def test_a_link_inside_the_run_is_read(tmp_path):
     html = report(tmp_path, run)
     assert "steps: 3" in html and "leads outside" not in html
 
+
+
+def test_a_run_folder_named_with_a_byte_that_is_not_utf8_is_reported(tmp_path):
+    """``train`` and ``eval`` take such a folder; ``report`` ended in matplotlib's traceback drawing its name (a lone
+    surrogate), then would have failed writing the UTF-8 page. The byte is shown as ``\\xff``."""
+    import os
+
+    run = a_run(Path(os.fsdecode(bytes(tmp_path) + b"/r\xffx")))
+    page = report(tmp_path, run)
+    assert "r\\xffx" in page and "\udcff" not in page
