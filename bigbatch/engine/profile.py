@@ -67,8 +67,9 @@ def make_trace_dir(out: Path) -> None:
     """The folder for ``profile``'s trace: new or empty (anything else is the user's), made, and writable; else one
     ``UserError`` naming ``--out``."""
     from bigbatch.errors import UserError
-    from bigbatch.floor.outputs import probe_writable
+    from bigbatch.floor.outputs import check_utf8_name, probe_writable
 
+    check_utf8_name(out, "--out", "torch's trace writer")
     if out.is_symlink() and not out.exists():
         raise UserError(f"--out: {out} is a link to nothing; give a new or empty folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

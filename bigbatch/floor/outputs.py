@@ -49,6 +49,18 @@ def check_new_or_empty_folder(out: Path, what: str) -> Path:
     return out
 
 
+def check_utf8_name(path: Path, key: str, writer: str) -> None:
+    """Refuse, before any work, an output path holding a byte that is not UTF-8 where ``writer`` (torch's, or
+    onnxruntime's, C++ code) takes paths as text only: it failed in a traceback after the work. Every other output
+    takes such a name."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise UserError(f"{key}: {shown} is not UTF-8, and {writer} takes a path as text only; choose a name in "
+                        "UTF-8") from None
+
+
 def check_output_file(path: Path, key: str, ours: Callable[[Path], bool] | None = None,
                       what: str = "bigbatch does not overwrite it (choose a new file)") -> Path:
     """``path`` checked as a file this command may write (see the module docstring); ``ours(path)`` says whether

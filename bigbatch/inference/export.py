@@ -91,6 +91,10 @@ def export_model(source: Path, fmt: str, out: Path, weights: Path | None = None,
         raise UserError(f"--format: expected one of {', '.join(FORMATS)}, not {fmt!r}")
     if out.suffix.lower() != FORMATS[fmt]:
         raise UserError(f"--out: a {fmt} file is named *{FORMATS[fmt]} (predict --from knows it by that), not {out}")
+    if fmt in ("onnx", "torchscript"):
+        from bigbatch.floor.outputs import check_utf8_name
+
+        check_utf8_name(out, "--out", "torch.jit.save" if fmt == "torchscript" else "onnxruntime's check")
     opset = OPSET if opset is None else opset
     if not OPSET <= opset <= MAX_OPSET:
         raise UserError(f"--opset: the dynamo exporter writes opsets {OPSET} to {MAX_OPSET}, not {opset}")

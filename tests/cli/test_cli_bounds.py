@@ -179,3 +179,21 @@ def test_a_number_option_is_finite(command: list[str], option: str, value: str, 
         main([*command, option, value])
     assert exited.value.code == 2
     one_error(capsys, f"argument {option}: expected a finite number, got '{value}'")
+
+
+@pytest.mark.parametrize("command", [["export", "{fixture}", "--format", "torchscript", "--out", "{out}.torchscript"],
+                                     ["export", "{fixture}", "--format", "onnx", "--out", "{out}.onnx"],
+                                     ["profile", "digits", "--out", "{out}"]])
+def test_an_output_name_torch_cannot_take_is_refused_before_any_work(tmp_path: Path, command: list[str],
+                                                                     capsys) -> None:
+    """torch.jit.save, onnxruntime and torch's trace writer take a path as text: a name with a byte that is not UTF-8
+    failed in a traceback after the export or the profiled steps (profile leaving its folder behind)."""
+    import os
+
+    from tests.helpers import ROOT
+
+    out = os.fsdecode(bytes(tmp_path) + b"/c\xff")
+    fixture = str(ROOT / "tests" / "fixtures" / "run-format1")
+    assert main([part.format(fixture=fixture, out=out) for part in command]) == 2
+    one_error(capsys, "--out: ", "c\\xff", "is not UTF-8")
+    assert list(tmp_path.iterdir()) == []
