@@ -236,9 +236,11 @@ def check_inputs(model: Predictor, check_images: list[str] | None, count: int, s
     import sys
 
     if check_images:
+        from bigbatch.errors import named_as
         from bigbatch.inference.sources import expand_sources
 
-        files = [f for f in expand_sources(check_images, lambda line: None) if not f.video][:count]
+        with named_as("--check-images", instead_of="predict"):
+            files = [f for f in expand_sources(check_images, lambda line: None) if not f.video][:count]
         inputs = [model.pipeline.prepare_file(f.path)[0] for f in files]
     elif model.origin.get("kind") == "run" and (inputs := _validation_inputs(model, count)) is not None:
         pass

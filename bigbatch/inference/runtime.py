@@ -239,6 +239,7 @@ def evaluate_exported(path: Path, overrides: list[str], save_detections: Path | 
     elsewhere), through the same task code as a checkpoint."""
     from bigbatch.config import apply_overrides, validate_config
     from bigbatch.engine.eval_checkpoint import NOT_OURS, eval_record_path, is_results_file
+    from bigbatch.errors import named_as
     from bigbatch.floor import files, written
     from bigbatch.floor.outputs import check_output_file, probe_writable
     from bigbatch.tasks import build_task
@@ -248,7 +249,8 @@ def evaluate_exported(path: Path, overrides: list[str], save_detections: Path | 
     probe_writable(out.parent, "eval")
     if save_detections is not None:
         check_output_file(save_detections, "--save-detections", ours=is_results_file, what=NOT_OURS)
-    model = load_exported(path, torch.device("cpu"))
+    with named_as("eval", instead_of="--from"):
+        model = load_exported(path, torch.device("cpu"))
     if model.origin.get("kind") != "run":
         raise UserError(f"eval: {path} was exported from a .cfg, not a run: it has no validation set to evaluate on "
                         "(bigbatch predict runs it)")

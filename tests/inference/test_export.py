@@ -223,3 +223,17 @@ def test_timm_and_torchvision_classifiers_export_and_pass_the_check(tmp_path, mo
     exported = run_main("export", str(run), "--format", fmt, "--out", str(out), "--check", "2")
     assert exported.returncode == 0, exported.stderr
     assert f"input 1 x 3 x {size} x {size}" in exported.stdout
+
+
+def test_a_shared_parts_mistake_names_the_option_of_the_command_typed(digits_run, tmp_path):
+    """``eval X.onnx`` said ``--from:`` (an option of predict's, not eval's) and ``export --check-images`` said
+    ``predict:``: the loaders they share with predict now name the option the user typed."""
+    broken = tmp_path / "m.onnx"
+    broken.write_text("not an onnx file")
+    result = run_main("eval", str(broken))
+    assert result.returncode == 2 and result.stderr.startswith(f"error: eval: {broken} does not load"), result.stderr
+    result = run_main("export", str(digits_run), "--format", "onnx", "--out", str(tmp_path / "ok.onnx"),
+                      "--check-images", str(tmp_path / "nothing.png"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"error: --check-images: {tmp_path / 'nothing.png'} does not exist\n"
+    assert not (tmp_path / "ok.onnx").exists()
