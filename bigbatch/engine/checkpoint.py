@@ -185,7 +185,8 @@ def load(path: str | Path, needs: tuple[str, ...] = ("model",)) -> dict[str, Any
     dict with each key of ``needs``, of a format this version reads. Anything else is a ``UserError``."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"checkpoint: {path} does not exist")
+        raise UserError(f"checkpoint: {path} " + ("is not a regular file; not read" if path.exists() else
+                                                  "does not exist"))
     state = load_tensors(path, "checkpoint")
     if not isinstance(state, dict):
         raise UserError(f"checkpoint: {path} is not a bigbatch checkpoint (it holds a {type(state).__name__}, "

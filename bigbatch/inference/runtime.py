@@ -170,7 +170,7 @@ def load_exported(path: Path, device: torch.device) -> Predictor:
     from bigbatch.registry import MODEL_FILES
 
     if not path.is_file():
-        raise UserError(f"--from: {path} does not exist")
+        raise UserError(f"--from: {path} " + ("is not a regular file; not read" if path.exists() else "does not exist"))
     suffix = path.suffix.lower()
     run, meta = {".onnx": onnx_session, ".xml": openvino_model}.get(suffix, torchscript_module)(path)
     data = read_metadata(meta, path)

@@ -197,3 +197,14 @@ def test_an_output_name_torch_cannot_take_is_refused_before_any_work(tmp_path: P
     assert main([part.format(fixture=fixture, out=out) for part in command]) == 2
     one_error(capsys, "--out: ", "c\\xff", "is not UTF-8")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["f.pt", "f.onnx"])
+def test_a_fifo_given_as_a_checkpoint_or_model_is_not_said_to_be_missing(tmp_path: Path, name: str, capsys) -> None:
+    """A FIFO where a checkpoint or an exported model is read was "does not exist"; it is there, and not read."""
+    import os
+
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    assert main(["eval", str(fifo)]) == 2
+    one_error(capsys, f"{fifo} is not a regular file; not read")
