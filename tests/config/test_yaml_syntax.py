@@ -44,8 +44,8 @@ def test_non_finite_floats_are_refused_as_before():
 
 def test_exponent_floats_from_the_command_line_and_a_file(tmp_path):
     cfg = load_config("digits", ["optim.lr=1e-3", "optim.weight_decay=5e-4", "schedule.min_lr=1e-5",
-                                 "memory.interval=1e-9"])
-    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.schedule.min_lr) == (1e-3, 5e-4, 1e-5)
+                                 "memory.interval=1e-2"])
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.schedule.min_lr, cfg.memory.interval) == (1e-3, 5e-4, 1e-5, 0.01)
     assert parse_override("optim.lr=1e-3") == (["optim", "lr"], 1e-3)
     path = tmp_path / "c1.yaml"
     path.write_text("optim: {lr: 5e-4, weight_decay: 1E-4}\n")
