@@ -193,6 +193,9 @@ def resolve_config_source(source: str) -> tuple[Path, str]:
         builtin = RECIPES_DIR / f"{source}{suffix}"
         if builtin.is_file():
             return builtin, source
+    if source and path.exists():  # a folder, a FIFO, a device: there, but no file to read ("" is ".")
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise UserError(f"config: {source} is {kind}; expected a YAML file, a Darknet .cfg or a built-in recipe")
     recipes = builtin_recipes()
     raise UserError(f"config: {source!r} is neither a YAML file, a Darknet .cfg nor a built-in recipe"
                     f"{did_you_mean(source, recipes)} (built-in: {', '.join(recipes)})")

@@ -209,3 +209,14 @@ def test_the_memory_sampling_interval_has_a_floor():
     with pytest.raises(UserError, match=r"^memory\.interval: input should be greater than or equal to 0\.001"):
         load_config("digits", ["memory.interval=1e-300"])
     assert load_config("digits", ["memory.interval=0.001"]).memory.interval == 0.001
+
+
+def test_a_config_argument_that_is_a_folder_or_a_fifo_says_so(tmp_path):
+    """They were "neither a YAML file, a Darknet .cfg nor a built-in recipe", as if the path were not there."""
+    import os
+
+    os.mkfifo(tmp_path / "c.yaml")
+    with pytest.raises(UserError, match=rf"^config: {tmp_path} is a folder; expected a YAML file"):
+        load_config(str(tmp_path))
+    with pytest.raises(UserError, match=r"^config: .*c\.yaml is not a regular file; expected a YAML file"):
+        load_config(str(tmp_path / "c.yaml"))
