@@ -130,6 +130,7 @@ def test_outputs_unreadable_images_and_a_second_predict_into_the_same_folder(cla
     (["{photos}/val", "--conf", "1.5"], "--conf: expected a number in [0, 1], got 1.5"),
     (["{photos}/val", "--weights", "x.weights"], "--weights: for a Darknet .cfg"),
     (["{photos}/val", "--from", "model.onnx"], "--from: model.onnx does not exist"),
+    (["{photos}/val", "--from", "{empty}/notes.txt"], "--from: "),  # not a checkpoint: named as given, not checkpoint:
     (["{photos}/val", "--device", "cuda:7"], "--device: cuda:7 is not on this machine"),
     (["{photos}/val", "--device", "toaster"], "--device: 'toaster' is not a device"),
     (["{photos}/val", "--device", "meta"], "--device: meta is not a device bigbatch predicts on (cpu, cuda"),
