@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bigbatch.errors import UserError
+from bigbatch.errors import UserError, named_as
 
 if TYPE_CHECKING:
     from bigbatch.darknet.spec import DarknetCfg
@@ -244,7 +244,9 @@ def read_box_sizes(source: Path) -> tuple[np.ndarray, int, str]:
     if not source.exists():
         raise UserError(f"DATA: {source} not found; expected a COCO JSON file, a Darknet .data file or a YOLO folder")
     issues = DataIssues()
-    with issues.held():  # a set without a usable box is one error, not a warning for each problem first
+    # held: a set without a usable box is one error, not a warning for each problem first; the readers shared with
+    # training name the set data:, here it is the command's DATA
+    with named_as("DATA", instead_of="data"), issues.held():
         if source.is_file() and source.suffix.lower() == ".json":
             from bigbatch.data.formats.coco import (
                 annotated_images,

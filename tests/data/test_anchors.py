@@ -245,3 +245,15 @@ def test_an_anchor_count_the_heads_cannot_share_is_refused_before_any_work(shape
 def test_argument_mistakes_are_one_line_naming_the_key(shapes, args, key):
     error = one_error(run_main("data", "anchors", str(shapes / "shapes.data"), *args))
     assert error.startswith(f"error: {key}:"), error
+
+
+@pytest.mark.fast
+def test_a_bad_set_is_named_as_the_commands_data_argument(tmp_path):
+    """The readers shared with training name the set ``data:`` (its config key); ``data anchors`` said ``data:`` for
+    a YOLO set and ``DATA:`` for a missing one. Both are its DATA argument."""
+    bad = tmp_path / "mine.data"
+    bad.write_text("x y\n")
+    error = one_error(run_main("data", "anchors", str(bad), "--num", "3", "--size", "64"))
+    assert error.startswith(f"error: DATA: {bad}:1: expected 'key = value'"), error
+    error = one_error(run_main("data", "anchors", str(tmp_path / "absent.json"), "--num", "3", "--size", "64"))
+    assert error.startswith("error: DATA: "), error
