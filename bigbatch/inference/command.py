@@ -52,7 +52,7 @@ def warn(line: str) -> None:
 
 def predict(args: PredictArgs) -> list[str]:
     """Run the command (see the module docstring); -> the lines to print at the end."""
-    from bigbatch.errors import UserError
+    from bigbatch.errors import UserError, named_as
     from bigbatch.inference.loading import load
     from bigbatch.inference.outputs import Outputs
     from bigbatch.inference.sources import expand_sources
@@ -75,8 +75,9 @@ def predict(args: PredictArgs) -> list[str]:
         from bigbatch.inference.video import require_video
 
         require_video()
-    model = load(args.model, weights=args.weights, weights_from=args.weights_from, names=args.names,
-                 device=args.device, size=args.size, overrides=args.overrides, dialect=args.darknet_dialect)
+    with named_as("--from", instead_of="checkpoint"):  # the checkpoint is the one --from names
+        model = load(args.model, weights=args.weights, weights_from=args.weights_from, names=args.names,
+                     device=args.device, size=args.size, overrides=args.overrides, dialect=args.darknet_dialect)
     if args.iou is not None and getattr(model.module, "fixed_thresholds", False):
         raise UserError(f"--iou: {args.model}'s NMS threshold was fixed when it was exported "
                         f"({model.settings.iou}); export again from the run to change it")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bigbatch.errors import UserError, named_as
+from bigbatch.errors import UserError
 from bigbatch.inference.pipelines import CONF, EvalClassification, EvalDetection, Settings, own_thresholds
 from bigbatch.inference.predictor import Predictor
 from bigbatch.registry import MODEL_FILES
@@ -97,8 +97,7 @@ def load_run(path: Path, weights_from: str | None, device: torch.device, overrid
         if not path.is_file():
             raise UserError(f"--from: {path.parent.parent} has no {path.parent.name}/{path.name}: not a run "
                             "directory with a checkpoint")
-    with named_as("--from", instead_of="checkpoint"):  # what predict and bigbatch.load were given
-        state = checkpoint.load(path, checkpoint.EVAL_KEYS)
+    state = checkpoint.load(path, checkpoint.EVAL_KEYS)
     run_dir = run_dir_of(path)
     kept = kept_overrides(run_dir, state["config"]) if run_dir is not None else []
     cfg = validate_config(apply_overrides(state["config"], [*kept, *overrides]))
