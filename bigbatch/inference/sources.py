@@ -88,7 +88,9 @@ def _expand(source: str, warn: Callable[[str], None]) -> Iterator[SourceFile]:
 
 def _glob(pattern: str) -> list[str]:
     """The paths ``pattern`` matches (see the module docstring), at most :data:`MAX_LISTED`. With ``**``, files
-    only: each file that matches, and each file below a folder that matches (a matched folder is a folder source)."""
+    only: each file that matches, and each file below a folder that matches (a matched folder is a folder source).
+    The walk enters only the folders the pattern can reach, so a cycle of links elsewhere (in a ``.cache``, which
+    ``**`` never enters) is not met."""
     if "**" not in pattern:
         matches = list(itertools.islice(glob.iglob(pattern), MAX_LISTED + 1))
     else:
@@ -100,16 +102,27 @@ def _glob(pattern: str) -> list[str]:
         if not os.path.isdir(top or "."):
             return []
         rest = tuple(part for part in parts[fixed:] if part)
-        matches, taken = [], {}  # taken: whether a folder, or one above it, matches
-        for folder, entries in walk_folder(top or ".", frozenset()):
-            below = tuple(os.path.relpath(folder, top or ".").split(os.sep))
-            below = () if below == (".",) else below
+        folders_only = pattern.endswith(os.sep)  # glob's ``X/**/``: folders, not files
+
+        def names_of(path: str) -> tuple[str, ...]:
+            below = tuple(os.path.relpath(path, top or ".").split(os.sep))
+            return () if below == (".",) else below
+
+        taken: dict[tuple[str, ...], bool] = {}  # whether a folder, or one above it, matches
+
+        def enter(path: str) -> bool:
+            names = names_of(path)
+            return taken.get(names[:-1], False) or _leads_to(names, rest)
+
+        matches = []
+        for folder, entries in walk_folder(top or ".", frozenset(), enter):
+            below = names_of(folder)
             if below:
                 taken[below] = taken.get(below[:-1], False) or _matches(below, rest)
             else:  # the top itself: a match of glob's (``sub/**`` gives ``sub/``) where it is named, not for ``**``
                 taken[below] = bool(top) and _matches(below, rest)
             for entry in entries:
-                if taken[below] or _matches((*below, entry.name), rest):
+                if taken[below] or (not folders_only and _matches((*below, entry.name), rest, file=True)):
                     matches.append(os.path.join(folder, entry.name) if top else os.path.join(*below, entry.name))
                     if len(matches) > MAX_LISTED:
                         break
@@ -120,22 +133,38 @@ def _glob(pattern: str) -> list[str]:
     return matches
 
 
-def _matches(names: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+def _matches(names: tuple[str, ...], pattern: tuple[str, ...], file: bool = False) -> bool:
     """Whether the path components ``names`` match ``pattern``'s, ``**`` standing for any number of folders, as
-    ``glob`` matches: a name starting with ``.`` only by a component that does, none of them crossed by ``**``."""
+    ``glob`` matches: a name starting with ``.`` only by a component that does, none of them crossed by ``**``. A
+    file's name is never the folder a last ``**`` stands below (``X/**`` gives the files below ``X``, not ``X``)."""
     if not pattern:
         return not names
     head = pattern[0]
     if head == "**":
-        for skipped in range(len(names) + 1):
+        last = len(pattern) == 1
+        for skipped in range(1 if file and last else 0, len(names) + 1):
             if skipped and names[skipped - 1].startswith("."):
                 return False
-            if _matches(names[skipped:], pattern[1:]):
+            if _matches(names[skipped:], pattern[1:], file):
                 return True
         return False
     if not names or (names[0].startswith(".") and not head.startswith(".")):
         return False
-    return fnmatch.fnmatchcase(names[0], head) and _matches(names[1:], pattern[1:])
+    return fnmatch.fnmatchcase(names[0], head) and _matches(names[1:], pattern[1:], file)
+
+
+def _leads_to(names: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether a folder at ``names`` may hold a match of ``pattern``: ``names`` matches a beginning of it."""
+    if not names:
+        return True
+    if not pattern:
+        return False
+    head = pattern[0]
+    if head == "**":
+        return _leads_to(names, pattern[1:]) or (not names[0].startswith(".") and _leads_to(names[1:], pattern))
+    if names[0].startswith(".") and not head.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(names[0], head) and _leads_to(names[1:], pattern[1:])
 
 
 def _file(path: str, warn: Callable[[str], None], listed: bool) -> Iterator[SourceFile]:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.fast
 FILES = ["a.png", "b.jpg", ".hidden.png", "sub/c.png", "sub/deeper/d.png", "sub/deeper/e.txt", ".dot/f.png",
          "sub/.g.png", "other/h.png", "x.png/i.png"]
 PATTERNS = ["**/*.png", "**", "sub/**/*.png", "sub/**", "**/deeper/*.png", "*/*.png", "*.png", "**/.*.png",
-            ".*/**/*.png", "s*/**/d.png", "**/*.[pj][np]g", "{root}/**/*.png", "{root}/sub/**", "nothing/**/*.png"]
+            ".*/**/*.png", "s*/**/d.png", "**/*.[pj][np]g", "{root}/**/*.png", "{root}/sub/**", "nothing/**/*.png",
+            "*/**", "**/", "sub/*/**", "**/deeper/", "sub/**/"]
 
 
 @pytest.fixture
@@ -61,3 +62,15 @@ def test_a_pattern_matching_more_files_than_a_source_may_name_is_refused(tree, m
         with pytest.raises(UserError, match=rf"^predict: {pattern.replace('*', '[*]')} matches more than 3 files"):
             sources._glob(pattern)
     assert len(sources._glob("sub/**/*.png")) == 2
+
+
+def test_a_cycle_of_links_the_pattern_cannot_reach_is_not_walked(tree):
+    """``**`` never enters a folder whose name starts with ``.``, nor does ``sub/**`` enter ``other``: a cycle there
+    is no matter (it refused the whole pattern), and a large folder beside is not listed."""
+    (tree / ".cache").mkdir()
+    (tree / ".cache" / "loop").symlink_to(".")
+    (tree / "other" / "loop").symlink_to(".")
+    assert sorted(sources._glob("sub/**/*.png")) == ["sub/c.png", "sub/deeper/d.png"]
+    # other/ holds a cycle that **/*.png reaches: refused, naming the link
+    with pytest.raises(UserError, match="a cycle of links"):
+        sources._glob("**/*.png")

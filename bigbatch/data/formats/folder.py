@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,13 +73,15 @@ def _kind(path: str) -> str:
     return "not a regular file"
 
 
-def walk_folder(top: str, ancestors: frozenset[tuple[int, int]]) -> list[tuple[str, list[os.DirEntry]]]:
+def walk_folder(top: str, ancestors: frozenset[tuple[int, int]],
+                enter: Callable[[str], bool] | None = None) -> list[tuple[str, list[os.DirEntry]]]:
     """``(folder, its non-folder entries)`` of ``top`` and every folder below it, links to folders followed, in
     ``sorted(os.walk(top, followlinks=True))`` order: what torchvision's ``make_dataset`` walks.
 
     ``ancestors`` holds the folders above ``top`` (device, inode). A folder that leads back to one of the folders
     it is in (a link such as ``class0/loop -> .``) would make the walk endless: it is a ``UserError`` naming it.
-    A folder that cannot be listed is passed over, as ``os.walk`` passes it over."""
+    A folder that cannot be listed is passed over, as ``os.walk`` passes it over. ``enter(path)``, where given, says
+    whether to walk a folder below ``top`` at all (a glob's walk leaves out what its pattern cannot reach)."""
     found: list[tuple[str, list[os.DirEntry]]] = []
     pending = [(top, ancestors | {_identity(top)})]
     while pending:
@@ -96,6 +98,8 @@ def walk_folder(top: str, ancestors: frozenset[tuple[int, int]]) -> list[tuple[s
                 is_dir = False
             if not is_dir:
                 files.append(entry)
+                continue
+            if enter is not None and not enter(entry.path):
                 continue
             try:
                 identity = _identity(entry.path)
