@@ -156,7 +156,11 @@ class TrainingState:
         try:
             step.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError, RuntimeError) as e:
-            raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e})") from None
+            raise UserError(f"optim: the checkpoint's optimizer state does not fit this config ({e}): its parameter "
+                            "groups split the parameters otherwise (optim.no_decay_norm_bias, optim.weight_decay 0 or "
+                            "not, optim.backbone_lr_scale 1 or not, another optim.name, or a timm model's "
+                            "no_weight_decay() names, exempt since 2026-12-06); resume with the run's own settings, "
+                            "or start from its weights (model.weights)") from None
         changed = apply_settings(step.optimizer, configured)  # the checkpoint's buffers, this config's settings
         if changed:
             self.resume_notes.append(f"optim: this config's settings replace the checkpoint's: {', '.join(changed)}")

@@ -55,3 +55,16 @@ def test_a_resume_with_another_backbone_lr_scale_gives_the_backbone_that_share_o
     assert scales[0] == 0.5 and scales[-1] == 1.0
     head = max(g["lr"] for g in saved)
     assert all(g["lr"] == head * g.get("lr_scale", 1.0) for g in saved)
+
+
+def test_a_resume_whose_groups_split_the_parameters_otherwise_says_why(tmp_path):
+    """Switching a split on or off (here the backbone's share of the LR) changes the optimizer's groups, which no
+    checkpoint's state fits: one line that names the keys that split them and what to do, not torch's words alone."""
+    run = tmp_path / "run"
+    result = run_main("train", "digits", "--out", str(run), "--set", *TINY, "steps=2", "checkpoint.every=2",
+                      "optim.backbone_lr_scale=0.1")
+    assert result.returncode == 0, result.stderr
+    result = run_main("train", "--resume", str(run), "--set", "steps=3", "optim.backbone_lr_scale=1")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: optim: the checkpoint's optimizer state does not fit this config")
+    assert "optim.backbone_lr_scale 1 or not" in result.stderr and "resume with the run's own settings" in result.stderr
